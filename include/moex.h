@@ -1,0 +1,463 @@
+/*
+ * moex.h — the one public header of libmoex.
+ *
+ * libmoex computes the expert layers of Mixture-of-Experts models through
+ * interchangeable, runtime-switchable backends ("eager", "batched_mm",
+ * "grouped_mm", ...). Every backend computes the same thing:
+ *
+ *     out[t] = sum_j w[t,j] * down_e( act(gate_e(x[t])) * up_e(x[t]) ),  e = ids[t,j]
+ *
+ * Conventions
+ *   - Every call that can fail returns a moex_status. On failure the output
+ *     arguments are left untouched and moex_last_error() holds a message that
+ *     names the bad value.
+ *   - Create/free pairs: every *_free() accepts NULL and does nothing.
+ *   - The library never aborts on user input; out of memory is a status.
+ *   - Thread-safety is stated per object below.
+ *
+ * Typical use (CPU, bf16):
+ *
+ *     moex_context_options o = moex_context_default_options();
+ *     o.max_tokens = 512;
+ *     moex_context *ctx;  moex_context_create(&o, &ctx);
+ *     moex_layer *layer;  moex_layer_create(&desc, &layer);
+ *     moex_prepare(ctx, layer, "grouped_mm");          // sizes workspace, lazy loads
+ *     moex_experts_forward(ctx, layer, "grouped_mm", &x, &ids, &w, &out);
+ */
+#ifndef MOEX_H
+#define MOEX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/** Version of the header, as numbers and as a string. */
+#define MOEX_VERSION_MAJOR 0
+#define MOEX_VERSION_MINOR 1
+#define MOEX_VERSION_PATCH 0
+#define MOEX_VERSION_STRING "0.1.0"
+/** MAJOR*10000 + MINOR*100 + PATCH, for compile-time comparisons. */
+#define MOEX_VERSION_NUMBER \
+    (MOEX_VERSION_MAJOR * 10000 + MOEX_VERSION_MINOR * 100 + MOEX_VERSION_PATCH)
+
+/** Version of the library actually linked, e.g. "0.1.0". Never NULL. */
+const char *moex_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status and errors                                                        */
+/* ------------------------------------------------------------------------ */
+
+/** Result of every fallible call. MOEX_OK is 0. */
+typedef enum moex_status {
+    MOEX_OK = 0,
+    MOEX_ERR_INVALID_ARGUMENT = 1, /**< null pointer, bad shape, dtype, stride or value */
+    MOEX_ERR_OUT_OF_MEMORY = 2,    /**< an allocation failed; nothing was changed */
+    MOEX_ERR_NOT_FOUND = 3,        /**< unknown backend name (the message lists the valid ones) */
+    MOEX_ERR_UNSUPPORTED = 4,      /**< the backend cannot run this layer on this device */
+    MOEX_ERR_WORKSPACE = 5,        /**< the context's workspace is too small (e.g. T > max_tokens) */
+    MOEX_ERR_NOT_PREPARED = 6,     /**< forward before moex_prepare() for that layer and backend */
+    MOEX_ERR_DEVICE = 7,           /**< the device (CUDA) reported an error; message has its text */
+    MOEX_ERR_IO = 8,               /**< a file could not be read */
+    MOEX_ERR_FORMAT = 9,           /**< a file is malformed */
+    MOEX_ERR_EXISTS = 10,          /**< a backend of that name is already registered */
+    MOEX_ERR_INTERNAL = 11         /**< a bug in moex; please report the message */
+} moex_status;
+
+/** Short fixed text for a status, e.g. "invalid argument". Never NULL. */
+const char *moex_status_str(moex_status status);
+
+/**
+ * Detailed message of the last failed call on this thread, e.g.
+ * "ids[17,2] = 300 is outside [0, 64)". Empty string when none.
+ * Thread-local: each thread sees its own. Valid until the next failing call
+ * on the same thread.
+ */
+const char *moex_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Data types                                                               */
+/* ------------------------------------------------------------------------ */
+
+/** Element types. Sub-byte and scale types are declared for quantized experts. */
+typedef enum moex_dtype {
+    MOEX_F32 = 0,    /**< IEEE binary32 */
+    MOEX_F16 = 1,    /**< IEEE binary16 */
+    MOEX_BF16 = 2,   /**< bfloat16 (upper half of binary32) */
+    MOEX_E4M3 = 3,   /**< FP8 e4m3fn (quantized experts; not yet computed) */
+    MOEX_E2M1X2 = 4, /**< FP4 e2m1, two per byte, low nibble first (not yet computed) */
+    MOEX_UE8M0 = 5,  /**< unsigned power-of-two scale 2^(b-127) (not yet computed) */
+    MOEX_I32 = 6,    /**< int32 (expert ids) */
+    MOEX_I64 = 7     /**< int64 (expert ids) */
+} moex_dtype;
+
+/** Number of dtypes; valid values are 0 .. MOEX_DTYPE_COUNT-1. */
+#define MOEX_DTYPE_COUNT 8
+
+/** Bytes per stored element (1 for E2M1X2, which holds two values). 0 for an invalid dtype. */
+size_t moex_dtype_size(moex_dtype dtype);
+
+/** Lower-case name ("f32", "bf16", "e4m3", ...); "invalid" for an unknown value. */
+const char *moex_dtype_name(moex_dtype dtype);
+
+/**
+ * Parse a dtype name as written by moex_dtype_name().
+ * Returns MOEX_ERR_INVALID_ARGUMENT (message lists the names) if unknown.
+ */
+moex_status moex_dtype_parse(const char *name, moex_dtype *out);
+
+/**
+ * Convert n elements between f32, f16 and bf16 (round to nearest even; NaN
+ * stays NaN). Host memory only. src and dst must either be the same
+ * pointer (in-place conversion) or not overlap.
+ */
+moex_status moex_convert(const void *src, moex_dtype src_dtype, void *dst,
+                         moex_dtype dst_dtype, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Devices                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/** Kind of device a tensor lives on and a context computes on. */
+typedef enum moex_device_kind {
+    MOEX_DEVICE_CPU = 0,
+    MOEX_DEVICE_CUDA = 1
+} moex_device_kind;
+
+/** A device: its kind and, for CUDA, the ordinal (0 for CPU). */
+typedef struct moex_device {
+    moex_device_kind kind;
+    int index;
+} moex_device;
+
+/** What moex knows about a device; filled by moex_device_query(). */
+typedef struct moex_device_info {
+    moex_device device;
+    int available;        /**< 1 if this build and machine can compute on it */
+    int cuda_built;       /**< 1 if this build of moex has CUDA support */
+    int cuda_devices;     /**< number of CUDA devices visible (0 without CUDA) */
+    int cc_major;         /**< CUDA compute capability (0 for CPU) */
+    int cc_minor;
+    int cpu_avx2;         /**< CPU: AVX2+FMA+F16C kernels in use */
+    int cpu_cores;        /**< CPU: online cores */
+    char name[96];        /**< human-readable name */
+    char reason[160];     /**< when available == 0: why, in words a user can act on */
+} moex_device_info;
+
+/**
+ * Describe a device. Always fills *info (available = 0 with a reason when the
+ * device cannot be used) and returns MOEX_OK, unless info is NULL or the kind
+ * is not a moex_device_kind (MOEX_ERR_INVALID_ARGUMENT).
+ * Thread-safe.
+ */
+moex_status moex_device_query(moex_device device, moex_device_info *info);
+
+/* ------------------------------------------------------------------------ */
+/* Tensor views                                                             */
+/* ------------------------------------------------------------------------ */
+
+/** Maximum rank of a tensor view. */
+#define MOEX_MAX_DIMS 4
+
+/**
+ * A non-owning view of an n-d array. Strides are in elements (for E2M1X2: in
+ * bytes, i.e. pairs). Row-major contiguous means strides[ndim-1] == 1 and
+ * strides[i] == strides[i+1] * shape[i+1]. A view with data == NULL and
+ * ndim == 0 is "absent" (used for optional biases).
+ */
+typedef struct moex_tensor {
+    void *data;
+    moex_dtype dtype;
+    int ndim;
+    int64_t shape[MOEX_MAX_DIMS];
+    int64_t strides[MOEX_MAX_DIMS];
+    moex_device device;
+} moex_tensor;
+
+/**
+ * Fill *t as a row-major contiguous view of data on the CPU.
+ * Fails (MOEX_ERR_INVALID_ARGUMENT) on ndim outside [1, MOEX_MAX_DIMS],
+ * a negative dimension, an invalid dtype or a byte size that overflows.
+ * data may be NULL only when the element count is 0.
+ */
+moex_status moex_tensor_init(moex_tensor *t, void *data, moex_dtype dtype,
+                             int ndim, const int64_t *shape);
+
+/* ------------------------------------------------------------------------ */
+/* The experts layer                                                        */
+/* ------------------------------------------------------------------------ */
+
+/** The activation applied between the two projections. */
+typedef enum moex_activation {
+    MOEX_ACT_SILU = 0,          /**< silu(g) * u (SwiGLU); ungated: silu(u) */
+    MOEX_ACT_GELU = 1,          /**< exact (erf) gelu(g) * u (GeGLU); ungated: gelu(u) */
+    MOEX_ACT_GELU_TANH = 2,     /**< tanh-approximated gelu(g) * u; ungated: gelu_tanh(u) */
+    MOEX_ACT_RELU = 3,          /**< relu(g) * u (ReGLU); ungated: relu(u) */
+    MOEX_ACT_GPTOSS_CLAMP = 4,  /**< g=min(g,limit), u=clamp(u,-limit,limit), (u+1)*g*sigmoid(alpha*g); gated only */
+    MOEX_ACT_SWIGLU_LIMIT = 5   /**< g=min(g,limit), u=clamp(u,-limit,limit), silu(g)*u; gated only */
+} moex_activation;
+
+/** Number of activation kinds. */
+#define MOEX_ACTIVATION_COUNT 6
+
+/** Name of an activation ("silu", "gelu", "gelu_tanh", "relu", "gptoss_clamp", "swiglu_limit"). */
+const char *moex_activation_name(moex_activation act);
+
+/**
+ * Description of one experts layer: E experts, hidden size H, intermediate
+ * size I, top_k experts per token. The weights are views, not copies: they
+ * must stay alive and unchanged while a layer made from this description
+ * exists. Weights must be row-major contiguous.
+ *
+ * Gated (gated = 1), not transposed (the Hugging Face layout after loading):
+ *     gate_up   [E, 2I, H]   concatenated: rows 0..I-1 gate, I..2I-1 up
+ *                            interleaved:  gate = even rows, up = odd rows
+ *     down      [E, H, I]
+ * Transposed (transposed = 1): gate_up [E, H, 2I] (columns as above),
+ *     down [E, I, H].
+ * Not gated (gated = 0): gate_up holds up_proj [E, I, H] (transposed
+ *     [E, H, I]); the activation is applied to up alone.
+ * Biases (optional; data == NULL means none): gate_up_bias [E, 2I] (or [E, I]
+ *     ungated) in the same row order as gate_up; down_bias [E, H]. Biases are
+ *     added right after each projection.
+ * All weight tensors and biases share one dtype (f32, f16 or bf16) and the
+ * layer's device.
+ */
+typedef struct moex_experts_desc {
+    int64_t num_experts;       /**< E >= 1 */
+    int64_t hidden;            /**< H >= 1 */
+    int64_t intermediate;      /**< I >= 1 */
+    int64_t top_k;             /**< k, 1 <= k <= E */
+    int gated;                 /**< 1: gate and up; 0: up only */
+    int interleaved;           /**< gated only: 1 = gate/up rows interleaved */
+    int transposed;            /**< 1: weights stored [E, in, out] */
+    moex_activation activation;
+    float alpha;               /**< MOEX_ACT_GPTOSS_CLAMP: sigmoid slope (1.702) */
+    float limit;               /**< clamped activations: limit (7.0); must be > 0 */
+    moex_tensor gate_up;       /**< see above */
+    moex_tensor down;          /**< see above */
+    moex_tensor gate_up_bias;  /**< optional */
+    moex_tensor down_bias;     /**< optional */
+} moex_experts_desc;
+
+/**
+ * Fill *desc with defaults: gated, concatenated, not transposed, silu,
+ * alpha 1.702, limit 7, no biases, every tensor absent. Sizes are zero and
+ * must be set.
+ */
+moex_status moex_experts_desc_init(moex_experts_desc *desc);
+
+/** A validated experts layer (opaque). */
+typedef struct moex_layer moex_layer;
+
+/**
+ * Validate desc and make a layer from it. Checks sizes, dtypes, shapes,
+ * strides, devices and the activation; the message names the first bad value.
+ * The layer keeps a copy of the description (the weight views, not the data).
+ * Thread-safety: a layer is read-only after creation; forwards on one layer
+ * may run concurrently from several threads, each with its own context.
+ */
+moex_status moex_layer_create(const moex_experts_desc *desc, moex_layer **out);
+
+/** Free a layer. NULL is a no-op. Must not race with a forward on it. */
+void moex_layer_free(moex_layer *layer);
+
+/** The description the layer was created from. NULL if layer is NULL. */
+const moex_experts_desc *moex_layer_desc(const moex_layer *layer);
+
+/* ------------------------------------------------------------------------ */
+/* Context                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/** Options for moex_context_create(). Start from moex_context_default_options(). */
+typedef struct moex_context_options {
+    moex_device device;   /**< where forwards run (default: CPU) */
+    int num_threads;      /**< CPU threads; 0 = one per online core (default 0) */
+    int64_t max_tokens;   /**< largest T any forward will get (default 1024) */
+    int stream_slot;      /**< GPU stream slot for later GPU work (default 0) */
+} moex_context_options;
+
+/** Defaults: CPU, all cores, max_tokens 1024, stream slot 0. */
+moex_context_options moex_context_default_options(void);
+
+/**
+ * An execution context (opaque): device, threads, and a workspace that
+ * moex_prepare() sizes for max_tokens. A forward never allocates: everything
+ * it needs beyond the weights lives in this workspace.
+ * Thread-safety: one thread at a time per context.
+ */
+typedef struct moex_context moex_context;
+
+/** Create a context. Fails on a bad option or an unavailable device. */
+moex_status moex_context_create(const moex_context_options *options, moex_context **out);
+
+/** Free a context and every backend state prepared in it. NULL is a no-op. */
+void moex_context_free(moex_context *ctx);
+
+/** The options the context was created with (num_threads resolved). */
+moex_status moex_context_get_options(const moex_context *ctx, moex_context_options *out);
+
+/** Bytes of workspace currently held by the context. */
+size_t moex_context_workspace_bytes(const moex_context *ctx);
+
+/**
+ * Get the context's workspace, for a user backend's forward: *ptr and *bytes.
+ * The region is only valid during that forward.
+ */
+moex_status moex_context_workspace(moex_context *ctx, void **ptr, size_t *bytes);
+
+/* ------------------------------------------------------------------------ */
+/* Backends and the registry                                                */
+/* ------------------------------------------------------------------------ */
+
+/** Everything a backend's forward receives; inputs already validated. */
+typedef struct moex_forward_args {
+    moex_context *ctx;
+    const moex_experts_desc *layer;  /**< validated description */
+    void *state;                     /**< what the backend's prepare returned (or NULL) */
+    const moex_tensor *hidden;       /**< [T, H], dtype f32/f16/bf16, inner stride 1 */
+    const moex_tensor *ids;          /**< [T, k], i32 or i64; -1 and E are sentinels */
+    const moex_tensor *weights;      /**< [T, k], f32/f16/bf16 */
+    moex_tensor *out;                /**< [T, H], same dtype as hidden, inner stride 1 */
+    int64_t tokens;                  /**< T (>= 1; T == 0 never reaches a backend) */
+    int num_threads;                 /**< the context's thread count */
+    void *workspace;                 /**< the context's workspace */
+    size_t workspace_bytes;          /**< its size, at least what workspace_bytes() asked */
+} moex_forward_args;
+
+/**
+ * A backend: a name and a few functions. Register your own with
+ * moex_register_backend(); the built-ins are registered at start.
+ * A forward must not write `out` unless it succeeds, must not allocate, and
+ * must not depend on the thread count for its result.
+ */
+typedef struct moex_backend {
+    const char *name;        /**< unique, [a-z0-9_], at most 63 characters */
+    const char *summary;     /**< one line for listings (may be NULL) */
+    /** Can this backend run `layer` on the device `dev`? Return 1, or 0 and
+     *  write a reason a user can act on into why (why_size bytes). Required. */
+    int (*supports)(const moex_experts_desc *layer, const moex_device_info *dev,
+                    char *why, size_t why_size, void *user);
+    /** Workspace bytes one forward of up to max_tokens tokens needs. Optional (0). */
+    size_t (*workspace_bytes)(const moex_experts_desc *layer, int64_t max_tokens,
+                              int num_threads, void *user);
+    /** Per layer and context: re-layout, lazy loading. Optional. */
+    moex_status (*prepare)(moex_context *ctx, const moex_experts_desc *layer,
+                           void **state, void *user);
+    /** Release what prepare made. Optional. */
+    void (*release)(void *state, void *user);
+    /** Compute out from hidden, ids and weights. Required. */
+    moex_status (*forward)(const moex_forward_args *args, void *user);
+    void *user;              /**< passed back to every function */
+} moex_backend;
+
+/**
+ * Register a backend. The struct and its name are copied. Fails with
+ * MOEX_ERR_EXISTS if the name is taken, MOEX_ERR_INVALID_ARGUMENT on a bad
+ * name or a missing required function. Thread-safe.
+ */
+moex_status moex_register_backend(const moex_backend *backend);
+
+/** Number of registered backends (built-ins first). Thread-safe. */
+int moex_backend_count(void);
+
+/** Name of the i-th registered backend, or NULL if i is out of range. Thread-safe. */
+const char *moex_backend_name(int i);
+
+/** One-line summary of a backend, or NULL if unknown. Thread-safe. */
+const char *moex_backend_summary(const char *name);
+
+/**
+ * Look a name up: MOEX_OK if registered, else MOEX_ERR_NOT_FOUND with a
+ * message listing the valid names. Thread-safe.
+ */
+moex_status moex_backend_lookup(const char *name);
+
+/**
+ * Can backend `name` run `layer` on `device`? MOEX_OK if yes; otherwise
+ * MOEX_ERR_UNSUPPORTED (or MOEX_ERR_NOT_FOUND) and a reason in why (if
+ * why is not NULL) and in moex_last_error(). layer may be NULL to ask about
+ * the device alone. Thread-safe.
+ */
+moex_status moex_backend_supports(const char *name, const moex_layer *layer,
+                                  moex_device device, char *why, size_t why_size);
+
+/* ------------------------------------------------------------------------ */
+/* Forward                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Prepare `layer` for `backend` in `ctx`: checks support, grows the
+ * workspace to what max_tokens needs, runs the backend's prepare (weight
+ * re-layout, lazy kernel loading). Idempotent. Call it before the first
+ * forward with that backend; switching backends later needs no reload, only
+ * a prepare of the new one. Not thread-safe with forwards on the same ctx.
+ */
+moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backend);
+
+/**
+ * One experts forward:
+ *     hidden [T, H], ids [T, k] (i32/i64), weights [T, k] -> out [T, H]
+ * hidden and out: f32, f16 or bf16 (the same), inner stride 1, row stride
+ * >= H. weights: f32, f16 or bf16. ids == -1 or == E contribute nothing (a
+ * token whose ids are all sentinels gets zeros); any other id outside [0, E)
+ * is an error. T == 0 is valid and writes nothing. T must not exceed the
+ * context's max_tokens. Every check happens before anything is written.
+ * Never allocates. The result does not depend on the thread count.
+ */
+moex_status moex_experts_forward(moex_context *ctx, const moex_layer *layer,
+                                 const char *backend, const moex_tensor *hidden,
+                                 const moex_tensor *ids, const moex_tensor *weights,
+                                 moex_tensor *out);
+
+/* ------------------------------------------------------------------------ */
+/* Routers                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/** How router logits become (ids, weights). */
+typedef enum moex_router_kind {
+    /** softmax over E in f32, top-k, optional renormalisation (Qwen, Mixtral) */
+    MOEX_ROUTER_SOFTMAX_TOPK = 0,
+    /** sigmoid scores, + correction bias for selection only, group-limited
+     *  top-k, optional renormalisation, times scaling (DeepSeek-V3) */
+    MOEX_ROUTER_SIGMOID_GROUPED_TOPK = 1,
+    /** top-k on the logits, then softmax over the k chosen (GPT-OSS) */
+    MOEX_ROUTER_TOPK_SOFTMAX = 2
+} moex_router_kind;
+
+/** Router parameters. Start from moex_router_desc_init(). */
+typedef struct moex_router_desc {
+    moex_router_kind kind;
+    int64_t num_experts;          /**< E */
+    int64_t top_k;                /**< k, 1 <= k <= E */
+    int renormalize;              /**< divide the k weights by their sum */
+    int64_t n_group;              /**< grouped: number of groups (divides E); 1 = no grouping */
+    int64_t topk_group;           /**< grouped: groups kept, 1 <= topk_group <= n_group */
+    float scaling;                /**< grouped: routed scaling factor (1.0) */
+    moex_tensor correction_bias;  /**< grouped: optional f32 [E] added for selection only */
+} moex_router_desc;
+
+/** Defaults: softmax top-k, no renormalisation, 1 group, scaling 1, no bias. */
+moex_status moex_router_desc_init(moex_router_desc *desc);
+
+/**
+ * Route: logits [T, E] (f32/f16/bf16, CPU) -> ids [T, k] (i32/i64),
+ * weights [T, k] (f32/f16/bf16). Computation in f32. Ties are broken
+ * towards the lower expert index; the k picks are ordered by descending
+ * score (as torch.topk). Grouped: a group's score is the sum of its two
+ * highest biased scores (one if the group has a single expert).
+ */
+moex_status moex_route(const moex_router_desc *desc, const moex_tensor *logits,
+                       moex_tensor *ids, moex_tensor *weights);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOEX_H */

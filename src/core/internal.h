@@ -1,0 +1,90 @@
+/* internal.h — helpers shared inside libmoex (not installed). */
+#ifndef MOEX_INTERNAL_H
+#define MOEX_INTERNAL_H
+
+#include "moex.h"
+#include <stdarg.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- errors ------------------------------------------------------------ */
+
+/* Record a formatted message as this thread's last error; returns status. */
+moex_status moex_fail(moex_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* ---- dtypes ------------------------------------------------------------ */
+
+static inline float moex_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t moex_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+float moex_f16_to_f32(uint16_t h);
+uint16_t moex_f32_to_f16(float f);
+
+/* Element i of a float-like array (f32/f16/bf16) as f32. */
+static inline float moex_load_f32(const void *p, moex_dtype dt, int64_t i) {
+    switch (dt) {
+    case MOEX_F32: return ((const float *)p)[i];
+    case MOEX_BF16: return moex_bf16_to_f32(((const uint16_t *)p)[i]);
+    case MOEX_F16: return moex_f16_to_f32(((const uint16_t *)p)[i]);
+    default: return 0.0f;
+    }
+}
+
+static inline void moex_store_f32(void *p, moex_dtype dt, int64_t i, float v) {
+    switch (dt) {
+    case MOEX_F32: ((float *)p)[i] = v; break;
+    case MOEX_BF16: ((uint16_t *)p)[i] = moex_f32_to_bf16(v); break;
+    case MOEX_F16: ((uint16_t *)p)[i] = moex_f32_to_f16(v); break;
+    default: break;
+    }
+}
+
+static inline int moex_is_float_dtype(moex_dtype dt) {
+    return dt == MOEX_F32 || dt == MOEX_F16 || dt == MOEX_BF16;
+}
+
+/* ---- tensors ----------------------------------------------------------- */
+
+/* 1 if t is a present view (data or a non-zero rank). */
+static inline int moex_tensor_present(const moex_tensor *t) {
+    return t->data != NULL || t->ndim != 0;
+}
+
+/* Check that `t` (named `what` in messages) has rank ndim and the given
+ * shape (a -1 entry accepts any size), and a valid dtype and device. */
+moex_status moex_check_shape(const moex_tensor *t, const char *what, int ndim,
+                             const int64_t *shape);
+/* Check t is row-major contiguous. */
+moex_status moex_check_contiguous(const moex_tensor *t, const char *what);
+/* Check a 2-D matrix view: inner stride 1, row stride >= cols (rows > 1). */
+moex_status moex_check_rows(const moex_tensor *t, const char *what);
+/* Format a shape as "[2, 3, 4]" into buf. */
+const char *moex_shape_str(const moex_tensor *t, char *buf, size_t n);
+
+/* a * b into *out, 0 on int64 overflow or a negative factor. */
+static inline int moex_mul_ok(int64_t a, int64_t b, int64_t *out) {
+    if (a < 0 || b < 0) return 0;
+    if (a != 0 && b > INT64_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* ---- devices ----------------------------------------------------------- */
+
+int moex_cpu_has_avx2(void);
+int moex_cpu_cores(void);
+
+#endif

@@ -1,0 +1,183 @@
+/* common.c — shared pieces of the CPU backends (see common.h). */
+#include "cpu/common.h"
+#include <omp.h>
+
+void *moex_ws_take(moex_ws *ws, size_t bytes) {
+    size_t at = (ws->used + 63) & ~(size_t)63;
+    ws->used = at + bytes;
+    return ws->base ? ws->base + at : NULL;
+}
+
+moex_thread_scratch *moex_ws_thread_scratch(moex_ws *ws, const moex_experts_desc *d, int threads) {
+    moex_thread_scratch *s = moex_ws_take(ws, (size_t)threads * sizeof *s);
+    int64_t row = d->hidden > 2 * d->intermediate ? d->hidden : 2 * d->intermediate;
+    for (int i = 0; i < threads; i++) {
+        moex_thread_scratch v;
+        v.pack = moex_ws_take(ws, sizeof(float) * MOEX_KC * 2 * MOEX_NB);
+        v.row = moex_ws_take(ws, sizeof(float) * (size_t)row);
+        v.h = moex_ws_take(ws, sizeof(float) * (size_t)d->intermediate);
+        if (s) s[i] = v;
+    }
+    return s;
+}
+
+moex_rows moex_hidden_rows(moex_ws *ws, const moex_cpu_kernels *kr, const moex_tensor *hidden, int64_t T, int64_t H,
+                           int threads) {
+    moex_rows r = {NULL, H};
+    float *x = moex_ws_take(ws, sizeof(float) * (size_t)(T * H));
+    if (!ws->base) return r;
+    if (hidden->dtype == MOEX_F32) {
+        r.base = hidden->data;
+        r.stride = hidden->strides[0];
+        return r;
+    }
+    const size_t esz = moex_dtype_size(hidden->dtype);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < T; t++)
+        kr->to_f32((const char *)hidden->data + t * hidden->strides[0] * (int64_t)esz, hidden->dtype, x + t * H, H);
+    r.base = x;
+    return r;
+}
+
+moex_routing moex_routing_sort(moex_ws *ws, const moex_experts_desc *d, const moex_tensor *ids, int64_t T) {
+    const int64_t E = d->num_experts, k = d->top_k, P = T * k;
+    moex_routing r;
+    r.offsets = moex_ws_take(ws, sizeof(int64_t) * (size_t)(E + 1));
+    int64_t *fill = moex_ws_take(ws, sizeof(int64_t) * (size_t)E);
+    r.sorted = moex_ws_take(ws, sizeof(int32_t) * (size_t)P);
+    r.pos = moex_ws_take(ws, sizeof(int32_t) * (size_t)P);
+    if (!ws->base) return r;
+    memset(r.offsets, 0, sizeof(int64_t) * (size_t)(E + 1));
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t e = moex_id_at(ids, t, j);
+            if (e >= 0 && e < E) r.offsets[e + 1]++;
+        }
+    for (int64_t e = 0; e < E; e++) r.offsets[e + 1] += r.offsets[e];
+    memcpy(fill, r.offsets, sizeof(int64_t) * (size_t)E);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t e = moex_id_at(ids, t, j), p = t * k + j;
+            if (e < 0 || e >= E) {
+                r.pos[p] = -1;
+                continue;
+            }
+            r.pos[p] = (int32_t)fill[e];
+            r.sorted[fill[e]++] = (int32_t)p;
+        }
+    return r;
+}
+
+static const char *expert_base(const moex_tensor *w, int64_t e) {
+    return (const char *)w->data + e * w->strides[0] * (int64_t)moex_dtype_size(w->dtype);
+}
+
+moex_bmat moex_gate_up_mat(const moex_experts_desc *d, int64_t e, int64_t base) {
+    int64_t rows = d->gated ? 2 * d->intermediate : d->intermediate;
+    moex_bmat b = {expert_base(&d->gate_up, e), d->gate_up.dtype, d->transposed, d->transposed ? rows : d->hidden, base};
+    return b;
+}
+
+moex_bmat moex_down_mat(const moex_experts_desc *d, int64_t e, int64_t base) {
+    moex_bmat b = {expert_base(&d->down, e), d->down.dtype, d->transposed, d->transposed ? d->hidden : d->intermediate,
+                   base};
+    return b;
+}
+
+void moex_gemm(const moex_cpu_kernels *kr, const float *const *a, int64_t M, const moex_bmat *b, int64_t N, int64_t K,
+               float *c, int64_t ldc, float *pack, const void *bias, moex_dtype bias_dtype) {
+    if (M <= MOEX_STREAM_MAX) {
+        for (int64_t m0 = 0; m0 < M; m0 += MOEX_STREAM_MAX) /* one pass when M <= MOEX_STREAM_MAX */
+            kr->stream(b, a + m0, (int)(M - m0 < MOEX_STREAM_MAX ? M - m0 : MOEX_STREAM_MAX), 0, N, K, c + m0 * ldc, ldc);
+    } else {
+        const int64_t panels = (N + MOEX_NR - 1) / MOEX_NR;
+        for (int64_t k0 = 0; k0 < K; k0 += MOEX_KC) {
+            const int64_t kc = K - k0 < MOEX_KC ? K - k0 : MOEX_KC;
+            kr->pack(b, k0, kc, 0, N, pack);
+            for (int64_t mb = 0; mb < M; mb += MOEX_MC) {
+                const int64_t mend = M - mb < MOEX_MC ? M : mb + MOEX_MC;
+                for (int64_t p = 0; p < panels; p++) {
+                    const int nr = (int)(N - p * MOEX_NR < MOEX_NR ? N - p * MOEX_NR : MOEX_NR);
+                    for (int64_t m0 = mb; m0 < mend; m0 += MOEX_MR) {
+                        const int mr = (int)(mend - m0 < MOEX_MR ? mend - m0 : MOEX_MR);
+                        const float *rows[MOEX_MR];
+                        for (int i = 0; i < MOEX_MR; i++) rows[i] = a[m0 + (i < mr ? i : 0)];
+                        kr->micro(kc, rows, k0, pack + p * kc * MOEX_NR, c + m0 * ldc + p * MOEX_NR, ldc, mr, nr, k0 > 0);
+                    }
+                }
+            }
+        }
+    }
+    if (bias)
+        for (int64_t n = 0; n < N; n++) {
+            const float bn = moex_load_f32(bias, bias_dtype, b->base + n);
+            for (int64_t m = 0; m < M; m++) c[m * ldc + n] += bn;
+        }
+}
+
+void moex_activation_block(const moex_experts_desc *d, const float *gu, int64_t M, int64_t j0, int64_t nb, float *h,
+                           int64_t ldh, float *scratch) {
+    const int64_t I = d->intermediate, R = d->gated ? 2 * I : I;
+    for (int64_t m = 0; m < M; m++) {
+        const float *row = gu + m * R;
+        float *hm = h + m * ldh;
+        if (!d->gated) {
+            moex_activation_plain(d, row + j0, hm, nb);
+        } else if (d->interleaved) { /* gate = even columns, up = odd */
+            float *gate = scratch, *up = scratch + nb;
+            for (int64_t j = 0; j < nb; j++) {
+                gate[j] = row[2 * (j0 + j)];
+                up[j] = row[2 * (j0 + j) + 1];
+            }
+            moex_activation_gated(d, gate, up, hm, nb);
+        } else {
+            moex_activation_gated(d, row + j0, row + I + j0, hm, nb);
+        }
+    }
+}
+
+void moex_gate_up_block(const moex_cpu_kernels *kr, const moex_experts_desc *d, int64_t e, const float *const *a,
+                        int64_t M, int64_t j0, int64_t nb, float *pack, float *gu, float *h, int64_t ldh) {
+    const int64_t H = d->hidden, I = d->intermediate, R = d->gated ? 2 * I : I;
+    const void *bias = moex_bias_row(&d->gate_up_bias, e);
+    const moex_dtype bdt = d->gate_up_bias.dtype;
+    if (d->gated && !d->interleaved) { /* gate rows j0.., up rows I + j0.. */
+        moex_bmat gate = moex_gate_up_mat(d, e, j0), up = moex_gate_up_mat(d, e, I + j0);
+        moex_gemm(kr, a, M, &gate, nb, H, gu + j0, R, pack, bias, bdt);
+        moex_gemm(kr, a, M, &up, nb, H, gu + I + j0, R, pack, bias, bdt);
+    } else { /* interleaved: rows 2*j0 .. 2*(j0+nb); ungated: rows j0 .. j0+nb */
+        const int64_t w = d->gated ? 2 : 1;
+        moex_bmat m = moex_gate_up_mat(d, e, w * j0);
+        moex_gemm(kr, a, M, &m, w * nb, H, gu + w * j0, R, pack, bias, bdt);
+    }
+    moex_activation_block(d, gu, M, j0, nb, h, ldh, pack);
+}
+
+void moex_reduce_tokens(const moex_cpu_kernels *kr, const moex_forward_args *args, const int32_t *pos, const float *y,
+                        moex_thread_scratch *scratch) {
+    const moex_experts_desc *d = args->layer;
+    const int64_t T = args->tokens, k = d->top_k, H = d->hidden;
+    const moex_tensor *out = args->out;
+    const size_t esz = moex_dtype_size(out->dtype);
+#pragma omp parallel num_threads(args->num_threads)
+    {
+        float *acc = scratch[omp_get_thread_num()].row;
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++) {
+            memset(acc, 0, sizeof(float) * (size_t)H);
+            for (int64_t j = 0; j < k; j++) {
+                int32_t p = pos[t * k + j];
+                if (p >= 0) kr->axpy(moex_weight_at(args->weights, t, j), y + (int64_t)p * H, acc, H);
+            }
+            char *dst = (char *)out->data + t * out->strides[0] * (int64_t)esz;
+            if (out->dtype == MOEX_F32) memcpy(dst, acc, sizeof(float) * (size_t)H);
+            else moex_convert(acc, MOEX_F32, dst, out->dtype, (size_t)H);
+        }
+    }
+}
+
+int moex_cpu_supports(const moex_experts_desc *layer, const moex_device_info *dev, char *why, size_t n, void *user) {
+    if (dev->device.kind == MOEX_DEVICE_CPU) return 1;
+    snprintf(why, n, "the CUDA version of this backend is not in this build of moex; use the cpu device");
+    return 0;
+}

@@ -1,0 +1,95 @@
+/* common.h — pieces the three CPU backends share: workspace carving, the
+ * f32 view of the hidden states, routing sorted by expert, the packed GEMM
+ * driver, the gate/up epilogue and the weighted reduction in token order. */
+#ifndef MOEX_CPU_COMMON_H
+#define MOEX_CPU_COMMON_H
+
+#include "cpu/kernels.h"
+#include "experts/experts_internal.h"
+#include <stdio.h>
+
+#define MOEX_KC 256        /* k-block of the packed GEMM: a 16-column panel is 16 KiB, in L1 */
+#define MOEX_MC 72         /* rows per inner block: MOEX_MC x MOEX_KC floats of A stay in L2 */
+#define MOEX_NB 64         /* intermediate (or hidden) columns per work item */
+#define MOEX_STREAM_MAX 4  /* up to this many rows use the streaming kernel */
+
+/* Bump allocator over the workspace. With base == NULL it only counts, so
+ * workspace_bytes() and forward() carve the same layout. */
+typedef struct moex_ws {
+    char *base;
+    size_t used;
+} moex_ws;
+
+void *moex_ws_take(moex_ws *ws, size_t bytes);
+
+/* Per-thread scratch for the GEMM driver and the epilogues. */
+typedef struct moex_thread_scratch {
+    float *pack; /* MOEX_KC x 2*MOEX_NB */
+    float *row;  /* max(H, 2I) floats */
+    float *h;    /* I floats */
+} moex_thread_scratch;
+
+/* Carve scratch for `threads` threads (array of them). */
+moex_thread_scratch *moex_ws_thread_scratch(moex_ws *ws, const moex_experts_desc *d, int threads);
+
+/* hidden as f32 rows: points into hidden when it is f32, else into a
+ * converted copy in the workspace. */
+typedef struct moex_rows {
+    const float *base;
+    int64_t stride;
+} moex_rows;
+
+static inline const float *moex_row(const moex_rows *r, int64_t t) { return r->base + t * r->stride; }
+
+/* Carve (and, with a real workspace, fill in parallel) the f32 view of hidden [T, H]. */
+moex_rows moex_hidden_rows(moex_ws *ws, const moex_cpu_kernels *kr, const moex_tensor *hidden, int64_t T,
+                           int64_t H, int threads);
+
+/* The (token, slot) pairs sorted by expert (stable: pair order within an expert).
+ * pair p = t*k + j. offsets[e] .. offsets[e+1] index `sorted`; pos[p] is p's
+ * place in `sorted`, or -1 for a sentinel. */
+typedef struct moex_routing {
+    int64_t *offsets; /* [E+1] */
+    int32_t *sorted;  /* [T*k] */
+    int32_t *pos;     /* [T*k] */
+} moex_routing;
+
+moex_routing moex_routing_sort(moex_ws *ws, const moex_experts_desc *d, const moex_tensor *ids, int64_t T);
+
+/* Weight matrices of expert e as logical B [K, N] starting at output row `base`. */
+moex_bmat moex_gate_up_mat(const moex_experts_desc *d, int64_t e, int64_t base);
+moex_bmat moex_down_mat(const moex_experts_desc *d, int64_t e, int64_t base);
+
+/* c[M, N] = A[M, K] * B[K, N] (+ bias[base .. base+N) when bias is not NULL).
+ * a: M row pointers; c: row stride ldc. With M <= MOEX_STREAM_MAX the
+ * weights are streamed (any N); otherwise N <= 2*MOEX_NB and each k-block of
+ * B is packed once into pack (MOEX_KC * round_up(N, 16) floats) for all M rows. */
+void moex_gemm(const moex_cpu_kernels *kr, const float *const *a, int64_t M, const moex_bmat *b, int64_t N, int64_t K,
+               float *c, int64_t ldc, float *pack, const void *bias, moex_dtype bias_dtype);
+
+/* First projection of expert e for intermediate columns j0 .. j0+nb, M rows:
+ *   gu[M, R] (row stride R = gated ? 2I : I, columns in gate_up's row order) gets the
+ *   raw projections (+ bias) for this block; h[M, nb] (row stride ldh) = act(gate) * up. */
+void moex_gate_up_block(const moex_cpu_kernels *kr, const moex_experts_desc *d, int64_t e, const float *const *a,
+                        int64_t M, int64_t j0, int64_t nb, float *pack, float *gu, float *h, int64_t ldh);
+
+/* h[M, nb] = act(gate) * up from raw projections gu[M, R] (row stride R) for
+ * intermediate columns j0 .. j0+nb (concatenated, interleaved or ungated). */
+void moex_activation_block(const moex_experts_desc *d, const float *gu, int64_t M, int64_t j0, int64_t nb, float *h,
+                           int64_t ldh, float *scratch);
+
+/* out[t] = sum_j w[t,j] * y[pos[t*k+j]] in slot order j, f32 sum, stored in
+ * out's dtype. y: [*, H] f32. Parallel over tokens. */
+void moex_reduce_tokens(const moex_cpu_kernels *kr, const moex_forward_args *args, const int32_t *pos,
+                        const float *y, moex_thread_scratch *scratch);
+
+/* Expert bias row (gate_up_bias or down_bias) of expert e, or NULL. */
+static inline const void *moex_bias_row(const moex_tensor *bias, int64_t e) {
+    if (!moex_tensor_present(bias)) return NULL;
+    return (const char *)bias->data + e * bias->strides[0] * (int64_t)moex_dtype_size(bias->dtype);
+}
+
+/* supports() of the CPU backends: any layer on the CPU. */
+int moex_cpu_supports(const moex_experts_desc *layer, const moex_device_info *dev, char *why, size_t n, void *user);
+
+#endif

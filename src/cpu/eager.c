@@ -1,0 +1,115 @@
+/* eager.c — the reference loop: for each expert that was hit, gather its
+ * tokens, project them (gate/up), apply the activation, project down, and
+ * add the weighted rows into the output. Each step is its own pass over
+ * materialised intermediates, parallel inside the step, as in the reference
+ * formulation.
+ *
+ *   for e hit:  xe [n_e, H] -> gu [n_e, R] -> he [n_e, I] -> ye [n_e, H];  acc[t] += w * ye
+ */
+#include "cpu/common.h"
+#include <omp.h>
+
+typedef struct eager_ws {
+    moex_rows x;
+    moex_routing routing;
+    float *xe, *gu, *he, *ye;      /* [T*k, H], [T*k, R], [T*k, I], [T*k, H] */
+    const float **xrow, **hrow;    /* [T*k] row pointers into xe and he */
+    float *acc;                    /* [T, H] */
+    moex_thread_scratch *scratch;  /* [threads] */
+} eager_ws;
+
+static eager_ws carve(moex_ws *ws, const moex_cpu_kernels *kr, const moex_experts_desc *d, const moex_tensor *hidden,
+                      const moex_tensor *ids, int64_t T, int threads) {
+    const size_t P = (size_t)(T * d->top_k), R = (size_t)(d->gated ? 2 : 1) * (size_t)d->intermediate;
+    eager_ws g;
+    g.x = moex_hidden_rows(ws, kr, hidden, T, d->hidden, threads);
+    g.routing = moex_routing_sort(ws, d, ids, T);
+    g.xe = moex_ws_take(ws, sizeof(float) * P * (size_t)d->hidden);
+    g.gu = moex_ws_take(ws, sizeof(float) * P * R);
+    g.he = moex_ws_take(ws, sizeof(float) * P * (size_t)d->intermediate);
+    g.ye = moex_ws_take(ws, sizeof(float) * P * (size_t)d->hidden);
+    g.xrow = moex_ws_take(ws, sizeof(float *) * P);
+    g.hrow = moex_ws_take(ws, sizeof(float *) * P);
+    g.acc = moex_ws_take(ws, sizeof(float) * (size_t)T * (size_t)d->hidden);
+    g.scratch = moex_ws_thread_scratch(ws, d, threads);
+    return g;
+}
+
+static size_t eager_workspace(const moex_experts_desc *d, int64_t max_tokens, int threads, void *user) {
+    moex_ws ws = {NULL, 0};
+    carve(&ws, NULL, d, NULL, NULL, max_tokens, threads);
+    return ws.used;
+}
+
+// c[n, N] = a[n, K] * B (+ bias), column blocks of MOEX_NB spread over the team
+// (called inside a parallel region by every thread).
+static void project(const moex_cpu_kernels *kr, float *pack, const float *const *a, int64_t n, int64_t K, moex_bmat b,
+                    int64_t N, float *c, const void *bias, moex_dtype bias_dtype) {
+    const int64_t blocks = (N + MOEX_NB - 1) / MOEX_NB, base = b.base;
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        const int64_t c0 = blk * MOEX_NB, nc = N - c0 < MOEX_NB ? N - c0 : MOEX_NB;
+        b.base = base + c0;
+        moex_gemm(kr, a, n, &b, nc, K, c + c0, N, pack, bias, bias_dtype);
+    }
+}
+
+static moex_status eager_forward(const moex_forward_args *args, void *user) {
+    const moex_experts_desc *d = args->layer;
+    const moex_cpu_kernels *kr = moex_cpu_kernels_get();
+    const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate, k = d->top_k, T = args->tokens;
+    const int64_t R = d->gated ? 2 * I : I;
+    moex_ws ws = {args->workspace, 0};
+    eager_ws g = carve(&ws, kr, d, args->hidden, args->ids, T, args->num_threads);
+    const int64_t *off = g.routing.offsets;
+    memset(g.acc, 0, sizeof(float) * (size_t)(T * H));
+    for (int64_t i = 0; i < off[E]; i++) {
+        g.xrow[i] = g.xe + i * H;
+        g.hrow[i] = g.he + i * I;
+    }
+#pragma omp parallel num_threads(args->num_threads)
+    {
+        moex_thread_scratch *s = &g.scratch[omp_get_thread_num()];
+        for (int64_t e = 0; e < E; e++) {
+            const int64_t n = off[e + 1] - off[e];
+            const int32_t *pairs = g.routing.sorted + off[e];
+            if (n == 0) continue;
+            // gather the expert's tokens
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < n; i++) memcpy(g.xe + i * H, moex_row(&g.x, pairs[i] / k), sizeof(float) * (size_t)H);
+            // gate/up projection over all R columns, then the activation as its own pass
+            project(kr, s->pack, g.xrow, n, H, moex_gate_up_mat(d, e, 0), R, g.gu, moex_bias_row(&d->gate_up_bias, e),
+                    d->gate_up_bias.dtype);
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < n; i++) moex_activation_block(d, g.gu + i * R, 1, 0, I, g.he + i * I, I, s->row);
+            // down projection
+            project(kr, s->pack, g.hrow, n, I, moex_down_mat(d, e, 0), H, g.ye, moex_bias_row(&d->down_bias, e),
+                    d->down_bias.dtype);
+            // acc[t] += w[t, j] * ye[i], split by columns so that a repeated token never races
+#pragma omp for schedule(static)
+            for (int64_t c0 = 0; c0 < H; c0 += MOEX_NB) {
+                const int64_t nc = H - c0 < MOEX_NB ? H - c0 : MOEX_NB;
+                for (int64_t i = 0; i < n; i++) {
+                    const int64_t t = pairs[i] / k, j = pairs[i] % k;
+                    kr->axpy(moex_weight_at(args->weights, t, j), g.ye + i * H + c0, g.acc + t * H + c0, nc);
+                }
+            }
+        }
+        // out = acc, in the activation dtype
+        const moex_tensor *out = args->out;
+        const size_t esz = moex_dtype_size(out->dtype);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++)
+            moex_convert(g.acc + t * H, MOEX_F32, (char *)out->data + t * out->strides[0] * (int64_t)esz, out->dtype,
+                         (size_t)H);
+    }
+    return MOEX_OK;
+}
+
+const moex_backend moex_backend_eager = {
+    .name = "eager",
+    .summary = "reference loop over the experts that were hit, projecting their tokens",
+    .supports = moex_cpu_supports,
+    .workspace_bytes = eager_workspace,
+    .forward = eager_forward,
+};

@@ -1,0 +1,232 @@
+/* kernels_avx2.c — AVX2/FMA/F16C kernels. This file alone is compiled with
+ * -mavx2 -mfma -mf16c; it is only called after run-time detection.
+ * Reference: kernels_portable.c (same contracts, see kernels.h). */
+#include "cpu/kernels.h"
+#include <immintrin.h>
+
+// 8 weights of dtype dt at p -> f32 lanes
+static inline __m256 load8(const void *p, moex_dtype dt) {
+    if (dt == MOEX_F32) return _mm256_loadu_ps((const float *)p);
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (dt == MOEX_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+static inline const char *elem_ptr(const void *w, moex_dtype dt, int64_t i) {
+    return (const char *)w + i * (int64_t)(dt == MOEX_F32 ? 4 : 2);
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* ---- packed GEMM micro-kernel: c[6, 16] (+)= a[6, kc] * bp[kc, 16] ---------------------- */
+
+static void micro(int64_t kc, const float *const *a, int64_t k0, const float *bp, float *c, int64_t ldc, int mr, int nr,
+                  int accumulate) {
+    const float *a0 = a[0] + k0, *a1 = a[1] + k0, *a2 = a[2] + k0, *a3 = a[3] + k0, *a4 = a[4] + k0, *a5 = a[5] + k0;
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    for (int64_t k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_load_ps(bp + k * 16), b1 = _mm256_load_ps(bp + k * 16 + 8), x;
+        x = _mm256_broadcast_ss(a0 + k); c00 = _mm256_fmadd_ps(x, b0, c00); c01 = _mm256_fmadd_ps(x, b1, c01);
+        x = _mm256_broadcast_ss(a1 + k); c10 = _mm256_fmadd_ps(x, b0, c10); c11 = _mm256_fmadd_ps(x, b1, c11);
+        x = _mm256_broadcast_ss(a2 + k); c20 = _mm256_fmadd_ps(x, b0, c20); c21 = _mm256_fmadd_ps(x, b1, c21);
+        x = _mm256_broadcast_ss(a3 + k); c30 = _mm256_fmadd_ps(x, b0, c30); c31 = _mm256_fmadd_ps(x, b1, c31);
+        x = _mm256_broadcast_ss(a4 + k); c40 = _mm256_fmadd_ps(x, b0, c40); c41 = _mm256_fmadd_ps(x, b1, c41);
+        x = _mm256_broadcast_ss(a5 + k); c50 = _mm256_fmadd_ps(x, b0, c50); c51 = _mm256_fmadd_ps(x, b1, c51);
+    }
+    __m256 r[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+    if (nr == 16) {
+        for (int i = 0; i < mr; i++) {
+            float *ci = c + i * ldc;
+            if (accumulate) {
+                r[i][0] = _mm256_add_ps(r[i][0], _mm256_loadu_ps(ci));
+                r[i][1] = _mm256_add_ps(r[i][1], _mm256_loadu_ps(ci + 8));
+            }
+            _mm256_storeu_ps(ci, r[i][0]);
+            _mm256_storeu_ps(ci + 8, r[i][1]);
+        }
+        return;
+    }
+    float tile[16];
+    for (int i = 0; i < mr; i++) {
+        _mm256_storeu_ps(tile, r[i][0]);
+        _mm256_storeu_ps(tile + 8, r[i][1]);
+        float *ci = c + i * ldc;
+        for (int j = 0; j < nr; j++) ci[j] = accumulate ? ci[j] + tile[j] : tile[j];
+    }
+}
+
+/* ---- packing ------------------------------------------------------------------------------ */
+
+// r[i] holds 8 values of row i; afterwards r[i] holds element i of every row.
+static inline void transpose8(__m256 r[8]) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20); r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20); r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31); r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31); r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+// Not transposed: rows of W are columns of B. 8x8 blocks are transposed in registers.
+static void pack_rows(const moex_bmat *b, int64_t k0, int64_t kc, int64_t n0, int64_t nc, float *bp) {
+    int64_t panels = (nc + 15) / 16, k8 = kc & ~(int64_t)7;
+    for (int64_t p = 0; p < panels; p++) {
+        float *dst = bp + p * kc * 16;
+        for (int half = 0; half < 2; half++) {
+            int64_t j0 = p * 16 + half * 8;
+            if (j0 + 8 <= nc) {
+                const char *rows[8];
+                for (int i = 0; i < 8; i++) rows[i] = elem_ptr(b->w, b->dtype, (b->base + n0 + j0 + i) * b->ld + k0);
+                for (int64_t k = 0; k < k8; k += 8) {
+                    __m256 r[8];
+                    for (int i = 0; i < 8; i++) r[i] = load8(elem_ptr(rows[i], b->dtype, k), b->dtype);
+                    transpose8(r);
+                    for (int i = 0; i < 8; i++) _mm256_store_ps(dst + (k + i) * 16 + half * 8, r[i]);
+                }
+                for (int64_t k = k8; k < kc; k++)
+                    for (int i = 0; i < 8; i++) dst[k * 16 + half * 8 + i] = moex_bmat_at(b, k0 + k, n0 + j0 + i);
+            } else {
+                for (int64_t k = 0; k < kc; k++)
+                    for (int i = 0; i < 8; i++)
+                        dst[k * 16 + half * 8 + i] = j0 + i < nc ? moex_bmat_at(b, k0 + k, n0 + j0 + i) : 0.0f;
+            }
+        }
+    }
+}
+
+// Transposed: a row of W holds 16 consecutive columns of B: a plain converted copy.
+static void pack_cols(const moex_bmat *b, int64_t k0, int64_t kc, int64_t n0, int64_t nc, float *bp) {
+    int64_t panels = (nc + 15) / 16;
+    for (int64_t p = 0; p < panels; p++) {
+        float *dst = bp + p * kc * 16;
+        int64_t j0 = p * 16;
+        if (j0 + 16 <= nc) {
+            for (int64_t k = 0; k < kc; k++) {
+                const char *src = elem_ptr(b->w, b->dtype, (k0 + k) * b->ld + b->base + n0 + j0);
+                _mm256_store_ps(dst + k * 16, load8(src, b->dtype));
+                _mm256_store_ps(dst + k * 16 + 8, load8(elem_ptr(src, b->dtype, 8), b->dtype));
+            }
+        } else {
+            for (int64_t k = 0; k < kc; k++)
+                for (int j = 0; j < 16; j++) dst[k * 16 + j] = j0 + j < nc ? moex_bmat_at(b, k0 + k, n0 + j0 + j) : 0.0f;
+        }
+    }
+}
+
+static void pack(const moex_bmat *b, int64_t k0, int64_t kc, int64_t n0, int64_t nc, float *bp) {
+    if (b->transposed) pack_cols(b, k0, kc, n0, nc, bp);
+    else pack_rows(b, k0, kc, n0, nc, bp);
+}
+
+/* ---- streaming kernels for few rows --------------------------------------------------------- */
+
+// Not transposed, M rows x NC columns at a time: each column is a dot product over K.
+#define STREAM_ROWS(NAME, M, NC)                                                                             \
+    static void NAME(const moex_bmat *b, const float *const *a, int64_t n, int64_t K, float *c, int64_t ldc) { \
+        const char *w[NC];                                                                                   \
+        for (int j = 0; j < NC; j++) w[j] = elem_ptr(b->w, b->dtype, (b->base + n + j) * b->ld);             \
+        __m256 acc[M][NC];                                                                                   \
+        for (int m = 0; m < M; m++)                                                                          \
+            for (int j = 0; j < NC; j++) acc[m][j] = _mm256_setzero_ps();                                    \
+        int64_t k8 = K & ~(int64_t)7;                                                                        \
+        for (int64_t k = 0; k < k8; k += 8) {                                                                \
+            __m256 bw[NC];                                                                                   \
+            for (int j = 0; j < NC; j++) bw[j] = load8(elem_ptr(w[j], b->dtype, k), b->dtype);               \
+            for (int m = 0; m < M; m++) {                                                                    \
+                __m256 x = _mm256_loadu_ps(a[m] + k);                                                        \
+                for (int j = 0; j < NC; j++) acc[m][j] = _mm256_fmadd_ps(x, bw[j], acc[m][j]);               \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int m = 0; m < M; m++)                                                                          \
+            for (int j = 0; j < NC; j++) {                                                                   \
+                float s = hsum(acc[m][j]);                                                                   \
+                for (int64_t k = k8; k < K; k++) s += a[m][k] * moex_load_f32(w[j], b->dtype, k);            \
+                c[m * ldc + j] = s;                                                                          \
+            }                                                                                                \
+    }
+STREAM_ROWS(stream_rows_1x4, 1, 4)
+STREAM_ROWS(stream_rows_2x4, 2, 4)
+STREAM_ROWS(stream_rows_3x2, 3, 2)
+STREAM_ROWS(stream_rows_4x2, 4, 2)
+STREAM_ROWS(stream_rows_1x1, 1, 1)
+STREAM_ROWS(stream_rows_2x1, 2, 1)
+STREAM_ROWS(stream_rows_3x1, 3, 1)
+STREAM_ROWS(stream_rows_4x1, 4, 1)
+
+typedef void (*stream_rows_fn)(const moex_bmat *, const float *const *, int64_t, int64_t, float *, int64_t);
+
+static void stream_rows(const moex_bmat *b, const float *const *a, int M, int64_t n0, int64_t nc, int64_t K, float *c,
+                        int64_t ldc) {
+    static const stream_rows_fn wide[5] = {0, stream_rows_1x4, stream_rows_2x4, stream_rows_3x2, stream_rows_4x2};
+    static const stream_rows_fn one[5] = {0, stream_rows_1x1, stream_rows_2x1, stream_rows_3x1, stream_rows_4x1};
+    const int step = M <= 2 ? 4 : 2;
+    int64_t n = 0;
+    for (; n + step <= nc; n += step) wide[M](b, a, n0 + n, K, c + n, ldc);
+    for (; n < nc; n++) one[M](b, a, n0 + n, K, c + n, ldc);
+}
+
+// Transposed: for each k, a row of W gives 32 (or 8) consecutive columns; M <= 4 rows broadcast.
+static void stream_cols(const moex_bmat *b, const float *const *a, int M, int64_t n0, int64_t nc, int64_t K, float *c,
+                        int64_t ldc) {
+    int64_t n = 0;
+    for (; n + 16 <= nc; n += 16) {
+        __m256 acc[4][2];
+        for (int m = 0; m < 4; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+        const char *col = elem_ptr(b->w, b->dtype, b->base + n0 + n);
+        for (int64_t k = 0; k < K; k++) {
+            const char *row = elem_ptr(col, b->dtype, k * b->ld);
+            __m256 w0 = load8(row, b->dtype), w1 = load8(elem_ptr(row, b->dtype, 8), b->dtype);
+            for (int m = 0; m < M; m++) {
+                __m256 x = _mm256_broadcast_ss(a[m] + k);
+                acc[m][0] = _mm256_fmadd_ps(x, w0, acc[m][0]);
+                acc[m][1] = _mm256_fmadd_ps(x, w1, acc[m][1]);
+            }
+        }
+        for (int m = 0; m < M; m++) {
+            _mm256_storeu_ps(c + m * ldc + n, acc[m][0]);
+            _mm256_storeu_ps(c + m * ldc + n + 8, acc[m][1]);
+        }
+    }
+    for (; n < nc; n++)
+        for (int m = 0; m < M; m++) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; k++) s += a[m][k] * moex_bmat_at(b, k, n0 + n);
+            c[m * ldc + n] = s;
+        }
+}
+
+static void stream(const moex_bmat *b, const float *const *a, int M, int64_t n0, int64_t nc, int64_t K, float *c,
+                   int64_t ldc) {
+    if (b->transposed) stream_cols(b, a, M, n0, nc, K, c, ldc);
+    else stream_rows(b, a, M, n0, nc, K, c, ldc);
+}
+
+/* ---- element-wise ----------------------------------------------------------------------------- */
+
+static void to_f32(const void *src, moex_dtype dtype, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(elem_ptr(src, dtype, i), dtype));
+    for (; i < n; i++) dst[i] = moex_load_f32(src, dtype, i);
+}
+
+static void axpy(float w, const float *src, float *dst, int64_t n) {
+    __m256 vw = _mm256_set1_ps(w);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_fmadd_ps(vw, _mm256_loadu_ps(src + i), _mm256_loadu_ps(dst + i)));
+    for (; i < n; i++) dst[i] += w * src[i];
+}
+
+const moex_cpu_kernels moex_cpu_kernels_avx2 = {"avx2", micro, pack, stream, to_f32, axpy};

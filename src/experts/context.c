@@ -1,0 +1,122 @@
+/* context.c — execution contexts: device, threads, the workspace, and the
+ * (layer, backend) states that moex_prepare() makes. */
+#include "experts/experts_internal.h"
+#include <stdlib.h>
+
+#define MAX_THREADS 1024
+
+moex_context_options moex_context_default_options(void) {
+    moex_context_options o;
+    memset(&o, 0, sizeof o);
+    o.device.kind = MOEX_DEVICE_CPU;
+    o.max_tokens = 1024;
+    return o;
+}
+
+moex_status moex_context_create(const moex_context_options *options, moex_context **out) {
+    if (!options || !out)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_create: %s is NULL", options ? "out" : "options");
+    moex_context_options o = *options;
+    if (o.num_threads < 0 || o.num_threads > MAX_THREADS)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "num_threads = %d is outside [0, %d]", o.num_threads, MAX_THREADS);
+    if (o.max_tokens < 1)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "max_tokens = %lld, must be >= 1", (long long)o.max_tokens);
+    if (o.stream_slot < 0)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "stream_slot = %d, must be >= 0", o.stream_slot);
+    moex_device_info info;
+    moex_status st = moex_device_query(o.device, &info);
+    if (st) return st;
+    if (!info.available)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "device %s is not available: %s", info.name, info.reason);
+    if (o.num_threads == 0) o.num_threads = info.cpu_cores > 0 ? info.cpu_cores : moex_cpu_cores();
+    moex_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_context_create: out of memory");
+    ctx->options = o;
+    ctx->device_info = info;
+    *out = ctx;
+    return MOEX_OK;
+}
+
+void moex_context_free(moex_context *ctx) {
+    if (!ctx) return;
+    for (int i = 0; i < ctx->prepared_count; i++) {
+        const moex_backend *b = moex_registry_at(ctx->prepared[i].backend_index);
+        if (b->release) b->release(ctx->prepared[i].state, b->user);
+    }
+    free(ctx->prepared);
+    free(ctx->workspace);
+    free(ctx);
+}
+
+moex_status moex_context_get_options(const moex_context *ctx, moex_context_options *out) {
+    if (!ctx || !out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_get_options: null argument");
+    *out = ctx->options;
+    return MOEX_OK;
+}
+
+size_t moex_context_workspace_bytes(const moex_context *ctx) { return ctx ? ctx->workspace_bytes : 0; }
+
+moex_status moex_context_workspace(moex_context *ctx, void **ptr, size_t *bytes) {
+    if (!ctx || !ptr || !bytes) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_workspace: null argument");
+    *ptr = ctx->workspace;
+    *bytes = ctx->workspace_bytes;
+    return MOEX_OK;
+}
+
+/* The prepared entry for (layer, backend) in ctx, or NULL. */
+moex_prepared *moex_context_find_prepared(moex_context *ctx, uint64_t layer_id, int backend_index) {
+    for (int i = 0; i < ctx->prepared_count; i++)
+        if (ctx->prepared[i].layer_id == layer_id && ctx->prepared[i].backend_index == backend_index)
+            return &ctx->prepared[i];
+    return NULL;
+}
+
+/* Grow the workspace to at least bytes (contents are not kept). */
+static moex_status reserve_workspace(moex_context *ctx, size_t bytes) {
+    if (bytes <= ctx->workspace_bytes) return MOEX_OK;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (rounded < bytes) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "workspace of %zu bytes is too large", bytes);
+    void *p = aligned_alloc(64, rounded);
+    if (!p) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "could not allocate a workspace of %zu bytes", rounded);
+    memset(p, 0, rounded); /* touch every page now, not in the first forward */
+    free(ctx->workspace);
+    ctx->workspace = p;
+    ctx->workspace_bytes = rounded;
+    return MOEX_OK;
+}
+
+moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backend) {
+    if (!ctx || !layer || !backend)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_prepare: %s is NULL",
+                         !ctx ? "ctx" : !layer ? "layer" : "backend");
+    int index;
+    const moex_backend *b = moex_registry_find(backend, &index);
+    if (!b) return moex_registry_not_found(backend);
+    if (moex_context_find_prepared(ctx, layer->id, index)) return MOEX_OK;
+    char why[512] = "";
+    if (!b->supports(&layer->desc, &ctx->device_info, why, sizeof why, b->user))
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "experts backend \"%s\" cannot run this layer on %s: %s", backend,
+                         ctx->device_info.name, why[0] ? why : "no reason given");
+    if (layer->desc.gate_up.device.kind != ctx->options.device.kind)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "the layer's weights are on %s memory but the context computes on %s",
+                         layer->desc.gate_up.device.kind == MOEX_DEVICE_CPU ? "cpu" : "cuda", ctx->device_info.name);
+    if (ctx->prepared_count == ctx->prepared_capacity) {
+        int cap = ctx->prepared_capacity ? 2 * ctx->prepared_capacity : 16;
+        moex_prepared *p = realloc(ctx->prepared, (size_t)cap * sizeof *p);
+        if (!p) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_prepare: out of memory");
+        ctx->prepared = p;
+        ctx->prepared_capacity = cap;
+    }
+    size_t need = b->workspace_bytes
+                      ? b->workspace_bytes(&layer->desc, ctx->options.max_tokens, ctx->options.num_threads, b->user)
+                      : 0;
+    moex_status st = reserve_workspace(ctx, need);
+    if (st) return st;
+    void *state = NULL;
+    if (b->prepare) {
+        st = b->prepare(ctx, &layer->desc, &state, b->user);
+        if (st) return st;
+    }
+    ctx->prepared[ctx->prepared_count++] = (moex_prepared){layer->id, index, state};
+    return MOEX_OK;
+}

@@ -1,0 +1,68 @@
+/* experts_internal.h — layer, context and registry internals shared by the
+ * experts front end (src/experts) and the backends (src/cpu, src/cuda). */
+#ifndef MOEX_EXPERTS_INTERNAL_H
+#define MOEX_EXPERTS_INTERNAL_H
+
+#include "core/internal.h"
+
+struct moex_layer {
+    moex_experts_desc desc;
+    uint64_t id; /* unique for the life of the process: keys prepared states */
+};
+
+/* One (layer, backend) pair prepared in a context. */
+typedef struct moex_prepared {
+    uint64_t layer_id;
+    int backend_index;
+    void *state;
+} moex_prepared;
+
+struct moex_context {
+    moex_context_options options; /* num_threads resolved */
+    moex_device_info device_info;
+    void *workspace;              /* 64-byte aligned */
+    size_t workspace_bytes;
+    moex_prepared *prepared;
+    int prepared_count, prepared_capacity;
+};
+
+/* The prepared entry for (layer, backend) in ctx, or NULL. */
+moex_prepared *moex_context_find_prepared(moex_context *ctx, uint64_t layer_id, int backend_index);
+
+/* ---- registry ---------------------------------------------------------- */
+
+/* The backend registered under name and its index, or NULL (no error set). */
+const moex_backend *moex_registry_find(const char *name, int *index);
+/* The backend at index (must be valid). */
+const moex_backend *moex_registry_at(int index);
+/* Fail with MOEX_ERR_NOT_FOUND, listing the valid names. */
+moex_status moex_registry_not_found(const char *name);
+
+/* ---- built-in backends ------------------------------------------------- */
+
+extern const moex_backend moex_backend_eager;
+extern const moex_backend moex_backend_batched_mm;
+extern const moex_backend moex_backend_grouped_mm;
+extern const moex_backend moex_backend_deepgemm;
+extern const moex_backend moex_backend_deepgemm_megamoe;
+extern const moex_backend moex_backend_sonicmoe;
+
+/* ---- activation -------------------------------------------------------- */
+
+/* h[i] = act(g[i]) * u[i] (gated) for the layer's activation; n elements. */
+void moex_activation_gated(const moex_experts_desc *d, const float *g, const float *u, float *h, int64_t n);
+/* h[i] = act(u[i]) (ungated). */
+void moex_activation_plain(const moex_experts_desc *d, const float *u, float *h, int64_t n);
+
+/* Expert id as int64 from an i32/i64 ids tensor element (t, j). */
+static inline int64_t moex_id_at(const moex_tensor *ids, int64_t t, int64_t j) {
+    int64_t off = t * ids->strides[0] + j * ids->strides[1];
+    return ids->dtype == MOEX_I32 ? (int64_t)((const int32_t *)ids->data)[off] : ((const int64_t *)ids->data)[off];
+}
+
+/* Routing weight (t, j) as f32. */
+static inline float moex_weight_at(const moex_tensor *w, int64_t t, int64_t j) {
+    return moex_load_f32(w->data, w->dtype, t * w->strides[0] + j * w->strides[1]);
+}
+
+#endif

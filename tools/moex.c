@@ -1,0 +1,49 @@
+/* moex — command-line tool: bench, backends, version. */
+#include "bench.h"
+#include "moex.h"
+#include <stdio.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: moex COMMAND [options]\n"
+            "commands:\n"
+            "  bench      time the experts backends on a named layer shape (moex bench --help)\n"
+            "  backends   list the experts backends and whether they can run here\n"
+            "  version    print the version\n");
+}
+
+static int list_backends(void) {
+    moex_device cpu = {MOEX_DEVICE_CPU, 0}, cuda = {MOEX_DEVICE_CUDA, 0};
+    for (int i = 0; i < moex_backend_count(); i++) {
+        const char *name = moex_backend_name(i);
+        char why[512];
+        printf("%-18s %s\n", name, moex_backend_summary(name));
+        if (moex_backend_supports(name, NULL, cpu, why, sizeof why) == MOEX_OK) printf("%-18s   cpu: yes\n", "");
+        else printf("%-18s   cpu: no: %s\n", "", why);
+        if (moex_backend_supports(name, NULL, cuda, why, sizeof why) == MOEX_OK) printf("%-18s   cuda: yes\n", "");
+        else printf("%-18s   cuda: no: %s\n", "", why);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "bench") == 0) return moex_cli_bench(argc - 1, argv + 1);
+    if (strcmp(cmd, "backends") == 0) return list_backends();
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("moex %s\n", moex_version());
+        return 0;
+    }
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "moex: unknown command \"%s\"\n", cmd);
+    usage(stderr);
+    return 2;
+}
