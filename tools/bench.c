@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -40,6 +41,8 @@ static const double REF_SGEMM_GFLOPS_2T = 140.0;
 static const double REF_READ_GBPS_1T = 18.0;
 static const double REF_READ_GBPS_2T = 28.0;
 static const double CEILING_TOLERANCE = 0.85;
+/* Other processes' share of the CPU during the run above which timings are flagged. */
+static const double BUSY_MACHINE_SHARE = 0.10;
 
 static const char *const DEFAULT_BACKENDS = "eager,batched_mm,grouped_mm";
 
@@ -186,7 +189,8 @@ static int parse_tokens(const char *s, bench_opts *o)
     qsort(o->tokens, (size_t)n, sizeof o->tokens[0], cmp_i64);
     for (int i = 1; i < n; i++) {
         if (o->tokens[i] == o->tokens[i - 1])
-            return usage_error("--tokens: %lld appears twice in \"%s\"", (long long)o->tokens[i], s);
+            return usage_error("--tokens: %lld appears twice in \"%s\"", (long long)o->tokens[i],
+                               s);
     }
     o->ntokens = n;
     return 0;
@@ -280,7 +284,7 @@ static int parse_seed(const char *s, bench_opts *o)
     return 0;
 }
 
-/* The directory that will hold `path` must exist and be writable; `path` must not be a directory. */
+/* The directory that will hold `path` must exist and be writable; path is no directory. */
 static int check_output_path(const char *opt, const char *path)
 {
     if (*path == '\0')
@@ -588,6 +592,47 @@ static size_t largest_cache_bytes(void)
     return best;
 }
 
+/* CPU time of the whole machine (/proc/stat) and of this process, in seconds. */
+typedef struct cpu_sample {
+    double busy, total, self;
+    int ok;
+} cpu_sample;
+
+static cpu_sample sample_cpu(void)
+{
+    cpu_sample c = {0.0, 0.0, 0.0, 0};
+    FILE *f = fopen("/proc/stat", "r");
+    unsigned long long v[8] = {0};
+    long hz = sysconf(_SC_CLK_TCK);
+    struct rusage ru;
+    if (f && hz > 0 &&
+        fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+               &v[4], &v[5], &v[6], &v[7]) == 8 &&
+        getrusage(RUSAGE_SELF, &ru) == 0) {
+        /* user nice system idle iowait irq softirq steal: steal counts as busy (another guest) */
+        double idle = (double)(v[3] + v[4]);
+        double busy = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
+        c.busy = busy / hz;
+        c.total = (busy + idle) / hz;
+        c.self = (double)ru.ru_utime.tv_sec + 1e-6 * ru.ru_utime.tv_usec +
+                 (double)ru.ru_stime.tv_sec + 1e-6 * ru.ru_stime.tv_usec;
+        c.ok = 1;
+    }
+    if (f)
+        fclose(f);
+    return c;
+}
+
+/* Share of the CPU time between a and b used by others (processes, hypervisor); NaN: unknown. */
+static double other_cpu_share(cpu_sample a, cpu_sample b)
+{
+    double total = b.total - a.total;
+    if (!a.ok || !b.ok || total <= 0.0)
+        return NAN;
+    double other = (b.busy - a.busy) - (b.self - a.self);
+    return other > 0.0 ? other / total : 0.0;
+}
+
 /* ------------------------------------------------------------------ the run */
 
 typedef struct case_result {
@@ -606,6 +651,7 @@ typedef struct bench_state {
     double flops_per_pair;  /* per (token, expert) pair */
     double gemm_gflops, read_gbps; /* NAN when not measured */
     int ceilings_low;
+    double other_share;     /* other processes' share of the CPU during the run (NaN: unknown) */
     void *gate_up, *down, *gate_up_bias, *down_bias;
     moex_layer *layer;
     moex_context *ctx;
@@ -747,7 +793,7 @@ static int resolve(const bench_opts *o, bench_state *st)
     size_t llc = largest_cache_bytes();
     size_t flush_bytes = 2 * llc > ((size_t)64 << 20) ? 2 * llc : ((size_t)64 << 20);
     st->flush_n = flush_bytes / sizeof(float);
-    st->gemm_gflops = st->read_gbps = NAN;
+    st->gemm_gflops = st->read_gbps = st->other_share = NAN;
     return check_memory(st);
 }
 
@@ -964,7 +1010,7 @@ static int views(const bench_state *st, const workload *w, int r, int out_slot, 
     return 0;
 }
 
-/* Routing r: random logits -> softmax top-k (renormalised) -> ids, weights; distinct experts hit. */
+/* Routing r: random logits -> softmax top-k (renormalised) -> ids, weights; experts hit. */
 static int make_routing(const bench_state *st, workload *w, int r, float *logits, char *seen)
 {
     int64_t T = w->tokens, E = st->experts, k = st->top_k;
@@ -1259,10 +1305,10 @@ static void csv_comments(FILE *f, const bench_state *st)
     fprintf(f, "# machine=%s date=%s moex=%s experts=%lld\n", host, date, moex_version(),
             (long long)st->experts);
     fprintf(f, "# cpu=\"%s\" avx2=%d shape=%s hidden=%lld intermediate=%lld num_experts=%lld "
-               "top_k=%lld runs=%d warmup=%d seed=%llu ceilings_low=%d\n",
+               "top_k=%lld runs=%d warmup=%d seed=%llu ceilings_low=%d other_cpu_share=%.3f\n",
             st->cpu_model, st->cpu.cpu_avx2, o->shape->name, (long long)st->hidden,
             (long long)st->intermediate, (long long)o->shape->experts, (long long)st->top_k,
-            o->runs, WARMUP_RUNS, (unsigned long long)o->seed, st->ceilings_low);
+            o->runs, WARMUP_RUNS, (unsigned long long)o->seed, st->ceilings_low, st->other_share);
 }
 
 static int write_csv(FILE *f, const bench_state *st)
@@ -1327,10 +1373,29 @@ static int write_outputs(const bench_state *st)
 
 /* ------------------------------------------------------------------ entry */
 
+/* After the table: how much of the CPU other processes took while we measured. */
+static void report_machine_load(bench_state *st, cpu_sample start)
+{
+    st->other_share = other_cpu_share(start, sample_cpu());
+    if (!isfinite(st->other_share))
+        return;
+    printf("\nother processes used %.0f%% of the machine's CPU time during this run\n",
+           100.0 * st->other_share);
+    fflush(stdout);
+    if (st->other_share > BUSY_MACHINE_SHARE) {
+        const char *w = "WARNING: the machine was busy with other work: timings and ceilings "
+                        "are unreliable; compare only rows of this run, or rerun on a quiet "
+                        "machine.\n";
+        printf("%s", w);
+        fprintf(stderr, "moex bench: %s", w);
+    }
+}
+
 static int run_bench(bench_state *st)
 {
     const bench_opts *o = st->o;
     int rc;
+    cpu_sample start = sample_cpu();
     print_banner(st);
     fflush(stdout);
     if ((rc = measure_ceilings(st)) || (rc = build_layer(st)) || (rc = build_context(st)) ||
@@ -1342,7 +1407,10 @@ static int run_bench(bench_state *st)
     print_table_header(o);
     for (int ti = 0; ti < o->ntokens && !rc; ti++)
         rc = run_tokens(st, ti);
-    return rc ? rc : write_outputs(st);
+    if (rc)
+        return rc;
+    report_machine_load(st, start);
+    return write_outputs(st);
 }
 
 int moex_cli_bench(int argc, char **argv)

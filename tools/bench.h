@@ -27,7 +27,7 @@ int moex_cli_bench(int argc, char **argv);
 /** OpenBLAS cblas_sgemm 2048x2048x2048 on `threads` threads: best of 5 after a warm-up, GFLOP/s. */
 int bench_ceiling_gemm(int threads, double *gflops, char *err, size_t err_size);
 
-/** AVX2 sum over a 1 GiB f32 buffer split over `threads` OpenMP threads: best of 5 after a warm-up, GB/s. */
+/** AVX2 sum over 1 GiB of f32 on `threads` OpenMP threads: best of 5 after a warm-up, GB/s. */
 int bench_ceiling_read(int threads, double *gbps, char *err, size_t err_size);
 
 /* ------------------------------------------------------------------------ */

@@ -90,7 +90,7 @@ int bench_ceiling_gemm(int threads, double *gflops, char *err, size_t err_size)
 
 /* ------------------------------------------------------------------ read */
 
-/* Sum n floats (n a multiple of READ_FLOATS_PER_STEP, p 32-byte aligned) with 8 AVX2 accumulators. */
+/* Sum n floats (n a multiple of READ_FLOATS_PER_STEP, p 32-byte aligned), 8 AVX2 accumulators. */
 static float sum_avx2(const float *p, size_t n)
 {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();

@@ -84,35 +84,46 @@ moex_bmat moex_down_mat(const moex_experts_desc *d, int64_t e, int64_t base) {
     return b;
 }
 
-void moex_gemm(const moex_cpu_kernels *kr, const float *const *a, int64_t M, const moex_bmat *b, int64_t N, int64_t K,
-               float *c, int64_t ldc, float *pack, const void *bias, moex_dtype bias_dtype) {
-    if (M <= MOEX_STREAM_MAX) {
-        for (int64_t m0 = 0; m0 < M; m0 += MOEX_STREAM_MAX) /* one pass when M <= MOEX_STREAM_MAX */
-            kr->stream(b, a + m0, (int)(M - m0 < MOEX_STREAM_MAX ? M - m0 : MOEX_STREAM_MAX), 0, N, K, c + m0 * ldc, ldc);
-    } else {
-        const int64_t panels = (N + MOEX_NR - 1) / MOEX_NR;
-        for (int64_t k0 = 0; k0 < K; k0 += MOEX_KC) {
-            const int64_t kc = K - k0 < MOEX_KC ? K - k0 : MOEX_KC;
-            kr->pack(b, k0, kc, 0, N, pack);
-            for (int64_t mb = 0; mb < M; mb += MOEX_MC) {
-                const int64_t mend = M - mb < MOEX_MC ? M : mb + MOEX_MC;
-                for (int64_t p = 0; p < panels; p++) {
-                    const int nr = (int)(N - p * MOEX_NR < MOEX_NR ? N - p * MOEX_NR : MOEX_NR);
-                    for (int64_t m0 = mb; m0 < mend; m0 += MOEX_MR) {
-                        const int mr = (int)(mend - m0 < MOEX_MR ? mend - m0 : MOEX_MR);
-                        const float *rows[MOEX_MR];
-                        for (int i = 0; i < MOEX_MR; i++) rows[i] = a[m0 + (i < mr ? i : 0)];
-                        kr->micro(kc, rows, k0, pack + p * kc * MOEX_NR, c + m0 * ldc + p * MOEX_NR, ldc, mr, nr, k0 > 0);
-                    }
+// c[m, n] += bias[base + n] for the block
+static void add_bias(const moex_bmat *b, int64_t M, int64_t N, float *c, int64_t ldc, const void *bias,
+                     moex_dtype bias_dtype) {
+    for (int64_t n = 0; n < N; n++) {
+        const float bn = moex_load_f32(bias, bias_dtype, b->base + n);
+        for (int64_t m = 0; m < M; m++) c[m * ldc + n] += bn;
+    }
+}
+
+void moex_gemm_packed(const moex_cpu_kernels *kr, const float *const *a, int64_t M, const moex_bmat *b, int64_t N,
+                      int64_t K, float *c, int64_t ldc, float *pack, const void *bias, moex_dtype bias_dtype) {
+    const int64_t panels = (N + MOEX_NR - 1) / MOEX_NR;
+    for (int64_t k0 = 0; k0 < K; k0 += MOEX_KC) {
+        const int64_t kc = K - k0 < MOEX_KC ? K - k0 : MOEX_KC;
+        kr->pack(b, k0, kc, 0, N, pack);
+        for (int64_t mb = 0; mb < M; mb += MOEX_MC) {
+            const int64_t mend = M - mb < MOEX_MC ? M : mb + MOEX_MC;
+            for (int64_t p = 0; p < panels; p++) {
+                const int nr = (int)(N - p * MOEX_NR < MOEX_NR ? N - p * MOEX_NR : MOEX_NR);
+                for (int64_t m0 = mb; m0 < mend; m0 += MOEX_MR) {
+                    const int mr = (int)(mend - m0 < MOEX_MR ? mend - m0 : MOEX_MR);
+                    const float *rows[MOEX_MR];
+                    for (int i = 0; i < MOEX_MR; i++) rows[i] = a[m0 + (i < mr ? i : 0)];
+                    kr->micro(kc, rows, k0, pack + p * kc * MOEX_NR, c + m0 * ldc + p * MOEX_NR, ldc, mr, nr, k0 > 0);
                 }
             }
         }
     }
-    if (bias)
-        for (int64_t n = 0; n < N; n++) {
-            const float bn = moex_load_f32(bias, bias_dtype, b->base + n);
-            for (int64_t m = 0; m < M; m++) c[m * ldc + n] += bn;
-        }
+    if (bias) add_bias(b, M, N, c, ldc, bias, bias_dtype);
+}
+
+void moex_gemm(const moex_cpu_kernels *kr, const float *const *a, int64_t M, const moex_bmat *b, int64_t N, int64_t K,
+               float *c, int64_t ldc, float *pack, const void *bias, moex_dtype bias_dtype) {
+    if (M <= 0) return;
+    if (M > MOEX_STREAM_MAX) {
+        moex_gemm_packed(kr, a, M, b, N, K, c, ldc, pack, bias, bias_dtype);
+        return;
+    }
+    kr->stream(b, a, (int)M, 0, N, K, c, ldc);
+    if (bias) add_bias(b, M, N, c, ldc, bias, bias_dtype);
 }
 
 void moex_activation_block(const moex_experts_desc *d, const float *gu, int64_t M, int64_t j0, int64_t nb, float *h,

@@ -67,6 +67,11 @@ moex_bmat moex_down_mat(const moex_experts_desc *d, int64_t e, int64_t base);
 void moex_gemm(const moex_cpu_kernels *kr, const float *const *a, int64_t M, const moex_bmat *b, int64_t N, int64_t K,
                float *c, int64_t ldc, float *pack, const void *bias, moex_dtype bias_dtype);
 
+/* The packed path of moex_gemm for any M (N <= 2*MOEX_NB). A row's result does
+ * not depend on M or on which other rows share the call. */
+void moex_gemm_packed(const moex_cpu_kernels *kr, const float *const *a, int64_t M, const moex_bmat *b, int64_t N,
+                      int64_t K, float *c, int64_t ldc, float *pack, const void *bias, moex_dtype bias_dtype);
+
 /* First projection of expert e for intermediate columns j0 .. j0+nb, M rows:
  *   gu[M, R] (row stride R = gated ? 2I : I, columns in gate_up's row order) gets the
  *   raw projections (+ bias) for this block; h[M, nb] (row stride ldh) = act(gate) * up. */

@@ -1,8 +1,10 @@
 /* eager.c — the reference loop: for each expert that was hit, gather its
  * tokens, project them (gate/up), apply the activation, project down, and
  * add the weighted rows into the output. Each step is its own pass over
- * materialised intermediates, parallel inside the step, as in the reference
- * formulation.
+ * materialised intermediates. The expert's tokens are shared out among the
+ * threads (data parallel over tokens), each thread running the general packed
+ * GEMM on its share; the packed GEMM's result for a row does not depend on the
+ * other rows, so the split does not change the result.
  *
  *   for e hit:  xe [n_e, H] -> gu [n_e, R] -> he [n_e, I] -> ye [n_e, H];  acc[t] += w * ye
  */
@@ -41,16 +43,13 @@ static size_t eager_workspace(const moex_experts_desc *d, int64_t max_tokens, in
     return ws.used;
 }
 
-// c[n, N] = a[n, K] * B (+ bias), column blocks of MOEX_NB spread over the team
-// (called inside a parallel region by every thread).
+// c[n, N] = a[n, K] * B (+ bias), in column blocks of MOEX_NB, by the calling thread alone.
 static void project(const moex_cpu_kernels *kr, float *pack, const float *const *a, int64_t n, int64_t K, moex_bmat b,
-                    int64_t N, float *c, const void *bias, moex_dtype bias_dtype) {
-    const int64_t blocks = (N + MOEX_NB - 1) / MOEX_NB, base = b.base;
-#pragma omp for schedule(static)
-    for (int64_t blk = 0; blk < blocks; blk++) {
-        const int64_t c0 = blk * MOEX_NB, nc = N - c0 < MOEX_NB ? N - c0 : MOEX_NB;
+                    int64_t N, float *c, int64_t ldc, const void *bias, moex_dtype bias_dtype) {
+    const int64_t base = b.base;
+    for (int64_t c0 = 0; c0 < N; c0 += MOEX_NB) {
         b.base = base + c0;
-        moex_gemm(kr, a, n, &b, nc, K, c + c0, N, pack, bias, bias_dtype);
+        moex_gemm_packed(kr, a, n, &b, N - c0 < MOEX_NB ? N - c0 : MOEX_NB, K, c + c0, ldc, pack, bias, bias_dtype);
     }
 }
 
@@ -74,17 +73,19 @@ static moex_status eager_forward(const moex_forward_args *args, void *user) {
             const int64_t n = off[e + 1] - off[e];
             const int32_t *pairs = g.routing.sorted + off[e];
             if (n == 0) continue;
-            // gather the expert's tokens
-#pragma omp for schedule(static)
-            for (int64_t i = 0; i < n; i++) memcpy(g.xe + i * H, moex_row(&g.x, pairs[i] / k), sizeof(float) * (size_t)H);
-            // gate/up projection over all R columns, then the activation as its own pass
-            project(kr, s->pack, g.xrow, n, H, moex_gate_up_mat(d, e, 0), R, g.gu, moex_bias_row(&d->gate_up_bias, e),
-                    d->gate_up_bias.dtype);
-#pragma omp for schedule(static)
-            for (int64_t i = 0; i < n; i++) moex_activation_block(d, g.gu + i * R, 1, 0, I, g.he + i * I, I, s->row);
-            // down projection
-            project(kr, s->pack, g.hrow, n, I, moex_down_mat(d, e, 0), H, g.ye, moex_bias_row(&d->down_bias, e),
-                    d->down_bias.dtype);
+            // this thread's share of the expert's tokens: gather, gate/up, activation, down
+            const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+            const int64_t i0 = n * tid / nth, i1 = n * (tid + 1) / nth;
+            if (i1 > i0) {
+                for (int64_t i = i0; i < i1; i++)
+                    memcpy(g.xe + i * H, moex_row(&g.x, pairs[i] / k), sizeof(float) * (size_t)H);
+                project(kr, s->pack, g.xrow + i0, i1 - i0, H, moex_gate_up_mat(d, e, 0), R, g.gu + i0 * R, R,
+                        moex_bias_row(&d->gate_up_bias, e), d->gate_up_bias.dtype);
+                for (int64_t i = i0; i < i1; i++) moex_activation_block(d, g.gu + i * R, 1, 0, I, g.he + i * I, I, s->row);
+                project(kr, s->pack, g.hrow + i0, i1 - i0, I, moex_down_mat(d, e, 0), H, g.ye + i0 * H, H,
+                        moex_bias_row(&d->down_bias, e), d->down_bias.dtype);
+            }
+#pragma omp barrier
             // acc[t] += w[t, j] * ye[i], split by columns so that a repeated token never races
 #pragma omp for schedule(static)
             for (int64_t c0 = 0; c0 < H; c0 += MOEX_NB) {
@@ -100,7 +101,7 @@ static moex_status eager_forward(const moex_forward_args *args, void *user) {
         const size_t esz = moex_dtype_size(out->dtype);
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++)
-            moex_convert(g.acc + t * H, MOEX_F32, (char *)out->data + t * out->strides[0] * (int64_t)esz, out->dtype,
+            (void)moex_convert(g.acc + t * H, MOEX_F32, (char *)out->data + t * out->strides[0] * (int64_t)esz, out->dtype,
                          (size_t)H);
     }
     return MOEX_OK;

@@ -23,42 +23,66 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* ---- packed GEMM micro-kernel: c[6, 16] (+)= a[6, kc] * bp[kc, 16] ---------------------- */
+/* ---- packed GEMM micro-kernels: c[MR, 16] (+)= a[MR, kc] * bp[kc, 16], MR = 1..6 ------------- */
 
-static void micro(int64_t kc, const float *const *a, int64_t k0, const float *bp, float *c, int64_t ldc, int mr, int nr,
-                  int accumulate) {
-    const float *a0 = a[0] + k0, *a1 = a[1] + k0, *a2 = a[2] + k0, *a3 = a[3] + k0, *a4 = a[4] + k0, *a5 = a[5] + k0;
-    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-    for (int64_t k = 0; k < kc; k++) {
-        __m256 b0 = _mm256_load_ps(bp + k * 16), b1 = _mm256_load_ps(bp + k * 16 + 8), x;
-        x = _mm256_broadcast_ss(a0 + k); c00 = _mm256_fmadd_ps(x, b0, c00); c01 = _mm256_fmadd_ps(x, b1, c01);
-        x = _mm256_broadcast_ss(a1 + k); c10 = _mm256_fmadd_ps(x, b0, c10); c11 = _mm256_fmadd_ps(x, b1, c11);
-        x = _mm256_broadcast_ss(a2 + k); c20 = _mm256_fmadd_ps(x, b0, c20); c21 = _mm256_fmadd_ps(x, b1, c21);
-        x = _mm256_broadcast_ss(a3 + k); c30 = _mm256_fmadd_ps(x, b0, c30); c31 = _mm256_fmadd_ps(x, b1, c31);
-        x = _mm256_broadcast_ss(a4 + k); c40 = _mm256_fmadd_ps(x, b0, c40); c41 = _mm256_fmadd_ps(x, b1, c41);
-        x = _mm256_broadcast_ss(a5 + k); c50 = _mm256_fmadd_ps(x, b0, c50); c51 = _mm256_fmadd_ps(x, b1, c51);
-    }
-    __m256 r[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
-    if (nr == 16) {
-        for (int i = 0; i < mr; i++) {
-            float *ci = c + i * ldc;
+// Store rows 0..mr-1 of the register tile r into c (nr <= 16 columns), adding c when accumulating.
+static inline void store_tile(__m256 r[][2], int mr, float *c, int64_t ldc, int nr, int accumulate) {
+    for (int i = 0; i < mr; i++) {
+        float *ci = c + i * ldc;
+        if (nr == 16) {
             if (accumulate) {
                 r[i][0] = _mm256_add_ps(r[i][0], _mm256_loadu_ps(ci));
                 r[i][1] = _mm256_add_ps(r[i][1], _mm256_loadu_ps(ci + 8));
             }
             _mm256_storeu_ps(ci, r[i][0]);
             _mm256_storeu_ps(ci + 8, r[i][1]);
+        } else {
+            float tile[16];
+            _mm256_storeu_ps(tile, r[i][0]);
+            _mm256_storeu_ps(tile + 8, r[i][1]);
+            for (int j = 0; j < nr; j++) ci[j] = accumulate ? ci[j] + tile[j] : tile[j];
         }
-        return;
     }
-    float tile[16];
-    for (int i = 0; i < mr; i++) {
-        _mm256_storeu_ps(tile, r[i][0]);
-        _mm256_storeu_ps(tile + 8, r[i][1]);
-        float *ci = c + i * ldc;
-        for (int j = 0; j < nr; j++) ci[j] = accumulate ? ci[j] + tile[j] : tile[j];
+}
+
+// One kernel per row count, so a remainder of fewer than 6 rows costs only its own FMAs.
+// Accumulators are named variables (the rows above MR fold away at compile time) so that
+// they stay in the 12 registers; the tile goes through an array only after the loop.
+#define MICRO_ROW(I, A, C0, C1)                                                                          \
+    if (rows > I) {                                                                                      \
+        const __m256 x = _mm256_broadcast_ss(A + k);                                                     \
+        C0 = _mm256_fmadd_ps(x, b0, C0);                                                                 \
+        C1 = _mm256_fmadd_ps(x, b1, C1);                                                                 \
     }
+#define MICRO(NAME, MR)                                                                                  \
+    static void NAME(int64_t kc, const float *const *a, int64_t k0, const float *bp, float *c, int64_t ldc, \
+                     int nr, int accumulate) {                                                           \
+        const int rows = MR;                                                                             \
+        const float *a0 = a[0] + k0, *a1 = a[MR > 1 ? 1 : 0] + k0, *a2 = a[MR > 2 ? 2 : 0] + k0;        \
+        const float *a3 = a[MR > 3 ? 3 : 0] + k0, *a4 = a[MR > 4 ? 4 : 0] + k0, *a5 = a[MR > 5 ? 5 : 0] + k0; \
+        __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;         \
+        __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;                         \
+        for (int64_t k = 0; k < kc; k++) {                                                               \
+            const __m256 b0 = _mm256_load_ps(bp + k * 16), b1 = _mm256_load_ps(bp + k * 16 + 8);         \
+            MICRO_ROW(0, a0, c00, c01) MICRO_ROW(1, a1, c10, c11) MICRO_ROW(2, a2, c20, c21)             \
+            MICRO_ROW(3, a3, c30, c31) MICRO_ROW(4, a4, c40, c41) MICRO_ROW(5, a5, c50, c51)             \
+        }                                                                                                \
+        __m256 r[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};       \
+        store_tile(r, MR, c, ldc, nr, accumulate);                                                       \
+    }
+MICRO(micro_1, 1)
+MICRO(micro_2, 2)
+MICRO(micro_3, 3)
+MICRO(micro_4, 4)
+MICRO(micro_5, 5)
+MICRO(micro_6, 6)
+
+typedef void (*micro_fn)(int64_t, const float *const *, int64_t, const float *, float *, int64_t, int, int);
+
+static void micro(int64_t kc, const float *const *a, int64_t k0, const float *bp, float *c, int64_t ldc, int mr, int nr,
+                  int accumulate) {
+    static const micro_fn by_rows[MOEX_MR + 1] = {0, micro_1, micro_2, micro_3, micro_4, micro_5, micro_6};
+    by_rows[mr](kc, a, k0, bp, c, ldc, nr, accumulate);
 }
 
 /* ---- packing ------------------------------------------------------------------------------ */
@@ -133,15 +157,22 @@ static void pack(const moex_bmat *b, int64_t k0, int64_t kc, int64_t n0, int64_t
 /* ---- streaming kernels for few rows --------------------------------------------------------- */
 
 // Not transposed, M rows x NC columns at a time: each column is a dot product over K.
+// While it reads its NC weight rows it prefetches the NC rows after them (a prefetch
+// never faults, so running past the matrix is harmless), so the next group starts
+// warm instead of waiting for the hardware prefetcher at every 4 KiB row.
 #define STREAM_ROWS(NAME, M, NC)                                                                             \
     static void NAME(const moex_bmat *b, const float *const *a, int64_t n, int64_t K, float *c, int64_t ldc) { \
+        const int64_t esz = b->dtype == MOEX_F32 ? 4 : 2;                                                  \
         const char *w[NC];                                                                                   \
         for (int j = 0; j < NC; j++) w[j] = elem_ptr(b->w, b->dtype, (b->base + n + j) * b->ld);             \
+        const int64_t ahead = NC * b->ld * esz;                                                              \
         __m256 acc[M][NC];                                                                                   \
         for (int m = 0; m < M; m++)                                                                          \
             for (int j = 0; j < NC; j++) acc[m][j] = _mm256_setzero_ps();                                    \
-        int64_t k8 = K & ~(int64_t)7;                                                                        \
+        const int64_t k8 = K & ~(int64_t)7;                                                                  \
         for (int64_t k = 0; k < k8; k += 8) {                                                                \
+            if ((k * esz & 63) == 0)                                                                         \
+                for (int j = 0; j < NC; j++) _mm_prefetch(w[j] + ahead + k * esz, _MM_HINT_T0);             \
             __m256 bw[NC];                                                                                   \
             for (int j = 0; j < NC; j++) bw[j] = load8(elem_ptr(w[j], b->dtype, k), b->dtype);               \
             for (int m = 0; m < M; m++) {                                                                    \
