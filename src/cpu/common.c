@@ -93,7 +93,8 @@ static void add_bias(const moex_bmat *b, int64_t M, int64_t N, float *c, int64_t
     }
 }
 
-void moex_gemm_packed(const moex_cpu_kernels *kr, const float *const *a, int64_t M, const moex_bmat *b, int64_t N,
+// The packed path: each k-block of B is converted into 16-column panels once for all M rows.
+static void gemm_packed(const moex_cpu_kernels *kr, const float *const *a, int64_t M, const moex_bmat *b, int64_t N,
                       int64_t K, float *c, int64_t ldc, float *pack, const void *bias, moex_dtype bias_dtype) {
     const int64_t panels = (N + MOEX_NR - 1) / MOEX_NR;
     for (int64_t k0 = 0; k0 < K; k0 += MOEX_KC) {
@@ -118,11 +119,12 @@ void moex_gemm_packed(const moex_cpu_kernels *kr, const float *const *a, int64_t
 void moex_gemm(const moex_cpu_kernels *kr, const float *const *a, int64_t M, const moex_bmat *b, int64_t N, int64_t K,
                float *c, int64_t ldc, float *pack, const void *bias, moex_dtype bias_dtype) {
     if (M <= 0) return;
-    if (M > MOEX_STREAM_MAX) {
-        moex_gemm_packed(kr, a, M, b, N, K, c, ldc, pack, bias, bias_dtype);
+    if (M > MOEX_STREAM_ROWS) {
+        gemm_packed(kr, a, M, b, N, K, c, ldc, pack, bias, bias_dtype);
         return;
     }
-    kr->stream(b, a, (int)M, 0, N, K, c, ldc);
+    for (int64_t m0 = 0; m0 < M; m0 += MOEX_STREAM_MAX) /* groups of up to 4 rows; the weights stay in L2 */
+        kr->stream(b, a + m0, (int)(M - m0 < MOEX_STREAM_MAX ? M - m0 : MOEX_STREAM_MAX), 0, N, K, c + m0 * ldc, ldc);
     if (bias) add_bias(b, M, N, c, ldc, bias, bias_dtype);
 }
 

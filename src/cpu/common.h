@@ -11,7 +11,10 @@
 #define MOEX_KC 256        /* k-block of the packed GEMM: a 16-column panel is 16 KiB, in L1 */
 #define MOEX_MC 72         /* rows per inner block: MOEX_MC x MOEX_KC floats of A stay in L2 */
 #define MOEX_NB 64         /* intermediate (or hidden) columns per work item */
-#define MOEX_STREAM_MAX 4  /* up to this many rows use the streaming kernel */
+#define MOEX_STREAM_MAX 4  /* rows per streaming-kernel call */
+#ifndef MOEX_STREAM_ROWS
+#define MOEX_STREAM_ROWS 8 /* products of up to this many rows stream the weights, 4 rows a pass */
+#endif
 
 /* Bump allocator over the workspace. With base == NULL it only counts, so
  * workspace_bytes() and forward() carve the same layout. */
@@ -61,16 +64,11 @@ moex_bmat moex_gate_up_mat(const moex_experts_desc *d, int64_t e, int64_t base);
 moex_bmat moex_down_mat(const moex_experts_desc *d, int64_t e, int64_t base);
 
 /* c[M, N] = A[M, K] * B[K, N] (+ bias[base .. base+N) when bias is not NULL).
- * a: M row pointers; c: row stride ldc. With M <= MOEX_STREAM_MAX the
+ * a: M row pointers; c: row stride ldc. With M <= MOEX_STREAM_ROWS the
  * weights are streamed (any N); otherwise N <= 2*MOEX_NB and each k-block of
  * B is packed once into pack (MOEX_KC * round_up(N, 16) floats) for all M rows. */
 void moex_gemm(const moex_cpu_kernels *kr, const float *const *a, int64_t M, const moex_bmat *b, int64_t N, int64_t K,
                float *c, int64_t ldc, float *pack, const void *bias, moex_dtype bias_dtype);
-
-/* The packed path of moex_gemm for any M (N <= 2*MOEX_NB). A row's result does
- * not depend on M or on which other rows share the call. */
-void moex_gemm_packed(const moex_cpu_kernels *kr, const float *const *a, int64_t M, const moex_bmat *b, int64_t N,
-                      int64_t K, float *c, int64_t ldc, float *pack, const void *bias, moex_dtype bias_dtype);
 
 /* First projection of expert e for intermediate columns j0 .. j0+nb, M rows:
  *   gu[M, R] (row stride R = gated ? 2I : I, columns in gate_up's row order) gets the

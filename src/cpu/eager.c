@@ -1,10 +1,10 @@
 /* eager.c — the reference loop: for each expert that was hit, gather its
  * tokens, project them (gate/up), apply the activation, project down, and
- * add the weighted rows into the output. Each step is its own pass over
- * materialised intermediates. The expert's tokens are shared out among the
- * threads (data parallel over tokens), each thread running the general packed
- * GEMM on its share; the packed GEMM's result for a row does not depend on the
- * other rows, so the split does not change the result.
+ * add the weighted rows into the output, each step a pass over materialised
+ * intermediates. The expert's tokens go in groups of MOEX_STREAM_MAX, spread
+ * over the threads; each group streams the expert's weights once (no packing,
+ * no tiling). The groups are fixed by the token count alone, so the result does
+ * not depend on the thread count.
  *
  *   for e hit:  xe [n_e, H] -> gu [n_e, R] -> he [n_e, I] -> ye [n_e, H];  acc[t] += w * ye
  */
@@ -43,16 +43,6 @@ static size_t eager_workspace(const moex_experts_desc *d, int64_t max_tokens, in
     return ws.used;
 }
 
-// c[n, N] = a[n, K] * B (+ bias), in column blocks of MOEX_NB, by the calling thread alone.
-static void project(const moex_cpu_kernels *kr, float *pack, const float *const *a, int64_t n, int64_t K, moex_bmat b,
-                    int64_t N, float *c, int64_t ldc, const void *bias, moex_dtype bias_dtype) {
-    const int64_t base = b.base;
-    for (int64_t c0 = 0; c0 < N; c0 += MOEX_NB) {
-        b.base = base + c0;
-        moex_gemm_packed(kr, a, n, &b, N - c0 < MOEX_NB ? N - c0 : MOEX_NB, K, c + c0, ldc, pack, bias, bias_dtype);
-    }
-}
-
 static moex_status eager_forward(const moex_forward_args *args, void *user) {
     const moex_experts_desc *d = args->layer;
     const moex_cpu_kernels *kr = moex_cpu_kernels_get();
@@ -73,19 +63,19 @@ static moex_status eager_forward(const moex_forward_args *args, void *user) {
             const int64_t n = off[e + 1] - off[e];
             const int32_t *pairs = g.routing.sorted + off[e];
             if (n == 0) continue;
-            // this thread's share of the expert's tokens: gather, gate/up, activation, down
-            const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-            const int64_t i0 = n * tid / nth, i1 = n * (tid + 1) / nth;
-            if (i1 > i0) {
-                for (int64_t i = i0; i < i1; i++)
+            // groups of up to MOEX_STREAM_MAX tokens: gather, gate/up, activation, down
+#pragma omp for schedule(static)
+            for (int64_t i0 = 0; i0 < n; i0 += MOEX_STREAM_MAX) {
+                const int64_t m = n - i0 < MOEX_STREAM_MAX ? n - i0 : MOEX_STREAM_MAX;
+                for (int64_t i = i0; i < i0 + m; i++)
                     memcpy(g.xe + i * H, moex_row(&g.x, pairs[i] / k), sizeof(float) * (size_t)H);
-                project(kr, s->pack, g.xrow + i0, i1 - i0, H, moex_gate_up_mat(d, e, 0), R, g.gu + i0 * R, R,
-                        moex_bias_row(&d->gate_up_bias, e), d->gate_up_bias.dtype);
-                for (int64_t i = i0; i < i1; i++) moex_activation_block(d, g.gu + i * R, 1, 0, I, g.he + i * I, I, s->row);
-                project(kr, s->pack, g.hrow + i0, i1 - i0, I, moex_down_mat(d, e, 0), H, g.ye + i0 * H, H,
-                        moex_bias_row(&d->down_bias, e), d->down_bias.dtype);
+                moex_bmat gate_up = moex_gate_up_mat(d, e, 0), down = moex_down_mat(d, e, 0);
+                moex_gemm(kr, g.xrow + i0, m, &gate_up, R, H, g.gu + i0 * R, R, s->pack,
+                          moex_bias_row(&d->gate_up_bias, e), d->gate_up_bias.dtype);
+                for (int64_t i = i0; i < i0 + m; i++) moex_activation_block(d, g.gu + i * R, 1, 0, I, g.he + i * I, I, s->row);
+                moex_gemm(kr, g.hrow + i0, m, &down, H, I, g.ye + i0 * H, H, s->pack, moex_bias_row(&d->down_bias, e),
+                          d->down_bias.dtype);
             }
-#pragma omp barrier
             // acc[t] += w[t, j] * ye[i], split by columns so that a repeated token never races
 #pragma omp for schedule(static)
             for (int64_t c0 = 0; c0 < H; c0 += MOEX_NB) {
