@@ -228,6 +228,14 @@ const char *moex_activation_name(moex_activation act);
  *     added right after each projection.
  * All weight tensors and biases share one dtype (f32, f16 or bf16) and the
  * layer's device.
+ *
+ * Per-expert weights (checkpoints that store each expert in its own tensors,
+ * e.g. `experts.N.gate_proj`): leave gate_up and down absent and set
+ * expert_up, expert_down (and expert_gate when gated) to arrays of E pointers
+ * to row-major matrices of dtype expert_dtype: gate and up [I, H] (transposed
+ * [H, I]), down [H, I] (transposed [I, H]). interleaved must be 0. The arrays
+ * and the matrices are borrowed: they must outlive the layer. Biases keep the
+ * stacked [E, 2I] / [E, H] form.
  */
 typedef struct moex_experts_desc {
     int64_t num_experts;       /**< E >= 1 */
@@ -244,6 +252,11 @@ typedef struct moex_experts_desc {
     moex_tensor down;          /**< see above */
     moex_tensor gate_up_bias;  /**< optional */
     moex_tensor down_bias;     /**< optional */
+    const void *const *expert_gate; /**< per-expert layout: E gate matrices (gated only) */
+    const void *const *expert_up;   /**< per-expert layout: E up matrices; NULL = stacked layout */
+    const void *const *expert_down; /**< per-expert layout: E down matrices */
+    moex_dtype expert_dtype;        /**< per-expert layout: dtype of those matrices */
+    moex_device expert_device;      /**< per-expert layout: where they live */
 } moex_experts_desc;
 
 /**

@@ -24,10 +24,10 @@ int moex_cli_bench(int argc, char **argv);
  * Each returns 0, or -1 with a message in err (err_size bytes).
  */
 
-/** OpenBLAS cblas_sgemm 2048x2048x2048 on `threads` threads: best of 5 after a warm-up, GFLOP/s. */
+/** OpenBLAS cblas_sgemm 2048x2048x2048 on `threads` threads: median of 11 after a warm-up, GFLOP/s. */
 int bench_ceiling_gemm(int threads, double *gflops, char *err, size_t err_size);
 
-/** AVX2 sum over 1 GiB of f32 on `threads` OpenMP threads: best of 5 after a warm-up, GB/s. */
+/** AVX2 sum over 1 GiB of f32 on `threads` OpenMP threads: median of 11 after a warm-up, GB/s. */
 int bench_ceiling_read(int threads, double *gbps, char *err, size_t err_size);
 
 /* ------------------------------------------------------------------------ */

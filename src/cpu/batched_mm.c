@@ -53,7 +53,7 @@ static moex_status batched_forward(const moex_forward_args *args, void *user) {
             }
             moex_bmat down = moex_down_mat(d, e, 0);
             const float *hrow = s->h;
-            moex_gemm(kr, &hrow, 1, &down, H, I, b.y + p * H, H, s->pack, moex_bias_row(&d->down_bias, e),
+            moex_gemm(kr, &hrow, 1, &down, H, I, b.y + p * H, H, s->pack, moex_bias_at(&d->down_bias, e, 0),
                       d->down_bias.dtype);
         }
     }

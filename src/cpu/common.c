@@ -73,23 +73,42 @@ static const char *expert_base(const moex_tensor *w, int64_t e) {
 }
 
 moex_bmat moex_gate_up_mat(const moex_experts_desc *d, int64_t e, int64_t base) {
-    int64_t rows = d->gated ? 2 * d->intermediate : d->intermediate;
+    const int64_t I = d->intermediate, rows = d->gated ? 2 * I : I;
+    if (d->expert_up) { /* per-expert: rows [0, I) of a gated layer are gate, the rest up */
+        int gate = d->gated && base < I;
+        moex_bmat b = {gate ? d->expert_gate[e] : d->expert_up[e], d->expert_dtype, d->transposed,
+                       d->transposed ? I : d->hidden, gate || !d->gated ? base : base - I};
+        return b;
+    }
     moex_bmat b = {expert_base(&d->gate_up, e), d->gate_up.dtype, d->transposed, d->transposed ? rows : d->hidden, base};
     return b;
 }
 
 moex_bmat moex_down_mat(const moex_experts_desc *d, int64_t e, int64_t base) {
-    moex_bmat b = {expert_base(&d->down, e), d->down.dtype, d->transposed, d->transposed ? d->hidden : d->intermediate,
-                   base};
+    const void *w = d->expert_up ? d->expert_down[e] : expert_base(&d->down, e);
+    moex_bmat b = {w, moex_weight_dtype(d), d->transposed, d->transposed ? d->hidden : d->intermediate, base};
     return b;
 }
 
-// c[m, n] += bias[base + n] for the block
-static void add_bias(const moex_bmat *b, int64_t M, int64_t N, float *c, int64_t ldc, const void *bias,
-                     moex_dtype bias_dtype) {
+// c[m, n] += bias[n]
+static void add_bias(int64_t M, int64_t N, float *c, int64_t ldc, const void *bias, moex_dtype bias_dtype) {
     for (int64_t n = 0; n < N; n++) {
-        const float bn = moex_load_f32(bias, bias_dtype, b->base + n);
+        const float bn = moex_load_f32(bias, bias_dtype, n);
         for (int64_t m = 0; m < M; m++) c[m * ldc + n] += bn;
+    }
+}
+
+// Ask for B(k0 .. k0+kc, 0 .. N) to be brought into the cache, so that packing it
+// later does not wait on memory row by row.
+static void prefetch_block(const moex_bmat *b, int64_t k0, int64_t kc, int64_t N) {
+    const int64_t esz = b->dtype == MOEX_F32 ? 4 : 2;
+    const char *w = b->w;
+    if (!b->transposed) {
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < kc; k += 64 / esz) __builtin_prefetch(w + ((b->base + n) * b->ld + k0 + k) * esz);
+    } else {
+        for (int64_t k = 0; k < kc; k++)
+            for (int64_t n = 0; n < N; n += 64 / esz) __builtin_prefetch(w + ((k0 + k) * b->ld + b->base + n) * esz);
     }
 }
 
@@ -100,6 +119,7 @@ static void gemm_packed(const moex_cpu_kernels *kr, const float *const *a, int64
     for (int64_t k0 = 0; k0 < K; k0 += MOEX_KC) {
         const int64_t kc = K - k0 < MOEX_KC ? K - k0 : MOEX_KC;
         kr->pack(b, k0, kc, 0, N, pack);
+        if (k0 + kc < K) prefetch_block(b, k0 + kc, K - k0 - kc < MOEX_KC ? K - k0 - kc : MOEX_KC, N);
         for (int64_t mb = 0; mb < M; mb += MOEX_MC) {
             const int64_t mend = M - mb < MOEX_MC ? M : mb + MOEX_MC;
             for (int64_t p = 0; p < panels; p++) {
@@ -113,7 +133,7 @@ static void gemm_packed(const moex_cpu_kernels *kr, const float *const *a, int64
             }
         }
     }
-    if (bias) add_bias(b, M, N, c, ldc, bias, bias_dtype);
+    if (bias) add_bias(M, N, c, ldc, bias, bias_dtype);
 }
 
 void moex_gemm(const moex_cpu_kernels *kr, const float *const *a, int64_t M, const moex_bmat *b, int64_t N, int64_t K,
@@ -125,7 +145,7 @@ void moex_gemm(const moex_cpu_kernels *kr, const float *const *a, int64_t M, con
     }
     for (int64_t m0 = 0; m0 < M; m0 += MOEX_STREAM_MAX) /* groups of up to 4 rows; the weights stay in L2 */
         kr->stream(b, a + m0, (int)(M - m0 < MOEX_STREAM_MAX ? M - m0 : MOEX_STREAM_MAX), 0, N, K, c + m0 * ldc, ldc);
-    if (bias) add_bias(b, M, N, c, ldc, bias, bias_dtype);
+    if (bias) add_bias(M, N, c, ldc, bias, bias_dtype);
 }
 
 void moex_activation_block(const moex_experts_desc *d, const float *gu, int64_t M, int64_t j0, int64_t nb, float *h,
@@ -152,16 +172,16 @@ void moex_activation_block(const moex_experts_desc *d, const float *gu, int64_t 
 void moex_gate_up_block(const moex_cpu_kernels *kr, const moex_experts_desc *d, int64_t e, const float *const *a,
                         int64_t M, int64_t j0, int64_t nb, float *pack, float *gu, float *h, int64_t ldh) {
     const int64_t H = d->hidden, I = d->intermediate, R = d->gated ? 2 * I : I;
-    const void *bias = moex_bias_row(&d->gate_up_bias, e);
-    const moex_dtype bdt = d->gate_up_bias.dtype;
+    const moex_tensor *bias = &d->gate_up_bias;
+    const moex_dtype bdt = bias->dtype;
     if (d->gated && !d->interleaved) { /* gate rows j0.., up rows I + j0.. */
         moex_bmat gate = moex_gate_up_mat(d, e, j0), up = moex_gate_up_mat(d, e, I + j0);
-        moex_gemm(kr, a, M, &gate, nb, H, gu + j0, R, pack, bias, bdt);
-        moex_gemm(kr, a, M, &up, nb, H, gu + I + j0, R, pack, bias, bdt);
+        moex_gemm(kr, a, M, &gate, nb, H, gu + j0, R, pack, moex_bias_at(bias, e, j0), bdt);
+        moex_gemm(kr, a, M, &up, nb, H, gu + I + j0, R, pack, moex_bias_at(bias, e, I + j0), bdt);
     } else { /* interleaved: rows 2*j0 .. 2*(j0+nb); ungated: rows j0 .. j0+nb */
         const int64_t w = d->gated ? 2 : 1;
         moex_bmat m = moex_gate_up_mat(d, e, w * j0);
-        moex_gemm(kr, a, M, &m, w * nb, H, gu + w * j0, R, pack, bias, bdt);
+        moex_gemm(kr, a, M, &m, w * nb, H, gu + w * j0, R, pack, moex_bias_at(bias, e, w * j0), bdt);
     }
     moex_activation_block(d, gu, M, j0, nb, h, ldh, pack);
 }

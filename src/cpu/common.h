@@ -59,11 +59,13 @@ typedef struct moex_routing {
 
 moex_routing moex_routing_sort(moex_ws *ws, const moex_experts_desc *d, const moex_tensor *ids, int64_t T);
 
-/* Weight matrices of expert e as logical B [K, N] starting at output row `base`. */
+/* Weight matrices of expert e as logical B [K, N] starting at output row `base`.
+ * A product must not cross row I of a gated gate_up (gate | up): in the
+ * per-expert layout those are two matrices. */
 moex_bmat moex_gate_up_mat(const moex_experts_desc *d, int64_t e, int64_t base);
 moex_bmat moex_down_mat(const moex_experts_desc *d, int64_t e, int64_t base);
 
-/* c[M, N] = A[M, K] * B[K, N] (+ bias[base .. base+N) when bias is not NULL).
+/* c[M, N] = A[M, K] * B[K, N] (+ bias[0 .. N) when bias is not NULL).
  * a: M row pointers; c: row stride ldc. With M <= MOEX_STREAM_ROWS the
  * weights are streamed (any N); otherwise N <= 2*MOEX_NB and each k-block of
  * B is packed once into pack (MOEX_KC * round_up(N, 16) floats) for all M rows. */
@@ -86,10 +88,10 @@ void moex_activation_block(const moex_experts_desc *d, const float *gu, int64_t 
 void moex_reduce_tokens(const moex_cpu_kernels *kr, const moex_forward_args *args, const int32_t *pos,
                         const float *y, moex_thread_scratch *scratch);
 
-/* Expert bias row (gate_up_bias or down_bias) of expert e, or NULL. */
-static inline const void *moex_bias_row(const moex_tensor *bias, int64_t e) {
+/* Element `offset` of expert e's bias row (gate_up_bias or down_bias), or NULL without a bias. */
+static inline const void *moex_bias_at(const moex_tensor *bias, int64_t e, int64_t offset) {
     if (!moex_tensor_present(bias)) return NULL;
-    return (const char *)bias->data + e * bias->strides[0] * (int64_t)moex_dtype_size(bias->dtype);
+    return (const char *)bias->data + (e * bias->strides[0] + offset) * (int64_t)moex_dtype_size(bias->dtype);
 }
 
 /* supports() of the CPU backends: any layer on the CPU. */

@@ -69,11 +69,16 @@ static moex_status eager_forward(const moex_forward_args *args, void *user) {
                 const int64_t m = n - i0 < MOEX_STREAM_MAX ? n - i0 : MOEX_STREAM_MAX;
                 for (int64_t i = i0; i < i0 + m; i++)
                     memcpy(g.xe + i * H, moex_row(&g.x, pairs[i] / k), sizeof(float) * (size_t)H);
-                moex_bmat gate_up = moex_gate_up_mat(d, e, 0), down = moex_down_mat(d, e, 0);
-                moex_gemm(kr, g.xrow + i0, m, &gate_up, R, H, g.gu + i0 * R, R, s->pack,
-                          moex_bias_row(&d->gate_up_bias, e), d->gate_up_bias.dtype);
+                // gate/up: one product, or gate and up apart when they are separate matrices
+                const int64_t parts = d->gated && !d->interleaved ? 2 : 1;
+                for (int64_t part = 0; part < parts; part++) {
+                    moex_bmat gate_up = moex_gate_up_mat(d, e, part * I);
+                    moex_gemm(kr, g.xrow + i0, m, &gate_up, R / parts, H, g.gu + i0 * R + part * I, R, s->pack,
+                              moex_bias_at(&d->gate_up_bias, e, part * I), d->gate_up_bias.dtype);
+                }
+                moex_bmat down = moex_down_mat(d, e, 0);
                 for (int64_t i = i0; i < i0 + m; i++) moex_activation_block(d, g.gu + i * R, 1, 0, I, g.he + i * I, I, s->row);
-                moex_gemm(kr, g.hrow + i0, m, &down, H, I, g.ye + i0 * H, H, s->pack, moex_bias_row(&d->down_bias, e),
+                moex_gemm(kr, g.hrow + i0, m, &down, H, I, g.ye + i0 * H, H, s->pack, moex_bias_at(&d->down_bias, e, 0),
                           d->down_bias.dtype);
             }
             // acc[t] += w[t, j] * ye[i], split by columns so that a repeated token never races

@@ -75,7 +75,7 @@ static moex_status grouped_forward(const moex_forward_args *args, void *user) {
             const int64_t nh = H - h0 < MOEX_NB ? H - h0 : MOEX_NB;
             moex_bmat down = moex_down_mat(d, e, h0);
             moex_gemm(kr, g.hrow + off[e], n, &down, nh, I, g.y + off[e] * H + h0, H, s->pack,
-                      moex_bias_row(&d->down_bias, e), d->down_bias.dtype);
+                      moex_bias_at(&d->down_bias, e, h0), d->down_bias.dtype);
         }
     }
     moex_reduce_tokens(kr, args, g.routing.pos, g.y, g.scratch);

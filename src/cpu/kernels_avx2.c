@@ -165,7 +165,7 @@ static void pack(const moex_bmat *b, int64_t k0, int64_t kc, int64_t n0, int64_t
         const int64_t esz = b->dtype == MOEX_F32 ? 4 : 2;                                                  \
         const char *w[NC];                                                                                   \
         for (int j = 0; j < NC; j++) w[j] = elem_ptr(b->w, b->dtype, (b->base + n + j) * b->ld);             \
-        const int64_t ahead = NC * b->ld * esz;                                                              \
+        const int64_t ahead = NC * b->ld * esz;                                 \
         __m256 acc[M][NC];                                                                                   \
         for (int m = 0; m < M; m++)                                                                          \
             for (int j = 0; j < NC; j++) acc[m][j] = _mm256_setzero_ps();                                    \

@@ -97,9 +97,9 @@ moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backe
     if (!b->supports(&layer->desc, &ctx->device_info, why, sizeof why, b->user))
         return moex_fail(MOEX_ERR_UNSUPPORTED, "experts backend \"%s\" cannot run this layer on %s: %s", backend,
                          ctx->device_info.name, why[0] ? why : "no reason given");
-    if (layer->desc.gate_up.device.kind != ctx->options.device.kind)
+    if (moex_weight_device(&layer->desc).kind != ctx->options.device.kind)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "the layer's weights are on %s memory but the context computes on %s",
-                         layer->desc.gate_up.device.kind == MOEX_DEVICE_CPU ? "cpu" : "cuda", ctx->device_info.name);
+                         moex_weight_device(&layer->desc).kind == MOEX_DEVICE_CPU ? "cpu" : "cuda", ctx->device_info.name);
     if (ctx->prepared_count == ctx->prepared_capacity) {
         int cap = ctx->prepared_capacity ? 2 * ctx->prepared_capacity : 16;
         moex_prepared *p = realloc(ctx->prepared, (size_t)cap * sizeof *p);

@@ -54,6 +54,14 @@ void moex_activation_gated(const moex_experts_desc *d, const float *g, const flo
 /* h[i] = act(u[i]) (ungated). */
 void moex_activation_plain(const moex_experts_desc *d, const float *u, float *h, int64_t n);
 
+/* dtype and device of the layer's weights, in either layout. */
+static inline moex_dtype moex_weight_dtype(const moex_experts_desc *d) {
+    return d->expert_up ? d->expert_dtype : d->gate_up.dtype;
+}
+static inline moex_device moex_weight_device(const moex_experts_desc *d) {
+    return d->expert_up ? d->expert_device : d->gate_up.device;
+}
+
 /* Expert id as int64 from an i32/i64 ids tensor element (t, j). */
 static inline int64_t moex_id_at(const moex_tensor *ids, int64_t t, int64_t j) {
     int64_t off = t * ids->strides[0] + j * ids->strides[1];

@@ -82,11 +82,52 @@ static moex_status check_activation(const moex_experts_desc *d) {
     return MOEX_OK;
 }
 
+// The per-expert layout: pointer arrays instead of stacked gate_up / down.
+static moex_status check_per_expert(const moex_experts_desc *d) {
+    if (moex_tensor_present(&d->gate_up) || moex_tensor_present(&d->down))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                         "expert_up is set (per-expert layout) but gate_up or down is present too: use one layout");
+    if (!d->expert_down) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert_up is set but expert_down is NULL");
+    if (d->gated && !d->expert_gate)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "gated layer in the per-expert layout needs expert_gate");
+    if (!d->gated && d->expert_gate)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert_gate is set but the layer is not gated (gated = 0)");
+    if (d->interleaved)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "interleaved = 1 has no meaning in the per-expert layout");
+    if (!moex_is_float_dtype(d->expert_dtype))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert_dtype %s is not supported (f32, f16, bf16)",
+                         moex_dtype_name(d->expert_dtype));
+    if (d->expert_device.kind != MOEX_DEVICE_CPU && d->expert_device.kind != MOEX_DEVICE_CUDA)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert_device kind %d is not a moex_device_kind",
+                         (int)d->expert_device.kind);
+    for (int64_t e = 0; e < d->num_experts; e++) {
+        const char *missing = !d->expert_up[e] ? "expert_up" : !d->expert_down[e] ? "expert_down"
+                            : d->gated && !d->expert_gate[e] ? "expert_gate" : NULL;
+        if (missing) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s[%lld] is NULL", missing, (long long)e);
+    }
+    return MOEX_OK;
+}
+
 static moex_status validate(const moex_experts_desc *d) {
     moex_status st = check_sizes(d);
     if (!st) st = check_activation(d);
     if (st) return st;
     int64_t E = d->num_experts, H = d->hidden, I = d->intermediate, R = d->gated ? 2 * I : I;
+    if (d->expert_up) {
+        if ((st = check_per_expert(d))) return st;
+        moex_experts_desc stacked = *d; /* biases are checked against the weights' dtype and device */
+        stacked.gate_up.dtype = d->expert_dtype;
+        stacked.gate_up.device = d->expert_device;
+        int64_t gub[2] = {E, R}, dnb[2] = {E, H};
+        if (moex_tensor_present(&d->gate_up_bias) &&
+            (st = check_param(&stacked, &d->gate_up_bias, "gate_up_bias", 2, gub)))
+            return st;
+        if (moex_tensor_present(&d->down_bias) && (st = check_param(&stacked, &d->down_bias, "down_bias", 2, dnb)))
+            return st;
+        return MOEX_OK;
+    }
+    if (d->expert_gate || d->expert_down)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert_gate or expert_down is set but expert_up is NULL");
     int64_t gu[3] = {E, R, H}, gut[3] = {E, H, R}, dn[3] = {E, H, I}, dnt[3] = {E, I, H};
     if (!moex_is_float_dtype(d->gate_up.dtype))
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "gate_up: dtype %s is not supported (f32, f16, bf16)",
