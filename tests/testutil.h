@@ -37,7 +37,7 @@ static inline const char *needs_text(const char *need1, const char *need2) {
 }
 
 /* Problems reported in the running test; printed up to PROBLEM_PRINT_MAX. */
-static int g_problems;
+static int g_problems __attribute__((unused));
 #define PROBLEM_PRINT_MAX 25
 
 #define PROBLEM(...)                                                         \

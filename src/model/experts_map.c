@@ -1,0 +1,139 @@
+/* experts_map.c — the per-sub-config backend map of a model (see experts_map.h). */
+#include "model/experts_map.h"
+#include "experts/experts_internal.h"
+#include <cjson/cJSON.h>
+#include <stdio.h>
+
+static const char *const LOAD_ONLY = "deepgemm_megamoe";
+
+moex_status moex_experts_map_init(moex_experts_map *m, const char *const *subconfigs, int n_subconfigs) {
+    if (!m || (n_subconfigs > 0 && !subconfigs))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_experts_map_init: null argument");
+    if (n_subconfigs < 0 || n_subconfigs > MOEX_MAP_MAX_ENTRIES - 1)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%d sub-configs; at most %d are supported", n_subconfigs,
+                         MOEX_MAP_MAX_ENTRIES - 1);
+    moex_experts_map v;
+    memset(&v, 0, sizeof v);
+    v.n = 1 + n_subconfigs;
+    for (int i = 0; i < v.n; i++) {
+        const char *key = i ? subconfigs[i - 1] : "";
+        if (!key || strlen(key) >= MOEX_MAP_KEY_LEN)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sub-config name %d is missing or too long", i - 1);
+        snprintf(v.keys[i], MOEX_MAP_KEY_LEN, "%s", key);
+        snprintf(v.names[i], MOEX_MAP_NAME_LEN, "grouped_mm");
+    }
+    *m = v;
+    return MOEX_OK;
+}
+
+static int find_key(const moex_experts_map *m, const char *key) {
+    for (int i = 0; i < m->n; i++)
+        if (strcmp(m->keys[i], key) == 0) return i;
+    return -1;
+}
+
+const char *moex_experts_map_get(const moex_experts_map *m, const char *key) {
+    int i = m && key ? find_key(m, key) : -1;
+    return i < 0 ? NULL : m->names[i];
+}
+
+static moex_status unknown_key(const moex_experts_map *m, const char *key) {
+    char valid[512];
+    size_t len = 0;
+    valid[0] = 0;
+    for (int i = 0; i < m->n && len < sizeof valid; i++)
+        len += (size_t)snprintf(valid + len, sizeof valid - len, "%s\"%s\"", i ? ", " : "", m->keys[i]);
+    return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "unknown experts map key \"%.60s\"; valid keys: %s", key, valid);
+}
+
+// Check a backend name and the load-time-only rule for entry i.
+static moex_status check_name(const moex_experts_map *m, int i, const char *name, int at_load) {
+    if (moex_backend_lookup(name) != MOEX_OK) return moex_registry_not_found(name);
+    if (!at_load && strcmp(m->names[i], name) != 0 && (!strcmp(name, LOAD_ONLY) || !strcmp(m->names[i], LOAD_ONLY)))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                         "switching \"%s\" from %s to %s at run time is not possible: %s is chosen at load time; "
+                         "reload the model",
+                         m->keys[i], m->names[i], name, LOAD_ONLY);
+    return MOEX_OK;
+}
+
+moex_status moex_experts_map_apply(moex_experts_map *m, const char *spec, int at_load) {
+    if (!m || !spec) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_experts_map_apply: null argument");
+    moex_experts_map v = *m;
+    const char *s = spec;
+    while (*s == ' ' || *s == '\t' || *s == '\n') s++;
+    if (*s != '{') { /* one name for every entry */
+        for (int i = 0; i < v.n; i++) {
+            moex_status st = check_name(&v, i, spec, at_load);
+            if (st) return st;
+        }
+        if (strlen(spec) >= MOEX_MAP_NAME_LEN) return moex_registry_not_found(spec);
+        for (int i = 0; i < v.n; i++) snprintf(v.names[i], MOEX_MAP_NAME_LEN, "%s", spec);
+        *m = v;
+        return MOEX_OK;
+    }
+    cJSON *root = cJSON_Parse(spec);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                         "experts map is not a JSON object of sub-config -> backend, e.g. {\"\": \"grouped_mm\", "
+                         "\"text_config\": \"eager\"}: %.80s",
+                         spec);
+    }
+    moex_status st = MOEX_OK;
+    int named[MOEX_MAP_MAX_ENTRIES] = {0};
+    const cJSON *global = NULL, *item;
+    cJSON_ArrayForEach(item, root) { /* named entries first; "" fills the rest */
+        if (!cJSON_IsString(item)) {
+            st = moex_fail(MOEX_ERR_INVALID_ARGUMENT, "experts map value of \"%.60s\" is not a string", item->string);
+            break;
+        }
+        if (item->string[0] == 0) {
+            global = item;
+            continue;
+        }
+        int i = find_key(&v, item->string);
+        if (i <= 0) {
+            st = unknown_key(&v, item->string);
+            break;
+        }
+        if ((st = check_name(&v, i, item->valuestring, at_load))) break;
+        snprintf(v.names[i], MOEX_MAP_NAME_LEN, "%s", item->valuestring);
+        named[i] = 1;
+    }
+    for (int i = 0; !st && global && i < v.n; i++) {
+        if (named[i]) continue;
+        if ((st = check_name(&v, i, global->valuestring, at_load))) break;
+        snprintf(v.names[i], MOEX_MAP_NAME_LEN, "%s", global->valuestring);
+    }
+    cJSON_Delete(root);
+    if (st) return st;
+    *m = v;
+    return MOEX_OK;
+}
+
+moex_status moex_experts_map_to_json(const moex_experts_map *m, char *buf, size_t size) {
+    if (!m || !buf || size == 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_experts_map_to_json: null argument");
+    size_t len = (size_t)snprintf(buf, size, "{");
+    for (int i = 0; i < m->n && len < size; i++)
+        len += (size_t)snprintf(buf + len, size - len, "%s\"%s\": \"%s\"", i ? ", " : "", m->keys[i], m->names[i]);
+    if (len < size) len += (size_t)snprintf(buf + len, size - len, "}");
+    if (len >= size) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "experts map needs %zu bytes, buffer has %zu", len + 1, size);
+    return MOEX_OK;
+}
+
+void moex_experts_map_for_decode(const moex_experts_map *m, int on_cuda, int enabled, moex_experts_map *out) {
+    *out = *m;
+    if (!on_cuda || !enabled) return;
+    for (int i = 0; i < out->n; i++)
+        if (strcmp(out->names[i], "grouped_mm") == 0) snprintf(out->names[i], MOEX_MAP_NAME_LEN, "batched_mm");
+}
+
+moex_status moex_experts_map_run_decode(moex_experts_map *m, int on_cuda, int enabled, moex_status (*step)(void *user),
+                                        void *user) {
+    moex_experts_map saved = *m;
+    moex_experts_map_for_decode(&saved, on_cuda, enabled, m);
+    moex_status st = step(user);
+    *m = saved; /* restored on every path, error or not */
+    return st;
+}
