@@ -469,6 +469,101 @@ moex_status moex_router_desc_init(moex_router_desc *desc);
 moex_status moex_route(const moex_router_desc *desc, const moex_tensor *logits,
                        moex_tensor *ids, moex_tensor *weights);
 
+/* ------------------------------------------------------------------------ */
+/* Models: Hugging Face MoE checkpoints                                     */
+/* ------------------------------------------------------------------------ */
+
+/** A loaded model (opaque): config, memory-mapped weights, experts layers,
+ *  KV cache, workspace. Thread-safety: one thread at a time per model. */
+typedef struct moex_model moex_model;
+
+/** Options for moex_model_load(). Start from moex_model_default_options(). */
+typedef struct moex_model_options {
+    moex_device device;    /**< where it runs (default: CPU) */
+    moex_dtype dtype;      /**< compute and activation dtype; MOEX_F32 (default) in this version */
+    const char *experts;   /**< backend name or JSON map (SPEC R4); NULL = "grouped_mm" */
+    int num_threads;       /**< CPU threads; 0 = one per core */
+    int64_t max_batch;     /**< prompts per generate call (default 8) */
+    int64_t max_seq;       /**< prompt + new tokens per sequence (default 1024) */
+    int64_t max_tokens;    /**< tokens in one forward step, i.e. all prompts of a prefill (default 4096) */
+    int decode_switch;     /**< 1 (default): on CUDA, grouped_mm entries run batched_mm in decode steps */
+} moex_model_options;
+
+/** Defaults as documented on each field. */
+moex_model_options moex_model_default_options(void);
+
+/**
+ * Load the checkpoint in directory dir (config.json, generation_config.json,
+ * model.safetensors or a sharded index). Supported model_type values:
+ * qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe (text backbone). Weights stored
+ * in a dtype the kernels read (f32, f16, bf16) are used in place from the
+ * mapping. Fails naming an unknown model_type (with the list) or a missing tensor.
+ */
+moex_status moex_model_load(const char *dir, const moex_model_options *options, moex_model **out);
+
+/** Free a model. NULL is a no-op. */
+void moex_model_free(moex_model *model);
+
+/** Switch backends at run time without reloading: a name or a JSON map (SPEC R4.2). */
+moex_status moex_model_set_experts(moex_model *model, const char *spec);
+
+/** The backends in force as a JSON map with "" and every sub-config (SPEC R4.3). */
+moex_status moex_model_get_experts(const moex_model *model, char *buf, size_t size);
+
+/** Facts about a loaded model, for `moex info`. */
+typedef struct moex_model_info {
+    char model_type[64];
+    int num_sub_configs;
+    char sub_configs[8][64];
+    int64_t num_layers, num_moe_layers;
+    int64_t hidden, vocab, num_experts, top_k, moe_intermediate, shared_intermediate;
+    moex_dtype weight_dtype;   /**< dtype of the experts' weights */
+    int per_expert_layout;     /**< 1: experts.N.* tensors; 0: fused 3-D tensors */
+    int transposed;            /**< fused tensors stored [E, in, out] */
+} moex_model_info;
+
+moex_status moex_model_get_info(const moex_model *model, moex_model_info *info);
+
+/** The experts layer of MoE layer i (0-based over the MoE layers), for supports queries. */
+const moex_layer *moex_model_experts_layer(const moex_model *model, int64_t i);
+
+/** Options for moex_generate(). */
+typedef struct moex_generate_options {
+    int64_t max_new_tokens;  /**< >= 0 */
+    float temperature;       /**< 0 = greedy (default) */
+    int64_t top_k;           /**< sampling: keep the k best; 0 = off */
+    float top_p;             /**< sampling: nucleus mass; 1 = off */
+    uint64_t seed;           /**< sampling seed */
+    int ignore_eos;          /**< 1: do not stop at the checkpoint's end-of-sequence ids */
+    int want_logits;         /**< 1: return each prompt's last-position logits (f32) */
+} moex_generate_options;
+
+/** Defaults: 16 new tokens, greedy, top_p 1, seed 0. */
+moex_generate_options moex_generate_default_options(void);
+
+/** What moex_generate() returns; free with moex_generation_free(). */
+typedef struct moex_generation {
+    int n;                       /**< prompts */
+    int64_t *num_new;            /**< [n] tokens generated per prompt */
+    int32_t **new_ids;           /**< [n][num_new[i]] */
+    int64_t vocab;
+    float **last_prompt_logits;  /**< [n][vocab] when asked, else NULL */
+    double prefill_seconds, decode_seconds;
+    int64_t prefill_tokens, decode_tokens;
+} moex_generation;
+
+/**
+ * Generate from n prompts in one batch: prefill all prompts together, then
+ * decode one token per unfinished prompt per step. The decode-step switch of
+ * SPEC R3 applies to the decode steps (CUDA only) and the backends in force
+ * are restored when it returns, also on error.
+ */
+moex_status moex_generate(moex_model *model, int n, const int32_t *const *prompts, const int64_t *prompt_lens,
+                          const moex_generate_options *options, moex_generation **out);
+
+/** Free a generation. NULL is a no-op. */
+void moex_generation_free(moex_generation *g);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,192 @@
+/* generate.c — batched generation: prefill every prompt in one step, then one
+ * token per unfinished prompt per step, greedy or sampled, stopping at the
+ * checkpoint's end-of-sequence ids. Decode steps run under the decode-step
+ * switch of the backend map (SPEC R3). */
+#include "model/model_internal.h"
+#include <stdlib.h>
+#include <time.h>
+
+moex_generate_options moex_generate_default_options(void) {
+    moex_generate_options o;
+    memset(&o, 0, sizeof o);
+    o.max_new_tokens = 16;
+    o.top_p = 1.0f;
+    return o;
+}
+
+void moex_generation_free(moex_generation *g) {
+    if (!g) return;
+    for (int i = 0; i < g->n; i++) {
+        if (g->new_ids) free(g->new_ids[i]);
+        if (g->last_prompt_logits) free(g->last_prompt_logits[i]);
+    }
+    free(g->new_ids);
+    free(g->last_prompt_logits);
+    free(g->num_new);
+    free(g);
+}
+
+static double seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+typedef struct gen_state {
+    moex_model *m;
+    const moex_generate_options *o;
+    moex_generation *g;
+    moex_sampling sampling;
+    moex_rng rng;
+    float *logits;        /* [n, V] */
+    int32_t *last;        /* [n] the token each prompt feeds next */
+    int64_t *past;        /* [n] */
+    int *done;            /* [n] */
+} gen_state;
+
+static int is_eos(const moex_config *c, int64_t tok) {
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_token_ids[i] == tok) return 1;
+    return 0;
+}
+
+// Choose each active prompt's next token from its logits row; mark finished ones.
+static moex_status pick(gen_state *s, const int64_t *rows, int64_t nrows) {
+    const int64_t V = s->m->cfg.vocab_size;
+    for (int64_t r = 0; r < nrows; r++) {
+        int64_t i = rows[r], tok;
+        const float *lg = s->logits + r * V;
+        moex_status st = s->o->temperature > 0 ? moex_sample(lg, V, &s->sampling, &s->rng, &tok)
+                                               : moex_sample_greedy(lg, V, &tok);
+        if (st) return st;
+        s->g->new_ids[i][s->g->num_new[i]++] = (int32_t)tok;
+        s->last[i] = (int32_t)tok;
+        if ((!s->o->ignore_eos && is_eos(&s->m->cfg, tok)) || s->g->num_new[i] >= s->o->max_new_tokens) s->done[i] = 1;
+    }
+    return MOEX_OK;
+}
+
+// Decode steps until every prompt is done (run under the decode-step switch).
+static moex_status decode_all(void *user) {
+    gen_state *s = user;
+    const int n = s->g->n;
+    model_step_seq seqs[n];
+    int64_t rows[n];
+    for (;;) {
+        int64_t k = 0;
+        for (int i = 0; i < n; i++) {
+            if (s->done[i]) continue;
+            seqs[k] = (model_step_seq){i, s->past[i], 1, &s->last[i]};
+            rows[k++] = i;
+        }
+        if (k == 0) return MOEX_OK;
+        moex_status st = moex_model_step(s->m, seqs, k, s->logits);
+        if (st) return st;
+        for (int64_t r = 0; r < k; r++) s->past[rows[r]] += 1;
+        s->g->decode_tokens += k;
+        if ((st = pick(s, rows, k))) return st;
+    }
+}
+
+static moex_status check_args(const moex_model *m, int n, const int32_t *const *prompts, const int64_t *lens,
+                              const moex_generate_options *o) {
+    if (!m || !prompts || !lens || !o) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_generate: null argument");
+    if (n < 1 || n > m->opt.max_batch)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%d prompts; the model was loaded for 1 to max_batch = %lld", n,
+                         (long long)m->opt.max_batch);
+    if (o->max_new_tokens < 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "max_new_tokens = %lld is negative", (long long)o->max_new_tokens);
+    if (o->temperature < 0 || !(o->top_p > 0 && o->top_p <= 1) || o->top_k < 0)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "temperature = %g, top_k = %lld, top_p = %g: need temperature >= 0, top_k >= 0, 0 < top_p <= 1",
+                         (double)o->temperature, (long long)o->top_k, (double)o->top_p);
+    for (int i = 0; i < n; i++) {
+        if (!prompts[i] || lens[i] < 1) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "prompt %d is empty", i);
+        if (lens[i] + o->max_new_tokens > m->opt.max_seq)
+            return moex_fail(MOEX_ERR_WORKSPACE, "prompt %d: %lld tokens + %lld new exceed max_seq = %lld", i,
+                             (long long)lens[i], (long long)o->max_new_tokens, (long long)m->opt.max_seq);
+    }
+    return MOEX_OK;
+}
+
+static moex_generation *alloc_generation(int n, int64_t V, int64_t max_new, int want_logits) {
+    moex_generation *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->n = n;
+    g->vocab = V;
+    g->num_new = calloc((size_t)n, sizeof *g->num_new);
+    g->new_ids = calloc((size_t)n, sizeof *g->new_ids);
+    if (want_logits) g->last_prompt_logits = calloc((size_t)n, sizeof *g->last_prompt_logits);
+    int ok = g->num_new && g->new_ids && (!want_logits || g->last_prompt_logits);
+    for (int i = 0; ok && i < n; i++) {
+        ok = (g->new_ids[i] = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t))) != NULL;
+        if (ok && want_logits) ok = (g->last_prompt_logits[i] = malloc((size_t)V * sizeof(float))) != NULL;
+    }
+    if (!ok) {
+        moex_generation_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+// Prefill every prompt in one step, pick the first new tokens, then decode.
+static moex_status run(gen_state *s, int n, const int32_t *const *prompts, const int64_t *lens) {
+    moex_model *m = s->m;
+    const moex_generate_options *o = s->o;
+    const int64_t V = m->cfg.vocab_size;
+    model_step_seq seqs[n];
+    int64_t rows[n];
+    for (int i = 0; i < n; i++) {
+        moex_status st = moex_kv_cache_reset(m->cache, i);
+        if (st) return st;
+        seqs[i] = (model_step_seq){i, 0, lens[i], prompts[i]};
+        s->past[i] = lens[i];
+        s->g->prefill_tokens += lens[i];
+        s->done[i] = o->max_new_tokens == 0;
+    }
+    double t0 = seconds();
+    moex_status st = moex_model_step(m, seqs, n, s->logits);
+    if (st) return st;
+    if (o->want_logits)
+        for (int i = 0; i < n; i++) memcpy(s->g->last_prompt_logits[i], s->logits + (int64_t)i * V, (size_t)V * sizeof(float));
+    int64_t active = 0; /* pick() reads row r for rows[r]: compact the rows of the prompts still going */
+    for (int i = 0; i < n; i++) {
+        if (s->done[i]) continue;
+        if (active != i) memcpy(s->logits + active * V, s->logits + (int64_t)i * V, (size_t)V * sizeof(float));
+        rows[active++] = i;
+    }
+    if ((st = pick(s, rows, active))) return st;
+    double t1 = seconds();
+    s->g->prefill_seconds = t1 - t0;
+    st = moex_experts_map_run_decode(&m->map, m->opt.device.kind == MOEX_DEVICE_CUDA, m->opt.decode_switch, decode_all, s);
+    s->g->decode_seconds = seconds() - t1;
+    return st;
+}
+
+moex_status moex_generate(moex_model *m, int n, const int32_t *const *prompts, const int64_t *lens,
+                          const moex_generate_options *o, moex_generation **out) {
+    moex_status st = check_args(m, n, prompts, lens, o);
+    if (st) return st;
+    if (!out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_generate: out is NULL");
+    const int64_t V = m->cfg.vocab_size;
+    gen_state s = {m, o, alloc_generation(n, V, o->max_new_tokens, o->want_logits), moex_sampling_default(), {{0}},
+                   malloc((size_t)n * (size_t)V * sizeof(float)), malloc((size_t)n * sizeof(int32_t)),
+                   calloc((size_t)n, sizeof(int64_t)), calloc((size_t)n, sizeof(int))};
+    if (!s.g || !s.logits || !s.last || !s.past || !s.done) {
+        st = moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_generate: out of memory");
+    } else {
+        s.sampling.temperature = o->temperature;
+        s.sampling.top_k = o->top_k;
+        s.sampling.top_p = o->top_p;
+        moex_rng_seed(&s.rng, o->seed);
+        st = run(&s, n, prompts, lens);
+    }
+    free(s.logits);
+    free(s.last);
+    free(s.past);
+    free(s.done);
+    if (st) {
+        moex_generation_free(s.g);
+        return st;
+    }
+    *out = s.g;
+    return MOEX_OK;
+}

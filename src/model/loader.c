@@ -1,0 +1,377 @@
+/* loader.c — moex_model_load: config -> family -> weights (in place from the
+ * mapping) -> experts layers -> context, KV cache, scratch. */
+#include "model/model_internal.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+static const char *const FAMILIES[] = {"qwen2_moe", "qwen3_moe", "mixtral", "qwen3_vl_moe"};
+
+moex_model_options moex_model_default_options(void) {
+    moex_model_options o;
+    memset(&o, 0, sizeof o);
+    o.device.kind = MOEX_DEVICE_CPU;
+    o.dtype = MOEX_F32;
+    o.max_batch = 8;
+    o.max_seq = 1024;
+    o.max_tokens = 4096;
+    o.decode_switch = 1;
+    return o;
+}
+
+/* ---- tensors ------------------------------------------------------------ */
+
+// The float tensor `name` with the given shape (-1 = any), or an error naming it.
+static moex_status get(const moex_model *m, const char *name, int ndim, const int64_t *shape, const void **data,
+                       moex_dtype *dtype) {
+    const moex_ckpt_tensor *t;
+    moex_status st = moex_checkpoint_get(m->ckpt, name, &t);
+    if (st) return st;
+    moex_tensor view;
+    if ((st = moex_ckpt_tensor_view(t, &view))) return st;
+    if (!moex_is_float_dtype(view.dtype))
+        return moex_fail(MOEX_ERR_FORMAT, "tensor %s has dtype %s; f32, f16 or bf16 expected", name,
+                         moex_dtype_name(view.dtype));
+    int rank = t->ndim;
+    int bad = rank != ndim;
+    for (int i = 0; !bad && i < ndim; i++) bad = shape[i] >= 0 && t->shape[i] != shape[i];
+    if (bad) {
+        char got[96], want[96];
+        size_t a = 0, b = 0;
+        for (int i = 0; i < rank; i++) a += (size_t)snprintf(got + a, sizeof got - a, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+        for (int i = 0; i < ndim; i++) b += (size_t)snprintf(want + b, sizeof want - b, i ? ", %lld" : "%lld", (long long)shape[i]);
+        return moex_fail(MOEX_ERR_FORMAT, "tensor %s has shape [%s], expected [%s]", name, got, want);
+    }
+    *data = view.data;
+    *dtype = view.dtype;
+    return MOEX_OK;
+}
+
+static moex_status get_vec(const moex_model *m, const char *name, int64_t n, const void **data, moex_dtype *dt) {
+    int64_t s[1] = {n};
+    return get(m, name, 1, s, data, dt);
+}
+
+// nn.Linear weight `base.weight` [out, in] (+ `base.bias` when with_bias).
+static moex_status get_linear(const moex_model *m, const char *base, int64_t out, int64_t in, int with_bias,
+                              moex_linear_w *w) {
+    char name[512];
+    int64_t s[2] = {out, in};
+    memset(w, 0, sizeof *w);
+    snprintf(name, sizeof name, "%s.weight", base);
+    moex_status st = get(m, name, 2, s, &w->weight, &w->dtype);
+    if (st) return st;
+    w->out_features = out;
+    w->in_features = in;
+    if (with_bias) {
+        snprintf(name, sizeof name, "%s.bias", base);
+        if ((st = get_vec(m, name, out, &w->bias, &w->bias_dtype))) return st;
+    }
+    return MOEX_OK;
+}
+
+static moex_status get_mlp(const moex_model *m, const char *base, int64_t H, int64_t I, moex_mlp_w *mlp) {
+    char name[512];
+    moex_status st;
+    snprintf(name, sizeof name, "%s.gate_proj", base);
+    if ((st = get_linear(m, name, I, H, 0, &mlp->gate))) return st;
+    snprintf(name, sizeof name, "%s.up_proj", base);
+    if ((st = get_linear(m, name, I, H, 0, &mlp->up))) return st;
+    snprintf(name, sizeof name, "%s.down_proj", base);
+    if ((st = get_linear(m, name, H, I, 0, &mlp->down))) return st;
+    mlp->act = MOEX_ACT_SILU;
+    return MOEX_OK;
+}
+
+/* ---- experts -------------------------------------------------------------- */
+
+// The experts of layer L: fused 3-D tensors (either orientation) or per-expert 2-D ones.
+static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe, int64_t H, int64_t I) {
+    const int64_t E = m->cfg.num_experts;
+    moex_experts_desc d;
+    moex_experts_desc_init(&d);
+    d.num_experts = E;
+    d.hidden = H;
+    d.intermediate = I;
+    d.top_k = m->cfg.num_experts_per_tok;
+    char name[256];
+    snprintf(name, sizeof name, "%s.experts.gate_up_proj", moe);
+    const moex_ckpt_tensor *fused = moex_checkpoint_find(m->ckpt, name);
+    moex_status st;
+    if (fused) {
+        const void *gu, *dn;
+        moex_dtype gdt, ddt;
+        int transposed = fused->ndim == 3 && fused->shape[1] == H && fused->shape[2] == 2 * I && H != 2 * I;
+        int64_t gs[3] = {E, transposed ? H : 2 * I, transposed ? 2 * I : H};
+        int64_t ds[3] = {E, transposed ? I : H, transposed ? H : I};
+        if ((st = get(m, name, 3, gs, &gu, &gdt))) return st;
+        snprintf(name, sizeof name, "%s.experts.down_proj", moe);
+        if ((st = get(m, name, 3, ds, &dn, &ddt))) return st;
+        d.transposed = transposed;
+        moex_tensor_init(&d.gate_up, (void *)gu, gdt, 3, gs);
+        moex_tensor_init(&d.down, (void *)dn, ddt, 3, ds);
+    } else {
+        int mixtral = strcmp(m->cfg.model_type, "mixtral") == 0;
+        const char *gate_name = mixtral ? "w1" : "gate_proj", *up_name = mixtral ? "w3" : "up_proj",
+                   *down_name = mixtral ? "w2" : "down_proj";
+        ly->expert_ptrs = calloc((size_t)(3 * E), sizeof(void *));
+        if (!ly->expert_ptrs) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the expert table");
+        int64_t in_s[2] = {I, H}, out_s[2] = {H, I};
+        moex_dtype dt = MOEX_F32, first = MOEX_F32;
+        for (int64_t e = 0; e < E; e++) {
+            snprintf(name, sizeof name, "%s.experts.%lld.%s.weight", moe, (long long)e, gate_name);
+            if ((st = get(m, name, 2, in_s, &ly->expert_ptrs[e], &dt))) return st;
+            if (e == 0) first = dt;
+            snprintf(name, sizeof name, "%s.experts.%lld.%s.weight", moe, (long long)e, up_name);
+            if ((st = get(m, name, 2, in_s, &ly->expert_ptrs[E + e], &dt))) return st;
+            snprintf(name, sizeof name, "%s.experts.%lld.%s.weight", moe, (long long)e, down_name);
+            if ((st = get(m, name, 2, out_s, &ly->expert_ptrs[2 * E + e], &dt))) return st;
+            if (dt != first)
+                return moex_fail(MOEX_ERR_FORMAT, "expert %lld of %s has dtype %s, expert 0 has %s", (long long)e, moe,
+                                 moex_dtype_name(dt), moex_dtype_name(first));
+        }
+        d.expert_gate = ly->expert_ptrs;
+        d.expert_up = ly->expert_ptrs + E;
+        d.expert_down = ly->expert_ptrs + 2 * E;
+        d.expert_dtype = first;
+        d.expert_device.kind = MOEX_DEVICE_CPU;
+    }
+    return moex_layer_create(&d, &ly->experts);
+}
+
+/* ---- layers --------------------------------------------------------------- */
+
+static int is_moe_layer(const moex_config *c, int64_t L) {
+    if (c->num_experts <= 0) return 0;
+    for (int i = 0; i < c->n_mlp_only_layers; i++)
+        if (c->mlp_only_layers[i] == L) return 0;
+    int64_t step = c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1;
+    return (L + 1) % step == 0;
+}
+
+static moex_status load_layer(moex_model *m, int64_t L, model_layer *ly) {
+    const moex_config *c = &m->cfg;
+    const int64_t H = c->hidden_size, d = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
+    const int qwen3 = !strcmp(c->model_type, "qwen3_moe") || !strcmp(c->model_type, "qwen3_vl_moe");
+    const int mixtral = !strcmp(c->model_type, "mixtral");
+    char base[160], name[320];
+    snprintf(base, sizeof base, "%slayers.%lld", m->prefix, (long long)L);
+    moex_status st;
+    snprintf(name, sizeof name, "%s.input_layernorm.weight", base);
+    if ((st = get_vec(m, name, H, &ly->in_norm, &ly->norm_dtype))) return st;
+    snprintf(name, sizeof name, "%s.post_attention_layernorm.weight", base);
+    if ((st = get_vec(m, name, H, &ly->post_norm, &ly->norm_dtype))) return st;
+    const char *proj[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    moex_linear_w *w[4] = {&ly->q, &ly->k, &ly->v, &ly->o};
+    const int64_t outs[4] = {nh * d, nkv * d, nkv * d, H}, ins[4] = {H, H, H, nh * d};
+    for (int i = 0; i < 4; i++) {
+        snprintf(name, sizeof name, "%s.self_attn.%s", base, proj[i]);
+        if ((st = get_linear(m, name, outs[i], ins[i], c->attention_bias && i < 3, w[i]))) return st;
+    }
+    if (qwen3) {
+        moex_dtype dt;
+        snprintf(name, sizeof name, "%s.self_attn.q_norm.weight", base);
+        if ((st = get_vec(m, name, d, &ly->q_norm, &dt))) return st;
+        snprintf(name, sizeof name, "%s.self_attn.k_norm.weight", base);
+        if ((st = get_vec(m, name, d, &ly->k_norm, &dt))) return st;
+    }
+    char moe[200];
+    snprintf(moe, sizeof moe, "%s.%s", base, mixtral ? "block_sparse_moe" : "mlp");
+    ly->is_moe = mixtral || is_moe_layer(c, L);
+    if (!ly->is_moe) return get_mlp(m, moe, H, c->intermediate_size, &ly->dense);
+    snprintf(name, sizeof name, "%s.gate", moe);
+    if ((st = get_linear(m, name, c->num_experts, H, 0, &ly->router))) return st;
+    int64_t I = c->moe_intermediate_size > 0 ? c->moe_intermediate_size : c->intermediate_size;
+    if ((st = load_experts(m, ly, moe, H, I))) return st;
+    if (!strcmp(c->model_type, "qwen2_moe") && c->shared_expert_intermediate_size > 0) {
+        ly->has_shared = 1;
+        snprintf(name, sizeof name, "%s.shared_expert", moe);
+        if ((st = get_mlp(m, name, H, c->shared_expert_intermediate_size, &ly->shared))) return st;
+        snprintf(name, sizeof name, "%s.shared_expert_gate", moe);
+        if ((st = get_linear(m, name, 1, H, 0, &ly->shared_gate))) return st;
+    }
+    m->n_moe++;
+    return MOEX_OK;
+}
+
+/* ---- the model ------------------------------------------------------------ */
+
+static moex_status check_family(const moex_config *c) {
+    for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++)
+        if (!strcmp(c->model_type, FAMILIES[i])) return MOEX_OK;
+    return moex_fail(MOEX_ERR_UNSUPPORTED,
+                     "model_type \"%s\" is not supported; supported: qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe",
+                     c->model_type);
+}
+
+static moex_status check_options(const moex_model_options *o) {
+    if (o->dtype != MOEX_F32)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "compute dtype %s is not supported by this version's model path (f32)",
+                         moex_dtype_name(o->dtype));
+    if (o->max_batch < 1 || o->max_seq < 1 || o->max_tokens < 1)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "max_batch = %lld, max_seq = %lld, max_tokens = %lld: each must be >= 1",
+                         (long long)o->max_batch, (long long)o->max_seq, (long long)o->max_tokens);
+    return MOEX_OK;
+}
+
+static moex_status alloc_scratch(moex_model *m) {
+    const moex_config *c = &m->cfg;
+    const size_t T = (size_t)m->opt.max_tokens, H = (size_t)c->hidden_size, d = (size_t)c->head_dim;
+    const size_t qd = (size_t)c->num_attention_heads * d, kvd = (size_t)c->num_key_value_heads * d;
+    size_t wide = H;
+    if ((size_t)c->intermediate_size > wide) wide = (size_t)c->intermediate_size;
+    if ((size_t)c->shared_expert_intermediate_size > wide) wide = (size_t)c->shared_expert_intermediate_size;
+    if (qd > wide) wide = qd;
+    float **f[] = {&m->x, &m->h, &m->mlp, &m->tmp, &m->attn, &m->q, &m->k, &m->v, &m->cos, &m->sin, &m->router_logits,
+                   &m->route_w};
+    const size_t n[] = {T * H, T * H, T * H, T * wide, T * qd, T * qd, T * kvd, T * kvd, T * d / 2 + 1, T * d / 2 + 1,
+                        T * (size_t)(c->num_experts > 0 ? c->num_experts : 1),
+                        T * (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1)};
+    for (size_t i = 0; i < sizeof n / sizeof n[0]; i++)
+        if (!(*f[i] = malloc(n[i] * sizeof(float)))) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
+    m->route_ids = malloc(T * (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1) * sizeof(int32_t));
+    m->positions = malloc(T * sizeof(int64_t));
+    m->inv_freq = malloc((d / 2 + 1) * sizeof(float));
+    if (!m->route_ids || !m->positions || !m->inv_freq) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
+    return moex_rope_inv_freq(c->head_dim, c->rope.theta, m->inv_freq);
+}
+
+// Prepare every MoE layer for the backend its map entry names, and for the one
+// the decode-step switch would put in its place.
+static moex_status prepare_experts(moex_model *m) {
+    moex_experts_map decode;
+    moex_experts_map_for_decode(&m->map, m->opt.device.kind == MOEX_DEVICE_CUDA, m->opt.decode_switch, &decode);
+    const char *backends[2] = {m->map.names[m->map_entry], decode.names[m->map_entry]};
+    for (int64_t L = 0; L < m->cfg.num_hidden_layers; L++) {
+        if (!m->layers[L].is_moe) continue;
+        for (int b = 0; b < 2; b++) {
+            moex_status st = moex_prepare(m->ctx, m->layers[L].experts, backends[b]);
+            if (st) return st;
+        }
+    }
+    return MOEX_OK;
+}
+
+static moex_status load(moex_model *m, const char *dir) {
+    moex_status st = moex_config_load(dir, &m->cfg);
+    if (st || (st = check_family(&m->cfg))) return st;
+    moex_config *c = &m->cfg;
+    snprintf(m->prefix, sizeof m->prefix, "%s", c->text_from_sub_config ? "model.language_model." : "model.");
+    if ((st = moex_checkpoint_open(dir, &m->ckpt))) return st;
+    const char *subs[MOEX_CONFIG_MAX_SUB];
+    for (int i = 0; i < c->n_sub_configs; i++) subs[i] = c->sub_configs[i];
+    if ((st = moex_experts_map_init(&m->map, subs, c->n_sub_configs))) return st;
+    if (m->opt.experts && (st = moex_experts_map_apply(&m->map, m->opt.experts, 1))) return st;
+    m->map_entry = 0;
+    for (int i = 1; i < m->map.n; i++)
+        if (c->text_from_sub_config && !strcmp(m->map.keys[i], "text_config")) m->map_entry = i;
+    int64_t vh[2] = {c->vocab_size, c->hidden_size};
+    char name[160];
+    snprintf(name, sizeof name, "%sembed_tokens.weight", m->prefix);
+    if ((st = get(m, name, 2, vh, &m->embed, &m->embed_dtype))) return st;
+    snprintf(name, sizeof name, "%snorm.weight", m->prefix);
+    if ((st = get_vec(m, name, c->hidden_size, &m->final_norm, &m->final_norm_dtype))) return st;
+    if (c->tie_word_embeddings) {
+        m->lm_head = (moex_linear_w){m->embed, m->embed_dtype, c->vocab_size, c->hidden_size, NULL, MOEX_F32};
+    } else if ((st = get_linear(m, "lm_head", c->vocab_size, c->hidden_size, 0, &m->lm_head))) {
+        return st;
+    }
+    m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
+    if (!m->layers) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for %lld layers", (long long)c->num_hidden_layers);
+    for (int64_t L = 0; L < c->num_hidden_layers; L++)
+        if ((st = load_layer(m, L, &m->layers[L]))) return st;
+    moex_router_desc_init(&m->router);
+    m->router.num_experts = c->num_experts;
+    m->router.top_k = c->num_experts_per_tok;
+    m->router.renormalize = c->norm_topk_prob;
+    moex_context_options co = moex_context_default_options();
+    co.device = m->opt.device;
+    co.num_threads = m->opt.num_threads;
+    co.max_tokens = m->opt.max_tokens;
+    if ((st = moex_context_create(&co, &m->ctx))) return st;
+    if ((st = prepare_experts(m))) return st;
+    if ((st = moex_kv_cache_create(c->num_hidden_layers, m->opt.max_batch, m->opt.max_seq, c->num_key_value_heads,
+                                   c->head_dim, &m->cache)))
+        return st;
+    return alloc_scratch(m);
+}
+
+moex_status moex_model_load(const char *dir, const moex_model_options *options, moex_model **out) {
+    if (!dir || !out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_model_load: %s is NULL", dir ? "out" : "dir");
+    moex_model *m = calloc(1, sizeof *m);
+    if (!m) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_model_load: out of memory");
+    m->opt = options ? *options : moex_model_default_options();
+    moex_status st = check_options(&m->opt);
+    if (!st) st = load(m, dir);
+    if (st) {
+        moex_model_free(m);
+        return st;
+    }
+    *out = m;
+    return MOEX_OK;
+}
+
+void moex_model_free(moex_model *m) {
+    if (!m) return;
+    for (int64_t L = 0; m->layers && L < m->cfg.num_hidden_layers; L++) {
+        moex_layer_free(m->layers[L].experts);
+        free(m->layers[L].expert_ptrs);
+    }
+    free(m->layers);
+    moex_context_free(m->ctx);
+    moex_kv_cache_free(m->cache);
+    float *f[] = {m->x, m->h, m->mlp, m->tmp, m->attn, m->q, m->k, m->v, m->cos, m->sin, m->router_logits, m->route_w,
+                  m->inv_freq};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
+    free(m->route_ids);
+    free(m->positions);
+    moex_checkpoint_close(m->ckpt);
+    moex_config_free(&m->cfg);
+    free(m);
+}
+
+moex_status moex_model_set_experts(moex_model *m, const char *spec) {
+    if (!m || !spec) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_model_set_experts: null argument");
+    moex_experts_map saved = m->map;
+    moex_status st = moex_experts_map_apply(&m->map, spec, 0);
+    if (!st && (st = prepare_experts(m))) m->map = saved; /* e.g. a backend that cannot run here */
+    return st;
+}
+
+moex_status moex_model_get_experts(const moex_model *m, char *buf, size_t size) {
+    if (!m) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_model_get_experts: model is NULL");
+    return moex_experts_map_to_json(&m->map, buf, size);
+}
+
+const moex_layer *moex_model_experts_layer(const moex_model *m, int64_t i) {
+    if (!m) return NULL;
+    for (int64_t L = 0; L < m->cfg.num_hidden_layers; L++)
+        if (m->layers[L].is_moe && i-- == 0) return m->layers[L].experts;
+    return NULL;
+}
+
+moex_status moex_model_get_info(const moex_model *m, moex_model_info *info) {
+    if (!m || !info) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_model_get_info: null argument");
+    moex_model_info v;
+    memset(&v, 0, sizeof v);
+    const moex_config *c = &m->cfg;
+    snprintf(v.model_type, sizeof v.model_type, "%s", c->model_type);
+    v.num_sub_configs = c->n_sub_configs < 8 ? c->n_sub_configs : 8;
+    for (int i = 0; i < v.num_sub_configs; i++) snprintf(v.sub_configs[i], sizeof v.sub_configs[i], "%s", c->sub_configs[i]);
+    v.num_layers = c->num_hidden_layers;
+    v.num_moe_layers = m->n_moe;
+    v.hidden = c->hidden_size;
+    v.vocab = c->vocab_size;
+    v.num_experts = c->num_experts;
+    v.top_k = c->num_experts_per_tok;
+    v.moe_intermediate = c->moe_intermediate_size > 0 ? c->moe_intermediate_size : c->intermediate_size;
+    v.shared_intermediate = c->shared_expert_intermediate_size;
+    const moex_layer *first = moex_model_experts_layer(m, 0);
+    if (first) {
+        const moex_experts_desc *d = moex_layer_desc(first);
+        v.weight_dtype = moex_weight_dtype(d);
+        v.per_expert_layout = d->expert_up != NULL;
+        v.transposed = d->transposed;
+    }
+    *info = v;
+    return MOEX_OK;
+}
