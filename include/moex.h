@@ -480,7 +480,7 @@ typedef struct moex_model moex_model;
 /** Options for moex_model_load(). Start from moex_model_default_options(). */
 typedef struct moex_model_options {
     moex_device device;    /**< where it runs (default: CPU) */
-    moex_dtype dtype;      /**< compute and activation dtype; MOEX_F32 (default) in this version */
+    moex_dtype dtype;      /**< compute and activation dtype: MOEX_F32 (default) or MOEX_BF16 */
     const char *experts;   /**< backend name or JSON map (SPEC R4); NULL = "grouped_mm" */
     int num_threads;       /**< CPU threads; 0 = one per core */
     int64_t max_batch;     /**< prompts per generate call (default 8) */

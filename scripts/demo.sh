@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job: install, build, and run `moex bench` on a small layer shape on the CPU.
+# The main job: install, build, and run `moex demo`: generation with the bundled tiny
+# model (tests/fixtures/qwen3_moe, written by transformers) through every experts
+# backend available on this machine, showing that they agree, with timings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh build
-./build/moex bench --shape qwen3-30b-a3b --max-experts 16 --tokens 1,8,64 --backends eager,batched_mm,grouped_mm "$@"
+./build/moex demo "$@"

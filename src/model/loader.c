@@ -20,8 +20,28 @@ moex_model_options moex_model_default_options(void) {
 
 /* ---- tensors ------------------------------------------------------------ */
 
+// A bf16 copy of a weight stored in another dtype (owned by the model).
+static moex_status convert_copy(moex_model *m, const moex_tensor *view, const void **data, moex_dtype *dtype) {
+    size_t n = 1;
+    for (int i = 0; i < view->ndim; i++) n *= (size_t)view->shape[i];
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? 2 * m->cap_owned : 64;
+        void **p = realloc(m->owned, (size_t)cap * sizeof *p);
+        if (!p) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory");
+        m->owned = p;
+        m->cap_owned = cap;
+    }
+    void *copy = malloc(n * 2 + 1);
+    if (!copy) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for a bf16 copy of %zu weights", n);
+    moex_convert(view->data, view->dtype, copy, MOEX_BF16, n);
+    m->owned[m->n_owned++] = copy;
+    *data = copy;
+    *dtype = MOEX_BF16;
+    return MOEX_OK;
+}
+
 // The float tensor `name` with the given shape (-1 = any), or an error naming it.
-static moex_status get(const moex_model *m, const char *name, int ndim, const int64_t *shape, const void **data,
+static moex_status get(moex_model *m, const char *name, int ndim, const int64_t *shape, const void **data,
                        moex_dtype *dtype) {
     const moex_ckpt_tensor *t;
     moex_status st = moex_checkpoint_get(m->ckpt, name, &t);
@@ -41,18 +61,20 @@ static moex_status get(const moex_model *m, const char *name, int ndim, const in
         for (int i = 0; i < ndim; i++) b += (size_t)snprintf(want + b, sizeof want - b, i ? ", %lld" : "%lld", (long long)shape[i]);
         return moex_fail(MOEX_ERR_FORMAT, "tensor %s has shape [%s], expected [%s]", name, got, want);
     }
+    if (m->opt.dtype != view.dtype && m->opt.dtype == MOEX_BF16) /* bf16 compute: weights in bf16, like the peer */
+        return convert_copy(m, &view, data, dtype);
     *data = view.data;
     *dtype = view.dtype;
     return MOEX_OK;
 }
 
-static moex_status get_vec(const moex_model *m, const char *name, int64_t n, const void **data, moex_dtype *dt) {
+static moex_status get_vec(moex_model *m, const char *name, int64_t n, const void **data, moex_dtype *dt) {
     int64_t s[1] = {n};
     return get(m, name, 1, s, data, dt);
 }
 
 // nn.Linear weight `base.weight` [out, in] (+ `base.bias` when with_bias).
-static moex_status get_linear(const moex_model *m, const char *base, int64_t out, int64_t in, int with_bias,
+static moex_status get_linear(moex_model *m, const char *base, int64_t out, int64_t in, int with_bias,
                               moex_linear_w *w) {
     char name[512];
     int64_t s[2] = {out, in};
@@ -69,7 +91,7 @@ static moex_status get_linear(const moex_model *m, const char *base, int64_t out
     return MOEX_OK;
 }
 
-static moex_status get_mlp(const moex_model *m, const char *base, int64_t H, int64_t I, moex_mlp_w *mlp) {
+static moex_status get_mlp(moex_model *m, const char *base, int64_t H, int64_t I, moex_mlp_w *mlp) {
     char name[512];
     moex_status st;
     snprintf(name, sizeof name, "%s.gate_proj", base);
@@ -204,9 +226,8 @@ static moex_status check_family(const moex_config *c) {
 }
 
 static moex_status check_options(const moex_model_options *o) {
-    if (o->dtype != MOEX_F32)
-        return moex_fail(MOEX_ERR_UNSUPPORTED, "compute dtype %s is not supported by this version's model path (f32)",
-                         moex_dtype_name(o->dtype));
+    if (o->dtype != MOEX_F32 && o->dtype != MOEX_BF16)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "compute dtype %s is not supported (f32, bf16)", moex_dtype_name(o->dtype));
     if (o->max_batch < 1 || o->max_seq < 1 || o->max_tokens < 1)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "max_batch = %lld, max_seq = %lld, max_tokens = %lld: each must be >= 1",
                          (long long)o->max_batch, (long long)o->max_seq, (long long)o->max_tokens);
@@ -228,6 +249,11 @@ static moex_status alloc_scratch(moex_model *m) {
                         T * (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1)};
     for (size_t i = 0; i < sizeof n / sizeof n[0]; i++)
         if (!(*f[i] = malloc(n[i] * sizeof(float)))) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
+    if (m->opt.dtype == MOEX_BF16) {
+        m->h16 = malloc(T * H * sizeof(uint16_t));
+        m->out16 = malloc(T * H * sizeof(uint16_t));
+        if (!m->h16 || !m->out16) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
+    }
     m->route_ids = malloc(T * (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1) * sizeof(int32_t));
     m->positions = malloc(T * sizeof(int64_t));
     m->inv_freq = malloc((d / 2 + 1) * sizeof(float));
@@ -324,6 +350,10 @@ void moex_model_free(moex_model *m) {
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
     free(m->route_ids);
     free(m->positions);
+    free(m->h16);
+    free(m->out16);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
     moex_checkpoint_close(m->ckpt);
     moex_config_free(&m->cfg);
     free(m);

@@ -46,6 +46,9 @@ struct moex_model {
     float *x, *h, *q, *k, *v, *attn, *mlp, *tmp, *cos, *sin, *router_logits, *route_w;
     int32_t *route_ids;
     int64_t *positions;
+    uint16_t *h16, *out16;           /* bf16 compute: the experts' input and output */
+    void **owned;                    /* bf16 copies of weights stored in another dtype */
+    int n_owned, cap_owned;
 };
 
 /* One forward step over several sequences. seqs[i] has tokens[i][0 .. n_new)

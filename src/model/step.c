@@ -5,6 +5,12 @@
 #include <math.h>
 #include <stdlib.h>
 
+// bf16 compute: every activation is rounded to bf16 where the peer stores one.
+static void round_act(const moex_model *m, float *x, int64_t n) {
+    if (m->opt.dtype != MOEX_BF16) return;
+    for (int64_t i = 0; i < n; i++) x[i] = moex_bf16_to_f32(moex_f32_to_bf16(x[i]));
+}
+
 // Rotary cos/sin for the step's positions (qwen3_vl_moe: multimodal sections; for
 // text the three position ids are equal).
 static moex_status rope_tables(moex_model *m, int64_t T) {
@@ -24,9 +30,13 @@ static moex_status attention_block(moex_model *m, const model_layer *ly, int64_t
     const int64_t H = c->hidden_size, d = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int th = m->ctx->options.num_threads;
     moex_status st = moex_rmsnorm(m->x, T, H, ly->in_norm, ly->norm_dtype, c->rms_norm_eps, m->h);
+    round_act(m, m->h, T * H);
     if (st || (st = moex_linear(&ly->q, m->h, T, m->q, th)) || (st = moex_linear(&ly->k, m->h, T, m->k, th)) ||
         (st = moex_linear(&ly->v, m->h, T, m->v, th)))
         return st;
+    round_act(m, m->q, T * nh * d);
+    round_act(m, m->k, T * nkv * d);
+    round_act(m, m->v, T * nkv * d);
     if (ly->q_norm) {
         if ((st = moex_rmsnorm_heads(m->q, T, nh, d, ly->q_norm, ly->norm_dtype, c->rms_norm_eps, m->q)) ||
             (st = moex_rmsnorm_heads(m->k, T, nkv, d, ly->k_norm, ly->norm_dtype, c->rms_norm_eps, m->k)))
@@ -34,9 +44,14 @@ static moex_status attention_block(moex_model *m, const model_layer *ly, int64_t
     }
     if ((st = moex_rope_apply(m->q, T, nh, d, m->cos, m->sin)) || (st = moex_rope_apply(m->k, T, nkv, d, m->cos, m->sin)))
         return st;
+    round_act(m, m->q, T * nh * d);
+    round_act(m, m->k, T * nkv * d);
     if ((st = moex_attention_forward_batch(m->cache, L, seqs, nseq, nh, m->q, m->k, m->v, m->attn, th))) return st;
+    round_act(m, m->attn, T * nh * d);
     if ((st = moex_linear(&ly->o, m->attn, T, m->tmp, th))) return st;
+    round_act(m, m->tmp, T * H);
     for (int64_t i = 0; i < T * H; i++) m->x[i] += m->tmp[i];
+    round_act(m, m->x, T * H);
     return MOEX_OK;
 }
 
@@ -47,18 +62,25 @@ static moex_status moe_block(moex_model *m, const model_layer *ly, int64_t T) {
     const int th = m->ctx->options.num_threads;
     moex_status st = moex_linear(&ly->router, m->h, T, m->router_logits, th);
     if (st) return st;
+    round_act(m, m->router_logits, T * E);
+    const int bf16 = m->opt.dtype == MOEX_BF16;
     moex_tensor logits, ids, w, hidden, out;
     int64_t ls[2] = {T, E}, ks[2] = {T, k}, hs[2] = {T, H};
     moex_tensor_init(&logits, m->router_logits, MOEX_F32, 2, ls);
     moex_tensor_init(&ids, m->route_ids, MOEX_I32, 2, ks);
     moex_tensor_init(&w, m->route_w, MOEX_F32, 2, ks);
-    moex_tensor_init(&hidden, m->h, MOEX_F32, 2, hs);
-    moex_tensor_init(&out, m->mlp, MOEX_F32, 2, hs);
+    if (bf16) moex_convert(m->h, MOEX_F32, m->h16, MOEX_BF16, (size_t)(T * H));
+    moex_tensor_init(&hidden, bf16 ? (void *)m->h16 : (void *)m->h, bf16 ? MOEX_BF16 : MOEX_F32, 2, hs);
+    moex_tensor_init(&out, bf16 ? (void *)m->out16 : (void *)m->mlp, bf16 ? MOEX_BF16 : MOEX_F32, 2, hs);
     if ((st = moex_route(&m->router, &logits, &ids, &w))) return st;
+    round_act(m, m->route_w, T * k);
     if ((st = moex_experts_forward(m->ctx, ly->experts, m->map.names[m->map_entry], &hidden, &ids, &w, &out))) return st;
+    if (bf16) moex_convert(m->out16, MOEX_BF16, m->mlp, MOEX_F32, (size_t)(T * H));
     if (ly->has_shared) {
         if ((st = moex_shared_expert(&ly->shared, &ly->shared_gate, m->h, T, m->tmp, th))) return st;
+        round_act(m, m->tmp, T * H);
         for (int64_t i = 0; i < T * H; i++) m->mlp[i] += m->tmp[i];
+        round_act(m, m->mlp, T * H);
     }
     return MOEX_OK;
 }
@@ -92,14 +114,18 @@ moex_status moex_model_step(moex_model *m, const model_step_seq *seqs, int64_t n
         for (int64_t i = 0; i < seqs[s].n_new; i++) tok[t++] = seqs[s].tokens[i];
     moex_status st = moex_embedding(m->embed, m->embed_dtype, c->vocab_size, H, tok, T, m->x);
     free(tok);
+    round_act(m, m->x, T * H);
     if (st || (st = rope_tables(m, T))) return st;
     for (int64_t L = 0; L < c->num_hidden_layers; L++) {
         const model_layer *ly = &m->layers[L];
         if ((st = attention_block(m, ly, L, attn, nseq, T))) return st;
         if ((st = moex_rmsnorm(m->x, T, H, ly->post_norm, ly->norm_dtype, c->rms_norm_eps, m->h))) return st;
+        round_act(m, m->h, T * H);
         st = ly->is_moe ? moe_block(m, ly, T) : moex_gated_mlp(&ly->dense, m->h, T, m->mlp, th);
         if (st) return st;
+        round_act(m, m->mlp, T * H);
         for (int64_t i = 0; i < T * H; i++) m->x[i] += m->mlp[i];
+        round_act(m, m->x, T * H);
     }
     // the last new token of each sequence -> final norm -> logits
     for (int64_t s = 0, t = 0; s < nseq; s++) {
@@ -107,5 +133,8 @@ moex_status moex_model_step(moex_model *m, const model_step_seq *seqs, int64_t n
         memcpy(m->h + s * H, m->x + (t - 1) * H, sizeof(float) * (size_t)H);
     }
     if ((st = moex_rmsnorm(m->h, nseq, H, m->final_norm, m->final_norm_dtype, c->rms_norm_eps, m->tmp))) return st;
-    return moex_linear(&m->lm_head, m->tmp, nseq, logits, th);
+    round_act(m, m->tmp, nseq * H);
+    if ((st = moex_linear(&m->lm_head, m->tmp, nseq, logits, th))) return st;
+    round_act(m, logits, nseq * c->vocab_size);
+    return MOEX_OK;
 }

@@ -1,0 +1,297 @@
+/* model_cmds.c — `moex generate`, `moex info` and `moex demo`. */
+#include "model_cmds.h"
+#include "moex.h"
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef MOEX_DEMO_MODEL
+#define MOEX_DEMO_MODEL "tests/fixtures/qwen3_moe"
+#endif
+
+enum { MAX_PROMPTS = 64, MAX_PROMPT_LEN = 65536 };
+
+typedef struct gen_args {
+    const char *dir, *experts, *device, *dtype;
+    int32_t *prompts[MAX_PROMPTS];
+    int64_t lens[MAX_PROMPTS];
+    int n;
+    moex_generate_options gen;
+    int json, threads, no_decode_switch;
+} gen_args;
+
+static int usage(const char *fmt, const char *a, const char *b) {
+    fprintf(stderr, "moex: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\n");
+    return 2;
+}
+
+static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || end == s || v < lo) return usage("%s: \"%s\" is not a valid integer here", flag, s);
+    *out = v;
+    return 0;
+}
+
+static int parse_f(const char *flag, const char *s, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || *end || end == s) return usage("%s: \"%s\" is not a number", flag, s);
+    *out = v;
+    return 0;
+}
+
+// "1,2,3" -> a new prompt
+static int parse_prompt(gen_args *a, const char *s) {
+    if (a->n == MAX_PROMPTS) return usage("--prompt-ids: more than %s prompts%s", "64", "");
+    int32_t *ids = malloc(sizeof(int32_t) * MAX_PROMPT_LEN);
+    if (!ids) return usage("out of memory%s%s", "", "");
+    int64_t n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && *end != ',') || n == MAX_PROMPT_LEN) {
+            free(ids);
+            return usage("--prompt-ids: \"%s\" is not a comma-separated list of token ids%s", s, "");
+        }
+        ids[n++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 0) {
+        free(ids);
+        return usage("--prompt-ids: \"%s\" is empty%s", s, "");
+    }
+    a->prompts[a->n] = ids;
+    a->lens[a->n++] = n;
+    return 0;
+}
+
+static int parse_gen_args(int argc, char **argv, gen_args *a) {
+    memset(a, 0, sizeof *a);
+    a->gen = moex_generate_default_options();
+    a->device = "cpu";
+    a->dtype = "f32";
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes = 1, rc = 0;
+        if (!strcmp(f, "--json")) a->json = 1, takes = 0;
+        else if (!strcmp(f, "--logits")) a->gen.want_logits = 1, takes = 0;
+        else if (!strcmp(f, "--ignore-eos")) a->gen.ignore_eos = 1, takes = 0;
+        else if (!strcmp(f, "--no-decode-switch")) a->no_decode_switch = 1, takes = 0;
+        else if (f[0] != '-') {
+            if (a->dir) return usage("unexpected argument \"%s\" (the model directory is \"%s\")", f, a->dir);
+            a->dir = f, takes = 0;
+        } else if (!v) return usage("%s needs a value%s", f, "");
+        else if (!strcmp(f, "--prompt-ids")) rc = parse_prompt(a, v);
+        else if (!strcmp(f, "--max-new-tokens")) rc = parse_i64(f, v, 0, &a->gen.max_new_tokens);
+        else if (!strcmp(f, "--experts")) a->experts = v;
+        else if (!strcmp(f, "--device")) a->device = v;
+        else if (!strcmp(f, "--dtype")) a->dtype = v;
+        else if (!strcmp(f, "--temperature")) rc = parse_f(f, v, &a->gen.temperature);
+        else if (!strcmp(f, "--top-k")) rc = parse_i64(f, v, 0, &a->gen.top_k);
+        else if (!strcmp(f, "--top-p")) rc = parse_f(f, v, &a->gen.top_p);
+        else if (!strcmp(f, "--seed")) {
+            int64_t s;
+            rc = parse_i64(f, v, 0, &s);
+            a->gen.seed = (uint64_t)s;
+        } else if (!strcmp(f, "--threads")) {
+            int64_t t;
+            rc = parse_i64(f, v, 0, &t);
+            a->threads = (int)t;
+        } else return usage("unknown option \"%s\"%s", f, "");
+        if (rc) return rc;
+        i += takes;
+    }
+    if (!a->dir) return usage("a model directory is required%s%s", "", "");
+    return 0;
+}
+
+static void free_gen_args(gen_args *a) {
+    for (int i = 0; i < a->n; i++) free(a->prompts[i]);
+}
+
+// Model options from the common flags; 0 or an exit code.
+static int model_options(const gen_args *a, moex_model_options *mo) {
+    *mo = moex_model_default_options();
+    mo->experts = a->experts;
+    mo->num_threads = a->threads;
+    mo->decode_switch = !a->no_decode_switch;
+    if (!strcmp(a->device, "cuda")) mo->device.kind = MOEX_DEVICE_CUDA;
+    else if (strcmp(a->device, "cpu")) return usage("--device: \"%s\" is not cpu or cuda%s", a->device, "");
+    if (moex_dtype_parse(a->dtype, &mo->dtype) || (mo->dtype != MOEX_F32 && mo->dtype != MOEX_BF16))
+        return usage("--dtype: \"%s\" is not f32 or bf16%s", a->dtype, "");
+    int64_t longest = 1, total = 0;
+    for (int i = 0; i < a->n; i++) {
+        longest = a->lens[i] > longest ? a->lens[i] : longest;
+        total += a->lens[i];
+    }
+    mo->max_batch = a->n > 0 ? a->n : 1;
+    mo->max_seq = longest + a->gen.max_new_tokens;
+    mo->max_tokens = total > mo->max_batch ? total : mo->max_batch;
+    return 0;
+}
+
+static int fail(const char *what) {
+    fprintf(stderr, "moex: %s: %s\n", what, moex_last_error());
+    return 1;
+}
+
+static void print_json(const moex_model *m, const moex_generation *g) {
+    cJSON *root = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(root, "new_ids");
+    for (int i = 0; i < g->n; i++) {
+        cJSON *row = cJSON_CreateArray();
+        for (int64_t j = 0; j < g->num_new[i]; j++) cJSON_AddItemToArray(row, cJSON_CreateNumber(g->new_ids[i][j]));
+        cJSON_AddItemToArray(ids, row);
+    }
+    char map[1024];
+    moex_model_get_experts(m, map, sizeof map);
+    cJSON_AddItemToObject(root, "experts_implementation", cJSON_Parse(map));
+    if (g->last_prompt_logits) {
+        cJSON *lg = cJSON_AddArrayToObject(root, "last_prompt_logits");
+        for (int i = 0; i < g->n; i++) {
+            cJSON *row = cJSON_CreateArray();
+            for (int64_t v = 0; v < g->vocab; v++)
+                cJSON_AddItemToArray(row, cJSON_CreateNumber((double)g->last_prompt_logits[i][v]));
+            cJSON_AddItemToArray(lg, row);
+        }
+    }
+    char *s = cJSON_PrintUnformatted(root);
+    printf("%s\n", s);
+    free(s);
+    cJSON_Delete(root);
+}
+
+static void print_report(const moex_model *m, const moex_generation *g) {
+    char map[1024];
+    moex_model_get_experts(m, map, sizeof map);
+    printf("experts: %s\n", map);
+    for (int i = 0; i < g->n; i++) {
+        printf("prompt %d -> %lld new tokens:", i, (long long)g->num_new[i]);
+        for (int64_t j = 0; j < g->num_new[i]; j++) printf(" %d", g->new_ids[i][j]);
+        printf("\n");
+    }
+    printf("prefill: %lld tokens in %.2f ms (%.1f tokens/s)\n", (long long)g->prefill_tokens, 1e3 * g->prefill_seconds,
+           g->prefill_seconds > 0 ? (double)g->prefill_tokens / g->prefill_seconds : 0.0);
+    printf("decode:  %lld tokens in %.2f ms (%.1f tokens/s)\n", (long long)g->decode_tokens, 1e3 * g->decode_seconds,
+           g->decode_seconds > 0 ? (double)g->decode_tokens / g->decode_seconds : 0.0);
+}
+
+int moex_cli_generate(int argc, char **argv) {
+    gen_args a;
+    int rc = parse_gen_args(argc, argv, &a);
+    if (!rc && a.n == 0) rc = usage("at least one --prompt-ids is required%s%s", "", "");
+    moex_model_options mo;
+    if (!rc) rc = model_options(&a, &mo);
+    moex_model *m = NULL;
+    moex_generation *g = NULL;
+    if (!rc && moex_model_load(a.dir, &mo, &m)) rc = fail("loading the model");
+    if (!rc) fprintf(stderr, "moex: generating %lld tokens for %d prompt(s)\n", (long long)a.gen.max_new_tokens, a.n);
+    if (!rc && moex_generate(m, a.n, (const int32_t *const *)a.prompts, a.lens, &a.gen, &g)) rc = fail("generating");
+    if (!rc) {
+        if (a.json) print_json(m, g);
+        else print_report(m, g);
+    }
+    moex_generation_free(g);
+    moex_model_free(m);
+    free_gen_args(&a);
+    return rc;
+}
+
+int moex_cli_info(int argc, char **argv) {
+    gen_args a;
+    int rc = parse_gen_args(argc, argv, &a);
+    moex_model_options mo;
+    if (!rc) rc = model_options(&a, &mo);
+    moex_model *m = NULL;
+    if (!rc && moex_model_load(a.dir, &mo, &m)) rc = fail("loading the model");
+    if (!rc) {
+        moex_model_info in;
+        moex_model_get_info(m, &in);
+        printf("family:      %s\n", in.model_type);
+        printf("sub-configs:");
+        for (int i = 0; i < in.num_sub_configs; i++) printf(" %s", in.sub_configs[i]);
+        printf("%s\n", in.num_sub_configs ? "" : " (none)");
+        printf("layers:      %lld (%lld MoE)\n", (long long)in.num_layers, (long long)in.num_moe_layers);
+        printf("experts:     %lld, top-%lld, hidden %lld, intermediate %lld, %s, %s%s\n", (long long)in.num_experts,
+               (long long)in.top_k, (long long)in.hidden, (long long)in.moe_intermediate, moex_dtype_name(in.weight_dtype),
+               in.per_expert_layout ? "per-expert tensors" : "fused tensors", in.transposed ? " (transposed)" : "");
+        if (in.shared_intermediate) printf("shared expert intermediate: %lld\n", (long long)in.shared_intermediate);
+        char map[1024];
+        moex_model_get_experts(m, map, sizeof map);
+        printf("experts map: %s\n", map);
+        printf("backends on %s:\n", a.device);
+        for (int i = 0; i < moex_backend_count(); i++) {
+            char why[512];
+            const char *name = moex_backend_name(i);
+            if (moex_backend_supports(name, moex_model_experts_layer(m, 0), mo.device, why, sizeof why) == MOEX_OK)
+                printf("  %-18s yes\n", name);
+            else
+                printf("  %-18s no: %s\n", name, why);
+        }
+    }
+    moex_model_free(m);
+    free_gen_args(&a);
+    return rc;
+}
+
+int moex_cli_demo(int argc, char **argv) {
+    const char *dir = argc > 1 ? argv[1] : MOEX_DEMO_MODEL;
+    static const int32_t p0[] = {3, 17, 42, 7, 99, 5}, p1[] = {11, 200, 64};
+    const int32_t *prompts[2] = {p0, p1};
+    int64_t lens[2] = {6, 3};
+    moex_model_options mo = moex_model_default_options();
+    mo.max_batch = 2;
+    mo.max_seq = 64;
+    mo.max_tokens = 64;
+    moex_model *m = NULL;
+    if (moex_model_load(dir, &mo, &m)) return fail("loading the demo model");
+    moex_model_info in;
+    moex_model_get_info(m, &in);
+    printf("demo model %s: %s, %lld layers, %lld experts (top-%lld), hidden %lld\n", dir, in.model_type,
+           (long long)in.num_layers, (long long)in.num_experts, (long long)in.top_k, (long long)in.hidden);
+    moex_generate_options go = moex_generate_default_options();
+    go.max_new_tokens = 24;
+    go.ignore_eos = 1;
+    moex_generation *first = NULL, *warm = NULL;
+    int rc = 0, agree = 1;
+    if (moex_generate(m, 2, prompts, lens, &go, &warm)) rc = fail("warm-up"); /* first touch of weights and caches */
+    moex_generation_free(warm);
+    moex_device cpu = {MOEX_DEVICE_CPU, 0};
+    for (int i = 0; i < moex_backend_count() && !rc; i++) {
+        const char *name = moex_backend_name(i);
+        char why[512];
+        if (moex_backend_supports(name, moex_model_experts_layer(m, 0), cpu, why, sizeof why) != MOEX_OK) {
+            printf("%-18s skipped: %s\n", name, why);
+            continue;
+        }
+        moex_generation *g = NULL;
+        if (moex_model_set_experts(m, name) || moex_generate(m, 2, prompts, lens, &go, &g)) {
+            rc = fail(name);
+            break;
+        }
+        int same = 1;
+        for (int p = 0; first && p < 2; p++)
+            same &= g->num_new[p] == first->num_new[p] &&
+                    !memcmp(g->new_ids[p], first->new_ids[p], sizeof(int32_t) * (size_t)g->num_new[p]);
+        agree &= same;
+        printf("%-18s prefill %8.1f tokens/s  decode %8.1f tokens/s  tokens:", name,
+               (double)g->prefill_tokens / g->prefill_seconds, (double)g->decode_tokens / g->decode_seconds);
+        for (int64_t j = 0; j < 8 && j < g->num_new[0]; j++) printf(" %d", g->new_ids[0][j]);
+        printf(" ...%s\n", first ? (same ? "  (same as the first backend)" : "  (DIFFERENT)") : "");
+        if (!first) first = g;
+        else moex_generation_free(g);
+    }
+    if (!rc) printf("%s\n", agree ? "all backends generated the same tokens" : "the backends DISAGREE");
+    moex_generation_free(first);
+    moex_model_free(m);
+    return rc ? rc : (agree ? 0 : 1);
+}
