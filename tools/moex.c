@@ -1,5 +1,6 @@
-/* moex — command-line tool: bench, backends, version. */
+/* moex — command-line tool: generate, info, demo, bench, backends, version. */
 #include "bench.h"
+#include "model_cmds.h"
 #include "moex.h"
 #include <stdio.h>
 #include <string.h>
@@ -8,6 +9,12 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: moex COMMAND [options]\n"
             "commands:\n"
+            "  generate   MODEL_DIR --prompt-ids 1,2,3 [--prompt-ids ...] --max-new-tokens N\n"
+            "             [--experts NAME|JSON] [--device cpu|cuda] [--dtype f32|bf16] [--temperature T]\n"
+            "             [--top-k K] [--top-p P] [--seed S] [--threads N] [--ignore-eos]\n"
+            "             [--no-decode-switch] [--json] [--logits]\n"
+            "  info       MODEL_DIR [--experts NAME|JSON] [--device cpu|cuda]: the model and the backends that can run it\n"
+            "  demo       [MODEL_DIR]: generate with the bundled tiny model through every backend available here\n"
             "  bench      time the experts backends on a named layer shape (moex bench --help)\n"
             "  backends   list the experts backends and whether they can run here\n"
             "  version    print the version\n");
@@ -34,6 +41,9 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (strcmp(cmd, "bench") == 0) return moex_cli_bench(argc - 1, argv + 1);
+    if (strcmp(cmd, "generate") == 0) return moex_cli_generate(argc - 1, argv + 1);
+    if (strcmp(cmd, "info") == 0) return moex_cli_info(argc - 1, argv + 1);
+    if (strcmp(cmd, "demo") == 0) return moex_cli_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "backends") == 0) return list_backends();
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("moex %s\n", moex_version());
