@@ -39,6 +39,7 @@ static void parse_bad(const char *label, const char *json, const char *need1, co
     moex_config before = c;
     moex_status st = moex_config_parse(json, strlen(json), &c);
     const char *msg = moex_last_error();
+    if (!msg) msg = "";
     if (st != MOEX_ERR_FORMAT) {
         PROBLEM("%s: status %d, expected MOEX_ERR_FORMAT (%s)", label, (int)st, msg);
         if (st == MOEX_OK) moex_config_free(&c);
@@ -528,9 +529,16 @@ static void test_bad_configs(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         parse_bad(cases[i].label, cases[i].json, cases[i].need1, cases[i].need2);
 
+    /* input ending right after a comma, in a buffer of exactly that size (cJSON 1.7.15
+     * without the fix for CVE-2023-53154 reads past it; found by fuzz_config) */
+    char *exact = malloc(8);
+    assert_non_null(exact);
+    memcpy(exact, "{\"ve\":8,", 8);
+    moex_config c;
+    assert_int_equal(moex_config_parse(exact, 8, &c), MOEX_ERR_FORMAT);
+    free(exact);
     /* the text length is honoured: a valid object followed by bytes outside len */
     const char *two = "{" BASE "}garbage";
-    moex_config c;
     assert_int_equal(moex_config_parse(two, strlen("{" BASE "}"), &c), MOEX_OK);
     moex_config_free(&c);
     /* a NUL-terminated length is accepted too */

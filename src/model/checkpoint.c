@@ -100,7 +100,11 @@ static moex_status read_file(const char *path, size_t limit, char **buf, size_t 
             }
             cap = cap * 2 < limit ? cap * 2 : limit;
             char *nb = realloc(b, cap + 1);
-            if (!nb) break;
+            if (!nb) {
+                free(b);
+                b = NULL;
+                break;
+            }
             b = nb;
         }
         size_t got = fread(b + n, 1, cap - n, fp);

@@ -417,18 +417,27 @@ static moex_status text_rest(jobj root, jobj t, family fam, moex_config *c) {
 /* Parse JSON text (trailing whitespace allowed) into a new tree; the root must be an object. */
 static moex_status parse_json(const char *json, size_t len, const char *what, cJSON **out) {
     if (!json && len) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: json is NULL", what);
+    /* cJSON is given a NUL-terminated copy: cJSON 1.7.15 without Debian's fix for
+     * CVE-2023-53154 reads one byte past the given length after a trailing comma. */
+    char *text = malloc(len + 1);
+    if (!text) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes", what, len);
+    if (len) memcpy(text, json, len);
+    text[len] = '\0';
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(json ? json : "", len, &end, 0);
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!root) {
-        size_t at = end && json && end >= json ? (size_t)(end - json) : 0;
+        size_t at = end && end >= text ? (size_t)(end - text) : 0;
+        free(text);
         return moex_fail(MOEX_ERR_FORMAT, "%s: not valid JSON (error near byte %zu of %zu)", what, at, len);
     }
-    for (const char *p = end; p < json + len; p++)
+    for (const char *p = end; p < text + len; p++)
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r' && *p != '\0') {
+            size_t at = (size_t)(p - text);
             cJSON_Delete(root);
-            return moex_fail(MOEX_ERR_FORMAT, "%s: unexpected text after the JSON value, at byte %zu", what,
-                             (size_t)(p - json));
+            free(text);
+            return moex_fail(MOEX_ERR_FORMAT, "%s: unexpected text after the JSON value, at byte %zu", what, at);
         }
+    free(text);
     if (!cJSON_IsObject(root)) {
         moex_status st = moex_fail(MOEX_ERR_FORMAT, "%s: the file is %s, expected a JSON object", what,
                                    json_kind(root));
@@ -520,18 +529,37 @@ static moex_status slurp(const char *path, char **buf, size_t *len, int *missing
         *missing = errno == ENOENT;
         return moex_fail(MOEX_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     }
-    char *b = malloc(MAX_CONFIG_BYTES + 1);
-    if (!b) {
-        fclose(fp);
-        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+    size_t cap = 4096, n = 0;
+    char *b = malloc(cap);
+    moex_status st = MOEX_OK;
+    while (b) {
+        if (n == cap) {
+            if (cap >= MAX_CONFIG_BYTES) {
+                st = moex_fail(MOEX_ERR_FORMAT, "%s: larger than %zu bytes", path, MAX_CONFIG_BYTES);
+                break;
+            }
+            size_t ncap = cap * 2 < MAX_CONFIG_BYTES ? cap * 2 : MAX_CONFIG_BYTES;
+            char *nb = realloc(b, ncap);
+            if (!nb) {
+                free(b);
+                b = NULL;
+                break;
+            }
+            b = nb;
+            cap = ncap;
+        }
+        size_t got = fread(b + n, 1, cap - n, fp);
+        n += got;
+        if (got == 0) {
+            if (ferror(fp)) st = moex_fail(MOEX_ERR_IO, "%s: read error", path);
+            break;
+        }
     }
-    size_t n = fread(b, 1, MAX_CONFIG_BYTES + 1, fp);
-    int err = ferror(fp);
     fclose(fp);
-    if (err || n > MAX_CONFIG_BYTES) {
+    if (!b) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+    if (st != MOEX_OK) {
         free(b);
-        return err ? moex_fail(MOEX_ERR_IO, "%s: read error", path)
-                   : moex_fail(MOEX_ERR_FORMAT, "%s: larger than %zu bytes", path, MAX_CONFIG_BYTES);
+        return st;
     }
     *buf = b;
     *len = n;

@@ -380,20 +380,30 @@ moex_status moex_safetensors_parse(const uint8_t *buf, size_t size, const char *
         return moex_fail(MOEX_ERR_FORMAT,
                          "%s: header is not valid JSON text: byte %zu (0x%02x) is not valid UTF-8 or is a control "
                          "character", what, bad, h[bad]);
+    /* cJSON is given a NUL-terminated copy: cJSON 1.7.15 without Debian's fix for
+     * CVE-2023-53154 reads one byte past the given length after a trailing comma,
+     * which in a mapping could be past the end of the file. */
+    char *text = malloc((size_t)hlen + 1);
+    if (!text) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "%s: out of memory for a %llu-byte header", what,
+                                (unsigned long long)hlen);
+    memcpy(text, h, (size_t)hlen);
+    text[hlen] = '\0';
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts((const char *)h, (size_t)hlen, &end, 0);
+    cJSON *root = cJSON_ParseWithLengthOpts(text, (size_t)hlen, &end, 0);
     if (!root) {
-        size_t at = end && end >= (const char *)h ? (size_t)(end - (const char *)h) : 0;
+        size_t at = end && end >= text ? (size_t)(end - text) : 0;
+        free(text);
         return moex_fail(MOEX_ERR_FORMAT, "%s: header is not valid JSON (error near byte %zu of %llu)", what, at,
                          (unsigned long long)hlen);
     }
     moex_status st = MOEX_OK;
-    for (const char *p = end; p < (const char *)h + hlen; p++)
+    for (const char *p = end; p < text + hlen; p++)
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
             st = moex_fail(MOEX_ERR_FORMAT, "%s: unexpected bytes after the JSON header, at byte %zu of %llu", what,
-                           (size_t)(p - (const char *)h), (unsigned long long)hlen);
+                           (size_t)(p - text), (unsigned long long)hlen);
             break;
         }
+    free(text);
     if (st == MOEX_OK && !cJSON_IsObject(root))
         st = moex_fail(MOEX_ERR_FORMAT, "%s: header is %s, expected a JSON object", what, json_kind(root));
     moex_st_file f;

@@ -1,0 +1,116 @@
+/*
+ * test_fuzz_corpus.c — replays every file of the committed fuzz corpus
+ * (fuzz/corpus/safetensors and fuzz/corpus/config) through both fuzz
+ * targets, i.e. through moex_safetensors_parse(), moex_config_parse() and
+ * moex_config_apply_generation() with the targets' own invariant checks, so
+ * that CI re-checks the corpus under the sanitizers without clang or libFuzzer.
+ *
+ * The corpus is found next to this source file (../fuzz/corpus), or in
+ * $MOEX_FUZZ_CORPUS.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "testutil.h"
+
+/* The two fuzz targets, compiled in under distinct names. */
+#define LLVMFuzzerTestOneInput fuzz_safetensors_one
+#include "../fuzz/fuzz_safetensors.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_config_one
+#include "../fuzz/fuzz_config.c"
+#undef LLVMFuzzerTestOneInput
+
+/* The corpus root: $MOEX_FUZZ_CORPUS, else <dir of this file>/../fuzz/corpus. */
+static void corpus_root(char *out, size_t n) {
+    const char *env = getenv("MOEX_FUZZ_CORPUS");
+    if (env && *env) {
+        snprintf(out, n, "%s", env);
+        return;
+    }
+    const char *slash = strrchr(__FILE__, '/');
+    int len = slash ? (int)(slash - __FILE__) : 1;
+    snprintf(out, n, "%.*s/../fuzz/corpus", len, slash ? __FILE__ : ".");
+}
+
+/* Read a whole file (malloc'd; NULL on failure). */
+static uint8_t *slurp(const char *path, size_t *len) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    uint8_t *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n == cap) {
+            cap = cap ? cap * 2 : 4096;
+            uint8_t *nb = realloc(buf, cap);
+            if (!nb) break;
+            buf = nb;
+        }
+        size_t got = fread(buf + n, 1, cap - n, fp);
+        n += got;
+        if (got == 0) break;
+    }
+    fclose(fp);
+    *len = n;
+    return buf ? buf : malloc(1);
+}
+
+/* Every regular file of root/sub through both targets; returns the count. */
+static int replay_dir(const char *root, const char *sub) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", root, sub);
+    DIR *d = opendir(dir);
+    if (!d) fail_msg("fuzz corpus %s not found (set MOEX_FUZZ_CORPUS)", dir);
+    int count = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.') continue;
+        char path[2048];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct stat sb;
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+        size_t len = 0;
+        uint8_t *buf = slurp(path, &len);
+        if (!buf) {
+            PROBLEM("cannot read %s", path);
+            continue;
+        }
+        fuzz_safetensors_one(buf, len); /* aborts on a broken invariant */
+        fuzz_config_one(buf, len);
+        free(buf);
+        count++;
+    }
+    closedir(d);
+    return count;
+}
+
+/* The whole corpus, both directories, both targets. */
+static void test_replay_corpus(void **state) {
+    (void)state;
+    char root[1024];
+    corpus_root(root, sizeof root);
+    int a = replay_dir(root, "safetensors");
+    int b = replay_dir(root, "config");
+    print_message("replayed %d safetensors and %d config inputs from %s\n", a, b, root);
+    if (a < 5 || b < 5) PROBLEM("the corpus looks empty: %d and %d files", a, b);
+    end_problems();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_replay_corpus),
+    };
+    return cmocka_run_group_tests_name("fuzz_corpus", tests, NULL, NULL);
+}
