@@ -61,7 +61,7 @@ typedef struct moex_config {
     int64_t decoder_sparse_step;  /* default 1 */
     int n_mlp_only_layers;
     int64_t *mlp_only_layers;     /* each in [0, num_hidden_layers) */
-    double rms_norm_eps;          /* default 1e-6 */
+    double rms_norm_eps;          /* default 1e-6 (mixtral 1e-5) */
     int64_t max_position_embeddings;
     int tie_word_embeddings;      /* top level, else text_config, else 0 */
     int attention_bias;           /* attention_bias | qkv_bias; default 1 for qwen2_moe, else 0 */
