@@ -12,9 +12,7 @@
 #define MOEX_MC 72         /* rows per inner block: MOEX_MC x MOEX_KC floats of A stay in L2 */
 #define MOEX_NB 64         /* intermediate (or hidden) columns per work item */
 #define MOEX_STREAM_MAX 4  /* rows per streaming-kernel call */
-#ifndef MOEX_STREAM_ROWS
 #define MOEX_STREAM_ROWS 8 /* products of up to this many rows stream the weights, 4 rows a pass */
-#endif
 
 /* Bump allocator over the workspace. With base == NULL it only counts, so
  * workspace_bytes() and forward() carve the same layout. */
