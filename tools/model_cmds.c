@@ -106,6 +106,7 @@ static int parse_gen_args(int argc, char **argv, gen_args *a) {
         } else if (!strcmp(f, "--threads")) {
             int64_t t;
             rc = parse_i64(f, v, 0, &t);
+            if (!rc && t > 1024) rc = usage("--threads: \"%s\" is more than 1024%s", v, "");
             a->threads = (int)t;
         } else return usage("unknown option \"%s\"%s", f, "");
         if (rc) return rc;
@@ -134,6 +135,8 @@ static int model_options(const gen_args *a, moex_model_options *mo) {
         longest = a->lens[i] > longest ? a->lens[i] : longest;
         total += a->lens[i];
     }
+    if (a->gen.max_new_tokens > ((int64_t)1 << 24) - longest)
+        return usage("--max-new-tokens: too many (prompt + new tokens must stay under 2^24)%s%s", "", "");
     mo->max_batch = a->n > 0 ? a->n : 1;
     mo->max_seq = longest + a->gen.max_new_tokens;
     mo->max_tokens = total > mo->max_batch ? total : mo->max_batch;
@@ -152,7 +155,7 @@ static void print_json(const moex_model *m, const moex_generation *g) {
         for (int64_t j = 0; j < g->num_new[i]; j++) cJSON_AddItemToArray(row, cJSON_CreateNumber(g->new_ids[i][j]));
         cJSON_AddItemToArray(ids, row);
     }
-    char map[1024];
+    char map[4096];
     moex_model_get_experts(m, map, sizeof map);
     cJSON_AddItemToObject(root, "experts_implementation", cJSON_Parse(map));
     if (g->last_prompt_logits) {
@@ -171,7 +174,7 @@ static void print_json(const moex_model *m, const moex_generation *g) {
 }
 
 static void print_report(const moex_model *m, const moex_generation *g) {
-    char map[1024];
+    char map[4096];
     moex_model_get_experts(m, map, sizeof map);
     printf("experts: %s\n", map);
     for (int i = 0; i < g->n; i++) {
@@ -225,7 +228,7 @@ int moex_cli_info(int argc, char **argv) {
                (long long)in.top_k, (long long)in.hidden, (long long)in.moe_intermediate, moex_dtype_name(in.weight_dtype),
                in.per_expert_layout ? "per-expert tensors" : "fused tensors", in.transposed ? " (transposed)" : "");
         if (in.shared_intermediate) printf("shared expert intermediate: %lld\n", (long long)in.shared_intermediate);
-        char map[1024];
+        char map[4096];
         moex_model_get_experts(m, map, sizeof map);
         printf("experts map: %s\n", map);
         printf("backends on %s:\n", a.device);

@@ -19,9 +19,15 @@ typedef struct batched_ws {
 static batched_ws carve(moex_ws *ws, const moex_cpu_kernels *kr, const moex_experts_desc *d, const moex_tensor *hidden,
                         int64_t T, int threads) {
     batched_ws b;
+    memset(&b, 0, sizeof b);
+    int64_t P;
+    if (!moex_mul_ok(T, d->top_k, &P) || P > INT32_MAX) { /* pair indices are int32 */
+        ws->used = SIZE_MAX;
+        return b;
+    }
     b.x = moex_hidden_rows(ws, kr, hidden, T, d->hidden, threads);
-    b.pos = moex_ws_take(ws, sizeof(int32_t) * (size_t)(T * d->top_k));
-    b.y = moex_ws_take(ws, sizeof(float) * (size_t)(T * d->top_k * d->hidden));
+    b.pos = moex_ws_take_array(ws, T, d->top_k, sizeof(int32_t));
+    b.y = moex_ws_take_array(ws, P, d->hidden, sizeof(float));
     b.scratch = moex_ws_thread_scratch(ws, d, threads);
     return b;
 }

@@ -3,9 +3,22 @@
 #include <omp.h>
 
 void *moex_ws_take(moex_ws *ws, size_t bytes) {
+    if (ws->used > SIZE_MAX - 64 || bytes > SIZE_MAX - 64 - ws->used) { /* saturate: the size is unusable */
+        ws->used = SIZE_MAX;
+        return NULL;
+    }
     size_t at = (ws->used + 63) & ~(size_t)63;
     ws->used = at + bytes;
     return ws->base ? ws->base + at : NULL;
+}
+
+void *moex_ws_take_array(moex_ws *ws, int64_t rows, int64_t cols, size_t elem) {
+    int64_t n;
+    if (!moex_mul_ok(rows, cols, &n) || !moex_mul_ok(n, (int64_t)elem, &n) || (uint64_t)n > SIZE_MAX) {
+        ws->used = SIZE_MAX;
+        return NULL;
+    }
+    return moex_ws_take(ws, (size_t)n);
 }
 
 moex_thread_scratch *moex_ws_thread_scratch(moex_ws *ws, const moex_experts_desc *d, int threads) {
@@ -24,7 +37,7 @@ moex_thread_scratch *moex_ws_thread_scratch(moex_ws *ws, const moex_experts_desc
 moex_rows moex_hidden_rows(moex_ws *ws, const moex_cpu_kernels *kr, const moex_tensor *hidden, int64_t T, int64_t H,
                            int threads) {
     moex_rows r = {NULL, H};
-    float *x = moex_ws_take(ws, sizeof(float) * (size_t)(T * H));
+    float *x = moex_ws_take_array(ws, T, H, sizeof(float));
     if (!ws->base) return r;
     if (hidden->dtype == MOEX_F32) {
         r.base = hidden->data;
@@ -40,12 +53,18 @@ moex_rows moex_hidden_rows(moex_ws *ws, const moex_cpu_kernels *kr, const moex_t
 }
 
 moex_routing moex_routing_sort(moex_ws *ws, const moex_experts_desc *d, const moex_tensor *ids, int64_t T) {
-    const int64_t E = d->num_experts, k = d->top_k, P = T * k;
+    const int64_t E = d->num_experts, k = d->top_k;
+    int64_t P;
     moex_routing r;
-    r.offsets = moex_ws_take(ws, sizeof(int64_t) * (size_t)(E + 1));
-    int64_t *fill = moex_ws_take(ws, sizeof(int64_t) * (size_t)E);
-    r.sorted = moex_ws_take(ws, sizeof(int32_t) * (size_t)P);
-    r.pos = moex_ws_take(ws, sizeof(int32_t) * (size_t)P);
+    if (!moex_mul_ok(T, k, &P) || P > INT32_MAX) { /* pair indices are int32 */
+        ws->used = SIZE_MAX;
+        memset(&r, 0, sizeof r);
+        return r;
+    }
+    r.offsets = moex_ws_take_array(ws, E + 1, 1, sizeof(int64_t));
+    int64_t *fill = moex_ws_take_array(ws, E, 1, sizeof(int64_t));
+    r.sorted = moex_ws_take_array(ws, P, 1, sizeof(int32_t));
+    r.pos = moex_ws_take_array(ws, P, 1, sizeof(int32_t));
     if (!ws->base) return r;
     memset(r.offsets, 0, sizeof(int64_t) * (size_t)(E + 1));
     for (int64_t t = 0; t < T; t++)
@@ -210,6 +229,10 @@ void moex_reduce_tokens(const moex_cpu_kernels *kr, const moex_forward_args *arg
 }
 
 int moex_cpu_supports(const moex_experts_desc *layer, const moex_device_info *dev, char *why, size_t n, void *user) {
+    if (dev->device.kind == MOEX_DEVICE_CPU && !dev->available) {
+        snprintf(why, n, "%s", dev->reason);
+        return 0;
+    }
     if (dev->device.kind == MOEX_DEVICE_CPU) return 1;
     snprintf(why, n, "the CUDA version of this backend is not in this build of moex; use the cpu device");
     return 0;

@@ -22,6 +22,9 @@ typedef struct moex_ws {
 } moex_ws;
 
 void *moex_ws_take(moex_ws *ws, size_t bytes);
+/* rows x cols elements of elem bytes. On any overflow the size saturates to SIZE_MAX
+ * (and workspace_bytes() then makes moex_prepare fail). */
+void *moex_ws_take_array(moex_ws *ws, int64_t rows, int64_t cols, size_t elem);
 
 /* Per-thread scratch for the GEMM driver and the epilogues. */
 typedef struct moex_thread_scratch {

@@ -22,17 +22,23 @@ typedef struct eager_ws {
 
 static eager_ws carve(moex_ws *ws, const moex_cpu_kernels *kr, const moex_experts_desc *d, const moex_tensor *hidden,
                       const moex_tensor *ids, int64_t T, int threads) {
-    const size_t P = (size_t)(T * d->top_k), R = (size_t)(d->gated ? 2 : 1) * (size_t)d->intermediate;
+    const int64_t R = (d->gated ? 2 : 1) * d->intermediate;
+    int64_t P;
     eager_ws g;
+    memset(&g, 0, sizeof g);
+    if (!moex_mul_ok(T, d->top_k, &P) || P > INT32_MAX) { /* pair indices are int32 */
+        ws->used = SIZE_MAX;
+        return g;
+    }
     g.x = moex_hidden_rows(ws, kr, hidden, T, d->hidden, threads);
     g.routing = moex_routing_sort(ws, d, ids, T);
-    g.xe = moex_ws_take(ws, sizeof(float) * P * (size_t)d->hidden);
-    g.gu = moex_ws_take(ws, sizeof(float) * P * R);
-    g.he = moex_ws_take(ws, sizeof(float) * P * (size_t)d->intermediate);
-    g.ye = moex_ws_take(ws, sizeof(float) * P * (size_t)d->hidden);
-    g.xrow = moex_ws_take(ws, sizeof(float *) * P);
-    g.hrow = moex_ws_take(ws, sizeof(float *) * P);
-    g.acc = moex_ws_take(ws, sizeof(float) * (size_t)T * (size_t)d->hidden);
+    g.xe = moex_ws_take_array(ws, P, d->hidden, sizeof(float));
+    g.gu = moex_ws_take_array(ws, P, R, sizeof(float));
+    g.he = moex_ws_take_array(ws, P, d->intermediate, sizeof(float));
+    g.ye = moex_ws_take_array(ws, P, d->hidden, sizeof(float));
+    g.xrow = moex_ws_take_array(ws, P, 1, sizeof(float *));
+    g.hrow = moex_ws_take_array(ws, P, 1, sizeof(float *));
+    g.acc = moex_ws_take_array(ws, T, d->hidden, sizeof(float));
     g.scratch = moex_ws_thread_scratch(ws, d, threads);
     return g;
 }

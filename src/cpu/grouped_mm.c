@@ -24,15 +24,21 @@ typedef struct grouped_ws {
 
 static grouped_ws carve(moex_ws *ws, const moex_cpu_kernels *kr, const moex_experts_desc *d, const moex_tensor *hidden,
                         const moex_tensor *ids, int64_t T, int threads) {
-    const size_t P = (size_t)(T * d->top_k), R = (size_t)(d->gated ? 2 : 1) * (size_t)d->intermediate;
+    const int64_t R = (d->gated ? 2 : 1) * d->intermediate;
+    int64_t P;
     grouped_ws g;
+    memset(&g, 0, sizeof g);
+    if (!moex_mul_ok(T, d->top_k, &P) || P > INT32_MAX) { /* pair indices are int32 */
+        ws->used = SIZE_MAX;
+        return g;
+    }
     g.x = moex_hidden_rows(ws, kr, hidden, T, d->hidden, threads);
     g.routing = moex_routing_sort(ws, d, ids, T);
-    g.xrow = moex_ws_take(ws, sizeof(float *) * P);
-    g.hrow = moex_ws_take(ws, sizeof(float *) * P);
-    g.gu = moex_ws_take(ws, sizeof(float) * P * R);
-    g.h = moex_ws_take(ws, sizeof(float) * P * (size_t)d->intermediate);
-    g.y = moex_ws_take(ws, sizeof(float) * P * (size_t)d->hidden);
+    g.xrow = moex_ws_take_array(ws, P, 1, sizeof(float *));
+    g.hrow = moex_ws_take_array(ws, P, 1, sizeof(float *));
+    g.gu = moex_ws_take_array(ws, P, R, sizeof(float));
+    g.h = moex_ws_take_array(ws, P, d->intermediate, sizeof(float));
+    g.y = moex_ws_take_array(ws, P, d->hidden, sizeof(float));
     g.scratch = moex_ws_thread_scratch(ws, d, threads);
     return g;
 }

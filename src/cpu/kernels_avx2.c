@@ -172,7 +172,7 @@ static void pack(const moex_bmat *b, int64_t k0, int64_t kc, int64_t n0, int64_t
         const int64_t k8 = K & ~(int64_t)7;                                                                  \
         for (int64_t k = 0; k < k8; k += 8) {                                                                \
             if ((k * esz & 63) == 0)                                                                         \
-                for (int j = 0; j < NC; j++) _mm_prefetch(w[j] + ahead + k * esz, _MM_HINT_T0);             \
+                for (int j = 0; j < NC; j++) _mm_prefetch((const char *)((uintptr_t)w[j] + (uintptr_t)(ahead + k * esz)), _MM_HINT_T0);             \
             __m256 bw[NC];                                                                                   \
             for (int j = 0; j < NC; j++) bw[j] = load8(elem_ptr(w[j], b->dtype, k), b->dtype);               \
             for (int m = 0; m < M; m++) {                                                                    \

@@ -110,6 +110,11 @@ moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backe
     size_t need = b->workspace_bytes
                       ? b->workspace_bytes(&layer->desc, ctx->options.max_tokens, ctx->options.num_threads, b->user)
                       : 0;
+    if (need == SIZE_MAX)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                         "backend \"%s\": the workspace for max_tokens = %lld tokens x top_k = %lld does not fit in memory "
+                         "addresses (or exceeds 2^31 - 1 token-expert pairs); create the context with a smaller max_tokens",
+                         backend, (long long)ctx->options.max_tokens, (long long)layer->desc.top_k);
     moex_status st = reserve_workspace(ctx, need);
     if (st) return st;
     void *state = NULL;

@@ -137,13 +137,14 @@ moex_status moex_route(const moex_router_desc *desc, const moex_tensor *logits, 
     moex_status st = check(desc, logits, ids, weights);
     if (st) return st;
     const int64_t T = logits->shape[0], E = desc->num_experts, k = desc->top_k;
-    size_t bytes = (size_t)E * (2 * sizeof(float) + 1) + (size_t)(desc->n_group + k) * (sizeof(float) + sizeof(int64_t)) +
-                   (size_t)desc->n_group * sizeof(int64_t);
+    const int64_t G = desc->kind == MOEX_ROUTER_SIGMOID_GROUPED_TOPK ? desc->n_group : 1; /* n_group: grouped only */
+    size_t bytes = (size_t)E * (2 * sizeof(float) + 1) + (size_t)(G + k) * (sizeof(float) + sizeof(int64_t)) +
+                   (size_t)G * sizeof(int64_t);
     char *scratch = malloc(bytes + 64);
     if (!scratch) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_route: out of memory");
-    float *s = (float *)scratch, *sel = s + E, *gscore = sel + E, *w = gscore + desc->n_group;
+    float *s = (float *)scratch, *sel = s + E, *gscore = sel + E, *w = gscore + G;
     int64_t *idx = (int64_t *)(((uintptr_t)(w + k) + 7) & ~(uintptr_t)7), *gidx = idx + k;
-    unsigned char *allowed = (unsigned char *)(gidx + desc->n_group);
+    unsigned char *allowed = (unsigned char *)(gidx + G);
     const float *bias = moex_tensor_present(&desc->correction_bias) ? desc->correction_bias.data : NULL;
     for (int64_t t = 0; t < T; t++) {
         for (int64_t e = 0; e < E; e++) s[e] = moex_load_f32(logits->data, logits->dtype, t * logits->strides[0] + e);

@@ -114,11 +114,13 @@ moex_status moex_experts_map_apply(moex_experts_map *m, const char *spec, int at
 
 moex_status moex_experts_map_to_json(const moex_experts_map *m, char *buf, size_t size) {
     if (!m || !buf || size == 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_experts_map_to_json: null argument");
+    size_t need = 3; /* "{", "}", NUL */
+    for (int i = 0; i < m->n; i++) need += strlen(m->keys[i]) + strlen(m->names[i]) + (i ? 8 : 6);
+    if (need > size) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "experts map needs %zu bytes, buffer has %zu", need, size);
     size_t len = (size_t)snprintf(buf, size, "{");
-    for (int i = 0; i < m->n && len < size; i++)
+    for (int i = 0; i < m->n; i++)
         len += (size_t)snprintf(buf + len, size - len, "%s\"%s\": \"%s\"", i ? ", " : "", m->keys[i], m->names[i]);
-    if (len < size) len += (size_t)snprintf(buf + len, size - len, "}");
-    if (len >= size) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "experts map needs %zu bytes, buffer has %zu", len + 1, size);
+    snprintf(buf + len, size - len, "}");
     return MOEX_OK;
 }
 

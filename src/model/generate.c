@@ -95,12 +95,12 @@ static moex_status check_args(const moex_model *m, int n, const int32_t *const *
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%d prompts; the model was loaded for 1 to max_batch = %lld", n,
                          (long long)m->opt.max_batch);
     if (o->max_new_tokens < 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "max_new_tokens = %lld is negative", (long long)o->max_new_tokens);
-    if (o->temperature < 0 || !(o->top_p > 0 && o->top_p <= 1) || o->top_k < 0)
+    if (!(o->temperature >= 0) || !(o->top_p > 0 && o->top_p <= 1) || o->top_k < 0)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "temperature = %g, top_k = %lld, top_p = %g: need temperature >= 0, top_k >= 0, 0 < top_p <= 1",
                          (double)o->temperature, (long long)o->top_k, (double)o->top_p);
     for (int i = 0; i < n; i++) {
         if (!prompts[i] || lens[i] < 1) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "prompt %d is empty", i);
-        if (lens[i] + o->max_new_tokens > m->opt.max_seq)
+        if (lens[i] > m->opt.max_seq || o->max_new_tokens > m->opt.max_seq - lens[i])
             return moex_fail(MOEX_ERR_WORKSPACE, "prompt %d: %lld tokens + %lld new exceed max_seq = %lld", i,
                              (long long)lens[i], (long long)o->max_new_tokens, (long long)m->opt.max_seq);
     }

@@ -76,7 +76,7 @@ static moex_status get_vec(moex_model *m, const char *name, int64_t n, const voi
 // nn.Linear weight `base.weight` [out, in] (+ `base.bias` when with_bias).
 static moex_status get_linear(moex_model *m, const char *base, int64_t out, int64_t in, int with_bias,
                               moex_linear_w *w) {
-    char name[512];
+    char name[640];
     int64_t s[2] = {out, in};
     memset(w, 0, sizeof *w);
     snprintf(name, sizeof name, "%s.weight", base);
@@ -122,9 +122,14 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
     if (fused) {
         const void *gu, *dn;
         moex_dtype gdt, ddt;
-        int transposed = fused->ndim == 3 && fused->shape[1] == H && fused->shape[2] == 2 * I && H != 2 * I;
+        // [E, 2I, H] or transposed [E, H, 2I]; when H == 2I the down tensor ([E, H, I] or [E, I, H]) tells
+        snprintf(name, sizeof name, "%s.experts.down_proj", moe);
+        const moex_ckpt_tensor *down = moex_checkpoint_find(m->ckpt, name);
+        int transposed = fused->ndim == 3 && fused->shape[1] == H && fused->shape[2] == 2 * I;
+        if (H == 2 * I && down && down->ndim == 3) transposed = down->shape[1] == I && down->shape[2] == H && H != I;
         int64_t gs[3] = {E, transposed ? H : 2 * I, transposed ? 2 * I : H};
         int64_t ds[3] = {E, transposed ? I : H, transposed ? H : I};
+        snprintf(name, sizeof name, "%s.experts.gate_up_proj", moe);
         if ((st = get(m, name, 3, gs, &gu, &gdt))) return st;
         snprintf(name, sizeof name, "%s.experts.down_proj", moe);
         if ((st = get(m, name, 3, ds, &dn, &ddt))) return st;
@@ -190,11 +195,10 @@ static moex_status load_layer(moex_model *m, int64_t L, model_layer *ly) {
         if ((st = get_linear(m, name, outs[i], ins[i], c->attention_bias && i < 3, w[i]))) return st;
     }
     if (qwen3) {
-        moex_dtype dt;
         snprintf(name, sizeof name, "%s.self_attn.q_norm.weight", base);
-        if ((st = get_vec(m, name, d, &ly->q_norm, &dt))) return st;
+        if ((st = get_vec(m, name, d, &ly->q_norm, &ly->q_norm_dtype))) return st;
         snprintf(name, sizeof name, "%s.self_attn.k_norm.weight", base);
-        if ((st = get_vec(m, name, d, &ly->k_norm, &dt))) return st;
+        if ((st = get_vec(m, name, d, &ly->k_norm, &ly->k_norm_dtype))) return st;
     }
     char moe[200];
     snprintf(moe, sizeof moe, "%s.%s", base, mixtral ? "block_sparse_moe" : "mlp");
@@ -228,8 +232,10 @@ static moex_status check_family(const moex_config *c) {
 static moex_status check_options(const moex_model_options *o) {
     if (o->dtype != MOEX_F32 && o->dtype != MOEX_BF16)
         return moex_fail(MOEX_ERR_UNSUPPORTED, "compute dtype %s is not supported (f32, bf16)", moex_dtype_name(o->dtype));
-    if (o->max_batch < 1 || o->max_seq < 1 || o->max_tokens < 1)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "max_batch = %lld, max_seq = %lld, max_tokens = %lld: each must be >= 1",
+    if (o->max_batch < 1 || o->max_batch > 4096 || o->max_seq < 1 || o->max_seq > ((int64_t)1 << 24) ||
+        o->max_tokens < 1 || o->max_tokens > ((int64_t)1 << 24))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                         "max_batch = %lld, max_seq = %lld, max_tokens = %lld: need 1..4096, 1..2^24 and 1..2^24",
                          (long long)o->max_batch, (long long)o->max_seq, (long long)o->max_tokens);
     return MOEX_OK;
 }

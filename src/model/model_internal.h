@@ -12,7 +12,7 @@
 typedef struct model_layer {
     const void *in_norm, *post_norm; /* [H] */
     const void *q_norm, *k_norm;     /* [head_dim] (qwen3 families) or NULL */
-    moex_dtype norm_dtype;
+    moex_dtype norm_dtype, q_norm_dtype, k_norm_dtype;
     moex_linear_w q, k, v, o;
     int is_moe;
     moex_linear_w router;            /* [E, H] */

@@ -38,8 +38,8 @@ static moex_status attention_block(moex_model *m, const model_layer *ly, int64_t
     round_act(m, m->k, T * nkv * d);
     round_act(m, m->v, T * nkv * d);
     if (ly->q_norm) {
-        if ((st = moex_rmsnorm_heads(m->q, T, nh, d, ly->q_norm, ly->norm_dtype, c->rms_norm_eps, m->q)) ||
-            (st = moex_rmsnorm_heads(m->k, T, nkv, d, ly->k_norm, ly->norm_dtype, c->rms_norm_eps, m->k)))
+        if ((st = moex_rmsnorm_heads(m->q, T, nh, d, ly->q_norm, ly->q_norm_dtype, c->rms_norm_eps, m->q)) ||
+            (st = moex_rmsnorm_heads(m->k, T, nkv, d, ly->k_norm, ly->k_norm_dtype, c->rms_norm_eps, m->k)))
             return st;
     }
     if ((st = moex_rope_apply(m->q, T, nh, d, m->cos, m->sin)) || (st = moex_rope_apply(m->k, T, nkv, d, m->cos, m->sin)))
@@ -108,7 +108,7 @@ moex_status moex_model_step(moex_model *m, const model_step_seq *seqs, int64_t n
         }
         T += seqs[s].n_new;
     }
-    int64_t *tok = malloc((size_t)(T > 0 ? T : 1) * sizeof *tok);
+    int64_t *tok = calloc((size_t)(T > 0 ? T : 1), sizeof *tok);
     if (!tok) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory");
     for (int64_t s = 0, t = 0; s < nseq; s++)
         for (int64_t i = 0; i < seqs[s].n_new; i++) tok[t++] = seqs[s].tokens[i];
