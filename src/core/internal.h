@@ -82,6 +82,12 @@ static inline int moex_mul_ok(int64_t a, int64_t b, int64_t *out) {
     return 1;
 }
 
+/* ---- files ------------------------------------------------------------- */
+
+/* Read the whole file at path (at most limit bytes) into a NUL-terminated malloc'd
+ * buffer; *missing (when not NULL) tells a file that does not exist from other errors. */
+moex_status moex_read_file(const char *path, size_t limit, char **buf, size_t *len, int *missing);
+
 /* ---- devices ----------------------------------------------------------- */
 
 int moex_cpu_has_avx2(void);

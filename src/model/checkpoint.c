@@ -85,46 +85,6 @@ static moex_status map_file(const char *path, const uint8_t **map, size_t *size)
     return MOEX_OK;
 }
 
-/* Read a whole (small) file into a NUL-terminated malloc'd buffer. */
-static moex_status read_file(const char *path, size_t limit, char **buf, size_t *len) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return moex_fail(MOEX_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap + 1);
-    moex_status st = MOEX_OK;
-    while (b) {
-        if (n == cap) {
-            if (cap >= limit) {
-                st = moex_fail(MOEX_ERR_FORMAT, "%s: larger than the limit of %zu bytes", path, limit);
-                break;
-            }
-            cap = cap * 2 < limit ? cap * 2 : limit;
-            char *nb = realloc(b, cap + 1);
-            if (!nb) {
-                free(b);
-                b = NULL;
-                break;
-            }
-            b = nb;
-        }
-        size_t got = fread(b + n, 1, cap - n, fp);
-        n += got;
-        if (got == 0) {
-            if (ferror(fp)) st = moex_fail(MOEX_ERR_IO, "%s: read error", path);
-            break;
-        }
-    }
-    fclose(fp);
-    if (!b) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "%s: out of memory reading the file", path);
-    if (st != MOEX_OK) {
-        free(b);
-        return st;
-    }
-    b[n] = '\0';
-    *buf = b;
-    *len = n;
-    return MOEX_OK;
-}
 
 /* ---- the checkpoint object --------------------------------------------- */
 
@@ -195,7 +155,7 @@ static int plain_file_name(const char *s) {
 static moex_status open_sharded(moex_checkpoint *c, const char *dir, const char *ipath) {
     char *text = NULL;
     size_t len = 0;
-    moex_status st = read_file(ipath, MAX_INDEX_BYTES, &text, &len);
+    moex_status st = moex_read_file(ipath, MAX_INDEX_BYTES, &text, &len, NULL);
     if (st != MOEX_OK) return st;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);

@@ -520,51 +520,6 @@ moex_status moex_config_apply_generation(const char *json, size_t len, moex_conf
     return MOEX_OK;
 }
 
-/* Read a whole file (at most MAX_CONFIG_BYTES) into a malloc'd buffer.
- * *missing is set when the file does not exist. */
-static moex_status slurp(const char *path, char **buf, size_t *len, int *missing) {
-    *missing = 0;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        *missing = errno == ENOENT;
-        return moex_fail(MOEX_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    }
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap);
-    moex_status st = MOEX_OK;
-    while (b) {
-        if (n == cap) {
-            if (cap >= MAX_CONFIG_BYTES) {
-                st = moex_fail(MOEX_ERR_FORMAT, "%s: larger than %zu bytes", path, MAX_CONFIG_BYTES);
-                break;
-            }
-            size_t ncap = cap * 2 < MAX_CONFIG_BYTES ? cap * 2 : MAX_CONFIG_BYTES;
-            char *nb = realloc(b, ncap);
-            if (!nb) {
-                free(b);
-                b = NULL;
-                break;
-            }
-            b = nb;
-            cap = ncap;
-        }
-        size_t got = fread(b + n, 1, cap - n, fp);
-        n += got;
-        if (got == 0) {
-            if (ferror(fp)) st = moex_fail(MOEX_ERR_IO, "%s: read error", path);
-            break;
-        }
-    }
-    fclose(fp);
-    if (!b) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
-    if (st != MOEX_OK) {
-        free(b);
-        return st;
-    }
-    *buf = b;
-    *len = n;
-    return MOEX_OK;
-}
 
 /* Prefix the last error message ("config.json: ...") with the directory. */
 static moex_status in_dir(moex_status st, const char *dir) {
@@ -584,7 +539,7 @@ moex_status moex_config_load(const char *dir, moex_config *out) {
     size_t len = 0;
     int missing = 0;
     sprintf(path, "%s%sconfig.json", dir, sep);
-    moex_status st = slurp(path, &text, &len, &missing);
+    moex_status st = moex_read_file(path, MAX_CONFIG_BYTES, &text, &len, &missing);
     moex_config c;
     memset(&c, 0, sizeof c);
     if (st == MOEX_OK) {
@@ -595,7 +550,7 @@ moex_status moex_config_load(const char *dir, moex_config *out) {
     }
     if (st == MOEX_OK) {
         sprintf(path, "%s%sgeneration_config.json", dir, sep);
-        st = slurp(path, &text, &len, &missing);
+        st = moex_read_file(path, MAX_CONFIG_BYTES, &text, &len, &missing);
         if (st != MOEX_OK && missing) st = MOEX_OK; /* optional file */
         else if (st == MOEX_OK) {
             st = moex_config_apply_generation(text, len, &c);
