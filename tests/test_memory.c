@@ -2,8 +2,8 @@
 /* test_memory.c — a checkpoint of more than 1 GB, loaded in its own dtype (bf16),
  * is used in place from the mapping: anonymous resident memory (RssAnon) grows by
  * at most 0.2x the file size over the load plus one forward. Writes the
- * checkpoint (qwen3_moe layout, random bf16 weights) to a temporary folder and
- * removes it afterwards. */
+ * checkpoint (qwen3_moe layout, random bf16 weights; the experts' tensors as holes
+ * of a sparse file) to a temporary folder and removes it afterwards. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include "moex.h"
@@ -93,8 +94,20 @@ static int64_t write_checkpoint(const char *dir) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         buf[i] = (uint16_t)(0x3C00u | (s & 0x807Fu)); /* |x| in [2^-7, 2^-6) */
     }
-    for (int64_t left = offset / 2; left > 0; left -= CHUNK)
-        assert_int_equal(fwrite(buf, 2, (size_t)(left < CHUNK ? left : CHUNK), f), (size_t)(left < CHUNK ? left : CHUNK));
+    // Every tensor but the experts gets data; the experts (almost all of the bytes) are
+    // left as holes of a sparse file: they read back as zeros, from the page cache like
+    // any mapped file, and the test needs little disk.
+    for (int i = 0; i < n; i++) {
+        int64_t count_i = count(&list[i]);
+        if (strstr(list[i].name, ".experts.")) {
+            assert_int_equal(fseeko(f, (off_t)(2 * count_i), SEEK_CUR), 0);
+            continue;
+        }
+        for (int64_t left = count_i; left > 0; left -= CHUNK)
+            assert_int_equal(fwrite(buf, 2, (size_t)(left < CHUNK ? left : CHUNK), f), (size_t)(left < CHUNK ? left : CHUNK));
+    }
+    assert_int_equal(fflush(f), 0);
+    assert_int_equal(ftruncate(fileno(f), (off_t)(8 + len + offset)), 0);
     assert_int_equal(fclose(f), 0);
     free(buf);
     free(header);
