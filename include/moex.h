@@ -485,7 +485,7 @@ typedef struct moex_model_options {
     int num_threads;       /**< CPU threads; 0 = one per core */
     int64_t max_batch;     /**< prompts per generate call (default 8) */
     int64_t max_seq;       /**< prompt + new tokens per sequence (default 1024) */
-    int64_t max_tokens;    /**< tokens in one forward step, i.e. all prompts of a prefill (default 4096) */
+    int64_t max_tokens;    /**< tokens in one forward step; longer prefills go in pieces (default 4096) */
     int decode_switch;     /**< 1 (default): on CUDA, grouped_mm entries run batched_mm in decode steps */
 } moex_model_options;
 
@@ -553,8 +553,9 @@ typedef struct moex_generation {
 } moex_generation;
 
 /**
- * Generate from n prompts in one batch: prefill all prompts together, then
- * decode one token per unfinished prompt per step. The decode-step switch of
+ * Generate from n prompts in one batch: prefill the prompts together, in steps
+ * of at most max_tokens tokens (a longer prompt goes in pieces), then decode
+ * one token per unfinished prompt per step. The decode-step switch of
  * SPEC R3 applies to the decode steps (CUDA only) and the backends in force
  * are restored when it returns, also on error.
  */

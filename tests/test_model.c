@@ -283,6 +283,41 @@ static void test_bf16_compute(void **state) {
     end_problems();
 }
 
+/* Prompts longer than one step's max_tokens are prefilled in pieces: same tokens and
+ * logits as transformers (here 4 tokens a step for prompts of 6 and 3 tokens). */
+static void test_chunked_prefill(void **state) {
+    (void)state;
+    char path[600];
+    snprintf(path, sizeof path, "%s/qwen3_moe/expected.json", MOEX_FIXTURES);
+    char *text = read_file(path);
+    cJSON *exp = cJSON_Parse(text);
+    static const int32_t p0[] = {3, 17, 42, 7, 99, 5}, p1[] = {11, 200, 64};
+    const int32_t *p[2] = {p0, p1};
+    int64_t lens[2] = {6, 3};
+    moex_model_options mo = moex_model_default_options();
+    mo.max_seq = 32;
+    mo.max_tokens = 4;
+    moex_model *m = NULL;
+    assert_int_equal(moex_model_load(MOEX_FIXTURES "/qwen3_moe", &mo, &m), MOEX_OK);
+    moex_generate_options go = moex_generate_default_options();
+    go.max_new_tokens = 8;
+    go.ignore_eos = 1;
+    go.want_logits = 1;
+    moex_generation *g = NULL;
+    assert_int_equal(moex_generate(m, 2, p, lens, &go, &g), MOEX_OK);
+    for (int i = 0; i < 2; i++) {
+        const cJSON *w = cJSON_GetArrayItem(cJSON_GetObjectItem(exp, "new_ids"), i);
+        const cJSON *l = cJSON_GetArrayItem(cJSON_GetObjectItem(exp, "last_prompt_logits"), i);
+        for (int j = 0; j < 8; j++) assert_int_equal(g->new_ids[i][j], cJSON_GetArrayItem(w, j)->valueint);
+        for (int v = 0; v < cJSON_GetArraySize(l); v++)
+            assert_true(fabs(g->last_prompt_logits[i][v] - cJSON_GetArrayItem(l, v)->valuedouble) <= 1e-4);
+    }
+    moex_generation_free(g);
+    moex_model_free(m);
+    cJSON_Delete(exp);
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixtures_match_transformers),
@@ -291,6 +326,7 @@ int main(void) {
         cmocka_unit_test(test_unknown_family_and_missing_tensor),
         cmocka_unit_test(test_eos_and_sampling),
         cmocka_unit_test(test_bf16_compute),
+        cmocka_unit_test(test_chunked_prefill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

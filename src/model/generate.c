@@ -1,5 +1,5 @@
-/* generate.c — batched generation: prefill every prompt in one step, then one
- * token per unfinished prompt per step, greedy or sampled, stopping at the
+/* generate.c — batched generation: prefill the prompts together (in steps of at
+ * most max_tokens tokens), then one token per unfinished prompt per step, greedy or sampled, stopping at the
  * checkpoint's end-of-sequence ids. Decode steps run under the decode-step
  * switch of the backend map (SPEC R3). */
 #include "model/model_internal.h"
@@ -128,22 +128,52 @@ static moex_generation *alloc_generation(int n, int64_t V, int64_t max_new, int 
 }
 
 // Prefill every prompt in one step, pick the first new tokens, then decode.
+// Prefill in steps of at most max_tokens tokens: each step takes the next piece of every
+// unfinished prompt, in prompt order, until the step is full. A prompt's logits come from
+// the step that reaches its end; they land in row i of s->logits.
+static moex_status prefill(gen_state *s, int n, const int32_t *const *prompts, const int64_t *lens, float *step_logits) {
+    moex_model *m = s->m;
+    const int64_t V = m->cfg.vocab_size;
+    model_step_seq seqs[n];
+    int64_t fed[n], who[n];
+    memset(fed, 0, sizeof fed);
+    for (;;) {
+        int64_t k = 0, room = m->opt.max_tokens;
+        for (int i = 0; i < n && room > 0; i++) {
+            if (fed[i] == lens[i]) continue;
+            int64_t take = lens[i] - fed[i] < room ? lens[i] - fed[i] : room;
+            seqs[k] = (model_step_seq){i, fed[i], take, prompts[i] + fed[i]};
+            who[k++] = i;
+            room -= take;
+        }
+        if (k == 0) return MOEX_OK;
+        moex_status st = moex_model_step(m, seqs, k, step_logits);
+        if (st) return st;
+        for (int64_t r = 0; r < k; r++) {
+            int64_t i = who[r];
+            fed[i] += seqs[r].n_new;
+            if (fed[i] == lens[i]) memcpy(s->logits + i * V, step_logits + r * V, (size_t)V * sizeof(float));
+        }
+    }
+}
+
 static moex_status run(gen_state *s, int n, const int32_t *const *prompts, const int64_t *lens) {
     moex_model *m = s->m;
     const moex_generate_options *o = s->o;
     const int64_t V = m->cfg.vocab_size;
-    model_step_seq seqs[n];
     int64_t rows[n];
     for (int i = 0; i < n; i++) {
         moex_status st = moex_kv_cache_reset(m->cache, i);
         if (st) return st;
-        seqs[i] = (model_step_seq){i, 0, lens[i], prompts[i]};
         s->past[i] = lens[i];
         s->g->prefill_tokens += lens[i];
         s->done[i] = o->max_new_tokens == 0;
     }
     double t0 = seconds();
-    moex_status st = moex_model_step(m, seqs, n, s->logits);
+    float *step_logits = malloc((size_t)n * (size_t)V * sizeof(float));
+    if (!step_logits) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_generate: out of memory");
+    moex_status st = prefill(s, n, prompts, lens, step_logits);
+    free(step_logits);
     if (st) return st;
     if (o->want_logits)
         for (int i = 0; i < n; i++) memcpy(s->g->last_prompt_logits[i], s->logits + (int64_t)i * V, (size_t)V * sizeof(float));
