@@ -158,6 +158,25 @@ typedef struct moex_device_info {
  */
 moex_status moex_device_query(moex_device device, moex_device_info *info);
 
+/**
+ * Allocate bytes of memory on device (CPU: 64-byte aligned host memory; CUDA:
+ * device memory through cudaMalloc). bytes == 0 gives *ptr = NULL. Fails with
+ * MOEX_ERR_OUT_OF_MEMORY (the message says how much was asked and, on CUDA,
+ * how much is free) or MOEX_ERR_UNSUPPORTED (no CUDA in this build or no such
+ * GPU); *ptr is untouched on failure. Thread-safe.
+ */
+moex_status moex_device_alloc(moex_device device, size_t bytes, void **ptr);
+
+/** Free memory from moex_device_alloc() on the same device. NULL is a no-op. */
+void moex_device_free(moex_device device, void *ptr);
+
+/**
+ * Copy bytes from src (on src_device) to dst (on dst_device): host to host,
+ * host to GPU, GPU to host or GPU to GPU. Returns when the copy is complete
+ * (it waits for nothing else). The ranges must not overlap. Thread-safe.
+ */
+moex_status moex_memcpy(void *dst, moex_device dst_device, const void *src, moex_device src_device, size_t bytes);
+
 /* ------------------------------------------------------------------------ */
 /* Tensor views                                                             */
 /* ------------------------------------------------------------------------ */
@@ -181,7 +200,8 @@ typedef struct moex_tensor {
 } moex_tensor;
 
 /**
- * Fill *t as a row-major contiguous view of data on the CPU.
+ * Fill *t as a row-major contiguous view of data on the CPU (for GPU memory,
+ * set t->device afterwards, e.g. {MOEX_DEVICE_CUDA, 0}).
  * Fails (MOEX_ERR_INVALID_ARGUMENT) on ndim outside [1, MOEX_MAX_DIMS],
  * a negative dimension, an invalid dtype or a byte size that overflows.
  * data may be NULL only when the element count is 0.
@@ -293,7 +313,8 @@ typedef struct moex_context_options {
     moex_device device;   /**< where forwards run (default: CPU) */
     int num_threads;      /**< CPU threads; 0 = one per online core (default 0) */
     int64_t max_tokens;   /**< largest T any forward will get (default 1024) */
-    int stream_slot;      /**< GPU stream slot for later GPU work (default 0) */
+    int stream_slot;      /**< CUDA: contexts with the same slot on the same GPU share one
+                               non-blocking stream, created at first use (default 0) */
 } moex_context_options;
 
 /** Defaults: CPU, all cores, max_tokens 1024, stream slot 0. */
@@ -325,6 +346,53 @@ size_t moex_context_workspace_bytes(const moex_context *ctx);
  */
 moex_status moex_context_workspace(moex_context *ctx, void **ptr, size_t *bytes);
 
+/**
+ * Wait until every forward queued in ctx has finished. On the CPU forwards
+ * are synchronous and this returns MOEX_OK at once. On CUDA a forward only
+ * queues work on the context's stream; this call waits for it and reports
+ * what the device found since the last call: MOEX_ERR_INVALID_ARGUMENT if an
+ * id was outside [-1, E] (those pairs were treated as sentinels, so the
+ * output of that forward is not meaningful), MOEX_ERR_DEVICE with CUDA's
+ * message on a device fault.
+ */
+moex_status moex_context_synchronize(moex_context *ctx);
+
+/**
+ * The context's CUDA stream (a cudaStream_t) as a void pointer, to order the
+ * caller's own CUDA work with moex's. Fails with MOEX_ERR_UNSUPPORTED on a CPU
+ * context.
+ */
+moex_status moex_context_stream(moex_context *ctx, void **stream);
+
+/** A captured sequence of forwards (a CUDA graph), replayable (opaque). */
+typedef struct moex_graph moex_graph;
+
+/**
+ * Start capturing the context's stream into a CUDA graph (SPEC R8): the
+ * forwards called until moex_graph_end() are recorded, not run. The layers
+ * used must be prepared first. While capturing, only forwards of the
+ * CUDA backends and the caller's own capturable work may touch the stream.
+ * Fails with MOEX_ERR_UNSUPPORTED on a CPU context.
+ */
+moex_status moex_graph_begin(moex_context *ctx);
+
+/**
+ * Stop capturing and make the graph. On failure (a non-capturable call during
+ * the capture, for example) the capture is abandoned and *out is untouched.
+ */
+moex_status moex_graph_end(moex_context *ctx, moex_graph **out);
+
+/**
+ * Replay a graph on the context's stream (asynchronously, like a forward).
+ * It reads the tensors that were passed to the captured forwards at replay
+ * time, so new hidden states, ids and weights written there are used:
+ * routing may change from replay to replay. ctx must be the capturing one.
+ */
+moex_status moex_graph_launch(moex_graph *graph, moex_context *ctx);
+
+/** Free a graph. NULL is a no-op. */
+void moex_graph_free(moex_graph *graph);
+
 /* ------------------------------------------------------------------------ */
 /* Backends and the registry                                                */
 /* ------------------------------------------------------------------------ */
@@ -339,7 +407,7 @@ typedef struct moex_forward_args {
     const moex_tensor *weights;      /**< [T, k], f32/f16/bf16 */
     moex_tensor *out;                /**< [T, H], same dtype as hidden, inner stride 1 */
     int64_t tokens;                  /**< T (>= 1; T == 0 never reaches a backend) */
-    int num_threads;                 /**< the context's thread count */
+    int num_threads;                 /**< the context's thread count (0 on a CUDA context) */
     void *workspace;                 /**< the context's workspace */
     size_t workspace_bytes;          /**< its size, at least what workspace_bytes() asked */
 } moex_forward_args;
@@ -357,7 +425,8 @@ typedef struct moex_backend {
      *  write a reason a user can act on into why (why_size bytes). Required. */
     int (*supports)(const moex_experts_desc *layer, const moex_device_info *dev,
                     char *why, size_t why_size, void *user);
-    /** Workspace bytes one forward of up to max_tokens tokens needs. Optional (0). */
+    /** Workspace bytes one forward of up to max_tokens tokens needs. Optional (0).
+     *  On a CUDA context num_threads is 0 and the workspace is GPU memory. */
     size_t (*workspace_bytes)(const moex_experts_desc *layer, int64_t max_tokens,
                               int num_threads, void *user);
     /** Per layer and context: re-layout, lazy loading. Optional. */
@@ -423,6 +492,13 @@ moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backe
  * is an error. T == 0 is valid and writes nothing. T must not exceed the
  * context's max_tokens. Every check happens before anything is written.
  * Never allocates. The result does not depend on the thread count.
+ *
+ * On a CUDA context every tensor must be in that GPU's memory (set the
+ * view's device after moex_tensor_init()). The call checks shapes, dtypes
+ * and devices, queues the work on the context's stream and returns; `out`
+ * is complete once moex_context_synchronize() returns (or later work on the
+ * stream runs). ids are checked on the device (see moex_context_synchronize).
+ * Such forwards can be captured in a graph (moex_graph_begin()).
  */
 moex_status moex_experts_forward(moex_context *ctx, const moex_layer *layer,
                                  const char *backend, const moex_tensor *hidden,

@@ -8,6 +8,11 @@
  * resolve the device, threads and memory -> ceilings -> synthetic layer,
  * context, prepare -> per token count: routings, interleaved timed runs,
  * table rows -> CSV and SVG (each written to a temp file, then renamed).
+ *
+ * --device cuda (built with MOEX_HAVE_CUDA): the same flow with the weights and every run's
+ * inputs on the GPU, GPU ceilings (tools/bench_ceilings_cuda.cu), one context per backend,
+ * CUDA-event timing after an L2 flush, and each backend also captured in a CUDA graph and
+ * replayed (rows graph=1).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -79,7 +84,14 @@ typedef struct bench_opts {
     const char *csv_path;
     const char *plot_path;
     uint64_t seed;
+    int graph;                         /* GRAPH_DEFAULT, GRAPH_OFF, GRAPH_ON or GRAPH_BOTH */
+    const char *backend_max_arg;       /* --backend-max-tokens, parsed after --backends */
+    char limit_names[MAX_BACKENDS][NAME_LEN];
+    int64_t limit_tokens[MAX_BACKENDS];
+    int nlimits;
 } bench_opts;
+
+enum { GRAPH_DEFAULT = -1, GRAPH_OFF = 0, GRAPH_ON = 1, GRAPH_BOTH = 2 };
 
 static void print_usage(FILE *f)
 {
@@ -95,7 +107,17 @@ static void print_usage(FILE *f)
           "  --tokens LIST     token counts, e.g. 1,8,512\n"
           "  --backends LIST   backends, run interleaved (default eager,batched_mm,grouped_mm)\n"
           "  --dtype NAME      f32, f16 or bf16: weights and activations (default bf16)\n"
-          "  --device NAME     cpu (default; cuda is not benchmarked yet)\n"
+          "  --device NAME     cpu (default), cuda or cuda:N; on cuda the weights and\n"
+          "                    inputs live on the GPU, each forward is timed with CUDA\n"
+          "                    events from an idle stream after an L2 flush, and the\n"
+          "                    ceilings are cuBLAS bf16 GEMM 8192^3, cuBLASLt FP8 GEMM\n"
+          "                    8192^3 and a device read of 4 GiB\n"
+          "  --graph MODE      cuda only: off, on (capture one forward per backend and\n"
+          "                    token count in a CUDA graph, replay it) or both (default\n"
+          "                    on cuda: one row each, column graph = 0/1)\n"
+          "  --backend-max-tokens NAME=T,...\n"
+          "                    run backend NAME only at token counts <= T (its rows\n"
+          "                    above are left empty), e.g. eager=4096\n"
           "  --max-experts N   use at most N experts (top-k becomes min(k, N))\n"
           "  --threads N       CPU threads (default: one per online core)\n"
           "  --runs N          timed runs per case, at least 10 (default 10),\n"
@@ -267,6 +289,44 @@ static int parse_device(const char *s, bench_opts *o)
     return usage_error("--device: \"%s\" is not one of cpu, cuda, cuda:N", s);
 }
 
+static int parse_graph(const char *s, bench_opts *o)
+{
+    if (strcmp(s, "off") == 0 || strcmp(s, "0") == 0)
+        o->graph = GRAPH_OFF;
+    else if (strcmp(s, "on") == 0 || strcmp(s, "1") == 0)
+        o->graph = GRAPH_ON;
+    else if (strcmp(s, "both") == 0)
+        o->graph = GRAPH_BOTH;
+    else
+        return usage_error("--graph: \"%s\" is not one of off, on, both", s);
+    return 0;
+}
+
+/* "eager=4096,batched_mm=512": every NAME registered, every T a positive integer. */
+static int parse_backend_max(const char *s, bench_opts *o)
+{
+    char items[MAX_BACKENDS][NAME_LEN];
+    int n = 0, rc = split_list("--backend-max-tokens", s, items, MAX_BACKENDS, &n);
+    if (rc)
+        return rc;
+    for (int i = 0; i < n; i++) {
+        char *eq = strchr(items[i], '=');
+        if (!eq || eq == items[i])
+            return usage_error("--backend-max-tokens: \"%s\" is not NAME=T", items[i]);
+        *eq = '\0';
+        if (moex_backend_lookup(items[i]) != MOEX_OK)
+            return usage_error("--backend-max-tokens: \"%s\": %s", items[i], moex_last_error());
+        for (int j = 0; j < i; j++)
+            if (strcmp(o->limit_names[j], items[i]) == 0)
+                return usage_error("--backend-max-tokens: \"%s\" appears twice", items[i]);
+        if ((rc = parse_positive("--backend-max-tokens", eq + 1, MAX_TOKENS, &o->limit_tokens[i])))
+            return rc;
+        memcpy(o->limit_names[i], items[i], strlen(items[i]) + 1); /* < NAME_LEN, as split */
+    }
+    o->nlimits = n;
+    return 0;
+}
+
 static int parse_seed(const char *s, bench_opts *o)
 {
     uint64_t v = 0;
@@ -331,6 +391,7 @@ static void default_options(bench_opts *o)
     o->device = (moex_device){MOEX_DEVICE_CPU, 0};
     o->runs = DEFAULT_RUNS;
     o->seed = 1;
+    o->graph = GRAPH_DEFAULT;
 }
 
 /* Apply one recognised option's value. */
@@ -352,6 +413,12 @@ static int apply_option(const char *name, const char *v, bench_opts *o, const ch
         return parse_device(v, o);
     if (strcmp(name, "--seed") == 0)
         return parse_seed(v, o);
+    if (strcmp(name, "--graph") == 0)
+        return parse_graph(v, o);
+    if (strcmp(name, "--backend-max-tokens") == 0) {
+        o->backend_max_arg = v; /* checked after the loop, once */
+        return 0;
+    }
     if (strcmp(name, "--csv") == 0) {
         o->csv_path = v;
         return check_output_path(name, v);
@@ -385,7 +452,8 @@ static int parse_args(int argc, char **argv, bench_opts *o)
 {
     static const char *const names[] = {"--shape",   "--tokens",      "--backends", "--dtype",
                                         "--device",  "--max-experts", "--threads",  "--runs",
-                                        "--csv",     "--plot",        "--seed"};
+                                        "--csv",     "--plot",        "--seed",
+                                        "--graph",   "--backend-max-tokens"};
     const char *backends = DEFAULT_BACKENDS;
     default_options(o);
     for (int i = 1; i < argc; i++) {
@@ -412,7 +480,26 @@ static int parse_args(int argc, char **argv, bench_opts *o)
         return usage_error("--tokens is required (e.g. --tokens 1,8,512)");
     if (o->csv_path && o->plot_path && strcmp(o->csv_path, o->plot_path) == 0)
         return usage_error("--csv and --plot name the same file \"%s\"", o->csv_path);
-    return parse_backends(backends, o);
+    if (o->device.kind == MOEX_DEVICE_CPU && (o->graph == GRAPH_ON || o->graph == GRAPH_BOTH))
+        return usage_error("--graph %s: graph capture needs --device cuda",
+                           o->graph == GRAPH_ON ? "on" : "both");
+    if (o->graph == GRAPH_DEFAULT)
+        o->graph = o->device.kind == MOEX_DEVICE_CUDA ? GRAPH_BOTH : GRAPH_OFF;
+    if (o->device.kind == MOEX_DEVICE_CPU && o->backend_max_arg)
+        return usage_error("--backend-max-tokens applies to --device cuda only");
+    int rc = parse_backends(backends, o);
+    if (!rc && o->backend_max_arg)
+        rc = parse_backend_max(o->backend_max_arg, o);
+    return rc;
+}
+
+/* The largest T backend `name` may run (--backend-max-tokens), else MAX_TOKENS. */
+static int64_t backend_limit(const bench_opts *o, const char *name)
+{
+    for (int i = 0; i < o->nlimits; i++)
+        if (strcmp(o->limit_names[i], name) == 0)
+            return o->limit_tokens[i];
+    return MAX_TOKENS;
 }
 
 /* ------------------------------------------------------------------ helpers */
@@ -489,8 +576,21 @@ static void fill_from_pool(float *x, size_t n, const float *pool, float scale, u
  * over `threads`; each chunk has its own stream, so the values do not depend
  * on the thread count.
  */
+static int fill_normal_range(void *dst, moex_dtype dtype, size_t n, float scale, uint64_t seed,
+                             size_t first_chunk, int threads);
+
 static int fill_normal(void *dst, moex_dtype dtype, size_t n, float scale, uint64_t seed,
                        int threads)
+{
+    return fill_normal_range(dst, dtype, n, scale, seed, 0, threads);
+}
+
+/*
+ * The same values as elements [first_chunk * FILL_CHUNK, ... + n) of a fill_normal() of a
+ * longer array: lets a large array be made and uploaded in pieces.
+ */
+static int fill_normal_range(void *dst, moex_dtype dtype, size_t n, float scale, uint64_t seed,
+                             size_t first_chunk, int threads)
 {
     size_t chunks = (n + FILL_CHUNK - 1) / FILL_CHUNK, esize = moex_dtype_size(dtype);
     float *pool = malloc(NORMAL_POOL * sizeof(float));
@@ -505,7 +605,7 @@ static int fill_normal(void *dst, moex_dtype dtype, size_t n, float scale, uint6
     for (size_t c = 0; c < chunks; c++) {
         float tmp[FILL_CHUNK];
         size_t off = c * FILL_CHUNK, len = n - off < FILL_CHUNK ? n - off : FILL_CHUNK;
-        fill_from_pool(tmp, len, pool, scale, stream_seed(seed, c, 0, 0));
+        fill_from_pool(tmp, len, pool, scale, stream_seed(seed, first_chunk + c, 0, 0));
         moex_status s = moex_convert(tmp, MOEX_F32, (char *)dst + off * esize, dtype, len);
         if (s != MOEX_OK) {
 #pragma omp critical(bench_fill_error)
@@ -637,7 +737,10 @@ static double other_cpu_share(cpu_sample a, cpu_sample b)
 
 typedef struct case_result {
     double ms, gflops, weight_gbps, max_abs_err, gemm_frac, bw_frac;
+    int state; /* CASE_RAN, or why not (cuda only) */
 } case_result;
+
+enum { CASE_RAN = 0, CASE_OVER_LIMIT = 1, CASE_FAILED = 2, CASE_NOT_CAPTURED = 3 };
 
 /* Everything one bench owns; freed by state_free(). */
 typedef struct bench_state {
@@ -658,8 +761,36 @@ typedef struct bench_state {
     int eager_index;        /* position of "eager" in o->backends, or -1 */
     float *flush;           /* a buffer larger than the last-level cache */
     size_t flush_n;
-    case_result *results;   /* [ntokens][nbackends] */
+    case_result *results;   /* [ntokens][nvariants]; a variant is (backend, graph) */
+    int ngraph;             /* graph settings per backend: 1 (cpu, --graph on/off) or 2 */
+    int graph_first;        /* the graph setting of variant 0 (0 or 1) */
+    /* cuda */
+    int cuda;               /* 1 on --device cuda */
+    moex_device_info gpu;
+    double gpu_bf16_tflops, gpu_fp8_tflops, gpu_read_gbps; /* NAN when not measured */
+    void *d_gate_up, *d_down, *d_gate_up_bias, *d_down_bias;
+    moex_context *bctx[MAX_BACKENDS + 1]; /* one per backend (sized by its token limit); last: eager reference */
+    int prepare_failed[MAX_BACKENDS];
+#if MOEX_HAVE_CUDA
+    bench_cuda_timer *timer;
+#endif
 } bench_state;
+
+/* Variants: (backend, graph) pairs, graph varying fastest. On the CPU, one per backend. */
+static int nvariants(const bench_state *st)
+{
+    return st->o->nbackends * st->ngraph;
+}
+
+static int var_backend(const bench_state *st, int v)
+{
+    return v / st->ngraph;
+}
+
+static int var_graph(const bench_state *st, int v)
+{
+    return st->graph_first + v % st->ngraph;
+}
 
 /* The inputs of every run of one token count. */
 typedef struct workload {
@@ -669,13 +800,31 @@ typedef struct workload {
     int32_t *ids;        /* [count][T][k] */
     void *weights;       /* [count][T][k] dtype */
     double *unique;      /* [count] distinct experts hit */
-    void *outs;          /* [nbackends + 1][T][H] dtype; the last is eager's reference */
+    void *outs;          /* [nvariants + 1][T][H] dtype; the last is eager's reference */
     float *cmp_a, *cmp_b;/* [T][H] f32, for the error */
-    double *times;       /* [nbackends][runs] seconds */
+    double *times;       /* [nvariants][runs] seconds */
+    /* cuda: device copies, graph inputs, graphs, per-variant state */
+    moex_device device;
+    void *d_hidden, *d_ids, *d_weights; /* as hidden, ids, weights */
+    void *d_outs;                        /* as outs */
+    void *d_gx, *d_gids, *d_gw;          /* one run's inputs: what the graphs read */
+    moex_graph *graphs[MAX_BACKENDS];
+    int state[2 * MAX_BACKENDS];         /* CASE_* per variant */
 } workload;
 
 static void state_free(bench_state *st)
 {
+#if MOEX_HAVE_CUDA
+    bench_cuda_timer_free(st->timer);
+#endif
+    for (int b = 0; b <= MAX_BACKENDS; b++)
+        moex_context_free(st->bctx[b]);
+    if (st->o) {
+        moex_device_free(st->o->device, st->d_gate_up);
+        moex_device_free(st->o->device, st->d_down);
+        moex_device_free(st->o->device, st->d_gate_up_bias);
+        moex_device_free(st->o->device, st->d_down_bias);
+    }
     moex_context_free(st->ctx);
     moex_layer_free(st->layer);
     free(st->gate_up);
@@ -697,6 +846,17 @@ static void workload_free(workload *w)
     free(w->cmp_a);
     free(w->cmp_b);
     free(w->times);
+    for (int b = 0; b < MAX_BACKENDS; b++)
+        moex_graph_free(w->graphs[b]);
+    if (w->device.kind == MOEX_DEVICE_CUDA) {
+        moex_device_free(w->device, w->d_hidden);
+        moex_device_free(w->device, w->d_ids);
+        moex_device_free(w->device, w->d_weights);
+        moex_device_free(w->device, w->d_outs);
+        moex_device_free(w->device, w->d_gx);
+        moex_device_free(w->device, w->d_gids);
+        moex_device_free(w->device, w->d_gw);
+    }
     memset(w, 0, sizeof *w);
 }
 
@@ -706,7 +866,7 @@ static double workload_bytes(const bench_state *st, int64_t T)
     const bench_opts *o = st->o;
     double runs = o->runs + WARMUP_RUNS, th = (double)T * (double)st->hidden;
     double tk = (double)T * (double)st->top_k;
-    return runs * (th * st->esize + tk * (4.0 + st->esize)) + (o->nbackends + 1) * th * st->esize +
+    return runs * (th * st->esize + tk * (4.0 + st->esize)) + (nvariants(st) + 1) * th * st->esize +
            2.0 * th * 4.0 + (double)T * (double)st->experts * 4.0;
 }
 
@@ -751,23 +911,33 @@ static int check_backends_on_cpu(const bench_opts *o)
 }
 
 /* Device, threads, reduced experts, memory. Returns 0, 1 (device unavailable) or 2. */
+#if MOEX_HAVE_CUDA
+static int resolve_cuda(const bench_opts *o, bench_state *st);
+#endif
+
 static int resolve(const bench_opts *o, bench_state *st)
 {
     st->o = o;
+    st->ngraph = 1;
+    st->graph_first = 0;
+    st->gpu_bf16_tflops = st->gpu_fp8_tflops = st->gpu_read_gbps = NAN;
     if (o->device.kind == MOEX_DEVICE_CUDA) {
-        moex_device_info cuda;
-        moex_status s = moex_device_query(o->device, &cuda);
+        moex_status s = moex_device_query(o->device, &st->gpu);
         if (s != MOEX_OK)
             return moex_failed("moex_device_query(cuda)", s);
-        if (!cuda.available) {
+        if (!st->gpu.available) {
             fprintf(stderr, "moex bench: --device cuda:%d is not available: %s\n", o->device.index,
-                    cuda.reason);
+                    st->gpu.reason);
             return EXIT_RUNTIME;
         }
-        fprintf(stderr, "moex bench: --device cuda: %s is available, but moex bench times only "
-                        "the CPU so far (not supported yet by this build)\n",
-                cuda.name);
-        return EXIT_USAGE;
+#if MOEX_HAVE_CUDA
+        return resolve_cuda(o, st);
+#else
+        fprintf(stderr, "moex bench: --device cuda: %s is available, but this moex command was "
+                        "built without its CUDA benchmark code; rebuild with CUDA\n",
+                st->gpu.name);
+        return EXIT_RUNTIME;
+#endif
     }
     if (check_backends_on_cpu(o))
         return EXIT_USAGE;
@@ -1060,10 +1230,10 @@ static int make_workload(const bench_state *st, int64_t T, workload *w)
         (rc = alloc_bytes((void **)&w->ids, w->count * tk * 4.0, "routings")) ||
         (rc = alloc_bytes(&w->weights, w->count * tk * st->esize, "routings")) ||
         (rc = alloc_bytes((void **)&w->unique, w->count * 8.0, "routings")) ||
-        (rc = alloc_bytes(&w->outs, (o->nbackends + 1) * th * st->esize, "outputs")) ||
+        (rc = alloc_bytes(&w->outs, (nvariants(st) + 1) * th * st->esize, "outputs")) ||
         (rc = alloc_bytes((void **)&w->cmp_a, th * 4.0, "outputs")) ||
         (rc = alloc_bytes((void **)&w->cmp_b, th * 4.0, "outputs")) ||
-        (rc = alloc_bytes((void **)&w->times, (double)o->nbackends * o->runs * 8.0, "times")) ||
+        (rc = alloc_bytes((void **)&w->times, (double)nvariants(st) * o->runs * 8.0, "times")) ||
         (rc = alloc_bytes((void **)&logits, (double)T * st->experts * 4.0, "logits")) ||
         (rc = alloc_bytes((void **)&seen, (double)st->experts, "routings")))
         goto done;
@@ -1202,11 +1372,17 @@ static table_widths widths(const bench_opts *o)
     return tw;
 }
 
-static void print_table_header(const bench_opts *o)
+static void print_table_header(const bench_state *st)
 {
+    const bench_opts *o = st->o;
     table_widths tw = widths(o);
-    printf("\n%-*s  %-*s  %6s  %10s  %9s  %8s  %9s  %9s  %7s\n", tw.shape, "shape", tw.backend,
-           "backend", "T", "ms", "GFLOP/s", "GB/s", "err", "gemm_frac", "bw_frac");
+    if (st->cuda)
+        printf("\n%-*s  %-*s  %5s  %6s  %10s  %9s  %8s  %9s  %9s  %7s\n", tw.shape, "shape",
+               tw.backend, "backend", "graph", "T", "ms", "GFLOP/s", "GB/s", "err", "gemm_frac",
+               "bw_frac");
+    else
+        printf("\n%-*s  %-*s  %6s  %10s  %9s  %8s  %9s  %9s  %7s\n", tw.shape, "shape", tw.backend,
+               "backend", "T", "ms", "GFLOP/s", "GB/s", "err", "gemm_frac", "bw_frac");
     fflush(stdout);
 }
 
@@ -1218,11 +1394,32 @@ static void print_fraction(double v)
         printf("  %9s", "-");
 }
 
-static void print_row(const bench_opts *o, int64_t T, int b, const case_result *r)
+static const char *case_state_text(int state)
 {
+    return state == CASE_OVER_LIMIT     ? "skipped (--backend-max-tokens)"
+           : state == CASE_NOT_CAPTURED ? "not captured (see the message above)"
+                                        : "failed (see the message above)";
+}
+
+static void print_row(const bench_state *st, int64_t T, int v, const case_result *r)
+{
+    const bench_opts *o = st->o;
     table_widths tw = widths(o);
-    printf("%-*s  %-*s  %6lld  %10.3f  %9.2f  %8.2f  %9.2e", tw.shape, o->shape->name, tw.backend,
-           o->backends[b], (long long)T, r->ms, r->gflops, r->weight_gbps, r->max_abs_err);
+    int b = var_backend(st, v);
+    if (st->cuda) {
+        printf("%-*s  %-*s  %5d  %6lld", tw.shape, o->shape->name, tw.backend, o->backends[b],
+               var_graph(st, v), (long long)T);
+        if (r->state != CASE_RAN) {
+            printf("  %s\n", case_state_text(r->state));
+            fflush(stdout);
+            return;
+        }
+        printf("  %10.3f  %9.2f  %8.2f  %9.2e", r->ms, r->gflops, r->weight_gbps, r->max_abs_err);
+    } else {
+        printf("%-*s  %-*s  %6lld  %10.3f  %9.2f  %8.2f  %9.2e", tw.shape, o->shape->name,
+               tw.backend, o->backends[b], (long long)T, r->ms, r->gflops, r->weight_gbps,
+               r->max_abs_err);
+    }
     print_fraction(r->gemm_frac);
     if (isfinite(r->bw_frac))
         printf("  %7.3f\n", r->bw_frac);
@@ -1241,7 +1438,7 @@ static int run_tokens(bench_state *st, int ti)
         rc = time_cases(st, ti, &w);
     for (int b = 0; !rc && b < o->nbackends; b++) {
         finish_row(st, &w, b, &st->results[ti * o->nbackends + b]);
-        print_row(o, o->tokens[ti], b, &st->results[ti * o->nbackends + b]);
+        print_row(st, o->tokens[ti], b, &st->results[ti * o->nbackends + b]);
     }
     workload_free(&w);
     return rc;
@@ -1290,9 +1487,15 @@ static void csv_number(FILE *f, double v)
         fputs(isnan(v) ? ",nan" : v > 0 ? ",inf" : ",-inf", f);
 }
 
+static void csv_comments_cuda(FILE *f, const bench_state *st);
+
 static void csv_comments(FILE *f, const bench_state *st)
 {
     const bench_opts *o = st->o;
+    if (st->cuda) {
+        csv_comments_cuda(f, st);
+        return;
+    }
     char host[256] = "unknown", date[32] = "unknown";
     if (gethostname(host, sizeof host) != 0)
         snprintf(host, sizeof host, "unknown");
@@ -1311,6 +1514,39 @@ static void csv_comments(FILE *f, const bench_state *st)
             o->runs, WARMUP_RUNS, (unsigned long long)o->seed, st->ceilings_low, st->other_share);
 }
 
+/* The GPU run's comment lines: its ceilings first (line 1), then machine and case. */
+static void csv_comments_cuda(FILE *f, const bench_state *st)
+{
+    const bench_opts *o = st->o;
+    char host[256] = "unknown", date[32] = "unknown", gpu[96];
+    if (gethostname(host, sizeof host) != 0)
+        snprintf(host, sizeof host, "unknown");
+    host[sizeof host - 1] = '\0';
+    time_t now = time(NULL);
+    struct tm tm;
+    if (gmtime_r(&now, &tm))
+        strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    snprintf(gpu, sizeof gpu, "%s", st->gpu.name);
+    for (char *p = gpu; *p; p++)
+        if (*p == '"' || *p == ',')
+            *p = ' ';
+    fprintf(f, "# ceiling gemm_bf16_tflops=%.2f gemm_fp8_tflops=%.2f read_gbps=%.2f "
+               "(gemm_frac = GFLOP/s over the bf16 GEMM, bw_frac = GB/s over the read)\n",
+            st->gpu_bf16_tflops, st->gpu_fp8_tflops, st->gpu_read_gbps);
+    fprintf(f, "# machine=%s date=%s moex=%s experts=%lld\n", host, date, moex_version(),
+            (long long)st->experts);
+    fprintf(f, "# gpu=\"%s\" device=cuda:%d cc=%d.%d host_cpu=\"%s\" shape=%s hidden=%lld "
+               "intermediate=%lld num_experts=%lld top_k=%lld runs=%d warmup=%d seed=%llu "
+               "ceilings_low=%d other_cpu_share=%.3f timing=cuda_events_after_l2_flush\n",
+            gpu, o->device.index, st->gpu.cc_major, st->gpu.cc_minor, st->cpu_model, o->shape->name,
+            (long long)st->hidden, (long long)st->intermediate, (long long)o->shape->experts,
+            (long long)st->top_k, o->runs, WARMUP_RUNS, (unsigned long long)o->seed,
+            st->ceilings_low, st->other_share);
+    for (int i = 0; i < o->nlimits; i++)
+        fprintf(f, "# limit %s tokens<=%lld (rows above it: ms=nan)\n", o->limit_names[i],
+                (long long)o->limit_tokens[i]);
+}
+
 static int write_csv(FILE *f, const bench_state *st)
 {
     const bench_opts *o = st->o;
@@ -1318,12 +1554,14 @@ static int write_csv(FILE *f, const bench_state *st)
     fputs("shape,backend,device,dtype,experts,threads,tokens,graph,ms,gflops,weight_gbps,"
           "max_abs_err,gemm_frac,bw_frac\n",
           f);
+    int nv = nvariants(st);
     for (int ti = 0; ti < o->ntokens; ti++) {
-        for (int b = 0; b < o->nbackends; b++) {
-            const case_result *r = &st->results[ti * o->nbackends + b];
-            fprintf(f, "%s,%s,cpu,%s,%lld,%d,%lld,0", o->shape->name, o->backends[b],
-                    moex_dtype_name(o->dtype), (long long)st->experts, st->threads,
-                    (long long)o->tokens[ti]);
+        for (int v = 0; v < nv; v++) {
+            const case_result *r = &st->results[ti * nv + v];
+            fprintf(f, "%s,%s,%s,%s,%lld,%d,%lld,%d", o->shape->name,
+                    o->backends[var_backend(st, v)], st->cuda ? "cuda" : "cpu",
+                    moex_dtype_name(o->dtype), (long long)st->experts, st->cuda ? 0 : st->threads,
+                    (long long)o->tokens[ti], var_graph(st, v));
             csv_number(f, r->ms);
             csv_number(f, r->gflops);
             csv_number(f, r->weight_gbps);
@@ -1333,25 +1571,40 @@ static int write_csv(FILE *f, const bench_state *st)
             fputc('\n', f);
         }
     }
+    for (int ti = 0; st->cuda && ti < o->ntokens; ti++) /* why a row is empty */
+        for (int v = 0; v < nv; v++)
+            if (st->results[ti * nv + v].state != CASE_RAN)
+                fprintf(f, "# empty row: %s graph=%d tokens=%lld: %s\n",
+                        o->backends[var_backend(st, v)], var_graph(st, v),
+                        (long long)o->tokens[ti], case_state_text(st->results[ti * nv + v].state));
     return ferror(f) ? -1 : 0;
 }
 
 static int write_svg(FILE *f, const bench_state *st)
 {
     const bench_opts *o = st->o;
-    int nb = o->nbackends, nt = o->ntokens;
-    double x[MAX_TOKEN_COUNTS], y[MAX_BACKENDS][MAX_TOKEN_COUNTS];
-    svg_series series[MAX_BACKENDS];
+    int nb = nvariants(st), nt = o->ntokens;
+    double x[MAX_TOKEN_COUNTS], y[2 * MAX_BACKENDS][MAX_TOKEN_COUNTS];
+    char names[2 * MAX_BACKENDS][NAME_LEN + 16];
+    svg_series series[2 * MAX_BACKENDS];
     for (int ti = 0; ti < nt; ti++)
         x[ti] = (double)o->tokens[ti];
     for (int b = 0; b < nb; b++) {
-        for (int ti = 0; ti < nt; ti++)
-            y[b][ti] = st->results[ti * nb + b].ms;
-        series[b] = (svg_series){o->backends[b], nt, x, y[b]};
+        for (int ti = 0; ti < nt; ti++) /* rows that did not run are NaN: skipped by the plot */
+            y[b][ti] = st->cuda && st->results[ti * nb + b].state != CASE_RAN
+                           ? NAN
+                           : st->results[ti * nb + b].ms;
+        snprintf(names[b], sizeof names[b], "%s%s", o->backends[var_backend(st, b)],
+                 var_graph(st, b) ? " (CUDA graph)" : "");
+        series[b] = (svg_series){names[b], nt, x, y[b]};
     }
     char title[160], subtitle[256];
-    snprintf(title, sizeof title, "%s, %s, %d thread%s: time of one experts forward",
-             o->shape->name, moex_dtype_name(o->dtype), st->threads, st->threads == 1 ? "" : "s");
+    if (st->cuda)
+        snprintf(title, sizeof title, "%s, %s, %s: time of one experts forward", o->shape->name,
+                 moex_dtype_name(o->dtype), st->gpu.name);
+    else
+        snprintf(title, sizeof title, "%s, %s, %d thread%s: time of one experts forward",
+                 o->shape->name, moex_dtype_name(o->dtype), st->threads, st->threads == 1 ? "" : "s");
     snprintf(subtitle, sizeof subtitle,
              "H=%lld I=%lld, %lld of %lld experts, top-%lld; median of %d runs, fresh routing "
              "each; moex %s",
@@ -1391,10 +1644,594 @@ static void report_machine_load(bench_state *st, cpu_sample start)
     }
 }
 
+#if MOEX_HAVE_CUDA
+/* ------------------------------------------------------------------ cuda */
+
+/* Figures of the H200 (BENCHMARKS.md, "Limits on the H200"); a ceiling 15% below warns. */
+static const double REF_H200_BF16_TFLOPS = 789.0;
+static const double REF_H200_FP8_TFLOPS = 1531.0;
+static const double REF_H200_READ_GBPS = 4250.0;
+/* Elements generated on the host and uploaded at a time (a multiple of FILL_CHUNK). */
+static const size_t UPLOAD_CHUNK = (size_t)1 << 24;
+
+static int cuda_tool_failed(const char *err)
+{
+    fprintf(stderr, "moex bench: %s\n", err);
+    return EXIT_RUNTIME;
+}
+
+/* Every backend must be able to run on the GPU. */
+static int check_backends_on_cuda(const bench_opts *o)
+{
+    for (int b = 0; b < o->nbackends; b++) {
+        char why[256] = "";
+        if (moex_backend_supports(o->backends[b], NULL, o->device, why, sizeof why) != MOEX_OK)
+            return usage_error("--backends: \"%s\" cannot run on cuda:%d: %s", o->backends[b],
+                               o->device.index, *why ? why : moex_last_error());
+    }
+    return 0;
+}
+
+/* Sizes, variants, host threads; the memory of the host and of the GPU. */
+static int resolve_cuda(const bench_opts *o, bench_state *st)
+{
+    char err[256];
+    if (check_backends_on_cuda(o))
+        return EXIT_USAGE;
+    moex_status s = moex_device_query((moex_device){MOEX_DEVICE_CPU, 0}, &st->cpu);
+    if (s != MOEX_OK)
+        return moex_failed("moex_device_query(cpu)", s);
+    read_cpu_model(&st->cpu, st->cpu_model, sizeof st->cpu_model);
+    st->cuda = 1;
+    st->ngraph = o->graph == GRAPH_BOTH ? 2 : 1;
+    st->graph_first = o->graph == GRAPH_ON ? 1 : 0;
+    st->threads = o->threads ? o->threads : (st->cpu.cpu_cores > 0 ? st->cpu.cpu_cores : 1);
+    st->hidden = o->shape->hidden;
+    st->intermediate = o->shape->intermediate;
+    st->experts = o->shape->experts;
+    if (o->max_experts && o->max_experts < st->experts)
+        st->experts = o->max_experts;
+    st->top_k = o->shape->top_k < st->experts ? o->shape->top_k : st->experts;
+    st->esize = moex_dtype_size(o->dtype);
+    double H = (double)st->hidden, I = (double)st->intermediate;
+    st->bytes_per_expert = (3.0 * H * I + (o->shape->gptoss ? 2.0 * I + H : 0.0)) * st->esize;
+    st->flops_per_pair = 6.0 * H * I;
+    st->eager_index = -1;
+    for (int b = 0; b < o->nbackends; b++)
+        if (strcmp(o->backends[b], "eager") == 0)
+            st->eager_index = b;
+    st->gemm_gflops = st->read_gbps = st->other_share = NAN;
+
+    /* host: the inputs of every run of the largest T, one upload chunk */
+    int64_t Tmax = o->tokens[o->ntokens - 1];
+    double host_need = workload_bytes(st, Tmax) + (double)UPLOAD_CHUNK * (4.0 + st->esize);
+    double avail = mem_available_bytes();
+    if (avail > 0.0 && host_need > 0.85 * avail) {
+        fprintf(stderr, "moex bench: the inputs at T=%lld need %.1f GiB of host memory, more than "
+                        "85%% of the %.1f GiB available; use fewer --tokens or --runs\n",
+                (long long)Tmax, host_need / 1073741824.0, avail / 1073741824.0);
+        return EXIT_USAGE;
+    }
+    /* GPU: weights, every run's inputs, outputs, graph inputs, the L2 flush buffer */
+    double free_b = 0.0, total_b = 0.0;
+    if (bench_cuda_memory(o->device.index, &free_b, &total_b, err, sizeof err) != 0)
+        return cuda_tool_failed(err);
+    double th = (double)Tmax * H * st->esize, tk = (double)Tmax * st->top_k;
+    double runs = o->runs + WARMUP_RUNS;
+    double gpu_need = st->experts * st->bytes_per_expert + runs * (th + tk * (4.0 + st->esize)) +
+                      (nvariants(st) + 2) * th + tk * (4.0 + st->esize) + (double)(512u << 20);
+    if (gpu_need > 0.9 * free_b) {
+        fprintf(stderr, "moex bench: %s with %lld experts needs %.1f GiB on cuda:%d (weights and "
+                        "the inputs of every run at T=%lld), more than 90%% of the %.1f GiB free; "
+                        "use --max-experts, fewer --tokens or --runs\n",
+                o->shape->name, (long long)st->experts, gpu_need / 1073741824.0, o->device.index,
+                (long long)Tmax, free_b / 1073741824.0);
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+static void print_banner_cuda(const bench_state *st)
+{
+    const bench_opts *o = st->o;
+    printf("moex bench %s: %s  H=%lld I=%lld experts=%lld", moex_version(), o->shape->name,
+           (long long)st->hidden, (long long)st->intermediate, (long long)st->experts);
+    if (st->experts < o->shape->experts)
+        printf(" (of %lld)", (long long)o->shape->experts);
+    printf(" k=%lld%s  %s\n", (long long)st->top_k, o->shape->gptoss ? " (gpt-oss layout)" : "",
+           moex_dtype_name(o->dtype));
+    printf("gpu: cuda:%d %s (compute capability %d.%d); host %s; runs=%d (+%d warm-up)  "
+           "seed=%llu  graph=%s\n",
+           o->device.index, st->gpu.name, st->gpu.cc_major, st->gpu.cc_minor, st->cpu_model,
+           o->runs, WARMUP_RUNS, (unsigned long long)o->seed,
+           o->graph == GRAPH_BOTH ? "off and on" : o->graph == GRAPH_ON ? "on" : "off");
+    printf("timing: CUDA events around each forward (or graph replay) queued on an idle stream "
+           "after an L2 flush; a fresh routing every run\n");
+    for (int i = 0; i < o->nlimits; i++)
+        printf("limit: %s only at T <= %lld\n", o->limit_names[i], (long long)o->limit_tokens[i]);
+}
+
+static int measure_ceilings_cuda(bench_state *st)
+{
+    char err[512];
+    int dev = st->o->device.index;
+    fprintf(stderr, "moex bench: measuring GPU ceilings (cuBLAS bf16 GEMM 8192^3, cuBLASLt FP8 "
+                    "e4m3 GEMM 8192^3, read of 4 GiB) ...\n");
+    if (bench_cuda_ceiling_gemm_bf16(dev, &st->gpu_bf16_tflops, err, sizeof err) != 0 ||
+        bench_cuda_ceiling_read(dev, &st->gpu_read_gbps, err, sizeof err) != 0) {
+        fprintf(stderr, "moex bench: ceilings: %s\n", err);
+        return EXIT_RUNTIME;
+    }
+    if (bench_cuda_ceiling_gemm_fp8(dev, &st->gpu_fp8_tflops, err, sizeof err) != 0) {
+        fprintf(stderr, "moex bench: warning: the FP8 ceiling was not measured: %s\n", err);
+        st->gpu_fp8_tflops = NAN;
+    }
+    st->gemm_gflops = 1e3 * st->gpu_bf16_tflops;
+    st->read_gbps = st->gpu_read_gbps;
+    printf("ceilings: cuBLAS bf16 GEMM 8192^3 %.1f TFLOP/s, cuBLASLt FP8 e4m3 GEMM 8192^3 %.1f "
+           "TFLOP/s, device read of 4 GiB %.1f GB/s\n",
+           st->gpu_bf16_tflops, st->gpu_fp8_tflops, st->gpu_read_gbps);
+    if (strstr(st->gpu.name, "H200")) {
+        printf("reference (BENCHMARKS.md, H200): bf16 GEMM %.0f TFLOP/s, FP8 GEMM %.0f TFLOP/s, "
+               "read %.0f GB/s; measured %.0f%%, %.0f%% and %.0f%% of them\n",
+               REF_H200_BF16_TFLOPS, REF_H200_FP8_TFLOPS, REF_H200_READ_GBPS,
+               100.0 * st->gpu_bf16_tflops / REF_H200_BF16_TFLOPS,
+               100.0 * st->gpu_fp8_tflops / REF_H200_FP8_TFLOPS,
+               100.0 * st->gpu_read_gbps / REF_H200_READ_GBPS);
+        st->ceilings_low = st->gpu_bf16_tflops < CEILING_TOLERANCE * REF_H200_BF16_TFLOPS ||
+                           st->gpu_read_gbps < CEILING_TOLERANCE * REF_H200_READ_GBPS ||
+                           (isfinite(st->gpu_fp8_tflops) &&
+                            st->gpu_fp8_tflops < CEILING_TOLERANCE * REF_H200_FP8_TFLOPS);
+        if (st->ceilings_low) {
+            const char *w = "WARNING: a GPU ceiling is more than 15% below the reference figures "
+                            "(a busy or throttled GPU): the fractions below flatter the result.\n";
+            printf("%s", w);
+            fprintf(stderr, "moex bench: %s", w);
+        }
+    }
+    fflush(stdout);
+    return 0;
+}
+
+/* n random elements (as fill_normal would make them) into new device memory, in pieces. */
+static int upload_normal(const bench_state *st, void **dptr, double n, float scale, uint64_t seed,
+                         const char *what)
+{
+    const bench_opts *o = st->o;
+    size_t count = (size_t)n, bytes = count * st->esize;
+    moex_status s = moex_device_alloc(o->device, bytes, dptr);
+    if (s != MOEX_OK) {
+        char w[96];
+        snprintf(w, sizeof w, "moex_device_alloc (%s, %.0f MiB)", what, bytes / 1048576.0);
+        return moex_failed(w, s);
+    }
+    void *host = NULL;
+    int rc = alloc_bytes(&host, (double)UPLOAD_CHUNK * st->esize, what);
+    for (size_t off = 0; !rc && off < count; off += UPLOAD_CHUNK) {
+        size_t len = count - off < UPLOAD_CHUNK ? count - off : UPLOAD_CHUNK;
+        rc = fill_normal_range(host, o->dtype, len, scale, seed, off / FILL_CHUNK, st->threads);
+        if (!rc && (s = moex_memcpy((char *)*dptr + off * st->esize, o->device, host,
+                                    (moex_device){MOEX_DEVICE_CPU, 0}, len * st->esize)) != MOEX_OK)
+            rc = moex_failed("moex_memcpy (weights to the GPU)", s);
+    }
+    free(host);
+    return rc;
+}
+
+/* A device weight view. */
+static int weight_view_cuda(const bench_state *st, moex_tensor *t, void *data, int64_t e, int64_t a,
+                            int64_t b)
+{
+    int rc = weight_view(t, data, st->o->dtype, e, a, b);
+    t->device = st->o->device;
+    return rc;
+}
+
+/* The same random weights as the CPU path, made in pieces and uploaded; the layer. */
+static int build_layer_cuda(bench_state *st)
+{
+    const bench_opts *o = st->o;
+    int64_t E = st->experts, H = st->hidden, I = st->intermediate;
+    double n_gu = (double)E * 2 * I * H, n_dn = (double)E * H * I;
+    int gptoss = o->shape->gptoss, rc;
+    float s_h = 1.0f / sqrtf((float)H), s_i = 1.0f / sqrtf((float)I);
+    uint64_t sd = o->seed;
+    fprintf(stderr, "moex bench: generating %lld experts of random %s weights (%.0f MiB) on "
+                    "cuda:%d ...\n",
+            (long long)E, moex_dtype_name(o->dtype), E * st->bytes_per_expert / 1048576.0,
+            o->device.index);
+    if ((rc = upload_normal(st, &st->d_gate_up, n_gu, s_h, stream_seed(sd, 1, 0, 0), "gate_up")) ||
+        (rc = upload_normal(st, &st->d_down, n_dn, s_i, stream_seed(sd, 2, 0, 0), "down")) ||
+        (gptoss && (rc = upload_normal(st, &st->d_gate_up_bias, (double)E * 2 * I, s_h,
+                                       stream_seed(sd, 3, 0, 0), "bias"))) ||
+        (gptoss && (rc = upload_normal(st, &st->d_down_bias, (double)E * H, s_i,
+                                       stream_seed(sd, 4, 0, 0), "bias"))))
+        return rc;
+    moex_experts_desc d;
+    moex_status s = moex_experts_desc_init(&d);
+    if (s != MOEX_OK)
+        return moex_failed("moex_experts_desc_init", s);
+    d.num_experts = E;
+    d.hidden = H;
+    d.intermediate = I;
+    d.top_k = st->top_k;
+    d.gated = 1;
+    if (gptoss) {
+        d.interleaved = 1;
+        d.transposed = 1;
+        d.activation = MOEX_ACT_GPTOSS_CLAMP;
+        d.alpha = 1.702f;
+        d.limit = 7.0f;
+        if ((rc = weight_view_cuda(st, &d.gate_up, st->d_gate_up, E, H, 2 * I)) ||
+            (rc = weight_view_cuda(st, &d.down, st->d_down, E, I, H)) ||
+            (rc = weight_view_cuda(st, &d.gate_up_bias, st->d_gate_up_bias, E, 2 * I, 0)) ||
+            (rc = weight_view_cuda(st, &d.down_bias, st->d_down_bias, E, H, 0)))
+            return rc;
+    } else {
+        d.activation = MOEX_ACT_SILU;
+        if ((rc = weight_view_cuda(st, &d.gate_up, st->d_gate_up, E, 2 * I, H)) ||
+            (rc = weight_view_cuda(st, &d.down, st->d_down, E, H, I)))
+            return rc;
+    }
+    s = moex_layer_create(&d, &st->layer);
+    return s == MOEX_OK ? 0 : moex_failed("moex_layer_create", s);
+}
+
+/* The largest of --tokens that backend `name` runs at, or 0 if none. */
+static int64_t largest_tokens_for(const bench_opts *o, const char *name)
+{
+    int64_t lim = backend_limit(o, name), best = 0;
+    for (int ti = 0; ti < o->ntokens; ti++)
+        if (o->tokens[ti] <= lim)
+            best = o->tokens[ti];
+    return best;
+}
+
+/* One CUDA context per backend, sized for the largest T it runs (all on one stream); the
+ * eager reference context when eager is not timed; the event timer on their stream. */
+static int build_contexts_cuda(bench_state *st)
+{
+    const bench_opts *o = st->o;
+    char err[512];
+    void *stream = NULL;
+    for (int b = 0; b <= o->nbackends; b++) {
+        const char *name = b < o->nbackends ? o->backends[b] : "eager";
+        if (b == o->nbackends && st->eager_index >= 0)
+            break;
+        int64_t tmax = largest_tokens_for(o, name);
+        if (tmax == 0)
+            continue;
+        moex_context_options co = moex_context_default_options();
+        co.device = o->device;
+        co.max_tokens = tmax;
+        moex_context *ctx = NULL;
+        moex_status s = moex_context_create(&co, &ctx);
+        if (s != MOEX_OK)
+            return moex_failed("moex_context_create(cuda)", s);
+        s = moex_prepare(ctx, st->layer, name);
+        if (s != MOEX_OK) {
+            /* e.g. a workspace too large for this GPU at that T: its rows say "failed" */
+            fprintf(stderr, "moex bench: warning: moex_prepare(%s) for T <= %lld failed: %s; its "
+                            "rows are left empty (--backend-max-tokens %s=N may help)\n",
+                    name, (long long)tmax, moex_last_error(), name);
+            moex_context_free(ctx);
+            if (b < o->nbackends)
+                st->prepare_failed[b] = 1;
+            continue;
+        }
+        fprintf(stderr, "moex bench: %s: context for T <= %lld, workspace %.1f MiB\n", name,
+                (long long)tmax, moex_context_workspace_bytes(ctx) / 1048576.0);
+        st->bctx[b < o->nbackends ? b : MAX_BACKENDS] = ctx;
+        if (!stream && (s = moex_context_stream(ctx, &stream)) != MOEX_OK)
+            return moex_failed("moex_context_stream", s);
+    }
+    if (!stream) {
+        fprintf(stderr, "moex bench: no backend could be prepared on cuda:%d\n", o->device.index);
+        return EXIT_RUNTIME;
+    }
+    if (bench_cuda_timer_create(o->device.index, stream, &st->timer, err, sizeof err) != 0)
+        return cuda_tool_failed(err);
+    return 0;
+}
+
+/* Device views over run r's inputs (r < 0: the graph inputs) and output slot `slot`. */
+static int views_cuda(const bench_state *st, const workload *w, int r, int slot, moex_tensor *x,
+                      moex_tensor *ids, moex_tensor *wt, moex_tensor *out)
+{
+    int64_t T = w->tokens, H = st->hidden, k = st->top_k;
+    int64_t th[2] = {T, H}, tk[2] = {T, k};
+    moex_dtype dt = st->o->dtype;
+    size_t ts = (size_t)(T * H) * st->esize, ks = (size_t)(T * k);
+    void *px = r < 0 ? w->d_gx : (char *)w->d_hidden + (size_t)r * ts;
+    void *pi = r < 0 ? w->d_gids : (char *)w->d_ids + (size_t)r * ks * 4;
+    void *pw = r < 0 ? w->d_gw : (char *)w->d_weights + (size_t)r * ks * st->esize;
+    moex_status s;
+    if ((s = moex_tensor_init(x, px, dt, 2, th)) != MOEX_OK ||
+        (s = moex_tensor_init(ids, pi, MOEX_I32, 2, tk)) != MOEX_OK ||
+        (s = moex_tensor_init(wt, pw, dt, 2, tk)) != MOEX_OK ||
+        (s = moex_tensor_init(out, (char *)w->d_outs + (size_t)slot * ts, dt, 2, th)) != MOEX_OK)
+        return moex_failed("moex_tensor_init", s);
+    x->device = ids->device = wt->device = out->device = st->o->device;
+    return 0;
+}
+
+static int to_device(const bench_state *st, void **dst, const void *src, double bytes,
+                     const char *what)
+{
+    moex_status s = moex_device_alloc(st->o->device, (size_t)bytes, dst);
+    if (s != MOEX_OK)
+        return moex_failed(what, s);
+    if (src && bytes > 0 &&
+        (s = moex_memcpy(*dst, st->o->device, src, (moex_device){MOEX_DEVICE_CPU, 0},
+                         (size_t)bytes)) != MOEX_OK)
+        return moex_failed(what, s);
+    return 0;
+}
+
+/* The host workload, then every run's inputs uploaded once; outputs and graph inputs. */
+static int make_workload_cuda(const bench_state *st, int64_t T, workload *w)
+{
+    int rc = make_workload(st, T, w);
+    w->device = st->o->device;
+    if (rc)
+        return rc;
+    double th = (double)T * st->hidden * st->esize, tk = (double)T * st->top_k;
+    if ((rc = to_device(st, &w->d_hidden, w->hidden, w->count * th, "upload of hidden states")) ||
+        (rc = to_device(st, &w->d_ids, w->ids, w->count * tk * 4.0, "upload of routings")) ||
+        (rc = to_device(st, &w->d_weights, w->weights, w->count * tk * st->esize,
+                        "upload of routings")) ||
+        (rc = to_device(st, &w->d_outs, NULL, (nvariants(st) + 1) * th, "outputs on the GPU")) ||
+        (rc = to_device(st, &w->d_gx, NULL, th, "graph inputs")) ||
+        (rc = to_device(st, &w->d_gids, NULL, tk * 4.0, "graph inputs")) ||
+        (rc = to_device(st, &w->d_gw, NULL, tk * st->esize, "graph inputs")))
+        return rc;
+    return 0;
+}
+
+static const char *variant_name(const bench_state *st, int v, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s%s", st->o->backends[var_backend(st, v)],
+             var_graph(st, v) ? " (graph)" : "");
+    return buf;
+}
+
+/* Which variants run at this T; capture one forward per backend for the graph variants. */
+static void plan_variants_cuda(const bench_state *st, workload *w)
+{
+    const bench_opts *o = st->o;
+    int nv = nvariants(st);
+    for (int v = 0; v < nv; v++) {
+        int b = var_backend(st, v);
+        if (w->tokens > backend_limit(o, o->backends[b]))
+            w->state[v] = CASE_OVER_LIMIT;
+        else if (st->prepare_failed[b] || !st->bctx[b])
+            w->state[v] = CASE_FAILED;
+        else
+            w->state[v] = CASE_RAN;
+    }
+    for (int v = 0; v < nv; v++) {
+        if (w->state[v] != CASE_RAN || !var_graph(st, v))
+            continue;
+        int b = var_backend(st, v);
+        moex_context *ctx = st->bctx[b];
+        moex_tensor x, ids, wt, out;
+        if (views_cuda(st, w, -1, v, &x, &ids, &wt, &out)) {
+            w->state[v] = CASE_FAILED;
+            continue;
+        }
+        moex_status s = moex_graph_begin(ctx);
+        moex_status f = MOEX_OK, e = MOEX_OK;
+        char msg[512] = "";
+        if (s == MOEX_OK) {
+            f = moex_experts_forward(ctx, st->layer, o->backends[b], &x, &ids, &wt, &out);
+            if (f != MOEX_OK)
+                snprintf(msg, sizeof msg, "%s", moex_last_error());
+            e = moex_graph_end(ctx, &w->graphs[b]); /* ends (or abandons) the capture */
+            if (f == MOEX_OK && e != MOEX_OK)
+                snprintf(msg, sizeof msg, "%s", moex_last_error());
+        } else {
+            snprintf(msg, sizeof msg, "%s", moex_last_error());
+        }
+        if (s != MOEX_OK || f != MOEX_OK || e != MOEX_OK || !w->graphs[b]) {
+            if (!*msg)
+                snprintf(msg, sizeof msg, "%s",
+                         moex_status_str(s != MOEX_OK ? s : f != MOEX_OK ? f : e));
+            fprintf(stderr, "moex bench: %s at T=%lld could not be captured in a CUDA graph: %s\n",
+                    o->backends[b], (long long)w->tokens, msg);
+            moex_graph_free(w->graphs[b]);
+            w->graphs[b] = NULL;
+            w->state[v] = CASE_NOT_CAPTURED;
+            (void)moex_context_synchronize(ctx); /* clear what the failed capture left */
+        }
+    }
+}
+
+/* Copy run r's inputs into the buffers the graphs read. */
+static int stage_graph_inputs(const bench_state *st, workload *w, int r)
+{
+    moex_device d = st->o->device;
+    size_t th = (size_t)(w->tokens * st->hidden) * st->esize, tk = (size_t)(w->tokens * st->top_k);
+    moex_status s;
+    if ((s = moex_memcpy(w->d_gx, d, (char *)w->d_hidden + (size_t)r * th, d, th)) != MOEX_OK ||
+        (s = moex_memcpy(w->d_gids, d, (char *)w->d_ids + (size_t)r * tk * 4, d, tk * 4)) !=
+            MOEX_OK ||
+        (s = moex_memcpy(w->d_gw, d, (char *)w->d_weights + (size_t)r * tk * st->esize, d,
+                         tk * st->esize)) != MOEX_OK)
+        return moex_failed("moex_memcpy (graph inputs)", s);
+    return 0;
+}
+
+/*
+ * One timed forward of variant v on run r: (graph inputs staged,) L2 flushed and the stream
+ * idle, start event, forward or graph replay, stop event. A moex failure marks the variant
+ * failed (its rows stay empty) and the bench goes on; a CUDA timing failure ends it.
+ */
+static int forward_cuda(const bench_state *st, workload *w, int v, int r, int slot, double *sec)
+{
+    const bench_opts *o = st->o;
+    char err[512], name[NAME_LEN + 16];
+    int b = var_backend(st, v), g = var_graph(st, v);
+    moex_context *ctx = st->bctx[b < o->nbackends ? b : MAX_BACKENDS];
+    const char *backend = b < o->nbackends ? o->backends[b] : "eager";
+    moex_tensor x, ids, wt, out;
+    if (g && stage_graph_inputs(st, w, r))
+        return EXIT_RUNTIME;
+    if (!g && views_cuda(st, w, r, slot, &x, &ids, &wt, &out))
+        return EXIT_RUNTIME;
+    if (bench_cuda_flush_l2(st->timer, err, sizeof err) != 0 ||
+        bench_cuda_timer_start(st->timer, err, sizeof err) != 0)
+        return cuda_tool_failed(err);
+    moex_status s = g ? moex_graph_launch(w->graphs[b], ctx)
+                      : moex_experts_forward(ctx, st->layer, backend, &x, &ids, &wt, &out);
+    double ms = NAN;
+    if (bench_cuda_timer_stop(st->timer, &ms, err, sizeof err) != 0)
+        return cuda_tool_failed(err);
+    moex_status sync = moex_context_synchronize(ctx);
+    if (s != MOEX_OK || sync != MOEX_OK) {
+        fprintf(stderr, "moex bench: %s at T=%lld failed: %s\n",
+                b < o->nbackends ? variant_name(st, v, name, sizeof name) : "eager (reference)",
+                (long long)w->tokens, moex_last_error());
+        if (v >= 0)
+            w->state[v] = CASE_FAILED;
+        *sec = NAN;
+        return 0;
+    }
+    *sec = 1e-3 * ms;
+    return 0;
+}
+
+/* Errors of every variant against eager on routing WARMUP_RUNS (outputs still on the GPU). */
+static int case_errors_cuda(const bench_state *st, workload *w, case_result *row)
+{
+    const bench_opts *o = st->o;
+    int nv = nvariants(st), ref = -1;
+    size_t ts = (size_t)(w->tokens * st->hidden) * st->esize;
+    for (int v = 0; v < nv && ref < 0; v++) /* eager, graph off if it ran */
+        if (var_backend(st, v) == st->eager_index && w->state[v] == CASE_RAN)
+            ref = v;
+    if (ref < 0 && st->eager_index < 0 && st->bctx[MAX_BACKENDS] &&
+        w->tokens <= backend_limit(o, "eager")) {
+        /* eager is not timed: run it once on the reference context, into the spare slot */
+        moex_tensor x, ids, wt, out;
+        if (views_cuda(st, w, WARMUP_RUNS, nv, &x, &ids, &wt, &out))
+            return EXIT_RUNTIME;
+        moex_context *ctx = st->bctx[MAX_BACKENDS];
+        moex_status s = moex_experts_forward(ctx, st->layer, "eager", &x, &ids, &wt, &out);
+        if (s == MOEX_OK)
+            s = moex_context_synchronize(ctx);
+        if (s == MOEX_OK)
+            ref = nv;
+        else
+            fprintf(stderr, "moex bench: eager (reference) at T=%lld failed: %s\n",
+                    (long long)w->tokens, moex_last_error());
+    }
+    for (int v = 0; v <= nv; v++) {
+        if ((v < nv && w->state[v] != CASE_RAN) || (v == nv && ref != nv))
+            continue;
+        moex_status s = moex_memcpy((char *)w->outs + (size_t)v * ts,
+                                    (moex_device){MOEX_DEVICE_CPU, 0},
+                                    (char *)w->d_outs + (size_t)v * ts, o->device, ts);
+        if (s != MOEX_OK)
+            return moex_failed("moex_memcpy (outputs to the host)", s);
+    }
+    for (int v = 0; v < nv; v++) {
+        row[v].max_abs_err = NAN;
+        if (ref >= 0 && w->state[v] == CASE_RAN && max_abs_diff(st, w, v, ref, &row[v].max_abs_err))
+            return EXIT_RUNTIME;
+    }
+    return 0;
+}
+
+/* Interleaved as on the CPU: run r times every variant on routing r, the first rotating. */
+static int time_cases_cuda(const bench_state *st, int ti, workload *w)
+{
+    const bench_opts *o = st->o;
+    int nv = nvariants(st);
+    char name[NAME_LEN + 16];
+    for (int r = 0; r < w->count; r++) {
+        for (int j = 0; j < nv; j++) {
+            int v = (r + j) % nv;
+            double sec;
+            if (w->state[v] != CASE_RAN)
+                continue;
+            if (r == 0)
+                fprintf(stderr, "[%d/%d] %s T=%lld %s ...\n", ti * nv + v + 1, o->ntokens * nv,
+                        o->shape->name, (long long)o->tokens[ti],
+                        variant_name(st, v, name, sizeof name));
+            if (forward_cuda(st, w, v, r, v, &sec))
+                return EXIT_RUNTIME;
+            if (r >= WARMUP_RUNS && w->state[v] == CASE_RAN)
+                w->times[v * o->runs + (r - WARMUP_RUNS)] = sec;
+        }
+        if (r == WARMUP_RUNS && case_errors_cuda(st, w, &st->results[ti * nv]))
+            return EXIT_RUNTIME;
+    }
+    return 0;
+}
+
+static int run_tokens_cuda(bench_state *st, int ti)
+{
+    const bench_opts *o = st->o;
+    int nv = nvariants(st);
+    workload w;
+    memset(&w, 0, sizeof w);
+    int rc = make_workload_cuda(st, o->tokens[ti], &w);
+    if (!rc) {
+        plan_variants_cuda(st, &w);
+        rc = time_cases_cuda(st, ti, &w);
+    }
+    for (int v = 0; !rc && v < nv; v++) {
+        case_result *row = &st->results[ti * nv + v];
+        double err = row->max_abs_err;
+        if (w.state[v] == CASE_RAN) {
+            finish_row(st, &w, v, row);
+            row->max_abs_err = err;
+        } else {
+            row->ms = row->gflops = row->weight_gbps = row->max_abs_err = NAN;
+            row->gemm_frac = row->bw_frac = NAN;
+        }
+        row->state = w.state[v];
+        print_row(st, o->tokens[ti], v, row);
+    }
+    workload_free(&w);
+    return rc;
+}
+
+static void report_machine_load(bench_state *st, cpu_sample start);
+
+static int run_bench_cuda(bench_state *st)
+{
+    const bench_opts *o = st->o;
+    int rc;
+    cpu_sample start = sample_cpu();
+    print_banner_cuda(st);
+    fflush(stdout);
+    if ((rc = measure_ceilings_cuda(st)) || (rc = build_layer_cuda(st)) ||
+        (rc = build_contexts_cuda(st)))
+        return rc;
+    if (alloc_bytes((void **)&st->results,
+                    (double)o->ntokens * nvariants(st) * sizeof(case_result), "results"))
+        return EXIT_RUNTIME;
+    for (int i = 0; i < o->ntokens * nvariants(st); i++)
+        st->results[i].max_abs_err = NAN;
+    print_table_header(st);
+    for (int ti = 0; ti < o->ntokens && !rc; ti++)
+        rc = run_tokens_cuda(st, ti);
+    if (rc)
+        return rc;
+    report_machine_load(st, start);
+    return write_outputs(st);
+}
+#endif /* MOEX_HAVE_CUDA */
+
 static int run_bench(bench_state *st)
 {
     const bench_opts *o = st->o;
     int rc;
+#if MOEX_HAVE_CUDA
+    if (st->cuda)
+        return run_bench_cuda(st);
+#endif
     cpu_sample start = sample_cpu();
     print_banner(st);
     fflush(stdout);
@@ -1404,7 +2241,7 @@ static int run_bench(bench_state *st)
     if (alloc_bytes((void **)&st->results,
                     (double)o->ntokens * o->nbackends * sizeof(case_result), "results"))
         return EXIT_RUNTIME;
-    print_table_header(o);
+    print_table_header(st);
     for (int ti = 0; ti < o->ntokens && !rc; ti++)
         rc = run_tokens(st, ti);
     if (rc)

@@ -7,6 +7,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---- errors ------------------------------------------------------------ */
 
 /* Record a formatted message as this thread's last error; returns status. */
@@ -92,5 +96,9 @@ moex_status moex_read_file(const char *path, size_t limit, char **buf, size_t *l
 
 int moex_cpu_has_avx2(void);
 int moex_cpu_cores(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

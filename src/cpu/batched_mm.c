@@ -32,13 +32,13 @@ static batched_ws carve(moex_ws *ws, const moex_cpu_kernels *kr, const moex_expe
     return b;
 }
 
-static size_t batched_workspace(const moex_experts_desc *d, int64_t max_tokens, int threads, void *user) {
+size_t moex_cpu_batched_mm_workspace(const moex_experts_desc *d, int64_t max_tokens, int threads, void *user) {
     moex_ws ws = {NULL, 0};
     carve(&ws, NULL, d, NULL, max_tokens, threads);
     return ws.used;
 }
 
-static moex_status batched_forward(const moex_forward_args *args, void *user) {
+moex_status moex_cpu_batched_mm_forward(const moex_forward_args *args, void *user) {
     const moex_experts_desc *d = args->layer;
     const moex_cpu_kernels *kr = moex_cpu_kernels_get();
     const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate, k = d->top_k, P = args->tokens * k;
@@ -66,11 +66,3 @@ static moex_status batched_forward(const moex_forward_args *args, void *user) {
     moex_reduce_tokens(kr, args, b.pos, b.y, b.scratch);
     return MOEX_OK;
 }
-
-const moex_backend moex_backend_batched_mm = {
-    .name = "batched_mm",
-    .summary = "every (token, expert) pair reads its expert's weights: one batched pass (small inputs on GPU)",
-    .supports = moex_cpu_supports,
-    .workspace_bytes = batched_workspace,
-    .forward = batched_forward,
-};

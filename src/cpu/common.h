@@ -98,4 +98,13 @@ static inline const void *moex_bias_at(const moex_tensor *bias, int64_t e, int64
 /* supports() of the CPU backends: any layer on the CPU. */
 int moex_cpu_supports(const moex_experts_desc *layer, const moex_device_info *dev, char *why, size_t n, void *user);
 
+/* The three CPU backends (src/cpu/eager.c, batched_mm.c, grouped_mm.c); the
+ * registry entries in src/experts/builtin_backends.c call these on a CPU context. */
+size_t moex_cpu_eager_workspace(const moex_experts_desc *d, int64_t max_tokens, int threads, void *user);
+moex_status moex_cpu_eager_forward(const moex_forward_args *args, void *user);
+size_t moex_cpu_batched_mm_workspace(const moex_experts_desc *d, int64_t max_tokens, int threads, void *user);
+moex_status moex_cpu_batched_mm_forward(const moex_forward_args *args, void *user);
+size_t moex_cpu_grouped_mm_workspace(const moex_experts_desc *d, int64_t max_tokens, int threads, void *user);
+moex_status moex_cpu_grouped_mm_forward(const moex_forward_args *args, void *user);
+
 #endif

@@ -43,13 +43,13 @@ static eager_ws carve(moex_ws *ws, const moex_cpu_kernels *kr, const moex_expert
     return g;
 }
 
-static size_t eager_workspace(const moex_experts_desc *d, int64_t max_tokens, int threads, void *user) {
+size_t moex_cpu_eager_workspace(const moex_experts_desc *d, int64_t max_tokens, int threads, void *user) {
     moex_ws ws = {NULL, 0};
     carve(&ws, NULL, d, NULL, NULL, max_tokens, threads);
     return ws.used;
 }
 
-static moex_status eager_forward(const moex_forward_args *args, void *user) {
+moex_status moex_cpu_eager_forward(const moex_forward_args *args, void *user) {
     const moex_experts_desc *d = args->layer;
     const moex_cpu_kernels *kr = moex_cpu_kernels_get();
     const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate, k = d->top_k, T = args->tokens;
@@ -107,11 +107,3 @@ static moex_status eager_forward(const moex_forward_args *args, void *user) {
     }
     return MOEX_OK;
 }
-
-const moex_backend moex_backend_eager = {
-    .name = "eager",
-    .summary = "reference loop over the experts that were hit, projecting their tokens",
-    .supports = moex_cpu_supports,
-    .workspace_bytes = eager_workspace,
-    .forward = eager_forward,
-};

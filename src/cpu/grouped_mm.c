@@ -43,13 +43,13 @@ static grouped_ws carve(moex_ws *ws, const moex_cpu_kernels *kr, const moex_expe
     return g;
 }
 
-static size_t grouped_workspace(const moex_experts_desc *d, int64_t max_tokens, int threads, void *user) {
+size_t moex_cpu_grouped_mm_workspace(const moex_experts_desc *d, int64_t max_tokens, int threads, void *user) {
     moex_ws ws = {NULL, 0};
     carve(&ws, NULL, d, NULL, NULL, max_tokens, threads);
     return ws.used;
 }
 
-static moex_status grouped_forward(const moex_forward_args *args, void *user) {
+moex_status moex_cpu_grouped_mm_forward(const moex_forward_args *args, void *user) {
     const moex_experts_desc *d = args->layer;
     const moex_cpu_kernels *kr = moex_cpu_kernels_get();
     const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate, k = d->top_k;
@@ -87,11 +87,3 @@ static moex_status grouped_forward(const moex_forward_args *args, void *user) {
     moex_reduce_tokens(kr, args, g.routing.pos, g.y, g.scratch);
     return MOEX_OK;
 }
-
-const moex_backend moex_backend_grouped_mm = {
-    .name = "grouped_mm",
-    .summary = "sort pairs by expert, one grouped GEMM over all experts per projection (large inputs)",
-    .supports = moex_cpu_supports,
-    .workspace_bytes = grouped_workspace,
-    .forward = grouped_forward,
-};

@@ -2,6 +2,9 @@
  * (layer, backend) states that moex_prepare() makes. */
 #include "experts/experts_internal.h"
 #include <stdlib.h>
+#if MOEX_HAVE_CUDA
+#include "cuda/cuda_api.h"
+#endif
 
 #define MAX_THREADS 1024
 
@@ -33,8 +36,27 @@ moex_status moex_context_create(const moex_context_options *options, moex_contex
     if (!ctx) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_context_create: out of memory");
     ctx->options = o;
     ctx->device_info = info;
+#if MOEX_HAVE_CUDA
+    if (o.device.kind == MOEX_DEVICE_CUDA) {
+        st = moex_cuda_stream(o.device.index, o.stream_slot, &ctx->stream);
+        if (!st) st = moex_cuda_flags_alloc(o.device.index, &ctx->device_flags);
+        if (st) {
+            free(ctx);
+            return st;
+        }
+    }
+#endif
     *out = ctx;
     return MOEX_OK;
+}
+
+static int on_cuda(const moex_context *ctx) { return ctx->options.device.kind == MOEX_DEVICE_CUDA; }
+
+static void workspace_free(moex_context *ctx, void *p) {
+    if (on_cuda(ctx))
+        moex_device_free(ctx->options.device, p);
+    else
+        free(p);
 }
 
 void moex_context_free(moex_context *ctx) {
@@ -44,7 +66,8 @@ void moex_context_free(moex_context *ctx) {
         if (b->release) b->release(ctx->prepared[i].state, b->user);
     }
     free(ctx->prepared);
-    free(ctx->workspace);
+    workspace_free(ctx, ctx->workspace);
+    if (ctx->device_flags) moex_device_free(ctx->options.device, ctx->device_flags);
     free(ctx);
 }
 
@@ -76,10 +99,20 @@ static moex_status reserve_workspace(moex_context *ctx, size_t bytes) {
     if (bytes <= ctx->workspace_bytes) return MOEX_OK;
     size_t rounded = (bytes + 63) & ~(size_t)63;
     if (rounded < bytes) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "workspace of %zu bytes is too large", bytes);
-    void *p = aligned_alloc(64, rounded);
-    if (!p) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "could not allocate a workspace of %zu bytes", rounded);
-    memset(p, 0, rounded); /* touch every page now, not in the first forward */
-    free(ctx->workspace);
+    void *p;
+    if (on_cuda(ctx)) {
+        if (ctx->capturing)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                             "moex_prepare would grow the workspace during a graph capture: prepare before moex_graph_begin");
+        moex_status st = moex_context_synchronize(ctx); /* the old workspace may still be in use */
+        if (st) return st;
+        if ((st = moex_device_alloc(ctx->options.device, rounded, &p))) return st;
+    } else {
+        p = aligned_alloc(64, rounded);
+        if (!p) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "could not allocate a workspace of %zu bytes", rounded);
+        memset(p, 0, rounded); /* touch every page now, not in the first forward */
+    }
+    workspace_free(ctx, ctx->workspace);
     ctx->workspace = p;
     ctx->workspace_bytes = rounded;
     return MOEX_OK;
@@ -108,7 +141,7 @@ moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backe
         ctx->prepared_capacity = cap;
     }
     size_t need = b->workspace_bytes
-                      ? b->workspace_bytes(&layer->desc, ctx->options.max_tokens, ctx->options.num_threads, b->user)
+                      ? b->workspace_bytes(&layer->desc, ctx->options.max_tokens, on_cuda(ctx) ? 0 : ctx->options.num_threads, b->user)
                       : 0;
     if (need == SIZE_MAX)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
@@ -124,4 +157,101 @@ moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backe
     }
     ctx->prepared[ctx->prepared_count++] = (moex_prepared){layer->id, index, state};
     return MOEX_OK;
+}
+
+/* ---------------------------------------------------------------- streams and graphs */
+
+struct moex_graph {
+    void *exec;
+    moex_context *ctx;
+};
+
+static moex_status need_cuda(const moex_context *ctx, const char *what) {
+    if (!ctx) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", what);
+    if (!on_cuda(ctx))
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "%s needs a CUDA context; this one computes on %s", what,
+                         ctx->device_info.name);
+    return MOEX_OK;
+}
+
+moex_status moex_context_synchronize(moex_context *ctx) {
+    if (!ctx) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_synchronize: ctx is NULL");
+    if (!on_cuda(ctx)) return MOEX_OK;
+    if (ctx->capturing)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_synchronize during a graph capture: end it first");
+#if MOEX_HAVE_CUDA
+    return moex_cuda_synchronize(ctx->options.device.index, ctx->stream, ctx->device_flags);
+#else
+    return MOEX_OK;
+#endif
+}
+
+moex_status moex_context_stream(moex_context *ctx, void **stream) {
+    moex_status st = need_cuda(ctx, "moex_context_stream");
+    if (st) return st;
+    if (!stream) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_stream: stream is NULL");
+    *stream = ctx->stream;
+    return MOEX_OK;
+}
+
+moex_status moex_graph_begin(moex_context *ctx) {
+    moex_status st = need_cuda(ctx, "moex_graph_begin");
+    if (st) return st;
+    if (ctx->capturing) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_graph_begin: this context is already capturing");
+#if MOEX_HAVE_CUDA
+    if ((st = moex_cuda_graph_begin(ctx->options.device.index, ctx->stream))) return st;
+#endif
+    ctx->capturing = 1;
+    return MOEX_OK;
+}
+
+moex_status moex_graph_end(moex_context *ctx, moex_graph **out) {
+    moex_status st = need_cuda(ctx, "moex_graph_end");
+    if (st) return st;
+    if (!ctx->capturing) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_graph_end: no capture in progress");
+    ctx->capturing = 0;
+    void *exec = NULL;
+#if MOEX_HAVE_CUDA
+    st = moex_cuda_graph_end(ctx->options.device.index, ctx->stream, &exec);
+    if (st) return st;
+#endif
+    if (!out) {
+#if MOEX_HAVE_CUDA
+        moex_cuda_graph_free(exec);
+#endif
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_graph_end: out is NULL (the capture was dropped)");
+    }
+    moex_graph *g = calloc(1, sizeof *g);
+    if (!g) {
+#if MOEX_HAVE_CUDA
+        moex_cuda_graph_free(exec);
+#endif
+        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_graph_end: out of memory");
+    }
+    g->exec = exec;
+    g->ctx = ctx;
+    *out = g;
+    return MOEX_OK;
+}
+
+moex_status moex_graph_launch(moex_graph *graph, moex_context *ctx) {
+    if (!graph) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_graph_launch: graph is NULL");
+    moex_status st = need_cuda(ctx, "moex_graph_launch");
+    if (st) return st;
+    if (graph->ctx != ctx)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_graph_launch: the graph was captured in another context");
+    if (ctx->capturing) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_graph_launch during a capture");
+#if MOEX_HAVE_CUDA
+    return moex_cuda_graph_launch(ctx->options.device.index, graph->exec, ctx->stream);
+#else
+    return MOEX_OK;
+#endif
+}
+
+void moex_graph_free(moex_graph *graph) {
+    if (!graph) return;
+#if MOEX_HAVE_CUDA
+    moex_cuda_graph_free(graph->exec);
+#endif
+    free(graph);
 }

@@ -5,6 +5,10 @@
 
 #include "core/internal.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct moex_layer {
     moex_experts_desc desc;
     uint64_t id; /* unique for the life of the process: keys prepared states */
@@ -24,6 +28,11 @@ struct moex_context {
     size_t workspace_bytes;
     moex_prepared *prepared;
     int prepared_count, prepared_capacity;
+    /* CUDA contexts: workspace is device memory; the stream of the context's
+     * slot; a device int32 where kernels report bad ids; capture in progress. */
+    void *stream;
+    int *device_flags;
+    int capturing;
 };
 
 /* The prepared entry for (layer, backend) in ctx, or NULL. */
@@ -72,5 +81,9 @@ static inline int64_t moex_id_at(const moex_tensor *ids, int64_t t, int64_t j) {
 static inline float moex_weight_at(const moex_tensor *w, int64_t t, int64_t j) {
     return moex_load_f32(w->data, w->dtype, t * w->strides[0] + j * w->strides[1]);
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

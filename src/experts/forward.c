@@ -54,7 +54,8 @@ static moex_status check_ids(const moex_experts_desc *d, const moex_tensor *ids,
 
 static moex_status check_devices(const moex_context *ctx, const moex_tensor *const *ts, const char *const *names, int n) {
     for (int i = 0; i < n; i++)
-        if (ts[i]->device.kind != ctx->options.device.kind)
+        if (ts[i]->device.kind != ctx->options.device.kind ||
+            (ctx->options.device.kind == MOEX_DEVICE_CUDA && ts[i]->device.index != ctx->options.device.index))
             return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s is in %s memory but the context computes on %s", names[i],
                              ts[i]->device.kind == MOEX_DEVICE_CPU ? "cpu" : "cuda", ctx->device_info.name);
     return MOEX_OK;
@@ -88,7 +89,7 @@ moex_status moex_experts_forward(moex_context *ctx, const moex_layer *layer, con
     if (T == 0) return MOEX_OK;
     moex_forward_args args = {
         .ctx = ctx, .layer = d, .state = p->state, .hidden = hidden, .ids = ids, .weights = weights, .out = out,
-        .tokens = T, .num_threads = ctx->options.num_threads, .workspace = ctx->workspace,
+        .tokens = T, .num_threads = ctx->options.device.kind == MOEX_DEVICE_CUDA ? 0 : ctx->options.num_threads, .workspace = ctx->workspace,
         .workspace_bytes = ctx->workspace_bytes,
     };
     return b->forward(&args, b->user);

@@ -1,0 +1,467 @@
+#!/usr/bin/env bash
+# gpu_suite.sh OUT_DIR — the GPU suite, on a machine with an NVIDIA GPU:
+#   1. checks the build dependencies; what is missing (pkg-config, cJSON,
+#      OpenBLAS, cmocka) is made inside the build directory from sources in
+#      the repository, or left out cleanly — nothing is installed system-wide;
+#   2. builds moex with CUDA (Release) in build-gpu/;
+#   3. runs tests/gpu/test_cuda_backends, then a quick subset of it under
+#      compute-sanitizer memcheck;
+#   4. runs `moex bench --device cuda` (bf16; eager, batched_mm, grouped_mm;
+#      CUDA graphs off and on) for qwen3-30b-a3b and deepseek-v3;
+#   5. runs the peer benchmark (peer-run/tf_experts_bench.py, transformers'
+#      own backends) plain and under torch.compile, when torch is there;
+#   6. prints a summary.
+# Everything is logged to OUT_DIR/suite.log; results are CSV/SVG files in
+# OUT_DIR (at most 8 files in all). Exit status: 0 if every step passed.
+#
+# Environment (all optional):
+#   SUITE_BUDGET_S   wall-clock budget of the whole suite in seconds (530)
+#   BUILD_DIR        build directory (build-gpu)
+#   CUDA_ARCH        CMAKE_CUDA_ARCHITECTURES (90a)
+#   QWEN_TOKENS      token counts for qwen3-30b-a3b (1,8,64,512,4096,16384)
+#   DEEPSEEK_TOKENS  token counts for deepseek-v3 (1,64,512,4096,16384)
+#   BENCH_LIMITS     --backend-max-tokens for moex bench (batched_mm=512; e.g. add eager=4096)
+#   BENCH_RUNS       timed runs per case (10)
+#   PEER_TOKENS      token counts for the peer (1,64,16384)
+#   PEER_COMPILE     1: also the torch.compile run of the peer (1)
+#   PEER_COMPILED_TOKENS_QWEN, PEER_COMPILED_TOKENS_DEEPSEEK
+#                    token counts of the compiled peer (1,16384 and 64,16384)
+#   MEMCHECK_RESERVE_S  seconds kept for the memcheck step, which runs last (60)
+#   MOEX_DEPS_DIR    where dependency sources are looked for (peer-run/deps):
+#                    cJSON/cJSON.c and cJSON/cJSON.h
+#   SUITE_STEPS      the steps to run after the build, comma-separated, from
+#                    test,memcheck,bench,peer (all of them). "none" only builds: on a
+#                    machine that keeps build-gpu/ between sessions, build once with
+#                    SUITE_STEPS=none, then run the rest (the build is then incremental)
+#   SUITE_FORCE_DEPS 1: make the pkg-config, cJSON and OpenBLAS stand-ins even where the
+#                    real ones are installed (to check that path on any machine)
+set -uo pipefail
+
+if [ $# -ne 1 ]; then
+  echo "usage: $0 OUT_DIR" >&2
+  exit 2
+fi
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$1" || exit 2
+OUT=$(cd "$1" && pwd)
+cd "$ROOT" || exit 2
+
+BUDGET=${SUITE_BUDGET_S:-530}
+BUILD=${BUILD_DIR:-build-gpu}
+case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
+CUDA_ARCH=${CUDA_ARCH:-90a}
+QWEN_TOKENS=${QWEN_TOKENS:-1,8,64,512,4096,16384}
+DEEPSEEK_TOKENS=${DEEPSEEK_TOKENS:-1,64,512,4096,16384}
+BENCH_LIMITS=${BENCH_LIMITS:-batched_mm=512}
+BENCH_RUNS=${BENCH_RUNS:-10}
+PEER_TOKENS=${PEER_TOKENS:-1,64,16384}
+PEER_COMPILE=${PEER_COMPILE:-1}
+# the compiled peer is slow to build (max-autotune): by default only the cases the
+# issue compares against (qwen3 at 1 and 16384 tokens, deepseek-v3 at 64 and 16384)
+PEER_COMPILED_TOKENS_QWEN=${PEER_COMPILED_TOKENS_QWEN:-1,16384}
+PEER_COMPILED_TOKENS_DEEPSEEK=${PEER_COMPILED_TOKENS_DEEPSEEK:-64,16384}
+MEMCHECK_RESERVE=${MEMCHECK_RESERVE_S:-60}  # seconds the peer leaves for memcheck
+DEPS_SRC=${MOEX_DEPS_DIR:-$ROOT/peer-run/deps}
+DEPS="$BUILD/deps"   # what this script makes: prefix with bin/, include/, lib/, lib/pkgconfig/
+STEPS_WANTED=",${SUITE_STEPS:-test,memcheck,bench,peer},"
+START=$(date +%s)
+want() { case "$STEPS_WANTED" in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+
+LOG="$OUT/suite.log"
+: >"$LOG"
+exec > >(tee -a "$LOG") 2>&1
+
+STEPS=()     # "name|status|seconds|note"
+FAILED=0
+
+elapsed() { echo $(( $(date +%s) - START )); }
+left() { echo $(( BUDGET - $(elapsed) )); }
+say() { echo "[$(date -u +%H:%M:%S) +$(elapsed)s] $*"; }
+record() { # name status seconds note
+  STEPS+=("$1|$2|$3|$4")
+  case "$2" in ok|skipped) ;; *) FAILED=$((FAILED + 1)) ;; esac
+}
+
+# run_step NAME MAX_SECONDS CMD...: runs CMD (a command or an exported function, in a bash
+# with pipefail) with a timeout of min(MAX, budget left - reserve). Returns CMD's status
+# (124 on timeout; 77 means skipped).
+RESERVE=15
+run_step() {
+  local name=$1 max=$2
+  shift 2
+  local l t0 rc status
+  l=$(( $(left) - RESERVE ))
+  if [ "$l" -lt 10 ]; then
+    say "== $name: skipped, the suite's budget of ${BUDGET}s is spent"
+    record "$name" "no time" 0 "budget spent"
+    return 125
+  fi
+  [ "$max" -lt "$l" ] && l=$max
+  say "== $name (at most ${l}s): $*"
+  t0=$(date +%s)
+  timeout --kill-after=10 "$l" bash -c 'set -o pipefail; "$@"' run_step "$@"
+  rc=$?
+  status=ok
+  [ $rc -ne 0 ] && status="FAIL ($rc)"
+  [ $rc -eq 124 ] && status="timeout (${l}s)"
+  [ $rc -eq 77 ] && status=skipped
+  say "== $name: $status in $(( $(date +%s) - t0 ))s"
+  record "$name" "$status" $(( $(date +%s) - t0 )) ""
+  return $rc
+}
+
+# ---------------------------------------------------------------- machine
+say "moex GPU suite in $ROOT -> $OUT (budget ${BUDGET}s)"
+GPU_NAME=unknown-gpu
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv || true
+  GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+else
+  say "nvidia-smi not found"
+fi
+GPU_TAG=$(echo "${GPU_NAME:-gpu}" | tr 'A-Z' 'a-z' | sed 's/nvidia//; s/[^a-z0-9]\+/-/g; s/^-//; s/-$//')
+[ -z "$GPU_TAG" ] && GPU_TAG=gpu
+DATE=$(date -u +%Y-%m-%d)
+command -v nvcc >/dev/null 2>&1 && nvcc --version | tail -2
+command -v cmake >/dev/null 2>&1 && cmake --version | head -1
+echo "cpus: $(nproc)  git: $(git rev-parse --short HEAD 2>/dev/null || echo none)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+
+# ---------------------------------------------------------------- dependencies
+# Made here when missing, under $DEPS only:
+#   pkg-config: a small Python stand-in that reads the .pc files of $DEPS and the system's
+#   libcjson:   built from $DEPS_SRC/cJSON (MIT; cJSON.c and cJSON.h)
+#   openblas:   a plain-C stand-in for the two functions moex's CPU ceiling uses
+#               (correct but slow; `moex bench --device cuda` never calls it)
+#   cmocka:     not made: the CPU test programs are left out (MOEX_BUILD_TESTS=OFF);
+#               test_cuda_backends does not need it
+mkdir -p "$DEPS/bin" "$DEPS/include" "$DEPS/lib/pkgconfig"
+export PKG_CONFIG_PATH="$DEPS/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+CMAKE_EXTRA=()
+
+make_pkg_config_standin() {
+  cat >"$DEPS/bin/pkg-config" <<'PYEOF'
+#!/usr/bin/env python3
+"""A minimal pkg-config for the GPU suite: the queries CMake's FindPkgConfig makes."""
+import os, re, sys
+
+def find_pc(name):
+    dirs = [d for d in os.environ.get("PKG_CONFIG_PATH", "").split(":") if d]
+    dirs += ["/usr/lib/x86_64-linux-gnu/pkgconfig", "/usr/lib/pkgconfig", "/usr/share/pkgconfig",
+             "/usr/local/lib/pkgconfig", "/usr/lib64/pkgconfig"]
+    for d in dirs:
+        p = os.path.join(d, name + ".pc")
+        if os.path.isfile(p):
+            return p
+    return None
+
+def parse(path):
+    vars_, fields = {}, {}
+    def subst(v):
+        for _ in range(10):
+            v2 = re.sub(r"\$\{(\w+)\}", lambda m: vars_.get(m.group(1), ""), v)
+            if v2 == v:
+                break
+            v = v2
+        return v
+    for line in open(path):
+        line = line.split("#", 1)[0].strip()
+        m = re.match(r"^([\w.]+)\s*=\s*(.*)$", line)
+        if m:
+            vars_[m.group(1)] = subst(m.group(2))
+            continue
+        m = re.match(r"^([\w.]+)\s*:\s*(.*)$", line)
+        if m:
+            fields[m.group(1)] = subst(m.group(2))
+    return vars_, fields
+
+def main(argv):
+    opts = [a for a in argv if a.startswith("--")]
+    mods = [a for a in argv if not a.startswith("--")]
+    mods = [re.split(r"[<>=]", m)[0] for m in mods if m and not re.match(r"^[<>=]", m) and not re.match(r"^[\d.]+$", m)]
+    if "--version" in opts:
+        print("0.29.2")
+        return 0
+    pcs = []
+    for m in mods:
+        p = find_pc(m)
+        if not p:
+            if "--print-errors" in opts:
+                sys.stderr.write("Package %s was not found in the pkg-config search path.\n" % m)
+            return 1
+        pcs.append(parse(p))
+    out = []
+    for o in opts:
+        if o == "--exists":
+            continue
+        if o == "--modversion":
+            for v, f in pcs:
+                print(f.get("Version", "0"))
+            return 0
+        if o.startswith("--variable="):
+            for v, f in pcs:
+                print(v.get(o.split("=", 1)[1], ""))
+            return 0
+    libs = " ".join(f.get("Libs", "") for v, f in pcs).split()
+    cflags = " ".join(f.get("Cflags", "") for v, f in pcs).split()
+    for o in opts:
+        if o == "--libs": out += libs
+        elif o == "--libs-only-l": out += [x for x in libs if x.startswith("-l")]
+        elif o == "--libs-only-L": out += [x for x in libs if x.startswith("-L")]
+        elif o == "--libs-only-other": out += [x for x in libs if not x.startswith(("-l", "-L"))]
+        elif o == "--cflags": out += cflags
+        elif o == "--cflags-only-I": out += [x for x in cflags if x.startswith("-I")]
+        elif o == "--cflags-only-other": out += [x for x in cflags if not x.startswith("-I")]
+    if out:
+        print(" ".join(out))
+    return 0
+
+sys.exit(main(sys.argv[1:]))
+PYEOF
+  chmod +x "$DEPS/bin/pkg-config"
+}
+
+make_cjson() {
+  local src="$DEPS_SRC/cJSON"
+  if [ ! -f "$src/cJSON.c" ] || [ ! -f "$src/cJSON.h" ]; then
+    say "cJSON is missing and $src/cJSON.c, cJSON.h are not there: cannot build moex"
+    return 1
+  fi
+  mkdir -p "$DEPS/include/cjson" "$DEPS/obj"
+  cp "$src/cJSON.h" "$DEPS/include/cjson/cJSON.h" &&
+    cc -O2 -fPIC -std=c99 -c "$src/cJSON.c" -o "$DEPS/obj/cJSON.o" &&
+    ar rcs "$DEPS/lib/libcjson.a" "$DEPS/obj/cJSON.o" || return 1
+  cat >"$DEPS/lib/pkgconfig/libcjson.pc" <<EOF
+prefix=$DEPS
+libdir=\${prefix}/lib
+includedir=\${prefix}/include
+Name: libcjson
+Description: cJSON built by gpu_suite.sh from $src
+Version: 1.7.18
+Libs: -L\${libdir} -lcjson
+Cflags: -I\${includedir}
+EOF
+  say "cJSON built from $src into $DEPS"
+}
+
+make_openblas_standin() {
+  mkdir -p "$DEPS/obj"
+  cat >"$DEPS/include/cblas.h" <<'EOF'
+/* cblas.h — stand-in made by gpu_suite.sh where OpenBLAS is missing: only what moex's CPU
+ * ceiling uses, computed by a plain loop (correct, slow). Not for CPU measurements. */
+#ifndef MOEX_SUITE_CBLAS_H
+#define MOEX_SUITE_CBLAS_H
+enum CBLAS_ORDER { CblasRowMajor = 101, CblasColMajor = 102 };
+enum CBLAS_TRANSPOSE { CblasNoTrans = 111, CblasTrans = 112, CblasConjTrans = 113 };
+void cblas_sgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int m, int n,
+                 int k, float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                 int ldc);
+void openblas_set_num_threads(int n);
+#endif
+EOF
+  cat >"$DEPS/obj/cblas_standin.c" <<'EOF'
+#include <cblas.h>
+void openblas_set_num_threads(int n) { (void)n; }
+void cblas_sgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int m, int n,
+                 int k, float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                 int ldc) {
+    /* row-major view; a column-major call is the row-major product of the transposes */
+    if (order == CblasColMajor) {
+        cblas_sgemm(CblasRowMajor, tb, ta, n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+        return;
+    }
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            float s = 0.0f;
+            for (int p = 0; p < k; p++) {
+                float x = ta == CblasNoTrans ? a[(long)i * lda + p] : a[(long)p * lda + i];
+                float y = tb == CblasNoTrans ? b[(long)p * ldb + j] : b[(long)j * ldb + p];
+                s += x * y;
+            }
+            c[(long)i * ldc + j] = alpha * s + (beta == 0.0f ? 0.0f : beta * c[(long)i * ldc + j]);
+        }
+}
+EOF
+  cc -O2 -fPIC -I"$DEPS/include" -c "$DEPS/obj/cblas_standin.c" -o "$DEPS/obj/cblas_standin.o" &&
+    ar rcs "$DEPS/lib/libcblas_standin.a" "$DEPS/obj/cblas_standin.o" || return 1
+  cat >"$DEPS/lib/pkgconfig/openblas.pc" <<EOF
+prefix=$DEPS
+Name: openblas
+Description: stand-in made by gpu_suite.sh (OpenBLAS was not found)
+Version: 0.0.0
+Libs: -L\${prefix}/lib -lcblas_standin
+Cflags: -I\${prefix}/include
+EOF
+  say "OpenBLAS not found: a slow stand-in for cblas_sgemm is used (CPU ceilings only; not used on cuda)"
+}
+
+deps_step() {
+  local have_pc=1 force=${SUITE_FORCE_DEPS:-0}
+  if [ "$force" = 1 ] || ! command -v pkg-config >/dev/null 2>&1; then
+    have_pc=0
+    if ! command -v python3 >/dev/null 2>&1; then
+      say "neither pkg-config nor python3: cannot configure moex"
+      return 1
+    fi
+    make_pkg_config_standin
+    CMAKE_EXTRA+=("-DPKG_CONFIG_EXECUTABLE=$DEPS/bin/pkg-config")
+    export PATH="$DEPS/bin:$PATH"
+    say "pkg-config not found: using a minimal stand-in ($DEPS/bin/pkg-config)"
+  fi
+  if [ "$force" = 1 ] || ! pkg-config --exists libcjson; then
+    make_cjson || return 1
+  fi
+  if [ "$force" = 1 ] || ! pkg-config --exists openblas; then
+    make_openblas_standin || return 1
+  fi
+  if pkg-config --exists cmocka; then
+    CMAKE_EXTRA+=(-DMOEX_BUILD_TESTS=ON)
+  else
+    CMAKE_EXTRA+=(-DMOEX_BUILD_TESTS=OFF)
+    say "cmocka not found: the CPU test programs are not built (test_cuda_backends does not need it)"
+  fi
+  echo "pkg-config: $(command -v pkg-config) (stand-in: $((1 - have_pc)))"
+  for m in libcjson openblas cmocka; do
+    printf '  %-9s %s\n' "$m" "$(pkg-config --modversion "$m" 2>/dev/null || echo missing)"
+  done
+  return 0
+}
+
+say "== dependencies"
+t0=$(date +%s)
+if deps_step; then
+  record dependencies ok $(( $(date +%s) - t0 )) ""
+else
+  record dependencies FAIL $(( $(date +%s) - t0 )) "see above"
+fi
+
+# ---------------------------------------------------------------- build
+BUILD_OK=0
+build_step() { # extra cmake arguments
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" "$@" || return 1
+  cmake --build "$BUILD" -j"$(nproc)" --target moex test_cuda_backends || return 1
+}
+test_step() { "$TEST" 2>&1 | tee "$BUILD/test_cuda_backends.out"; }
+memcheck_step() {
+  "$SANITIZER" --tool memcheck --error-exitcode 3 "$TEST" --quick 2>&1 |
+    tee "$BUILD/memcheck.out"
+}
+bench_shape() { # shape tokens
+  local base="$OUT/moex_${1}_bf16_cuda_${GPU_TAG}_${DATE}"
+  "$MOEX" bench --device cuda --shape "$1" --tokens "$2" --dtype bf16 \
+    --backends eager,batched_mm,grouped_mm --graph both --backend-max-tokens "$BENCH_LIMITS" \
+    --runs "$BENCH_RUNS" --csv "$base.csv" --plot "$base.svg"
+}
+peer_run() { # compile(0/1) shapes out (appended to) [tokens]
+  SHAPES=$2 TOKENS="${4:-$PEER_TOKENS}" COMPILE=$1 \
+    COMPILE_MODE=max-autotune-no-cudagraphs python3 -u "$PEER" >>"$3"
+}
+MOEX="$BUILD/moex"
+TEST="$BUILD/tests/gpu/test_cuda_backends"
+PEER="$ROOT/peer-run/tf_experts_bench.py"
+export ROOT BUILD CUDA_ARCH OUT GPU_TAG DATE BENCH_LIMITS BENCH_RUNS PEER_TOKENS MOEX TEST PEER
+export -f build_step test_step memcheck_step bench_shape peer_run
+if run_step build 300 build_step "${CMAKE_EXTRA[@]}"; then
+  BUILD_OK=1
+fi
+
+# ---------------------------------------------------------------- tests
+TEST_LINE="not run"
+if ! want test && ! want memcheck; then
+  :
+elif [ $BUILD_OK -eq 1 ] && [ -x "$TEST" ]; then
+  if want test; then
+    run_step test_cuda_backends 200 test_step
+    TEST_LINE=$(grep -a '^test_cuda_backends:.*passed\|^SKIP' "$BUILD/test_cuda_backends.out" | tail -1)
+  fi
+else
+  record test_cuda_backends "not run" 0 "build failed"
+fi
+
+# ---------------------------------------------------------------- moex bench
+if ! want bench; then
+  :
+elif [ $BUILD_OK -eq 1 ] && [ -x "$MOEX" ]; then
+  run_step "bench qwen3-30b-a3b" 120 bench_shape qwen3-30b-a3b "$QWEN_TOKENS"
+  run_step "bench deepseek-v3" 180 bench_shape deepseek-v3 "$DEEPSEEK_TOKENS"
+else
+  record "moex bench" "not run" 0 "build failed"
+fi
+
+# ---------------------------------------------------------------- peer
+if ! want peer; then
+  :
+elif [ -f "$PEER" ] && python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
+  python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+  PEER_PLAIN="$OUT/peer_transformers_plain_${GPU_TAG}_${DATE}.csv"
+  PEER_COMP="$OUT/peer_transformers_compiled_${GPU_TAG}_${DATE}.csv"
+  : >"$PEER_PLAIN"
+  run_step "peer (plain)" 120 peer_run 0 qwen3-30b-a3b,deepseek-v3 "$PEER_PLAIN"
+  cat "$PEER_PLAIN"
+  if [ "$PEER_COMPILE" = 1 ]; then
+    # max-autotune compiles are slow: each shape gets half of the time left (the second
+    # also what the first left over); rows are written as they finish, so a timeout
+    # still leaves the cases done so far. A process's output starts with its own
+    # CEILING and header lines.
+    : >"$PEER_COMP"
+    n=2
+    for shape in qwen3-30b-a3b deepseek-v3; do
+      share=$(( ($(left) - RESERVE - MEMCHECK_RESERVE) / n ))
+      n=$((n - 1))
+      toks=$PEER_COMPILED_TOKENS_QWEN
+      [ "$shape" = deepseek-v3 ] && toks=$PEER_COMPILED_TOKENS_DEEPSEEK
+      run_step "peer compiled $shape (max-autotune-no-cudagraphs)" "$share" peer_run 1 "$shape" "$PEER_COMP" "$toks"
+    done
+    cat "$PEER_COMP"
+  fi
+else
+  say "peer skipped: $PEER missing, or python3 without torch/transformers/CUDA"
+  record peer skipped 0 "no peer"
+fi
+
+# ---------------------------------------------------------------- summary
+# memcheck last: it is the slowest step, and it takes what the budget has left
+if want memcheck && [ $BUILD_OK -eq 1 ] && [ -x "$TEST" ]; then
+  SANITIZER=$(command -v compute-sanitizer || true)
+  for d in "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")" /usr/local/cuda/bin; do
+    [ -z "$SANITIZER" ] && [ -x "$d/compute-sanitizer" ] && SANITIZER="$d/compute-sanitizer"
+  done
+  export SANITIZER
+  if [ -n "$SANITIZER" ]; then
+    run_step "memcheck (quick)" 120 memcheck_step
+    MEMCHECK_LINE=$(grep -a 'ERROR SUMMARY' "$BUILD/memcheck.out" | tail -1)
+  else
+    say "compute-sanitizer not found: memcheck skipped"
+    record "memcheck (quick)" skipped 0 "no compute-sanitizer"
+  fi
+fi
+
+echo
+say "summary"
+printf '%-50s %-18s %6s\n' step status seconds
+for s in "${STEPS[@]}"; do
+  IFS='|' read -r n st sec note <<<"$s"
+  printf '%-50s %-18s %6s %s\n' "$n" "$st" "$sec" "$note"
+done
+echo
+echo "tests:    ${TEST_LINE:-none}"
+echo "memcheck: ${MEMCHECK_LINE:-none}"
+for f in "$OUT"/moex_*_cuda_*.csv; do
+  [ -f "$f" ] || continue
+  echo
+  echo "$(basename "$f"):"
+  grep '^# ceiling' "$f"
+  # shape,backend,device,dtype,experts,threads,tokens,graph,ms,gflops,weight_gbps,max_abs_err,gemm_frac,bw_frac
+  awk -F, '!/^#/ && $1 != "shape" { printf "  %-11s graph=%s T=%-6s %10s ms  %8s GB/s  gemm_frac %-8s bw_frac %s\n", $2, $8, $7, $9, $11, $13, $14 }' "$f"
+done
+for f in "$OUT"/peer_*.csv; do
+  [ -f "$f" ] || continue
+  echo
+  echo "$(basename "$f"):"
+  grep -v '^shape,' "$f" | sed 's/^/  /'
+done
+echo
+echo "files in $OUT:"
+ls -la "$OUT"
+say "done in $(elapsed)s; $FAILED step(s) not ok"
+[ "$FAILED" -eq 0 ]

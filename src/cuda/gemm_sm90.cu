@@ -1,0 +1,372 @@
+/* gemm_sm90.cu — grouped GEMM for Hopper (sm_90a): TMA loads into 128-byte
+ * swizzled shared memory, wgmma from shared memory, f32 accumulators in
+ * registers, the experts' epilogue applied straight from the registers.
+ *
+ * Tile: 128 rows of A (two consumer warpgroups of 64 rows) x 256 columns of
+ * B (the gate/up epilogues take 128 gate and 128 up columns), k-blocks of 64.
+ * One producer warp issues the copies; a ring of STAGES buffers with a full
+ * and an empty mbarrier each. The grid is persistent: block b takes tiles
+ * b, b + grid, ...; the tile list (expert, row tile, column tile) is derived
+ * on the device from the routing offsets, so nothing waits for the host.
+ *
+ *   A [rows, K] row-major; B [E*R, K] row-major (weights as stored: out x in);
+ *   C [rows, N] row-major.
+ */
+#include "cuda/gemm_sm90.cuh"
+#include "cuda/cuda_check.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <pthread.h>
+#include <stdio.h>
+
+namespace {
+
+constexpr int BM = GEMM_TILE_ROWS, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+constexpr int THREADS = 128 * (CONSUMERS + 1);
+constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
+
+struct gemm_params {
+    int64_t K, N, rows_per_expert, up_offset, n_tiles, e_begin, e_end;
+    const int *offsets, *mtile_off;
+    void *c;
+    gemm_epilogue epi;
+    layer_view L;
+};
+
+/* ---- PTX wrappers ------------------------------------------------------------ */
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity) {
+    uint32_t done = 0, addr = smem_addr(bar);
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(addr), "r"(parity)
+                     : "memory");
+}
+
+/* Copy the box at (col, row) of map into dst; completes on bar. */
+__device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, uint64_t *bar, int col, int row) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(col), "r"(row), "r"(smem_addr(bar))
+                 : "memory");
+}
+
+/* Matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart. */
+__device__ __forceinline__ uint64_t smem_desc(const void *p) {
+    uint64_t a = smem_addr(p);
+    return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+#define WGMMA_D_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+#define WGMMA_D_OPS(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+
+/* d[64 x 256] (+)= A[64 x 16] . B[256 x 16]^T, both from shared memory. */
+__device__ __forceinline__ void wgmma_256(float (&d)[128], uint64_t da, uint64_t db, int accumulate, __nv_bfloat16 *) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " WGMMA_D_REGS ", %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : WGMMA_D_OPS(d)
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_256(float (&d)[128], uint64_t da, uint64_t db, int accumulate, __half *) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " WGMMA_D_REGS ", %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : WGMMA_D_OPS(d)
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void store_pair(__nv_bfloat16 *p, float a, float b) {
+    *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ void store_pair(__half *p, float a, float b) { *(__half2 *)p = __floats2half2_rn(a, b); }
+__device__ __forceinline__ void store_one(__nv_bfloat16 *p, float a) { *p = __float2bfloat16_rn(a); }
+__device__ __forceinline__ void store_one(__half *p, float a) { *p = __float2half_rn(a); }
+
+/* One output value with its biases and activation (out of line: see the epilogue). */
+__device__ __noinline__ float epilogue_value(const layer_view &L, gemm_epilogue epi, int64_t e, int64_t n, float g, float u) {
+    if (epi == EPI_DOWN) return u + bias_at(L.down_bias, L.wdt, e, n);
+    if (epi == EPI_UP_ONLY) return activate(L, 0.0f, u + bias_at(L.up_bias, L.wdt, e, n));
+    return activate(L, g + bias_at(L.gate_bias, L.wdt, e, n), u + bias_at(L.up_bias, L.wdt, e, n));
+}
+
+/* ---- tiles ---------------------------------------------------------------------- */
+
+struct tile {
+    int64_t e, a_row, n;
+    int rows; /* valid rows of A in this tile */
+};
+
+/* Tile t of the list: experts in order, row tiles fastest within an expert. */
+__device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t) {
+    const int base = p.mtile_off[p.e_begin];
+    int64_t lo = p.e_begin, hi = p.e_end - 1; /* last e with (mtile_off[e] - base) * n_tiles <= t */
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if ((int64_t)(p.mtile_off[mid] - base) * p.n_tiles <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    /* skip experts without tiles that share the same start */
+    while (lo + 1 < p.e_end && p.mtile_off[lo + 1] == p.mtile_off[lo]) lo++;
+    tile r;
+    r.e = lo;
+    const int64_t local = t - (int64_t)(p.mtile_off[lo] - base) * p.n_tiles;
+    const int64_t mt = p.mtile_off[lo + 1] - p.mtile_off[lo];
+    const int64_t m = local % mt;
+    r.n = local / mt;
+    r.a_row = p.offsets[lo] + m * BM;
+    const int64_t left = p.offsets[lo + 1] - r.a_row;
+    r.rows = (int)(left < BM ? left : BM);
+    return r;
+}
+
+/* ---- the kernel ------------------------------------------------------------------- */
+
+template <typename T, int EPI>
+__global__ void __launch_bounds__(THREADS, 1)
+    grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                        gemm_params p) {
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint64_t *full = (uint64_t *)(smem + STAGES * STAGE_BYTES), *empty = full + STAGES;
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], CONSUMERS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    const int64_t total = (int64_t)(p.mtile_off[p.e_end] - p.mtile_off[p.e_begin]) * p.n_tiles;
+    const int k_blocks = (int)((p.K + BK - 1) / BK);
+
+    if (wg == 0) { /* producer */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (tid != 0) return;
+        int stage = 0, phase = 0;
+        for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+            const tile tl = find_tile(p, t);
+            const int64_t b_row = tl.e * p.rows_per_expert;
+            for (int kb = 0; kb < k_blocks; kb++) {
+                mbar_wait(&empty[stage], phase ^ 1);
+                unsigned char *a = smem + stage * STAGE_BYTES, *b = a + A_BYTES;
+                mbar_expect_tx(&full[stage], STAGE_BYTES);
+                tma_load(a, &map_a, &full[stage], kb * BK, (int)tl.a_row);
+                if (EPI == EPI_GATE_UP_CONCAT) {
+                    tma_load(b, &map_b, &full[stage], kb * BK, (int)(b_row + tl.n * (BN / 2)));
+                    tma_load(b + B_BYTES / 2, &map_b, &full[stage], kb * BK,
+                             (int)(b_row + p.up_offset + tl.n * (BN / 2)));
+                } else {
+                    tma_load(b, &map_b, &full[stage], kb * BK, (int)(b_row + tl.n * BN));
+                }
+                if (++stage == STAGES) stage = 0, phase ^= 1;
+            }
+        }
+        return;
+    }
+
+    /* consumers: warpgroup wg computes rows (wg-1)*64 .. +64 of each tile */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int warp = tid / 32, lane = tid % 32;
+    int stage = 0, phase = 0;
+    float d[128];
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const tile tl = find_tile(p, t);
+        /* one group of wgmmas stays in flight: the stage of k-block kb-1 is released once kb's are issued */
+        int prev = -1;
+        for (int kb = 0; kb < k_blocks; kb++) {
+            mbar_wait(&full[stage], phase);
+            const unsigned char *a = smem + stage * STAGE_BYTES + (wg - 1) * (64 * 128), *b = smem + stage * STAGE_BYTES + A_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int s = 0; s < BK / 16; s++)
+                wgmma_256(d, smem_desc(a + s * 32), smem_desc(b + s * 32), kb > 0 || s > 0, (T *)nullptr);
+            wgmma_commit();
+            wgmma_wait<1>();
+            if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
+            prev = stage;
+            if (++stage == STAGES) stage = 0, phase ^= 1;
+        }
+        wgmma_wait<0>();
+        if (tid == 0) mbar_arrive(&empty[prev]);
+        /* epilogue: thread holds rows r0 and r0 + 8, columns 8i + 2(lane%4) + {0, 1} */
+        const int r0 = (wg - 1) * 64 + warp * 16 + lane / 4, c0 = 2 * (lane % 4);
+        const layer_view &L = p.L;
+        /* common cases inline, the rest through one out-of-line call per value: the
+         * unrolled epilogue must stay small or instruction fetch stalls the tile loop */
+        const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
+        const bool silu = plain && L.act == MOEX_ACT_SILU;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = r0 + 8 * h;
+            if (r >= tl.rows) continue;
+            T *crow = (T *)p.c + (tl.a_row + r) * p.N;
+            if (EPI == EPI_DOWN || EPI == EPI_UP_ONLY) {
+#pragma unroll
+                for (int i = 0; i < 32; i++) {
+                    const int64_t n = tl.n * BN + 8 * i + c0;
+                    float v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
+                    if (EPI == EPI_UP_ONLY || !plain) {
+                        v0 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, 0.0f, v0);
+                        v1 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n + 1, 0.0f, v1);
+                    }
+                    if (n + 1 < p.N)
+                        store_pair(crow + n, v0, v1);
+                    else if (n < p.N)
+                        store_one(crow + n, v0);
+                }
+            } else if (EPI == EPI_GATE_UP_CONCAT) {
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                    const int64_t n = tl.n * (BN / 2) + 8 * i + c0;
+                    float g0 = d[4 * i + 2 * h], g1 = d[4 * i + 2 * h + 1];
+                    float u0 = d[4 * (i + 16) + 2 * h], u1 = d[4 * (i + 16) + 2 * h + 1];
+                    float v0, v1;
+                    if (silu) {
+                        v0 = g0 / (1.0f + __expf(-g0)) * u0;
+                        v1 = g1 / (1.0f + __expf(-g1)) * u1;
+                    } else {
+                        v0 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, g0, u0);
+                        v1 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n + 1, g1, u1);
+                    }
+                    if (n + 1 < p.N)
+                        store_pair(crow + n, v0, v1);
+                    else if (n < p.N)
+                        store_one(crow + n, v0);
+                }
+            } else { /* interleaved: columns 2f (gate) and 2f+1 (up) */
+#pragma unroll
+                for (int i = 0; i < 32; i++) {
+                    const int64_t n = tl.n * (BN / 2) + 4 * i + lane % 4;
+                    const float g = d[4 * i + 2 * h], u = d[4 * i + 2 * h + 1];
+                    const float v = silu ? g / (1.0f + __expf(-g)) * u : epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, g, u);
+                    if (n < p.N) store_one(crow + n, v);
+                }
+            }
+        }
+    }
+}
+
+/* ---- host side ----------------------------------------------------------------------- */
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled;
+pthread_once_t encode_once = PTHREAD_ONCE_INIT;
+cudaError_t encode_status = cudaSuccess;
+
+void find_encode(void) {
+    cudaDriverEntryPointQueryResult q;
+    encode_status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode_tiled, 12000,
+                                                     cudaEnableDefault, &q);
+    if (encode_status == cudaSuccess && q != cudaDriverEntryPointSuccess) encode_status = cudaErrorSymbolNotFound;
+}
+
+moex_status make_map(CUtensorMap *m, const void *base, int64_t rows, int64_t K, int box_rows, moex_dtype dt,
+                     const char *what) {
+    cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
+    cuuint64_t strides[1] = {(cuuint64_t)K * 2};
+    cuuint32_t box[2] = {BK, (cuuint32_t)box_rows}, elem[2] = {1, 1};
+    CUresult r = encode_tiled(m, dt == MOEX_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                              (void *)base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return moex_fail(MOEX_ERR_DEVICE, "cuTensorMapEncodeTiled for %s ([%lld, %lld], box %d rows) failed: error %d",
+                         what, (long long)rows, (long long)K, box_rows, (int)r);
+    return MOEX_OK;
+}
+
+} // namespace
+
+int grouped_gemm_usable(moex_dtype dt, const void *b, int64_t K, char *why, size_t n) {
+    if (dt != MOEX_BF16 && dt != MOEX_F16) {
+        snprintf(why, n, "the tensor-core path takes bf16 or f16 weights, not %s", moex_dtype_name(dt));
+        return 0;
+    }
+    if ((K * 2) % 16 || ((uintptr_t)b & 15)) {
+        snprintf(why, n, "the tensor-core path needs 16-byte aligned rows (the input size %lld must be a multiple of 8)",
+                 (long long)K);
+        return 0;
+    }
+    return 1;
+}
+
+template <typename T, int EPI> static cudaError_t allow_smem(void) {
+    return cudaFuncSetAttribute(grouped_gemm_kernel<T, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+}
+
+moex_status grouped_gemm_init(void) {
+    pthread_once(&encode_once, find_encode);
+    if (encode_status != cudaSuccess) return moex_cuda_status(encode_status, "finding cuTensorMapEncodeTiled");
+    cudaError_t err = allow_smem<__nv_bfloat16, 0>();
+    if (!err) err = allow_smem<__nv_bfloat16, 1>();
+    if (!err) err = allow_smem<__nv_bfloat16, 2>();
+    if (!err) err = allow_smem<__nv_bfloat16, 3>();
+    if (!err) err = allow_smem<__half, 0>();
+    if (!err) err = allow_smem<__half, 1>();
+    if (!err) err = allow_smem<__half, 2>();
+    if (!err) err = allow_smem<__half, 3>();
+    return moex_cuda_status(err, "grouped GEMM shared memory size");
+}
+
+moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s) {
+    CUtensorMap map_a, map_b;
+    const int b_box = g->epi == EPI_GATE_UP_CONCAT ? BN / 2 : BN;
+    int64_t E_rows = g->L.E * g->rows_per_expert;
+    moex_status st = make_map(&map_a, g->a, g->a_rows, g->K, BM, g->dt, "A");
+    if (!st) st = make_map(&map_b, g->b, E_rows, g->K, b_box, g->dt, "B");
+    if (st) return st;
+    gemm_params p;
+    p.K = g->K;
+    p.N = g->N;
+    p.rows_per_expert = g->rows_per_expert;
+    p.up_offset = g->up_offset;
+    p.n_tiles = g->epi == EPI_GATE_UP_CONCAT || g->epi == EPI_GATE_UP_INTERLEAVED ? (g->N + BN / 2 - 1) / (BN / 2)
+                                                                                   : (g->N + BN - 1) / BN;
+    p.e_begin = g->e_begin;
+    p.e_end = g->e_end;
+    p.offsets = g->offsets;
+    p.mtile_off = g->mtile_off;
+    p.c = g->c;
+    p.epi = g->epi;
+    p.L = g->L;
+#define LAUNCH(T, EPI) grouped_gemm_kernel<T, EPI><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p)
+#define LAUNCH_EPI(T)                                                                                                 \
+    switch (g->epi) {                                                                                                 \
+    case EPI_DOWN: LAUNCH(T, 0); break;                                                                               \
+    case EPI_GATE_UP_CONCAT: LAUNCH(T, 1); break;                                                                     \
+    case EPI_GATE_UP_INTERLEAVED: LAUNCH(T, 2); break;                                                                \
+    case EPI_UP_ONLY: LAUNCH(T, 3); break;                                                                            \
+    }
+    if (g->dt == MOEX_BF16) {
+        LAUNCH_EPI(__nv_bfloat16)
+    } else {
+        LAUNCH_EPI(__half)
+    }
+#undef LAUNCH_EPI
+#undef LAUNCH
+    return MOEX_CUDA_LAUNCHED("grouped GEMM kernel");
+}

@@ -1,0 +1,1102 @@
+/*
+ * test_cuda_backends.c — the CUDA experts backends (eager, batched_mm,
+ * grouped_mm) against the float64 reference of tests/reference.c, through the
+ * public API only. Plain C (no test framework), so that it builds wherever
+ * the library builds with CUDA.
+ *
+ *   - sizes of tests/test_experts.c (small product, every layout x activation,
+ *     the larger odd/aligned list) plus T in {1, 2, 7, 64, 300}, a tensor-core
+ *     sized case (E=64 H=512 I=384 k=6 T=1500) and an aligned one (E=16 H=256
+ *     I=128 k=4 T=512), in f32, f16 and bf16
+ *   - the per-expert pointer layout (arrays of device pointers)
+ *   - sentinel ids (-1 and E), all-sentinel tokens (exact zeros), T == 0
+ *   - output poisoned with NaN bytes before every forward, guard bytes after it
+ *   - bad input: host tensors on a CUDA context, T > max_tokens, bad shapes and
+ *     dtypes (rejected on the host, `out` untouched), ids outside [-1, E]
+ *     (forward queued, moex_context_synchronize reports them), graph capture on
+ *     a CPU context
+ *   - graph capture and replay with new routings written into the same buffers,
+ *     against the reference and bitwise against an uncaptured forward
+ *   - determinism: two forwards, bitwise equal outputs
+ *
+ * NMSE bounds (SPEC "Numerical agreement"): f32 1e-10, f16 1e-6, bf16 1e-4.
+ *
+ * Usage: test_cuda_backends [--quick] [--device N]
+ *   --quick (or MOEX_GPU_TEST_QUICK=1): a small subset, for memory checkers.
+ * Exit status: 0 all passed, 1 a check failed, 77 no usable CUDA device (skip).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "moex.h"
+#include "reference.h"
+
+/* ------------------------------------------------------------------------ */
+/* checks                                                                    */
+/* ------------------------------------------------------------------------ */
+
+#define EXIT_SKIP 77
+#define PRINT_MAX 40
+
+static int g_failures;   /* checks failed in the whole run */
+static int g_checks;     /* checks made */
+static int g_quick;      /* --quick */
+static moex_device g_dev = {MOEX_DEVICE_CUDA, 0};
+static const moex_device HOST = {MOEX_DEVICE_CPU, 0};
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static void fail_at(const char *file, int line, const char *fmt, ...) {
+    if (g_failures++ < PRINT_MAX) {
+        va_list ap;
+        va_start(ap, fmt);
+        fprintf(stderr, "FAIL (%s:%d): ", file, line);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+    } else if (g_failures == PRINT_MAX + 1) {
+        fprintf(stderr, "(further failures not printed)\n");
+    }
+}
+
+/* A soft check: count it, report it, keep going. */
+#define CHECK(cond, ...)                                  \
+    do {                                                  \
+        g_checks++;                                       \
+        if (!(cond)) fail_at(__FILE__, __LINE__, __VA_ARGS__); \
+    } while (0)
+
+/* A failed setup step: report and return from the current function. */
+#define REQUIRE(cond, ret, ...)                           \
+    do {                                                  \
+        g_checks++;                                       \
+        if (!(cond)) {                                    \
+            fail_at(__FILE__, __LINE__, __VA_ARGS__);     \
+            return ret;                                   \
+        }                                                 \
+    } while (0)
+
+/* case-insensitive: does hay contain needle? */
+static int contains(const char *hay, const char *needle) {
+    if (!hay || !needle) return 0;
+    size_t n = strlen(needle);
+    for (const char *p = hay; *p; p++) {
+        size_t i = 0;
+        while (i < n && p[i] && (p[i] | 32) == (needle[i] | 32)) i++;
+        if (i == n) return 1;
+    }
+    return n == 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------------ */
+/* tables (as tests/test_experts.c)                                          */
+/* ------------------------------------------------------------------------ */
+
+static const char *const BACKENDS[] = {"eager", "batched_mm", "grouped_mm"};
+#define N_BACKENDS 3
+
+typedef struct layout {
+    int gated, interleaved, transposed, bias;
+    const char *name;
+} layout;
+
+static const layout LAYOUTS[] = {
+    {1, 0, 0, 0, "concat"},        {1, 0, 0, 1, "concat+bias"},
+    {1, 0, 1, 0, "concat.T"},      {1, 0, 1, 1, "concat.T+bias"},
+    {1, 1, 0, 0, "interleaved"},   {1, 1, 0, 1, "interleaved+bias"},
+    {1, 1, 1, 0, "interleaved.T"}, {1, 1, 1, 1, "interleaved.T+bias"},
+    {0, 0, 0, 0, "ungated"},       {0, 0, 0, 1, "ungated+bias"},
+    {0, 0, 1, 0, "ungated.T"},     {0, 0, 1, 1, "ungated.T+bias"},
+};
+#define N_LAYOUTS ((int)(sizeof LAYOUTS / sizeof LAYOUTS[0]))
+
+static const char *const ACT_NAMES[MOEX_ACTIVATION_COUNT] = {
+    "silu", "gelu", "gelu_tanh", "relu", "gptoss_clamp", "swiglu_limit"};
+
+static const moex_dtype FLOAT_DTYPES[] = {MOEX_F32, MOEX_F16, MOEX_BF16};
+
+#define N_PAIRS 64 /* gated layouts x 6 activations + ungated x 4 */
+
+typedef struct pair {
+    int layout;
+    moex_activation act;
+} pair;
+
+static pair pair_at(int i) {
+    pair p = {0, MOEX_ACT_SILU};
+    int n = 0;
+    for (int l = 0; l < N_LAYOUTS; l++) {
+        int nact = LAYOUTS[l].gated ? 6 : 4;
+        for (int a = 0; a < nact; a++, n++)
+            if (n == i) {
+                p.layout = l;
+                p.act = (moex_activation)a;
+                return p;
+            }
+    }
+    return p;
+}
+
+static const char *dt_name(moex_dtype dt) {
+    switch (dt) {
+    case MOEX_F32: return "f32";
+    case MOEX_F16: return "f16";
+    case MOEX_BF16: return "bf16";
+    case MOEX_I32: return "i32";
+    case MOEX_I64: return "i64";
+    default: return "?";
+    }
+}
+
+static double nmse_bound(moex_dtype dt) {
+    return dt == MOEX_F32 ? 1e-10 : dt == MOEX_F16 ? 1e-6 : 1e-4;
+}
+
+/* ------------------------------------------------------------------------ */
+/* device memory                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* bytes on the GPU (NULL for 0 bytes); NULL and a failure on error */
+static void *dev_alloc(size_t bytes) {
+    void *p = NULL;
+    if (bytes == 0) return NULL;
+    moex_status st = moex_device_alloc(g_dev, bytes, &p);
+    if (st != MOEX_OK || !p) {
+        fail_at(__FILE__, __LINE__, "moex_device_alloc(%zu bytes): %s: %s", bytes, moex_status_str(st),
+                moex_last_error());
+        return NULL;
+    }
+    return p;
+}
+
+static void dev_free(void *p) {
+    if (p) moex_device_free(g_dev, p);
+}
+
+/* host -> new device copy (NULL stays NULL) */
+static void *dev_upload(const void *host, size_t bytes) {
+    if (!host || bytes == 0) return NULL;
+    void *d = dev_alloc(bytes);
+    if (!d) return NULL;
+    moex_status st = moex_memcpy(d, g_dev, host, HOST, bytes);
+    if (st != MOEX_OK) {
+        fail_at(__FILE__, __LINE__, "moex_memcpy host->device (%zu bytes): %s", bytes, moex_last_error());
+        dev_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+static int to_dev(void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return 1;
+    moex_status st = moex_memcpy(dst, g_dev, src, HOST, bytes);
+    if (st != MOEX_OK) fail_at(__FILE__, __LINE__, "moex_memcpy host->device: %s", moex_last_error());
+    return st == MOEX_OK;
+}
+
+static int to_host(void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return 1;
+    moex_status st = moex_memcpy(dst, HOST, src, g_dev, bytes);
+    if (st != MOEX_OK) fail_at(__FILE__, __LINE__, "moex_memcpy device->host: %s", moex_last_error());
+    return st == MOEX_OK;
+}
+
+static moex_tensor on_dev(moex_tensor t) {
+    t.device = g_dev;
+    return t;
+}
+
+/* ------------------------------------------------------------------------ */
+/* one case                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef struct gcase {
+    int64_t T, E, k, H, I;
+    moex_dtype dt;
+    int layout;
+    moex_activation act;
+    moex_dtype id_dt, w_dt;
+    double sentinel_prob;
+    int per_expert;      /* expert_gate/up/down arrays of device pointers */
+    int sentinel_rows;   /* token 0 all -1, token 1 all E, token 2 mixed (when T >= 3) */
+    float limit;
+    uint64_t seed;
+} gcase;
+
+static const char *describe(const gcase *c, const char *backend) {
+    static char buf[360];
+    snprintf(buf, sizeof buf,
+             "backend=%s T=%lld E=%lld k=%lld H=%lld I=%lld dtype=%s layout=%s%s act=%s ids=%s w=%s "
+             "sentinels=%.2f%s limit=%g seed=%llu",
+             backend ? backend : "-", (long long)c->T, (long long)c->E, (long long)c->k, (long long)c->H,
+             (long long)c->I, dt_name(c->dt), LAYOUTS[c->layout].name, c->per_expert ? "(per-expert)" : "",
+             ACT_NAMES[c->act], dt_name(c->id_dt), dt_name(c->w_dt), c->sentinel_prob,
+             c->sentinel_rows ? "+rows" : "", (double)c->limit, (unsigned long long)c->seed);
+    return buf;
+}
+
+static gcase gcase_make(int64_t T, int64_t E, int64_t k, int64_t H, int64_t I, moex_dtype dt, uint64_t seed) {
+    gcase c;
+    memset(&c, 0, sizeof c);
+    c.T = T; c.E = E; c.k = k; c.H = H; c.I = I;
+    c.dt = dt;
+    c.act = MOEX_ACT_SILU;
+    c.id_dt = MOEX_I32;
+    c.w_dt = MOEX_F32;
+    c.limit = 7.0f;
+    c.seed = seed;
+    return c;
+}
+
+/* The layer's weights on the GPU and a description pointing at them. */
+typedef struct dev_layer {
+    moex_experts_desc desc;
+    void *gate_up, *down, *gate_up_bias, *down_bias;
+    void **eg, **eu, **ed; /* per-expert: host arrays of device pointers */
+    int64_t E;
+} dev_layer;
+
+static void dev_layer_free(dev_layer *d) {
+    dev_free(d->gate_up);
+    dev_free(d->down);
+    dev_free(d->gate_up_bias);
+    dev_free(d->down_bias);
+    for (int64_t e = 0; e < d->E; e++) {
+        if (d->eg) dev_free(d->eg[e]);
+        if (d->eu) dev_free(d->eu[e]);
+        if (d->ed) dev_free(d->ed[e]);
+    }
+    free(d->eg);
+    free(d->eu);
+    free(d->ed);
+    memset(d, 0, sizeof *d);
+}
+
+/* Rows [r0, r0+rows) of expert e of a stacked [E, R, C] tensor (transposed: [E, C, R]) as a new
+ * row-major [rows, C] (transposed: [C, rows]) host matrix. */
+static void *copy_rows(const void *stacked, moex_dtype dt, int64_t e, int64_t R, int64_t C, int64_t r0,
+                       int64_t rows, int transposed) {
+    const size_t es = ref_dtype_size(dt);
+    char *out = malloc((size_t)(rows * C) * es + 1);
+    if (!out) return NULL;
+    const char *src = (const char *)stacked + (size_t)(e * R * C) * es;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < C; c++) {
+            size_t from = transposed ? (size_t)(c * R + r0 + r) : (size_t)((r0 + r) * C + c);
+            size_t to = transposed ? (size_t)(c * rows + r) : (size_t)(r * C + c);
+            memcpy(out + to * es, src + from * es, es);
+        }
+    return out;
+}
+
+/* One host matrix of a per-expert split, uploaded; 0 on failure. */
+static int upload_part(void **slot, const void *stacked, moex_dtype dt, int64_t e, int64_t R, int64_t C,
+                       int64_t r0, int64_t rows, int transposed) {
+    void *h = copy_rows(stacked, dt, e, R, C, r0, rows, transposed);
+    if (!h) return 0;
+    *slot = dev_upload(h, (size_t)(rows * C) * ref_dtype_size(dt));
+    free(h);
+    return *slot != NULL;
+}
+
+/* host layer L -> *d on the GPU; 1 on success */
+static int dev_layer_make(dev_layer *d, const ref_layer *L, const gcase *c) {
+    const layout *lay = &LAYOUTS[c->layout];
+    const size_t es = ref_dtype_size(c->dt);
+    const int64_t E = c->E, H = c->H, I = c->I, R = lay->gated ? 2 * I : I;
+    memset(d, 0, sizeof *d);
+    d->desc = L->desc;
+    if (lay->bias) {
+        d->gate_up_bias = dev_upload(L->gate_up_bias, (size_t)(E * R) * es);
+        d->down_bias = dev_upload(L->down_bias, (size_t)(E * H) * es);
+        if (!d->gate_up_bias || !d->down_bias) return 0;
+        d->desc.gate_up_bias.data = d->gate_up_bias;
+        d->desc.gate_up_bias.device = g_dev;
+        d->desc.down_bias.data = d->down_bias;
+        d->desc.down_bias.device = g_dev;
+    }
+    if (!c->per_expert) {
+        d->gate_up = dev_upload(L->gate_up, (size_t)(E * R * H) * es);
+        d->down = dev_upload(L->down, (size_t)(E * H * I) * es);
+        if (!d->gate_up || !d->down) return 0;
+        d->desc.gate_up.data = d->gate_up;
+        d->desc.gate_up.device = g_dev;
+        d->desc.down.data = d->down;
+        d->desc.down.device = g_dev;
+        return 1;
+    }
+    d->E = E;
+    d->eg = calloc((size_t)E, sizeof(void *));
+    d->eu = calloc((size_t)E, sizeof(void *));
+    d->ed = calloc((size_t)E, sizeof(void *));
+    if (!d->eg || !d->eu || !d->ed) return 0;
+    for (int64_t e = 0; e < E; e++) {
+        if (lay->gated && !upload_part(&d->eg[e], L->gate_up, c->dt, e, R, H, 0, I, lay->transposed)) return 0;
+        if (!upload_part(&d->eu[e], L->gate_up, c->dt, e, R, H, lay->gated ? I : 0, I, lay->transposed)) return 0;
+        if (!upload_part(&d->ed[e], L->down, c->dt, e, H, I, 0, H, lay->transposed)) return 0;
+    }
+    d->desc.gate_up = ref_tensor_absent();
+    d->desc.down = ref_tensor_absent();
+    d->desc.expert_gate = lay->gated ? (const void *const *)d->eg : NULL;
+    d->desc.expert_up = (const void *const *)d->eu;
+    d->desc.expert_down = (const void *const *)d->ed;
+    d->desc.expert_dtype = c->dt;
+    d->desc.expert_device = g_dev;
+    return 1;
+}
+
+/* A case made ready: host layer, inputs and reference; device copies. */
+typedef struct grun {
+    gcase c;
+    ref_layer L;
+    dev_layer D;
+    void *hidden, *ids, *weights;     /* host */
+    void *d_hidden, *d_ids, *d_weights;/* device */
+    void *d_out;                       /* device: [T, H] + GUARD */
+    size_t out_bytes;
+    unsigned char *out_host;           /* [T, H] + GUARD */
+    double *ref;                       /* [T, H] */
+    moex_tensor th, tids, tw, tout;    /* device views */
+} grun;
+
+#define GUARD 256
+#define GUARD_BYTE 0xA5
+#define POISON_BYTE 0xFF /* NaN in f32, f16 and bf16 */
+
+static void grun_free(grun *r) {
+    ref_layer_destroy(&r->L);
+    dev_layer_free(&r->D);
+    free(r->hidden);
+    free(r->ids);
+    free(r->weights);
+    free(r->ref);
+    free(r->out_host);
+    dev_free(r->d_hidden);
+    dev_free(r->d_ids);
+    dev_free(r->d_weights);
+    dev_free(r->d_out);
+    memset(r, 0, sizeof *r);
+}
+
+/* The routing's special rows: token 0 all -1, token 1 all E, token 2 mixed; big weights on them. */
+static void apply_sentinel_rows(grun *r) {
+    const gcase *c = &r->c;
+    for (int64_t t = 0; t < c->T && t < 3; t++)
+        for (int64_t j = 0; j < c->k; j++) {
+            int64_t id = t == 0 ? -1 : t == 1 ? c->E : ((j & 1) ? c->E : -1);
+            ref_store(r->ids, c->id_dt, t * c->k + j, (double)id);
+            ref_store(r->weights, c->w_dt, t * c->k + j, 1000.0);
+        }
+}
+
+/* c -> *r; 1 on success (on failure r is freed) */
+static int grun_setup(grun *r, const gcase *c) {
+    memset(r, 0, sizeof *r);
+    r->c = *c;
+    const layout *lay = &LAYOUTS[c->layout];
+    ref_layer_spec s = {c->E, c->H, c->I, c->k, lay->gated, lay->interleaved, lay->transposed,
+                        lay->bias, c->act, 1.702f, c->limit, c->dt};
+    ref_layer_build(&r->L, &s, c->seed);
+    const size_t es = ref_dtype_size(c->dt);
+    const size_t xb = (size_t)(c->T * c->H) * es, ib = (size_t)(c->T * c->k) * ref_dtype_size(c->id_dt);
+    const size_t wb = (size_t)(c->T * c->k) * ref_dtype_size(c->w_dt);
+    r->hidden = calloc(xb + 1, 1);
+    r->ids = calloc(ib + 1, 1);
+    r->weights = calloc(wb + 1, 1);
+    r->ref = calloc((size_t)(c->T * c->H) + 1, sizeof(double));
+    r->out_bytes = xb;
+    r->out_host = malloc(xb + GUARD);
+    if (!r->hidden || !r->ids || !r->weights || !r->ref || !r->out_host) {
+        fail_at(__FILE__, __LINE__, "out of host memory [%s]", describe(c, NULL));
+        grun_free(r);
+        return 0;
+    }
+    ref_rng rng;
+    ref_rng_seed(&rng, c->seed ^ 0xABCDEFull);
+    ref_fill_random(r->hidden, c->dt, c->T * c->H, 1.0, &rng);
+    ref_random_routing(&rng, c->T, c->E, c->k, c->id_dt, r->ids, c->w_dt, r->weights, c->sentinel_prob);
+    if (c->sentinel_rows) apply_sentinel_rows(r);
+    moex_tensor hx = ref_tensor_2d(r->hidden, c->dt, c->T, c->H, c->H);
+    moex_tensor hid = ref_tensor_2d(r->ids, c->id_dt, c->T, c->k, c->k);
+    moex_tensor hw = ref_tensor_2d(r->weights, c->w_dt, c->T, c->k, c->k);
+    ref_experts_forward(&r->L.desc, &hx, &hid, &hw, r->ref);
+
+    if (!dev_layer_make(&r->D, &r->L, c)) {
+        fail_at(__FILE__, __LINE__, "uploading the layer failed [%s]", describe(c, NULL));
+        grun_free(r);
+        return 0;
+    }
+    r->d_hidden = dev_upload(r->hidden, xb);
+    r->d_ids = dev_upload(r->ids, ib);
+    r->d_weights = dev_upload(r->weights, wb);
+    r->d_out = dev_alloc(xb + GUARD);
+    if ((xb && (!r->d_hidden || !r->d_ids || !r->d_weights)) || !r->d_out) {
+        fail_at(__FILE__, __LINE__, "uploading the inputs failed [%s]", describe(c, NULL));
+        grun_free(r);
+        return 0;
+    }
+    r->th = on_dev(ref_tensor_2d(r->d_hidden, c->dt, c->T, c->H, c->H));
+    r->tids = on_dev(ref_tensor_2d(r->d_ids, c->id_dt, c->T, c->k, c->k));
+    r->tw = on_dev(ref_tensor_2d(r->d_weights, c->w_dt, c->T, c->k, c->k));
+    r->tout = on_dev(ref_tensor_2d(r->d_out, c->dt, c->T, c->H, c->H));
+    return 1;
+}
+
+/* Fill the device output with NaN bytes and the guard after it with GUARD_BYTE. */
+static int poison_out(grun *r) {
+    memset(r->out_host, POISON_BYTE, r->out_bytes);
+    memset(r->out_host + r->out_bytes, GUARD_BYTE, GUARD);
+    return to_dev(r->d_out, r->out_host, r->out_bytes + GUARD);
+}
+
+static int fetch_out(grun *r) {
+    return to_host(r->out_host, r->d_out, r->out_bytes + GUARD);
+}
+
+static int guard_ok(const grun *r) {
+    for (size_t i = 0; i < GUARD; i++)
+        if (r->out_host[r->out_bytes + i] != GUARD_BYTE) return 0;
+    return 1;
+}
+
+/* 1 if out (host copy) is bytewise still the poison */
+static int out_untouched(const grun *r) {
+    for (size_t i = 0; i < r->out_bytes; i++)
+        if (r->out_host[i] != POISON_BYTE) return 0;
+    return guard_ok(r);
+}
+
+static moex_context *make_ctx(int64_t max_tokens) {
+    moex_context_options o = moex_context_default_options();
+    o.device = g_dev;
+    o.max_tokens = max_tokens > 0 ? max_tokens : 1;
+    moex_context *ctx = NULL;
+    moex_status st = moex_context_create(&o, &ctx);
+    if (st != MOEX_OK) {
+        fail_at(__FILE__, __LINE__, "moex_context_create(cuda:%d, max_tokens=%lld): %s: %s", g_dev.index,
+                (long long)o.max_tokens, moex_status_str(st), moex_last_error());
+        return NULL;
+    }
+    return ctx;
+}
+
+/* poison, forward, synchronize, fetch: 1 if all worked (failures reported) */
+static int run_forward(grun *r, moex_context *ctx, moex_layer *layer, const char *be) {
+    if (!poison_out(r)) return 0;
+    moex_status st = moex_experts_forward(ctx, layer, be, &r->th, &r->tids, &r->tw, &r->tout);
+    if (st != MOEX_OK) {
+        fail_at(__FILE__, __LINE__, "forward: %s: %s [%s]", moex_status_str(st), moex_last_error(),
+                describe(&r->c, be));
+        return 0;
+    }
+    st = moex_context_synchronize(ctx);
+    if (st != MOEX_OK) {
+        fail_at(__FILE__, __LINE__, "synchronize after forward: %s: %s [%s]", moex_status_str(st),
+                moex_last_error(), describe(&r->c, be));
+        return 0;
+    }
+    if (!fetch_out(r)) return 0;
+    if (!guard_ok(r)) {
+        fail_at(__FILE__, __LINE__, "forward wrote past the end of out [%s]", describe(&r->c, be));
+        return 0;
+    }
+    return 1;
+}
+
+/* The output's special rows: the all-sentinel tokens must be exact zeros. */
+static void check_sentinel_rows(const grun *r, const char *be) {
+    const gcase *c = &r->c;
+    if (!c->sentinel_rows) return;
+    for (int64_t t = 0; t < c->T && t < 3; t++)
+        for (int64_t h = 0; h < c->H; h++) {
+            double v = ref_load(r->out_host, c->dt, t * c->H + h);
+            if (v != 0.0) {
+                fail_at(__FILE__, __LINE__, "all-sentinel token %lld: out[%lld] = %g, want 0 [%s]", (long long)t,
+                        (long long)h, v, describe(c, be));
+                break;
+            }
+        }
+}
+
+static void check_nmse(const grun *r, const char *be) {
+    const gcase *c = &r->c;
+    double e = ref_nmse(r->out_host, c->dt, c->T, c->H, c->H, r->ref);
+    CHECK(e <= nmse_bound(c->dt), "NMSE %.3g > %.0e [%s]", e, nmse_bound(c->dt), describe(c, be));
+}
+
+/* Every backend on one case, one context; determinism checked for `determinism` backends. */
+static void run_case(const gcase *c, int determinism) {
+    grun r;
+    if (!grun_setup(&r, c)) return;
+    moex_context *ctx = make_ctx(c->T);
+    moex_layer *layer = NULL;
+    moex_status st = moex_layer_create(&r.D.desc, &layer);
+    CHECK(st == MOEX_OK, "moex_layer_create: %s: %s [%s]", moex_status_str(st), moex_last_error(),
+          describe(c, NULL));
+    unsigned char *first = determinism ? malloc(r.out_bytes + 1) : NULL;
+    for (int b = 0; ctx && layer && b < N_BACKENDS; b++) {
+        const char *be = BACKENDS[b];
+        st = moex_prepare(ctx, layer, be);
+        if (st != MOEX_OK) {
+            fail_at(__FILE__, __LINE__, "prepare: %s: %s [%s]", moex_status_str(st), moex_last_error(),
+                    describe(c, be));
+            continue;
+        }
+        if (!run_forward(&r, ctx, layer, be)) continue;
+        if (c->T == 0) {
+            CHECK(guard_ok(&r), "T=0 wrote something [%s]", describe(c, be));
+            continue;
+        }
+        check_nmse(&r, be);
+        check_sentinel_rows(&r, be);
+        if (first) {
+            memcpy(first, r.out_host, r.out_bytes);
+            if (run_forward(&r, ctx, layer, be))
+                CHECK(memcmp(first, r.out_host, r.out_bytes) == 0,
+                      "two forwards with the same inputs differ bitwise [%s]", describe(c, be));
+        }
+    }
+    free(first);
+    moex_layer_free(layer);
+    moex_context_free(ctx);
+    grun_free(&r);
+}
+
+/* ------------------------------------------------------------------------ */
+/* correctness                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* T {0,1,3,17} x E {1,4} x k {1,2} x H {8,24} x I {8,24} x dtype, the layout/activation pair
+ * rotating as in test_experts.c; every fourth case in the per-expert layout. */
+static void test_small_product(void) {
+    static const int64_t Ts[] = {0, 1, 3, 17}, Es[] = {1, 4}, ks[] = {1, 2}, Hs[] = {8, 24}, Is[] = {8, 24};
+    int n = 0;
+    for (int it = 0; it < 4; it++)
+        for (int ie = 0; ie < 2; ie++)
+            for (int ik = 0; ik < 2; ik++) {
+                if (ks[ik] > Es[ie]) continue;
+                for (int ih = 0; ih < 2; ih++)
+                    for (int ii = 0; ii < 2; ii++)
+                        for (int id = 0; id < 3; id++, n++) {
+                            if (g_quick && n % 7 != 0) continue;
+                            gcase c = gcase_make(Ts[it], Es[ie], ks[ik], Hs[ih], Is[ii], FLOAT_DTYPES[id],
+                                                 1000u + (uint64_t)n);
+                            pair p = pair_at(n % N_PAIRS);
+                            c.layout = p.layout;
+                            c.act = p.act;
+                            c.id_dt = (n & 1) ? MOEX_I64 : MOEX_I32;
+                            c.sentinel_prob = (n % 3 == 0) ? 0.2 : 0.0;
+                            c.limit = (n & 2) ? 7.0f : 0.8f;
+                            c.per_expert = (n % 4 == 3) && !LAYOUTS[c.layout].interleaved;
+                            run_case(&c, 0);
+                        }
+            }
+}
+
+/* Every layout x activation x dtype at T=5, E=3, k=2, H=24, I=8; then again in the
+ * per-expert layout (not interleaved). */
+static void test_layouts_activations(void) {
+    for (int d = 0; d < 3; d++)
+        for (int i = 0; i < N_PAIRS; i++) {
+            if (g_quick && (i % 9 != 0 || d != 2)) continue;
+            pair p = pair_at(i);
+            gcase c = gcase_make(5, 3, 2, 24, 8, FLOAT_DTYPES[d], 77u + (uint64_t)(i * 3 + d));
+            c.layout = p.layout;
+            c.act = p.act;
+            c.limit = 0.8f;
+            c.id_dt = (i & 1) ? MOEX_I64 : MOEX_I32;
+            run_case(&c, 0);
+            if (!LAYOUTS[c.layout].interleaved && !g_quick) {
+                c.per_expert = 1;
+                c.seed += 100000u;
+                run_case(&c, 0);
+            }
+        }
+}
+
+/* Token counts 1, 2, 7, 64, 300 at an odd size, every dtype, sentinels included. */
+static void test_token_counts(void) {
+    static const int64_t Ts[] = {1, 2, 7, 64, 300};
+    for (int it = 0; it < 5; it++)
+        for (int d = 0; d < 3; d++) {
+            if (g_quick && it > 2) continue;
+            gcase c = gcase_make(Ts[it], 13, 3, 72, 40, FLOAT_DTYPES[d], 2000u + (uint64_t)(it * 3 + d));
+            c.sentinel_prob = 0.1;
+            c.sentinel_rows = Ts[it] >= 3;
+            c.id_dt = (it & 1) ? MOEX_I64 : MOEX_I32;
+            c.w_dt = d == 0 ? MOEX_F32 : (it & 1) ? MOEX_BF16 : MOEX_F16;
+            c.layout = it % 2;  /* with biases every other: a skipped expert adds no bias */
+            run_case(&c, 0);
+        }
+}
+
+/* The larger list of test_experts.c, the tensor-core case and the aligned case, every dtype. */
+static void test_large(void) {
+    static const struct {
+        int64_t T, E, k, H, I;
+        moex_dtype dt;
+        int layout;
+        moex_activation act;
+    } L[] = {
+        {1000, 60, 8, 128, 95, MOEX_BF16, 0, MOEX_ACT_SILU},
+        {333, 16, 4, 257, 128, MOEX_F16, 5, MOEX_ACT_GELU},
+        {129, 8, 2, 384, 129, MOEX_F32, 2, MOEX_ACT_GPTOSS_CLAMP},
+        {64, 32, 8, 95, 256, MOEX_BF16, 7, MOEX_ACT_SWIGLU_LIMIT},
+        {257, 60, 1, 256, 257, MOEX_F32, 9, MOEX_ACT_RELU},
+        {400, 4, 4, 129, 384, MOEX_F16, 4, MOEX_ACT_GELU_TANH},
+        {17, 60, 6, 384, 256, MOEX_BF16, 10, MOEX_ACT_GELU},
+        {1000, 2, 2, 95, 95, MOEX_F32, 1, MOEX_ACT_SWIGLU_LIMIT},
+        {200, 33, 3, 128, 384, MOEX_BF16, 3, MOEX_ACT_RELU},
+        {1, 60, 8, 257, 129, MOEX_F16, 6, MOEX_ACT_SILU},
+        {96, 64, 8, 256, 128, MOEX_BF16, 11, MOEX_ACT_GELU_TANH},
+    };
+    for (size_t i = 0; i < sizeof L / sizeof L[0]; i++) {
+        if (g_quick && i != 3 && i != 9) continue;
+        gcase c = gcase_make(L[i].T, L[i].E, L[i].k, L[i].H, L[i].I, L[i].dt, 5000u + i);
+        c.layout = L[i].layout;
+        c.act = L[i].act;
+        c.limit = 1.5f;
+        c.id_dt = (i & 1) ? MOEX_I32 : MOEX_I64;
+        c.sentinel_prob = (i % 3 == 1) ? 0.05 : 0.0;
+        run_case(&c, 0);
+    }
+    if (g_quick) return;
+    /* tensor-core sized (odd T, H and I multiples of 128 and not), and aligned */
+    for (int d = 0; d < 3; d++) {
+        gcase c = gcase_make(1500, 64, 6, 512, 384, FLOAT_DTYPES[d], 6000u + (uint64_t)d);
+        c.sentinel_prob = 0.02;
+        c.sentinel_rows = 1;
+        c.w_dt = FLOAT_DTYPES[d];
+        run_case(&c, 1);
+        gcase a = gcase_make(512, 16, 4, 256, 128, FLOAT_DTYPES[d], 6100u + (uint64_t)d);
+        a.layout = d == 2 ? 1 : 0;
+        run_case(&a, 1);
+        gcase p = a;  /* aligned, per-expert layout */
+        p.per_expert = 1;
+        p.seed += 50u;
+        run_case(&p, 0);
+    }
+}
+
+/* Every token all sentinels: exact zeros everywhere. */
+static void test_all_sentinels(void) {
+    for (int d = 0; d < 3; d++) {
+        gcase c = gcase_make(7, 1, 1, 16, 8, FLOAT_DTYPES[d], 42u + (uint64_t)d);
+        c.layout = 3;
+        grun r;
+        if (!grun_setup(&r, &c)) continue;
+        for (int64_t t = 0; t < c.T; t++) ref_store(r.ids, c.id_dt, t, (t & 1) ? 1.0 : -1.0);
+        if (!to_dev(r.d_ids, r.ids, (size_t)(c.T * c.k) * ref_dtype_size(c.id_dt))) {
+            grun_free(&r);
+            continue;
+        }
+        moex_context *ctx = make_ctx(c.T);
+        moex_layer *layer = NULL;
+        CHECK(moex_layer_create(&r.D.desc, &layer) == MOEX_OK, "layer: %s", moex_last_error());
+        for (int b = 0; ctx && layer && b < N_BACKENDS; b++) {
+            if (moex_prepare(ctx, layer, BACKENDS[b]) != MOEX_OK) {
+                fail_at(__FILE__, __LINE__, "prepare %s: %s", BACKENDS[b], moex_last_error());
+                continue;
+            }
+            if (!run_forward(&r, ctx, layer, BACKENDS[b])) continue;
+            for (int64_t i = 0; i < c.T * c.H; i++)
+                if (ref_load(r.out_host, c.dt, i) != 0.0) {
+                    fail_at(__FILE__, __LINE__, "out[%lld] = %g, want 0 (all sentinels) [%s]", (long long)i,
+                            ref_load(r.out_host, c.dt, i), describe(&c, BACKENDS[b]));
+                    break;
+                }
+        }
+        moex_layer_free(layer);
+        moex_context_free(ctx);
+        grun_free(&r);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* bad input                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* A forward that must fail on the host: status `want` (0: any failure), message naming `need`,
+ * and out untouched (checked after a synchronize, so that nothing queued could write it). */
+static void expect_rejected(grun *r, moex_context *ctx, moex_layer *layer, const char *be, const moex_tensor *x,
+                            const moex_tensor *ids, const moex_tensor *w, moex_tensor *out, moex_status want,
+                            const char *need, const char *what) {
+    if (!poison_out(r)) return;
+    moex_status st = moex_experts_forward(ctx, layer, be, x, ids, w, out);
+    const char *msg = moex_last_error();
+    if (st == MOEX_OK)
+        fail_at(__FILE__, __LINE__, "%s [%s]: forward returned OK, want an error", what, be);
+    else if (want != MOEX_OK && st != want)
+        fail_at(__FILE__, __LINE__, "%s [%s]: status %s, want %s (%s)", what, be, moex_status_str(st),
+                moex_status_str(want), msg);
+    if (st != MOEX_OK && need && !contains(msg, need))
+        fail_at(__FILE__, __LINE__, "%s [%s]: message \"%s\" does not name \"%s\"", what, be, msg, need);
+    g_checks++;
+    moex_status s2 = moex_context_synchronize(ctx);
+    CHECK(s2 == MOEX_OK, "%s [%s]: synchronize after a rejected call: %s (%s)", what, be, moex_status_str(s2),
+          moex_last_error());
+    if (fetch_out(r)) CHECK(out_untouched(r), "%s [%s]: out was written by a rejected call", what, be);
+}
+
+static void test_bad_inputs(void) {
+    gcase c = gcase_make(6, 8, 2, 32, 16, MOEX_F32, 31337);
+    grun r;
+    if (!grun_setup(&r, &c)) return;
+    moex_context *ctx = make_ctx(c.T);
+    moex_layer *layer = NULL;
+    moex_status st = moex_layer_create(&r.D.desc, &layer);
+    CHECK(st == MOEX_OK, "layer: %s", moex_last_error());
+    if (!ctx || !layer) goto done;
+    /* host-side scratch big enough for any bad view below */
+    size_t big_bytes = (size_t)((c.T + 2) * (c.H + 2)) * 8;
+    void *host_big = calloc(big_bytes, 1);
+    void *dev_big = dev_alloc(big_bytes);
+    if (!host_big || !dev_big) {
+        free(host_big);
+        dev_free(dev_big);
+        goto done;
+    }
+    int64_t T = c.T, H = c.H, k = c.k;
+    for (int b = 0; b < N_BACKENDS; b++) {
+        const char *be = BACKENDS[b];
+        if (moex_prepare(ctx, layer, be) != MOEX_OK) {
+            fail_at(__FILE__, __LINE__, "prepare %s: %s", be, moex_last_error());
+            continue;
+        }
+        /* host tensors on a CUDA context: each input in turn */
+        moex_tensor hx = ref_tensor_2d(r.hidden, c.dt, T, H, H);
+        expect_rejected(&r, ctx, layer, be, &hx, &r.tids, &r.tw, &r.tout, MOEX_OK, "hidden", "host hidden");
+        moex_tensor hid = ref_tensor_2d(r.ids, c.id_dt, T, k, k);
+        expect_rejected(&r, ctx, layer, be, &r.th, &hid, &r.tw, &r.tout, MOEX_OK, "ids", "host ids");
+        moex_tensor hw = ref_tensor_2d(r.weights, c.w_dt, T, k, k);
+        expect_rejected(&r, ctx, layer, be, &r.th, &r.tids, &hw, &r.tout, MOEX_OK, "weights", "host weights");
+        moex_tensor ho = ref_tensor_2d(host_big, c.dt, T, H, H);
+        expect_rejected(&r, ctx, layer, be, &r.th, &r.tids, &r.tw, &ho, MOEX_OK, "out", "host out");
+        /* shapes and dtypes */
+        moex_tensor t = on_dev(ref_tensor_2d(dev_big, c.dt, T, H + 1, H + 1));
+        expect_rejected(&r, ctx, layer, be, &t, &r.tids, &r.tw, &r.tout, MOEX_ERR_INVALID_ARGUMENT, "hidden",
+                        "hidden [T, H+1]");
+        t = on_dev(ref_tensor_2d(r.d_out, c.dt, T + 1, H, H));
+        expect_rejected(&r, ctx, layer, be, &r.th, &r.tids, &r.tw, &t, MOEX_ERR_INVALID_ARGUMENT, "out",
+                        "out [T+1, H]");
+        t = on_dev(ref_tensor_2d(r.d_out, MOEX_BF16, T, H, H));
+        expect_rejected(&r, ctx, layer, be, &r.th, &r.tids, &r.tw, &t, MOEX_ERR_INVALID_ARGUMENT, "out",
+                        "out bf16, hidden f32");
+        t = on_dev(ref_tensor_2d(dev_big, MOEX_F32, T, k, k));
+        expect_rejected(&r, ctx, layer, be, &r.th, &t, &r.tw, &r.tout, MOEX_ERR_INVALID_ARGUMENT, "ids",
+                        "ids f32");
+        t = on_dev(ref_tensor_2d(dev_big, MOEX_I32, T, k, k));
+        expect_rejected(&r, ctx, layer, be, &r.th, &r.tids, &t, &r.tout, MOEX_ERR_INVALID_ARGUMENT, "weights",
+                        "weights i32");
+        t = on_dev(ref_tensor_2d(dev_big, MOEX_I32, T, k + 1, k + 1));
+        expect_rejected(&r, ctx, layer, be, &r.th, &t, &r.tw, &r.tout, MOEX_ERR_INVALID_ARGUMENT, "ids",
+                        "ids [T, k+1]");
+        /* a device index that is not the context's */
+        t = r.th;
+        t.device.index = g_dev.index + 1;
+        expect_rejected(&r, ctx, layer, be, &t, &r.tids, &r.tw, &r.tout, MOEX_OK, "hidden",
+                        "hidden on another GPU");
+    }
+    /* T > max_tokens */
+    {
+        gcase c2 = gcase_make(37, 8, 2, 32, 16, MOEX_F32, 99);
+        grun r2;
+        if (grun_setup(&r2, &c2)) {
+            moex_context *small = make_ctx(36);
+            moex_layer *l2 = NULL;
+            CHECK(moex_layer_create(&r2.D.desc, &l2) == MOEX_OK, "layer: %s", moex_last_error());
+            for (int b = 0; small && l2 && b < N_BACKENDS; b++) {
+                if (moex_prepare(small, l2, BACKENDS[b]) != MOEX_OK) {
+                    fail_at(__FILE__, __LINE__, "prepare %s: %s", BACKENDS[b], moex_last_error());
+                    continue;
+                }
+                expect_rejected(&r2, small, l2, BACKENDS[b], &r2.th, &r2.tids, &r2.tw, &r2.tout,
+                                MOEX_ERR_WORKSPACE, "37", "T=37 > max_tokens=36");
+            }
+            moex_layer_free(l2);
+            moex_context_free(small);
+            grun_free(&r2);
+        }
+    }
+    /* ids outside [-1, E] on the device: queued, reported by synchronize; the context keeps working */
+    {
+        static const int64_t BAD[] = {-2, 9, 300, -1000000};
+        const size_t ib = (size_t)(T * k) * ref_dtype_size(c.id_dt);
+        for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++)
+            for (int b = 0; b < N_BACKENDS; b++) {
+                const char *be = BACKENDS[b];
+                unsigned char *ids = malloc(ib);
+                if (!ids) continue;
+                memcpy(ids, r.ids, ib);
+                ref_store(ids, c.id_dt, 2 * k + 1, (double)BAD[i]);
+                if (!to_dev(r.d_ids, ids, ib)) {
+                    free(ids);
+                    continue;
+                }
+                free(ids);
+                st = moex_experts_forward(ctx, layer, be, &r.th, &r.tids, &r.tw, &r.tout);
+                CHECK(st == MOEX_OK, "id %lld [%s]: forward returned %s (%s), want OK (checked on the device)",
+                      (long long)BAD[i], be, moex_status_str(st), moex_last_error());
+                st = moex_context_synchronize(ctx);
+                CHECK(st == MOEX_ERR_INVALID_ARGUMENT, "id %lld [%s]: synchronize returned %s (%s), want %s",
+                      (long long)BAD[i], be, moex_status_str(st), moex_last_error(),
+                      moex_status_str(MOEX_ERR_INVALID_ARGUMENT));
+                st = moex_context_synchronize(ctx);
+                CHECK(st == MOEX_OK, "id %lld [%s]: a second synchronize returned %s (%s): the error must be "
+                      "reported once", (long long)BAD[i], be, moex_status_str(st), moex_last_error());
+                /* restore and check that the context still computes correctly */
+                if (!to_dev(r.d_ids, r.ids, ib)) continue;
+                if (run_forward(&r, ctx, layer, be)) check_nmse(&r, be);
+            }
+    }
+    /* a layer whose weights are on the host, prepared in a CUDA context */
+    {
+        moex_layer *hl = NULL;
+        if (moex_layer_create(&r.L.desc, &hl) == MOEX_OK) {
+            moex_context *c2 = make_ctx(c.T);
+            for (int b = 0; c2 && b < N_BACKENDS; b++) {
+                st = moex_prepare(c2, hl, BACKENDS[b]);
+                if (st == MOEX_OK) {
+                    st = moex_experts_forward(c2, hl, BACKENDS[b], &r.th, &r.tids, &r.tw, &r.tout);
+                    CHECK(st != MOEX_OK, "host-weight layer on a CUDA context [%s]: forward accepted", BACKENDS[b]);
+                } else {
+                    CHECK(contains(moex_last_error(), "cpu") || contains(moex_last_error(), "host") ||
+                          contains(moex_last_error(), "device"),
+                          "host-weight layer on a CUDA context [%s]: message \"%s\" names no device",
+                          BACKENDS[b], moex_last_error());
+                }
+            }
+            moex_context_free(c2);
+            moex_layer_free(hl);
+        }
+    }
+    free(host_big);
+    dev_free(dev_big);
+done:
+    moex_layer_free(layer);
+    moex_context_free(ctx);
+    grun_free(&r);
+}
+
+/* Graph capture on a CPU context: unsupported; a CPU context's stream: unsupported. */
+static void test_cpu_context_graph(void) {
+    moex_context_options o = moex_context_default_options();
+    o.num_threads = 1;
+    moex_context *ctx = NULL;
+    if (moex_context_create(&o, &ctx) != MOEX_OK) {
+        fail_at(__FILE__, __LINE__, "CPU context: %s", moex_last_error());
+        return;
+    }
+    moex_status st = moex_graph_begin(ctx);
+    CHECK(st == MOEX_ERR_UNSUPPORTED, "moex_graph_begin on a CPU context: %s, want unsupported", moex_status_str(st));
+    void *stream = NULL;
+    st = moex_context_stream(ctx, &stream);
+    CHECK(st == MOEX_ERR_UNSUPPORTED, "moex_context_stream on a CPU context: %s, want unsupported",
+          moex_status_str(st));
+    CHECK(moex_context_synchronize(ctx) == MOEX_OK, "synchronize on a CPU context: %s", moex_last_error());
+    moex_graph *g = NULL;
+    st = moex_graph_end(ctx, &g);
+    CHECK(st != MOEX_OK && g == NULL, "moex_graph_end on a CPU context: %s", moex_status_str(st));
+    moex_context_free(ctx);
+    /* on a CUDA context: end without begin fails and leaves *out alone */
+    moex_context *cctx = make_ctx(4);
+    if (cctx) {
+        g = NULL;
+        st = moex_graph_end(cctx, &g);
+        CHECK(st != MOEX_OK && g == NULL, "moex_graph_end without begin: %s", moex_status_str(st));
+        CHECK(moex_context_stream(cctx, &stream) == MOEX_OK && stream != NULL, "moex_context_stream: %s",
+              moex_last_error());
+        moex_context_free(cctx);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* graph capture and replay                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* New random hidden states, ids and weights for r (host), the reference, and upload them. */
+static int new_inputs(grun *r, uint64_t seed) {
+    const gcase *c = &r->c;
+    ref_rng rng;
+    ref_rng_seed(&rng, seed);
+    ref_fill_random(r->hidden, c->dt, c->T * c->H, 1.0, &rng);
+    ref_random_routing(&rng, c->T, c->E, c->k, c->id_dt, r->ids, c->w_dt, r->weights, 0.05);
+    moex_tensor hx = ref_tensor_2d(r->hidden, c->dt, c->T, c->H, c->H);
+    moex_tensor hid = ref_tensor_2d(r->ids, c->id_dt, c->T, c->k, c->k);
+    moex_tensor hw = ref_tensor_2d(r->weights, c->w_dt, c->T, c->k, c->k);
+    ref_experts_forward(&r->L.desc, &hx, &hid, &hw, r->ref);
+    return to_dev(r->d_hidden, r->hidden, (size_t)(c->T * c->H) * ref_dtype_size(c->dt)) &&
+           to_dev(r->d_ids, r->ids, (size_t)(c->T * c->k) * ref_dtype_size(c->id_dt)) &&
+           to_dev(r->d_weights, r->weights, (size_t)(c->T * c->k) * ref_dtype_size(c->w_dt));
+}
+
+static void test_graph_replay(void) {
+    static const int64_t Ts[] = {1, 7, 64};
+    for (int b = 0; b < N_BACKENDS; b++)
+        for (int it = 0; it < 3; it++) {
+            if (g_quick && it != 1) continue;
+            const char *be = BACKENDS[b];
+            gcase c = gcase_make(Ts[it], 32, 4, 256, 128, MOEX_BF16, 7000u + (uint64_t)(b * 3 + it));
+            c.w_dt = MOEX_BF16;
+            grun r;
+            if (!grun_setup(&r, &c)) continue;
+            moex_context *ctx = make_ctx(c.T);
+            moex_layer *layer = NULL;
+            CHECK(moex_layer_create(&r.D.desc, &layer) == MOEX_OK, "layer: %s", moex_last_error());
+            unsigned char *graph_out = malloc(r.out_bytes + 1);
+            moex_graph *g = NULL;
+            moex_status st = MOEX_OK;
+            if (!ctx || !layer || !graph_out || moex_prepare(ctx, layer, be) != MOEX_OK) {
+                fail_at(__FILE__, __LINE__, "graph setup [%s]: %s", describe(&c, be), moex_last_error());
+                goto next;
+            }
+            if (!poison_out(&r)) goto next;
+            st = moex_graph_begin(ctx);
+            if (st != MOEX_OK) {
+                fail_at(__FILE__, __LINE__, "moex_graph_begin: %s: %s [%s]", moex_status_str(st), moex_last_error(),
+                        describe(&c, be));
+                goto next;
+            }
+            st = moex_experts_forward(ctx, layer, be, &r.th, &r.tids, &r.tw, &r.tout);
+            CHECK(st == MOEX_OK, "forward while capturing: %s: %s [%s]", moex_status_str(st), moex_last_error(),
+                  describe(&c, be));
+            moex_status st_end = moex_graph_end(ctx, &g);
+            if (st != MOEX_OK || st_end != MOEX_OK || !g) {
+                fail_at(__FILE__, __LINE__, "moex_graph_end: %s: %s [%s] (backend not capturable?)",
+                        moex_status_str(st_end), moex_last_error(), describe(&c, be));
+                goto next;
+            }
+            /* the capture must not have run the forward */
+            CHECK(moex_context_synchronize(ctx) == MOEX_OK, "synchronize after capture: %s", moex_last_error());
+            if (fetch_out(&r))
+                CHECK(out_untouched(&r), "capturing ran the forward (out written) [%s]", describe(&c, be));
+            for (int rep = 0; rep < 3; rep++) {
+                if (!new_inputs(&r, 9000u + (uint64_t)(rep * 31 + it * 7 + b))) break;
+                if (!poison_out(&r)) break;
+                st = moex_graph_launch(g, ctx);
+                CHECK(st == MOEX_OK, "moex_graph_launch: %s: %s [%s]", moex_status_str(st), moex_last_error(),
+                      describe(&c, be));
+                st = moex_context_synchronize(ctx);
+                CHECK(st == MOEX_OK, "synchronize after replay: %s: %s [%s]", moex_status_str(st),
+                      moex_last_error(), describe(&c, be));
+                if (!fetch_out(&r)) break;
+                CHECK(guard_ok(&r), "replay wrote past out [%s]", describe(&c, be));
+                double e = ref_nmse(r.out_host, c.dt, c.T, c.H, c.H, r.ref);
+                CHECK(e <= nmse_bound(c.dt), "replay %d: NMSE %.3g > %.0e (stale routing?) [%s]", rep, e,
+                      nmse_bound(c.dt), describe(&c, be));
+                memcpy(graph_out, r.out_host, r.out_bytes);
+                if (!run_forward(&r, ctx, layer, be)) break;
+                CHECK(memcmp(graph_out, r.out_host, r.out_bytes) == 0,
+                      "replay %d differs bitwise from an uncaptured forward [%s]", rep, describe(&c, be));
+            }
+        next:
+            moex_graph_free(g);
+            free(graph_out);
+            moex_layer_free(layer);
+            moex_context_free(ctx);
+            grun_free(&r);
+        }
+}
+
+/* Two contexts sharing one layer and stream slot, interleaved: each gets its own correct answer. */
+static void test_two_contexts(void) {
+    gcase c = gcase_make(33, 16, 4, 128, 64, MOEX_BF16, 4242);
+    grun r;
+    if (!grun_setup(&r, &c)) return;
+    moex_layer *layer = NULL;
+    moex_context *a = make_ctx(c.T), *b2 = make_ctx(c.T);
+    CHECK(moex_layer_create(&r.D.desc, &layer) == MOEX_OK, "layer: %s", moex_last_error());
+    if (a && b2 && layer && moex_prepare(a, layer, "grouped_mm") == MOEX_OK &&
+        moex_prepare(b2, layer, "batched_mm") == MOEX_OK) {
+        if (run_forward(&r, a, layer, "grouped_mm")) check_nmse(&r, "grouped_mm (context a)");
+        if (run_forward(&r, b2, layer, "batched_mm")) check_nmse(&r, "batched_mm (context b)");
+    } else {
+        fail_at(__FILE__, __LINE__, "two contexts: setup failed: %s", moex_last_error());
+    }
+    moex_context_free(a);
+    moex_context_free(b2);
+    moex_layer_free(layer);
+    grun_free(&r);
+}
+
+/* ------------------------------------------------------------------------ */
+/* main                                                                      */
+/* ------------------------------------------------------------------------ */
+
+typedef struct test_entry {
+    const char *name;
+    void (*fn)(void);
+} test_entry;
+
+int main(int argc, char **argv) {
+    const char *q = getenv("MOEX_GPU_TEST_QUICK");
+    g_quick = q && *q && strcmp(q, "0") != 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) {
+            g_quick = 1;
+        } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+            char *end = NULL;
+            long v = strtol(argv[++i], &end, 10);
+            if (!end || *end || v < 0 || v > 1023) {
+                fprintf(stderr, "test_cuda_backends: --device \"%s\" is not a GPU index\n", argv[i]);
+                return 2;
+            }
+            g_dev.index = (int)v;
+        } else {
+            fprintf(stderr, "usage: test_cuda_backends [--quick] [--device N]\n(\"%s\" not understood)\n", argv[i]);
+            return 2;
+        }
+    }
+    moex_device_info info;
+    moex_status st = moex_device_query(g_dev, &info);
+    if (st != MOEX_OK) {
+        fprintf(stderr, "test_cuda_backends: moex_device_query(cuda:%d): %s\n", g_dev.index, moex_last_error());
+        return 1;
+    }
+    if (!info.available) {
+        printf("SKIP: cuda:%d is not usable: %s\n", g_dev.index, info.reason);
+        return EXIT_SKIP;
+    }
+    printf("test_cuda_backends: moex %s on %s (compute capability %d.%d, %d GPU(s))%s\n", moex_version(),
+           info.name, info.cc_major, info.cc_minor, info.cuda_devices, g_quick ? ", quick subset" : "");
+    fflush(stdout);
+    static const test_entry TESTS[] = {
+        {"cpu_context_graph", test_cpu_context_graph},
+        {"small_product", test_small_product},
+        {"layouts_activations", test_layouts_activations},
+        {"token_counts", test_token_counts},
+        {"all_sentinels", test_all_sentinels},
+        {"bad_inputs", test_bad_inputs},
+        {"graph_replay", test_graph_replay},
+        {"two_contexts", test_two_contexts},
+        {"large", test_large},
+    };
+    int failed_tests = 0, n = (int)(sizeof TESTS / sizeof TESTS[0]);
+    for (int i = 0; i < n; i++) {
+        int before = g_failures, checks = g_checks;
+        double t0 = now_s();
+        TESTS[i].fn();
+        int f = g_failures - before;
+        printf("[%s] %-22s %6d checks, %d failed  (%.1f s)\n", f ? "FAIL" : " OK ", TESTS[i].name,
+               g_checks - checks, f, now_s() - t0);
+        fflush(stdout);
+        failed_tests += f != 0;
+    }
+    printf("test_cuda_backends: %d of %d tests passed, %d checks, %d failed\n", n - failed_tests, n, g_checks,
+           g_failures);
+    return g_failures ? 1 : 0;
+}
