@@ -181,6 +181,17 @@ static void logits_of(const char *dir, float *out, int *transposed) {
     moex_model_free(m);
 }
 
+/* Whole models on a GPU are not in this version: a clear refusal, nothing made. */
+static void test_model_on_cuda_refused(void **state) {
+    (void)state;
+    moex_model_options mo = moex_model_default_options();
+    mo.device.kind = MOEX_DEVICE_CUDA;
+    moex_model *m = (moex_model *)&mo;
+    assert_int_equal(moex_model_load(MOEX_FIXTURES "/qwen3_moe", &mo, &m), MOEX_ERR_UNSUPPORTED);
+    assert_ptr_equal(m, (moex_model *)&mo);
+    assert_non_null(strstr(moex_last_error(), "cpu"));
+}
+
 static void test_fused_transposed_with_h_equal_2i(void **state) {
     (void)state;
     char plain[] = "/tmp/moex_limits_a_XXXXXX", trans[] = "/tmp/moex_limits_b_XXXXXX";
@@ -205,6 +216,7 @@ int main(void) {
         cmocka_unit_test(test_workspace_size_overflow),
         cmocka_unit_test(test_router_ignores_n_group_unless_grouped),
         cmocka_unit_test(test_fused_transposed_with_h_equal_2i),
+        cmocka_unit_test(test_model_on_cuda_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -48,10 +48,10 @@ extern "C" moex_status moex_cuda_device_query(int index, moex_device_info *info)
     }
     info->cc_major = p.major;
     info->cc_minor = p.minor;
-    snprintf(info->name, sizeof info->name, "cuda:%d (%s, sm_%d%d, %d SMs)", index, p.name, p.major, p.minor,
+    snprintf(info->name, sizeof info->name, "cuda:%d (%.60s, sm_%d%d, %d SMs)", index, p.name, p.major, p.minor,
              p.multiProcessorCount);
     if (p.major < 7) {
-        snprintf(info->reason, sizeof info->reason, "%s has compute capability %d.%d; moex needs 7.0 or newer", p.name,
+        snprintf(info->reason, sizeof info->reason, "%.60s has compute capability %d.%d; moex needs 7.0 or newer", p.name,
                  p.major, p.minor);
         return MOEX_OK;
     }

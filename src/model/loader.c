@@ -230,6 +230,11 @@ static moex_status check_family(const moex_config *c) {
 }
 
 static moex_status check_options(const moex_model_options *o) {
+    if (o->device.kind != MOEX_DEVICE_CPU)
+        return moex_fail(MOEX_ERR_UNSUPPORTED,
+                         "device kind %d: whole models run on the cpu in this version of moex; on a GPU, run the "
+                         "experts layers through moex_experts_forward",
+                         (int)o->device.kind);
     if (o->dtype != MOEX_F32 && o->dtype != MOEX_BF16)
         return moex_fail(MOEX_ERR_UNSUPPORTED, "compute dtype %s is not supported (f32, bf16)", moex_dtype_name(o->dtype));
     if (o->max_batch < 1 || o->max_batch > 4096 || o->max_seq < 1 || o->max_seq > ((int64_t)1 << 24) ||
