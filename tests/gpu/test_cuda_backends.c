@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include "moex.h"
+#include "layouts.h"
 #include "reference.h"
 
 /* ------------------------------------------------------------------------ */
@@ -108,63 +109,6 @@ static double now_s(void) {
 
 static const char *const BACKENDS[] = {"eager", "batched_mm", "grouped_mm"};
 #define N_BACKENDS 3
-
-typedef struct layout {
-    int gated, interleaved, transposed, bias;
-    const char *name;
-} layout;
-
-static const layout LAYOUTS[] = {
-    {1, 0, 0, 0, "concat"},        {1, 0, 0, 1, "concat+bias"},
-    {1, 0, 1, 0, "concat.T"},      {1, 0, 1, 1, "concat.T+bias"},
-    {1, 1, 0, 0, "interleaved"},   {1, 1, 0, 1, "interleaved+bias"},
-    {1, 1, 1, 0, "interleaved.T"}, {1, 1, 1, 1, "interleaved.T+bias"},
-    {0, 0, 0, 0, "ungated"},       {0, 0, 0, 1, "ungated+bias"},
-    {0, 0, 1, 0, "ungated.T"},     {0, 0, 1, 1, "ungated.T+bias"},
-};
-#define N_LAYOUTS ((int)(sizeof LAYOUTS / sizeof LAYOUTS[0]))
-
-static const char *const ACT_NAMES[MOEX_ACTIVATION_COUNT] = {
-    "silu", "gelu", "gelu_tanh", "relu", "gptoss_clamp", "swiglu_limit"};
-
-static const moex_dtype FLOAT_DTYPES[] = {MOEX_F32, MOEX_F16, MOEX_BF16};
-
-#define N_PAIRS 64 /* gated layouts x 6 activations + ungated x 4 */
-
-typedef struct pair {
-    int layout;
-    moex_activation act;
-} pair;
-
-static pair pair_at(int i) {
-    pair p = {0, MOEX_ACT_SILU};
-    int n = 0;
-    for (int l = 0; l < N_LAYOUTS; l++) {
-        int nact = LAYOUTS[l].gated ? 6 : 4;
-        for (int a = 0; a < nact; a++, n++)
-            if (n == i) {
-                p.layout = l;
-                p.act = (moex_activation)a;
-                return p;
-            }
-    }
-    return p;
-}
-
-static const char *dt_name(moex_dtype dt) {
-    switch (dt) {
-    case MOEX_F32: return "f32";
-    case MOEX_F16: return "f16";
-    case MOEX_BF16: return "bf16";
-    case MOEX_I32: return "i32";
-    case MOEX_I64: return "i64";
-    default: return "?";
-    }
-}
-
-static double nmse_bound(moex_dtype dt) {
-    return dt == MOEX_F32 ? 1e-10 : dt == MOEX_F16 ? 1e-6 : 1e-4;
-}
 
 /* ------------------------------------------------------------------------ */
 /* device memory                                                             */
