@@ -493,7 +493,8 @@ static int parse_args(int argc, char **argv, bench_opts *o)
     return rc;
 }
 
-/* The largest T backend `name` may run (--backend-max-tokens), else MAX_TOKENS. */
+#if MOEX_HAVE_CUDA
+/* The largest T backend `name` may run (--backend-max-tokens, cuda only), else MAX_TOKENS. */
 static int64_t backend_limit(const bench_opts *o, const char *name)
 {
     for (int i = 0; i < o->nlimits; i++)
@@ -501,6 +502,7 @@ static int64_t backend_limit(const bench_opts *o, const char *name)
             return o->limit_tokens[i];
     return MAX_TOKENS;
 }
+#endif
 
 /* ------------------------------------------------------------------ helpers */
 
