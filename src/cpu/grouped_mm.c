@@ -7,7 +7,10 @@
  * Work items are (expert, block of MOEX_NB output columns) over all experts
  * at once, handed out dynamically; each packs its block of weights once for
  * all of the expert's rows. Every output element is computed by one thread in
- * a fixed order, so the result does not depend on the thread count. */
+ * a fixed order, so the result does not depend on the thread count.
+ * Quantized experts: x is quantized per token before gate/up and h per row before
+ * down; the kernels read the weights' codes in place (decoded into the packed
+ * panels, or streamed). */
 #include "cpu/common.h"
 #include <omp.h>
 
@@ -33,6 +36,10 @@ static grouped_ws carve(moex_ws *ws, const moex_cpu_kernels *kr, const moex_expe
         return g;
     }
     g.x = moex_hidden_rows(ws, kr, hidden, T, d->hidden, threads);
+    if (moex_layer_quantized(d)) { /* the activations quantized per token */
+        float *xq = moex_ws_take_array(ws, T, d->hidden, sizeof(float));
+        if (ws->base) g.x = moex_quantize_rows(kr, d, g.x, xq, T, d->hidden, threads);
+    }
     g.routing = moex_routing_sort(ws, d, ids, T);
     g.xrow = moex_ws_take_array(ws, P, 1, sizeof(float *));
     g.hrow = moex_ws_take_array(ws, P, 1, sizeof(float *));
@@ -56,6 +63,9 @@ static moex_status grouped_forward(const moex_forward_args *args, void *user) {
     const int64_t R = d->gated ? 2 * I : I;
     moex_ws ws = {args->workspace, 0};
     grouped_ws g = carve(&ws, kr, d, args->hidden, args->ids, args->tokens, args->num_threads);
+    const int quant = moex_layer_quantized(d);
+    const moex_dtype wdt = moex_weight_dtype(d);
+    const int64_t qblock = moex_act_quant_block(d);
     const int64_t *off = g.routing.offsets;
     const int64_t jblocks = (I + MOEX_NB - 1) / MOEX_NB, hblocks = (H + MOEX_NB - 1) / MOEX_NB;
     for (int64_t r = 0; r < off[E]; r++) {
@@ -72,6 +82,10 @@ static moex_status grouped_forward(const moex_forward_args *args, void *user) {
             if (n == 0) continue;
             const int64_t nb = I - j0 < MOEX_NB ? I - j0 : MOEX_NB;
             moex_gate_up_block(kr, d, e, g.xrow + off[e], n, j0, nb, s->pack, g.gu + off[e] * R, g.h + off[e] * I + j0, I);
+        }
+        if (quant) { // quantized experts: h quantized per row, once it is whole
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < off[E]; r++) kr->act_quant(g.h + r * I, g.h + r * I, I, wdt, qblock);
         }
         // down: item (e, hb) -> y[rows of e, hb*NB ..]
 #pragma omp for schedule(dynamic, 1)

@@ -1,0 +1,187 @@
+/* quant_kernels_avx2.c — AVX2/FMA kernels for quantized weights: they read the
+ * e4m3 / e2m1 codes in place (no dequantized copy of the weights).
+ *   e4m3: a code becomes f32 without a table: sign-extend to int32, shift left 20,
+ *         AND 0x87F00000 gives the value times 2^-120 (subnormals exact; the NaN
+ *         codes 0x7F/0xFF read as +-480). The 2^120 is folded into the block scale.
+ *   e2m1: 8 magnitudes in one register, vpermps by the low 3 bits, sign from bit 3.
+ * Streaming (few rows): codes are multiplied into a per-block accumulator and the
+ * block scale is applied once per block and row. Packing (many rows): codes are
+ * decoded times their scale into the f32 panels of the unchanged GEMM micro-kernel.
+ * Reference: quant_kernels_portable.c. Compiled with -mavx2 -mfma -mf16c. */
+#include "cpu/kernels.h"
+#include "cpu/avx2_util.h"
+
+/* ---- decoding ------------------------------------------------------------------------------- */
+
+// 8 e4m3 codes at p -> their values times 2^-120.
+static inline __m256 e4m3_raw8(const uint8_t *p) {
+    const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32((int)0x87F00000u)));
+}
+
+static inline __m256 e2m1_table(void) { return _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f); }
+
+// 8 nibbles (as int32 lanes 0..15) -> e2m1 values.
+static inline __m256 e2m1_decode(__m256i idx, __m256 table) {
+    const __m256 mag = _mm256_permutevar8x32_ps(table, idx);
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(idx, _mm256_set1_epi32(8)), 28);
+    return _mm256_or_ps(mag, _mm256_castsi256_ps(sign));
+}
+
+// The 16 nibbles of bytes b[0..8) in element order (low nibble first) as bytes of the result.
+static inline __m128i nibbles_lo(__m128i b) {
+    const __m128i m = _mm_set1_epi8(0x0F);
+    return _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+}
+static inline __m128i nibbles_hi(__m128i b) {
+    const __m128i m = _mm_set1_epi8(0x0F);
+    return _mm_unpackhi_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+}
+
+// 8 e2m1 values starting at element k (even) of a row of codes.
+static inline __m256 e2m1_8(const uint8_t *row, int64_t k, __m256 table) {
+    int32_t word;
+    memcpy(&word, row + k / 2, 4);
+    return e2m1_decode(_mm256_cvtepu8_epi32(nibbles_lo(_mm_cvtsi32_si128(word))), table);
+}
+
+// 8 codes of row r at element k as f32 times the code unit (2^-120 for e4m3, 1 for e2m1).
+static inline __m256 codes8(const moex_bmat *b, int64_t r, int64_t k, __m256 table) {
+    const uint8_t *w = b->w;
+    if (b->dtype == MOEX_E4M3) return e4m3_raw8(w + r * b->ld + k);
+    return e2m1_8(w + r * (b->ld / 2), k, table);
+}
+
+/* ---- packing ---------------------------------------------------------------------------------- */
+
+// The vector path needs 8-element chunks that never straddle a scale block.
+static int chunks_fit(const moex_bmat *b, int64_t k0) { return b->block_k % 8 == 0 && k0 % 8 == 0; }
+
+void moex_qpack_avx2(const moex_bmat *b, int64_t k0, int64_t kc, int64_t n0, int64_t nc, float *bp) {
+    if (!chunks_fit(b, k0)) {
+        moex_qpack_portable(b, k0, kc, n0, nc, bp);
+        return;
+    }
+    const __m256 table = e2m1_table();
+    const int64_t panels = (nc + 15) / 16, k8 = kc & ~(int64_t)7;
+    for (int64_t p = 0; p < panels; p++) {
+        float *dst = bp + p * kc * 16;
+        for (int half = 0; half < 2; half++) {
+            const int64_t j0 = p * 16 + half * 8, r0 = b->base + n0 + j0;
+            const int full = j0 + 8 <= nc;
+            if (full)
+                for (int64_t k = 0; k < k8; k += 8) {
+                    __m256 r[8];
+                    for (int i = 0; i < 8; i++)
+                        r[i] = _mm256_mul_ps(codes8(b, r0 + i, k0 + k, table),
+                                             _mm256_set1_ps(moex_bmat_scale(b, r0 + i, k0 + k)));
+                    transpose8(r);
+                    for (int i = 0; i < 8; i++) _mm256_store_ps(dst + (k + i) * 16 + half * 8, r[i]);
+                }
+            for (int64_t k = full ? k8 : 0; k < kc; k++)
+                for (int i = 0; i < 8; i++)
+                    dst[k * 16 + half * 8 + i] = j0 + i < nc ? moex_bmat_at(b, k0 + k, n0 + j0 + i) : 0.0f;
+        }
+    }
+}
+
+/* ---- streaming: c[m, n] = sum_k a[m][k] * B(k, n), M <= 4 rows -------------------------------- */
+
+// M rows x NC weight rows at a time. Per scale block: blk = sum a * code (8 lanes), then
+// tot += blk * scale. Elements of a block past its last full chunk of 8 go to a scalar tail.
+// While reading its NC rows it prefetches the NC rows after them, as the bf16 stream kernels do.
+#define QSTREAM(NAME, M, NC)                                                                                 \
+    static void NAME(const moex_bmat *b, const float *const *a, int64_t n, int64_t K, float *c, int64_t ldc) { \
+        const __m256 table = e2m1_table();                                                                   \
+        const int64_t r0 = b->base + n, bk = b->block_k;                                                     \
+        const int64_t row_bytes = b->dtype == MOEX_E4M3 ? b->ld : b->ld / 2, ahead = NC * row_bytes;         \
+        const char *w0 = (const char *)b->w + r0 * row_bytes;                                                \
+        __m256 tot[M][NC];                                                                                   \
+        float tail[M][NC];                                                                                   \
+        for (int m = 0; m < M; m++)                                                                          \
+            for (int j = 0; j < NC; j++) tot[m][j] = _mm256_setzero_ps(), tail[m][j] = 0.0f;                 \
+        for (int64_t k0 = 0; k0 < K; k0 += bk) {                                                             \
+            const int64_t k1 = k0 + bk < K ? k0 + bk : K, kv = k0 + ((k1 - k0) & ~(int64_t)7);              \
+            __m256 blk[M][NC];                                                                               \
+            for (int m = 0; m < M; m++)                                                                      \
+                for (int j = 0; j < NC; j++) blk[m][j] = _mm256_setzero_ps();                                \
+            for (int64_t k = k0; k < kv; k += 8) {                                                           \
+                if (((k * row_bytes / b->ld) & 63) == 0)                                                     \
+                    for (int j = 0; j < NC; j++)                                                             \
+                        _mm_prefetch(w0 + j * row_bytes + ahead + k * row_bytes / b->ld, _MM_HINT_T0);       \
+                __m256 bw[NC];                                                                               \
+                for (int j = 0; j < NC; j++) bw[j] = codes8(b, r0 + j, k, table);                            \
+                for (int m = 0; m < M; m++) {                                                                \
+                    const __m256 x = _mm256_loadu_ps(a[m] + k);                                              \
+                    for (int j = 0; j < NC; j++) blk[m][j] = _mm256_fmadd_ps(x, bw[j], blk[m][j]);           \
+                }                                                                                            \
+            }                                                                                                \
+            for (int j = 0; j < NC; j++) {                                                                   \
+                const float s = moex_bmat_scale(b, r0 + j, k0);                                              \
+                const __m256 vs = _mm256_set1_ps(s);                                                         \
+                for (int m = 0; m < M; m++) {                                                                \
+                    tot[m][j] = _mm256_fmadd_ps(blk[m][j], vs, tot[m][j]);                                   \
+                    for (int64_t k = kv; k < k1; k++) tail[m][j] += a[m][k] * moex_bmat_code(b, r0 + j, k) * s; \
+                }                                                                                            \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int m = 0; m < M; m++)                                                                          \
+            for (int j = 0; j < NC; j++) c[m * ldc + j] = hsum(tot[m][j]) + tail[m][j];                      \
+    }
+QSTREAM(qstream_1x4, 1, 4)
+QSTREAM(qstream_2x2, 2, 2)
+QSTREAM(qstream_3x1, 3, 1)
+QSTREAM(qstream_4x1, 4, 1)
+QSTREAM(qstream_1x1, 1, 1)
+QSTREAM(qstream_2x1, 2, 1)
+
+typedef void (*qstream_fn)(const moex_bmat *, const float *const *, int64_t, int64_t, float *, int64_t);
+
+void moex_qstream_avx2(const moex_bmat *b, const float *const *a, int M, int64_t n0, int64_t nc, int64_t K, float *c,
+                       int64_t ldc) {
+    static const qstream_fn wide[5] = {0, qstream_1x4, qstream_2x2, qstream_3x1, qstream_4x1};
+    static const qstream_fn one[5] = {0, qstream_1x1, qstream_2x1, qstream_3x1, qstream_4x1};
+    static const int step[5] = {0, 4, 2, 1, 1};
+    int64_t n = 0;
+    for (; n + step[M] <= nc; n += step[M]) wide[M](b, a, n0 + n, K, c + n, ldc);
+    for (; n < nc; n++) one[M](b, a, n0 + n, K, c + n, ldc);
+}
+
+/* ---- dynamic activation quantization (contract: moex_act_quant_row) --------------------------- */
+
+void moex_act_quant_avx2(const float *x, float *out, int64_t n, moex_dtype wdt, int64_t block) {
+    const int fp8 = wdt == MOEX_E4M3;
+    const float max = fp8 ? MOEX_E4M3_MAX : MOEX_E2M1_MAX;
+    const int mbits = fp8 ? 3 : 1, emin = fp8 ? -6 : 0, drop = 23 - mbits;
+    const __m256 vmax = _mm256_set1_ps(max), vmin = _mm256_set1_ps(-max), absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 min_normal = _mm256_set1_ps(ldexpf(1.0f, emin)), sub_q = _mm256_set1_ps(ldexpf(1.0f, mbits - emin));
+    const __m256 sub_unit = _mm256_set1_ps(ldexpf(1.0f, emin - mbits));
+    const __m256i half = _mm256_set1_epi32((1 << (drop - 1)) - 1), one = _mm256_set1_epi32(1);
+    const __m256i keep = _mm256_set1_epi32((int)~((1u << drop) - 1u));
+    for (int64_t b0 = 0; b0 < n; b0 += block) {
+        const int64_t b1 = b0 + block < n ? b0 + block : n, v1 = b0 + ((b1 - b0) & ~(int64_t)7);
+        __m256 vamax = _mm256_setzero_ps();
+        for (int64_t i = b0; i < v1; i += 8) vamax = _mm256_max_ps(vamax, _mm256_and_ps(_mm256_loadu_ps(x + i), absmask));
+        float lanes[8], amax = 0.0f;
+        _mm256_storeu_ps(lanes, vamax);
+        for (int i = 0; i < 8; i++) amax = fmaxf(amax, lanes[i]);
+        for (int64_t i = v1; i < b1; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const float s = moex_act_block_scale(amax, wdt);
+        const __m256 vs = _mm256_set1_ps(s);
+        for (int64_t i = b0; i < v1; i += 8) {
+            __m256 y = _mm256_div_ps(_mm256_loadu_ps(x + i), vs);
+            y = _mm256_max_ps(_mm256_min_ps(y, vmax), vmin);
+            const __m256i u = _mm256_castps_si256(y);
+            const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, drop), one);
+            const __m256 normal = _mm256_castsi256_ps(_mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, half), odd), keep));
+            const __m256 sub = _mm256_mul_ps(_mm256_round_ps(_mm256_mul_ps(y, sub_q), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), sub_unit);
+            const __m256 is_sub = _mm256_cmp_ps(_mm256_and_ps(y, absmask), min_normal, _CMP_LT_OQ);
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_blendv_ps(normal, sub, is_sub), vs));
+        }
+        for (int64_t i = v1; i < b1; i++) {
+            float y = x[i] / s;
+            y = y > max ? max : y < -max ? -max : y;
+            out[i] = moex_round_minifloat(y, mbits, emin) * s;
+        }
+    }
+}
