@@ -71,7 +71,9 @@ typedef struct bench_opts {
     int ntokens;
     char backends[MAX_BACKENDS][NAME_LEN];
     int nbackends;
-    moex_dtype dtype;
+    moex_dtype dtype;           /* activations (and weights unless quantized) */
+    int quantized;              /* 1: weights in qformat, activations bf16 */
+    moex_quant_format qformat;
     moex_device device;
     int64_t max_experts; /* 0: all */
     int threads;         /* 0: one per online core */
@@ -94,7 +96,8 @@ static void print_usage(FILE *f)
           "                    deepseek-v3 or gpt-oss-20b\n"
           "  --tokens LIST     token counts, e.g. 1,8,512\n"
           "  --backends LIST   backends, run interleaved (default eager,batched_mm,grouped_mm)\n"
-          "  --dtype NAME      f32, f16 or bf16: weights and activations (default bf16)\n"
+          "  --dtype NAME      f32, f16 or bf16: weights and activations (default bf16);\n"
+          "                    fp8, fp8-ue8m0 or fp4: quantized weights, bf16 activations\n"
           "  --device NAME     cpu (default; cuda is not benchmarked yet)\n"
           "  --max-experts N   use at most N experts (top-k becomes min(k, N))\n"
           "  --threads N       CPU threads (default: one per online core)\n"
@@ -230,17 +233,23 @@ static int parse_shape(const char *s, bench_opts *o)
 
 static int parse_dtype(const char *s, bench_opts *o)
 {
-    static const char *const later[] = {"fp8", "fp8-ue8m0", "fp4"};
+    o->quantized = 0;
     if (strcmp(s, "f32") == 0 || strcmp(s, "f16") == 0 || strcmp(s, "bf16") == 0)
         return moex_dtype_parse(s, &o->dtype) == MOEX_OK
                    ? 0
                    : usage_error("--dtype: \"%s\": %s", s, moex_last_error());
-    for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
-        if (strcmp(s, later[i]) == 0)
-            return usage_error("--dtype: \"%s\" is not supported yet by this build (f32, f16 "
-                               "and bf16 are)",
-                               s);
+    if (moex_quant_format_parse(s, &o->qformat) == MOEX_OK) {
+        o->quantized = 1;
+        o->dtype = MOEX_BF16;
+        return 0;
+    }
     return usage_error("--dtype: \"%s\" is not one of f32, f16, bf16, fp8, fp8-ue8m0, fp4", s);
+}
+
+/* The weights' dtype as the bench names it: f32, f16, bf16, fp8, fp8-ue8m0 or fp4. */
+static const char *weight_label(const bench_opts *o)
+{
+    return o->quantized ? moex_quant_format_name(o->qformat) : moex_dtype_name(o->dtype);
 }
 
 /* "cpu", "cuda" or "cuda:N". Whether CUDA is usable is decided later (exit 1, not 2). */
@@ -653,6 +662,7 @@ typedef struct bench_state {
     int ceilings_low;
     double other_share;     /* other processes' share of the CPU during the run (NaN: unknown) */
     void *gate_up, *down, *gate_up_bias, *down_bias;
+    void *gate_up_codes, *down_codes, *gate_up_scales, *down_scales; /* quantized weights */
     moex_layer *layer;
     moex_context *ctx;
     int eager_index;        /* position of "eager" in o->backends, or -1 */
@@ -682,6 +692,10 @@ static void state_free(bench_state *st)
     free(st->down);
     free(st->gate_up_bias);
     free(st->down_bias);
+    free(st->gate_up_codes);
+    free(st->down_codes);
+    free(st->gate_up_scales);
+    free(st->down_scales);
     free(st->flush);
     free(st->results);
     memset(st, 0, sizeof *st);
@@ -727,7 +741,7 @@ static int check_memory(const bench_state *st)
             "inputs at T=%lld, more than the %.1f GiB this machine has available (85%%, less "
             "the ceilings' buffer)",
             o->shape->name, (long long)st->experts, weights / 1073741824.0,
-            moex_dtype_name(o->dtype), inputs / 1073741824.0,
+            weight_label(o), inputs / 1073741824.0,
             (long long)o->tokens[o->ntokens - 1], budget / 1073741824.0);
     long long fit = (long long)floor((budget - inputs) / st->bytes_per_expert);
     if (fit >= 1)
@@ -785,6 +799,12 @@ static int resolve(const bench_opts *o, bench_state *st)
     st->esize = moex_dtype_size(o->dtype);
     double H = (double)st->hidden, I = (double)st->intermediate;
     st->bytes_per_expert = (3.0 * H * I + (o->shape->gptoss ? 2.0 * I + H : 0.0)) * st->esize;
+    if (o->quantized) { /* codes and scales; biases stay bf16 */
+        const int fp4 = o->qformat == MOEX_QUANT_FP4;
+        const double blocks = fp4 ? 3.0 * H * I / 32 : (ceil(2 * I / 128) * ceil(H / 128) + ceil(H / 128) * ceil(I / 128));
+        st->bytes_per_expert = 3.0 * H * I * (fp4 ? 0.5 : 1.0) + blocks * (o->qformat == MOEX_QUANT_FP8 ? 4.0 : 1.0) +
+                               (o->shape->gptoss ? 2.0 * I + H : 0.0) * st->esize;
+    }
     st->flops_per_pair = 6.0 * H * I; /* every named shape is gated */
     st->eager_index = -1;
     for (int b = 0; b < o->nbackends; b++)
@@ -805,7 +825,7 @@ static void print_banner(const bench_state *st)
     if (st->experts < o->shape->experts)
         printf(" (of %lld)", (long long)o->shape->experts);
     printf(" k=%lld%s  %s\n", (long long)st->top_k, o->shape->gptoss ? " (gpt-oss layout)" : "",
-           moex_dtype_name(o->dtype));
+           weight_label(o));
     printf("cpu: %s, %d cores, moex %s kernels; threads=%d  runs=%d (+%d warm-up)  seed=%llu\n",
            st->cpu_model, st->cpu.cpu_cores, st->cpu.cpu_avx2 ? "avx2" : "portable", st->threads,
            o->runs, WARMUP_RUNS, (unsigned long long)o->seed);
@@ -891,7 +911,7 @@ static int build_layer(bench_state *st)
     double n_gu = (double)E * 2 * I * H, n_dn = (double)E * H * I;
     int gptoss = o->shape->gptoss, rc;
     fprintf(stderr, "moex bench: generating %lld experts of random %s weights (%.0f MiB) ...\n",
-            (long long)E, moex_dtype_name(o->dtype),
+            (long long)E, weight_label(o),
             E * st->bytes_per_expert / 1048576.0);
     if ((rc = alloc_bytes(&st->gate_up, n_gu * st->esize, "gate_up")) ||
         (rc = alloc_bytes(&st->down, n_dn * st->esize, "down")) ||
@@ -919,7 +939,27 @@ static int build_layer(bench_state *st)
     d.intermediate = I;
     d.top_k = st->top_k;
     d.gated = 1;
-    if (gptoss) {
+    if (o->quantized) { /* quantized experts are stored [E, out, in] */
+        d.interleaved = gptoss;
+        if (gptoss) {
+            d.activation = MOEX_ACT_GPTOSS_CLAMP;
+            if ((rc = weight_view(&d.gate_up_bias, st->gate_up_bias, o->dtype, E, 2 * I, 0)) ||
+                (rc = weight_view(&d.down_bias, st->down_bias, o->dtype, E, H, 0)))
+                return rc;
+        }
+        if ((rc = bench_quantize(st->gate_up, o->dtype, E, 2 * I, H, o->qformat, st->threads, &st->gate_up_codes,
+                                 &st->gate_up_scales, &d.gate_up, &d.gate_up_scale)) ||
+            (rc = bench_quantize(st->down, o->dtype, E, H, I, o->qformat, st->threads, &st->down_codes,
+                                 &st->down_scales, &d.down, &d.down_scale)))
+            return EXIT_RUNTIME;
+        free(st->gate_up);
+        free(st->down);
+        st->gate_up = st->down = NULL;
+        if (o->qformat == MOEX_QUANT_FP4) {
+            d.block_n = 1;
+            d.block_k = 32;
+        }
+    } else if (gptoss) {
         d.interleaved = 1;
         d.transposed = 1;
         d.activation = MOEX_ACT_GPTOSS_CLAMP;
@@ -1322,7 +1362,7 @@ static int write_csv(FILE *f, const bench_state *st)
         for (int b = 0; b < o->nbackends; b++) {
             const case_result *r = &st->results[ti * o->nbackends + b];
             fprintf(f, "%s,%s,cpu,%s,%lld,%d,%lld,0", o->shape->name, o->backends[b],
-                    moex_dtype_name(o->dtype), (long long)st->experts, st->threads,
+                    weight_label(o), (long long)st->experts, st->threads,
                     (long long)o->tokens[ti]);
             csv_number(f, r->ms);
             csv_number(f, r->gflops);
@@ -1351,7 +1391,7 @@ static int write_svg(FILE *f, const bench_state *st)
     }
     char title[160], subtitle[256];
     snprintf(title, sizeof title, "%s, %s, %d thread%s: time of one experts forward",
-             o->shape->name, moex_dtype_name(o->dtype), st->threads, st->threads == 1 ? "" : "s");
+             o->shape->name, weight_label(o), st->threads, st->threads == 1 ? "" : "s");
     snprintf(subtitle, sizeof subtitle,
              "H=%lld I=%lld, %lld of %lld experts, top-%lld; median of %d runs, fresh routing "
              "each; moex %s",

@@ -93,31 +93,38 @@ void moex_qpack_avx2(const moex_bmat *b, int64_t k0, int64_t kc, int64_t n0, int
 #define QSTREAM(NAME, M, NC)                                                                                 \
     static void NAME(const moex_bmat *b, const float *const *a, int64_t n, int64_t K, float *c, int64_t ldc) { \
         const __m256 table = e2m1_table();                                                                   \
-        const int64_t r0 = b->base + n, bk = b->block_k;                                                     \
-        const int64_t row_bytes = b->dtype == MOEX_E4M3 ? b->ld : b->ld / 2, ahead = NC * row_bytes;         \
+        const int64_t r0 = b->base + n, bk = b->block_k, half = b->dtype == MOEX_E2M1X2;                     \
+        const int64_t row_bytes = b->ld >> half, ahead = NC * row_bytes;                                     \
         const char *w0 = (const char *)b->w + r0 * row_bytes;                                                \
+        const float unit = b->dtype == MOEX_E4M3 ? MOEX_E4M3_RAW_UNIT : 1.0f;                                \
+        const size_t ssz = b->scale_dtype == MOEX_UE8M0 ? 1 : 4;                                             \
+        const char *srow[NC];                                                                                \
+        for (int j = 0; j < NC; j++) srow[j] = (const char *)b->scale + (size_t)(((r0 + j) / b->block_n) * b->scale_ld) * ssz; \
         __m256 tot[M][NC];                                                                                   \
         float tail[M][NC];                                                                                   \
         for (int m = 0; m < M; m++)                                                                          \
             for (int j = 0; j < NC; j++) tot[m][j] = _mm256_setzero_ps(), tail[m][j] = 0.0f;                 \
-        for (int64_t k0 = 0; k0 < K; k0 += bk) {                                                             \
+        int64_t kb = 0;                                                                                      \
+        for (int64_t k0 = 0; k0 < K; k0 += bk, kb++) {                                                       \
             const int64_t k1 = k0 + bk < K ? k0 + bk : K, kv = k0 + ((k1 - k0) & ~(int64_t)7);              \
             __m256 blk[M][NC];                                                                               \
             for (int m = 0; m < M; m++)                                                                      \
                 for (int j = 0; j < NC; j++) blk[m][j] = _mm256_setzero_ps();                                \
             for (int64_t k = k0; k < kv; k += 8) {                                                           \
-                if (((k * row_bytes / b->ld) & 63) == 0)                                                     \
-                    for (int j = 0; j < NC; j++)                                                             \
-                        _mm_prefetch(w0 + j * row_bytes + ahead + k * row_bytes / b->ld, _MM_HINT_T0);       \
+                const int64_t kbyte = k >> half;                                                             \
+                if ((kbyte & 63) == 0)                                                                       \
+                    for (int j = 0; j < NC; j++) _mm_prefetch(w0 + j * row_bytes + ahead + kbyte, _MM_HINT_T0); \
                 __m256 bw[NC];                                                                               \
-                for (int j = 0; j < NC; j++) bw[j] = codes8(b, r0 + j, k, table);                            \
+                for (int j = 0; j < NC; j++)                                                                 \
+                    bw[j] = half ? e2m1_8((const uint8_t *)w0 + j * row_bytes, k, table)                     \
+                                 : e4m3_raw8((const uint8_t *)w0 + j * row_bytes + k);                       \
                 for (int m = 0; m < M; m++) {                                                                \
                     const __m256 x = _mm256_loadu_ps(a[m] + k);                                              \
                     for (int j = 0; j < NC; j++) blk[m][j] = _mm256_fmadd_ps(x, bw[j], blk[m][j]);           \
                 }                                                                                            \
             }                                                                                                \
             for (int j = 0; j < NC; j++) {                                                                   \
-                const float s = moex_bmat_scale(b, r0 + j, k0);                                              \
+                const float s = moex_scale_at(srow[j], b->scale_dtype, kb) * unit;                           \
                 const __m256 vs = _mm256_set1_ps(s);                                                         \
                 for (int m = 0; m < M; m++) {                                                                \
                     tot[m][j] = _mm256_fmadd_ps(blk[m][j], vs, tot[m][j]);                                   \
