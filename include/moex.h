@@ -251,7 +251,8 @@ moex_status moex_quantize(const moex_tensor *w, moex_quant_format format, int64_
 /**
  * The inverse: out [E, N, K] (f32, f16 or bf16) = q * scale_inv, block-wise,
  * q e4m3 ([E, N, K]) or e2m1x2 ([E, N, K/2]); scale_inv [E, ceil(N/block_n),
- * ceil(K/block_k)] f32 or ue8m0. The product is rounded once, to out's dtype.
+ * ceil(K/block_k)] f32 or ue8m0. The product is an f32 multiplication, then
+ * converted to out's dtype (exact for ue8m0 scales unless out of range).
  */
 moex_status moex_dequantize(const moex_tensor *q, const moex_tensor *scale_inv, int64_t block_n, int64_t block_k,
                             moex_tensor *out);

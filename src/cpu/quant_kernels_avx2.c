@@ -45,13 +45,6 @@ static inline __m256 e2m1_8(const uint8_t *row, int64_t k, __m256 table) {
     return e2m1_decode(_mm256_cvtepu8_epi32(nibbles_lo(_mm_cvtsi32_si128(word))), table);
 }
 
-// 8 codes of row r at element k as f32 times the code unit (2^-120 for e4m3, 1 for e2m1).
-static inline __m256 codes8(const moex_bmat *b, int64_t r, int64_t k, __m256 table) {
-    const uint8_t *w = b->w;
-    if (b->dtype == MOEX_E4M3) return e4m3_raw8(w + r * b->ld + k);
-    return e2m1_8(w + r * (b->ld / 2), k, table);
-}
-
 /* ---- packing ---------------------------------------------------------------------------------- */
 
 // The vector path needs 8-element chunks that never straddle a scale block.
@@ -63,24 +56,39 @@ void moex_qpack_avx2(const moex_bmat *b, int64_t k0, int64_t kc, int64_t n0, int
         return;
     }
     const __m256 table = e2m1_table();
-    const int64_t panels = (nc + 15) / 16, k8 = kc & ~(int64_t)7;
+    const int64_t panels = (nc + 15) / 16, k8 = kc & ~(int64_t)7, half = b->dtype == MOEX_E2M1X2;
+    const int64_t row_bytes = b->ld >> half, bk = b->block_k;
+    const float unit = b->dtype == MOEX_E4M3 ? MOEX_E4M3_RAW_UNIT : 1.0f;
+    const size_t ssz = b->scale_dtype == MOEX_UE8M0 ? 1 : 4;
     for (int64_t p = 0; p < panels; p++) {
         float *dst = bp + p * kc * 16;
-        for (int half = 0; half < 2; half++) {
-            const int64_t j0 = p * 16 + half * 8, r0 = b->base + n0 + j0;
+        for (int hf = 0; hf < 2; hf++) {
+            const int64_t j0 = p * 16 + hf * 8, r0 = b->base + n0 + j0;
             const int full = j0 + 8 <= nc;
-            if (full)
+            if (full) {
+                const uint8_t *w[8];
+                const char *srow[8];
+                for (int i = 0; i < 8; i++) {
+                    w[i] = (const uint8_t *)b->w + (r0 + i) * row_bytes;
+                    srow[i] = (const char *)b->scale + (size_t)(((r0 + i) / b->block_n) * b->scale_ld) * ssz;
+                }
+                __m256 vs[8] = {0};
+                int64_t kb = -1;
                 for (int64_t k = 0; k < k8; k += 8) {
+                    if ((k0 + k) / bk != kb) { /* a new scale block: the 8 rows' scales */
+                        kb = (k0 + k) / bk;
+                        for (int i = 0; i < 8; i++) vs[i] = _mm256_set1_ps(moex_scale_at(srow[i], b->scale_dtype, kb) * unit);
+                    }
                     __m256 r[8];
                     for (int i = 0; i < 8; i++)
-                        r[i] = _mm256_mul_ps(codes8(b, r0 + i, k0 + k, table),
-                                             _mm256_set1_ps(moex_bmat_scale(b, r0 + i, k0 + k)));
+                        r[i] = _mm256_mul_ps(half ? e2m1_8(w[i], k0 + k, table) : e4m3_raw8(w[i] + k0 + k), vs[i]);
                     transpose8(r);
-                    for (int i = 0; i < 8; i++) _mm256_store_ps(dst + (k + i) * 16 + half * 8, r[i]);
+                    for (int i = 0; i < 8; i++) _mm256_store_ps(dst + (k + i) * 16 + hf * 8, r[i]);
                 }
+            }
             for (int64_t k = full ? k8 : 0; k < kc; k++)
                 for (int i = 0; i < 8; i++)
-                    dst[k * 16 + half * 8 + i] = j0 + i < nc ? moex_bmat_at(b, k0 + k, n0 + j0 + i) : 0.0f;
+                    dst[k * 16 + hf * 8 + i] = j0 + i < nc ? moex_bmat_at(b, k0 + k, n0 + j0 + i) : 0.0f;
         }
     }
 }
