@@ -297,6 +297,45 @@ static void test_fp4_layers(void **state) {
     end_problems();
 }
 
+/* GPT-OSS's MXFP4 layout: `*_blocks [E, N, K/32, 16]` with `*_scales [E, N, K/32]` is the same bytes
+ * as [E, N, K/2]; the layer takes either view and computes the same. */
+static void test_fp4_gptoss_block_layout(void **state) {
+    (void)state;
+    ref_layer_spec spec = {4, 128, 64, 2, 1, 1, 0, 1, MOEX_ACT_GPTOSS_CLAMP, 1.702f, 7.0f, MOEX_F32};
+    qlayer L;
+    qlayer_build(&L, &spec, MOEX_QUANT_FP4, 1, 32, 11);
+    moex_experts_desc blocks = L.desc;
+    int64_t gs[4] = {4, 128, 4, 16}, ds[4] = {4, 128, 2, 16};
+    blocks.gate_up = ref_tensor(L.gu, MOEX_E2M1X2, 4, gs);
+    blocks.down = ref_tensor(L.dn, MOEX_E2M1X2, 4, ds);
+    moex_layer *a = NULL, *b = NULL;
+    assert_int_equal(moex_layer_create(&L.desc, &a), MOEX_OK);
+    if (moex_layer_create(&blocks, &b)) fail_msg("the [E, N, K/32, 16] view: %s", moex_last_error());
+    enum { T = 6 };
+    float x[T * 128], out_a[T * 128], out_b[T * 128], w[T * 2];
+    int32_t ids[T * 2];
+    ref_rng r;
+    ref_rng_seed(&r, 3);
+    ref_fill_random(x, MOEX_F32, T * 128, 1.0, &r);
+    ref_random_routing(&r, T, 4, 2, MOEX_I32, ids, MOEX_F32, w, 0.0);
+    int64_t xs[2] = {T, 128}, is[2] = {T, 2};
+    moex_tensor tx = ref_tensor(x, MOEX_F32, 2, xs), ta = ref_tensor(out_a, MOEX_F32, 2, xs);
+    moex_tensor tb = ref_tensor(out_b, MOEX_F32, 2, xs), ti = ref_tensor(ids, MOEX_I32, 2, is), tw = ref_tensor(w, MOEX_F32, 2, is);
+    moex_context_options o = moex_context_default_options();
+    o.max_tokens = T;
+    moex_context *ctx;
+    assert_int_equal(moex_context_create(&o, &ctx), MOEX_OK);
+    assert_int_equal(moex_prepare(ctx, a, "grouped_mm"), MOEX_OK);
+    assert_int_equal(moex_prepare(ctx, b, "grouped_mm"), MOEX_OK);
+    assert_int_equal(moex_experts_forward(ctx, a, "grouped_mm", &tx, &ti, &tw, &ta), MOEX_OK);
+    assert_int_equal(moex_experts_forward(ctx, b, "grouped_mm", &tx, &ti, &tw, &tb), MOEX_OK);
+    assert_memory_equal(out_a, out_b, sizeof out_a);
+    moex_context_free(ctx);
+    moex_layer_free(a);
+    moex_layer_free(b);
+    qlayer_destroy(&L);
+}
+
 /* ---- bad layers --------------------------------------------------------------------------- */
 
 static void expect_layer_error(const moex_experts_desc *d, const char *needle) {
@@ -368,6 +407,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_recipe),
         cmocka_unit_test(test_fp8_layers),
         cmocka_unit_test(test_fp4_layers),
+        cmocka_unit_test(test_fp4_gptoss_block_layout),
         cmocka_unit_test(test_bad_quantized_layers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -98,8 +98,9 @@ static moex_model_options options(const char *backend) {
     return mo;
 }
 
-static void test_fp8_dequantized_matches_transformers(void **state) {
-    (void)state;
+// Every FP8 fixture through every CPU backend, loaded as FP8 or with dequantize: the greedy tokens must
+// match (dequantized only) and the last-prompt logits lie within bound of transformers'.
+static void check_fp8_fixtures(int dequantize, double bound) {
     for (size_t f = 0; f < sizeof FP8_FIXTURES / sizeof FP8_FIXTURES[0]; f++) {
         expected x;
         expected_load(FP8_FIXTURES[f], &x);
@@ -107,13 +108,16 @@ static void test_fp8_dequantized_matches_transformers(void **state) {
         snprintf(dir, sizeof dir, "%s/%s", MOEX_FIXTURES, FP8_FIXTURES[f]);
         for (size_t b = 0; b < 3; b++) {
             moex_model_options mo = options(BACKENDS[b]);
-            mo.dequantize = 1;
+            mo.dequantize = dequantize;
             moex_generation *g = generate(dir, &mo, &x);
             if (!g) continue;
             int same;
             double worst = compare(g, &x, &same);
-            if (!same) PROBLEM("%s --dequantize %s: greedy tokens differ from transformers", FP8_FIXTURES[f], BACKENDS[b]);
-            if (!(worst <= 1e-3)) PROBLEM("%s --dequantize %s: logits differ by %.3g > 1e-3", FP8_FIXTURES[f], BACKENDS[b], worst);
+            const char *how = dequantize ? "--dequantize" : "as fp8";
+            print_message("%s %s, %s: last-prompt logits within %.4g of transformers; greedy tokens %s\n", FP8_FIXTURES[f],
+                          how, BACKENDS[b], worst, same ? "equal" : "differ");
+            if (dequantize && !same) PROBLEM("%s %s %s: greedy tokens differ from transformers", FP8_FIXTURES[f], how, BACKENDS[b]);
+            if (!(worst <= bound)) PROBLEM("%s %s %s: logits differ by %.3g > %g", FP8_FIXTURES[f], how, BACKENDS[b], worst, bound);
             moex_generation_free(g);
         }
         expected_free(&x);
@@ -121,27 +125,14 @@ static void test_fp8_dequantized_matches_transformers(void **state) {
     end_problems();
 }
 
+static void test_fp8_dequantized_matches_transformers(void **state) {
+    (void)state;
+    check_fp8_fixtures(1, 1e-3);
+}
+
 static void test_fp8_quantized_close_to_transformers(void **state) {
     (void)state;
-    for (size_t f = 0; f < sizeof FP8_FIXTURES / sizeof FP8_FIXTURES[0]; f++) {
-        expected x;
-        expected_load(FP8_FIXTURES[f], &x);
-        char dir[512];
-        snprintf(dir, sizeof dir, "%s/%s", MOEX_FIXTURES, FP8_FIXTURES[f]);
-        for (size_t b = 0; b < 3; b++) {
-            moex_model_options mo = options(BACKENDS[b]);
-            moex_generation *g = generate(dir, &mo, &x);
-            if (!g) continue;
-            int same;
-            double worst = compare(g, &x, &same);
-            print_message("%s as fp8, %s: last-prompt logits within %.4f of transformers; greedy tokens %s\n",
-                          FP8_FIXTURES[f], BACKENDS[b], worst, same ? "equal" : "differ");
-            if (!(worst <= 0.25)) PROBLEM("%s fp8 %s: logits differ by %.3g > 0.25", FP8_FIXTURES[f], BACKENDS[b], worst);
-            moex_generation_free(g);
-        }
-        expected_free(&x);
-    }
-    end_problems();
+    check_fp8_fixtures(0, 0.25);
 }
 
 /* The experts layer of a loaded checkpoint is quantized (or not) as expected. */
