@@ -10,10 +10,8 @@
 static const float E2M1_VALUES[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
 float moex_e4m3_to_f32(uint8_t code) {
-    const int e = (code >> 3) & 15, m = code & 7;
-    if (e == 15 && m == 7) return NAN;
-    float v = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + (float)m / 8.0f, e - 7);
-    return code & 0x80 ? -v : v;
+    if ((code & 0x7F) == 0x7F) return NAN;
+    return moex_e4m3_raw(code) * MOEX_E4M3_RAW_UNIT; /* exact: a power-of-two change of exponent */
 }
 
 uint8_t moex_f32_to_e4m3(float value) {
@@ -45,7 +43,10 @@ uint8_t moex_f32_to_e2m1(float value) {
     return sign | c;
 }
 
-float moex_ue8m0_to_f32(uint8_t code) { return code == 255 ? NAN : ldexpf(1.0f, (int)code - 127); }
+float moex_ue8m0_to_f32(uint8_t code) {
+    if (code == 255) return NAN;
+    return moex_bits_to_f32(code ? (uint32_t)code << 23 : 0x00400000u); /* 2^-127 is subnormal */
+}
 
 uint8_t moex_f32_to_ue8m0(float value) {
     if (!(value > 0.0f)) return 127;

@@ -43,9 +43,9 @@ static inline float moex_scale_at(const void *s, moex_dtype dt, int64_t i) {
 /* Round y (already within +-max) to the grid of a float with `mbits` mantissa
  * bits whose smallest normal is 2^emin: nearest, ties to even. */
 static inline float moex_round_minifloat(float y, int mbits, int emin) {
-    const float min_normal = ldexpf(1.0f, emin);
+    const float min_normal = moex_bits_to_f32((uint32_t)(emin + 127) << 23);
     if (fabsf(y) < min_normal) { /* subnormal grid: quantum 2^(emin - mbits) */
-        const float q = ldexpf(1.0f, mbits - emin);
+        const float q = moex_bits_to_f32((uint32_t)(mbits - emin + 127) << 23);
         return nearbyintf(y * q) / q;
     }
     uint32_t u = moex_f32_to_bits(y), drop = 23u - (uint32_t)mbits;
