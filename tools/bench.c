@@ -32,7 +32,7 @@
 
 enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2, PARSE_HELP = -1 };
 enum { WARMUP_RUNS = 2, MIN_RUNS = 10, DEFAULT_RUNS = 10, MAX_RUNS = 100000 };
-enum { MAX_TOKEN_COUNTS = 32, MAX_BACKENDS = 16, NAME_LEN = 64, FILL_CHUNK = 4096 };
+enum { MAX_TOKEN_COUNTS = 32, MAX_BACKENDS = 16, MAX_DTYPES = 6, NAME_LEN = 64, FILL_CHUNK = 4096 };
 static const int64_t MAX_TOKENS = (int64_t)1 << 24;
 static const int MAX_THREADS = 4096;
 
@@ -74,6 +74,8 @@ typedef struct bench_opts {
     moex_dtype dtype;           /* activations (and weights unless quantized) */
     int quantized;              /* 1: weights in qformat, activations bf16 */
     moex_quant_format qformat;
+    char dtypes[MAX_DTYPES][NAME_LEN]; /* --dtype list: one pass of the whole bench each */
+    int ndtypes;
     moex_device device;
     int64_t max_experts; /* 0: all */
     int threads;         /* 0: one per online core */
@@ -97,7 +99,9 @@ static void print_usage(FILE *f)
           "  --tokens LIST     token counts, e.g. 1,8,512\n"
           "  --backends LIST   backends, run interleaved (default eager,batched_mm,grouped_mm)\n"
           "  --dtype NAME      f32, f16 or bf16: weights and activations (default bf16);\n"
-          "                    fp8, fp8-ue8m0 or fp4: quantized weights, bf16 activations\n"
+          "                    fp8, fp8-ue8m0 or fp4: quantized weights, bf16 activations;\n"
+          "                    a list (bf16,fp8) runs the bench once per dtype in this run,\n"
+          "                    into one table, CSV and plot\n"
           "  --device NAME     cpu (default; cuda is not benchmarked yet)\n"
           "  --max-experts N   use at most N experts (top-k becomes min(k, N))\n"
           "  --threads N       CPU threads (default: one per online core)\n"
@@ -231,7 +235,7 @@ static int parse_shape(const char *s, bench_opts *o)
     return usage_error("--shape: unknown shape \"%s\"; the shapes are: %s", s, names);
 }
 
-static int parse_dtype(const char *s, bench_opts *o)
+static int apply_dtype(const char *s, bench_opts *o)
 {
     o->quantized = 0;
     if (strcmp(s, "f32") == 0 || strcmp(s, "f16") == 0 || strcmp(s, "bf16") == 0)
@@ -244,6 +248,20 @@ static int parse_dtype(const char *s, bench_opts *o)
         return 0;
     }
     return usage_error("--dtype: \"%s\" is not one of f32, f16, bf16, fp8, fp8-ue8m0, fp4", s);
+}
+
+static int parse_dtype(const char *s, bench_opts *o)
+{
+    int n = 0, rc = split_list("--dtype", s, o->dtypes, MAX_DTYPES, &n);
+    for (int i = 0; !rc && i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (strcmp(o->dtypes[i], o->dtypes[j]) == 0)
+                return usage_error("--dtype: \"%s\" appears twice in \"%s\"", o->dtypes[i], s);
+    for (int i = n - 1; !rc && i >= 0; i--) /* every name checked; the first one left in force */
+        rc = apply_dtype(o->dtypes[i], o);
+    if (!rc)
+        o->ndtypes = n;
+    return rc;
 }
 
 /* The weights' dtype as the bench names it: f32, f16, bf16, fp8, fp8-ue8m0 or fp4. */
@@ -669,6 +687,7 @@ typedef struct bench_state {
     float *flush;           /* a buffer larger than the last-level cache */
     size_t flush_n;
     case_result *results;   /* [ntokens][nbackends] */
+    struct bench_state *next; /* the state of the next --dtype of this run, or NULL */
 } bench_state;
 
 /* The inputs of every run of one token count. */
@@ -684,7 +703,8 @@ typedef struct workload {
     double *times;       /* [nbackends][runs] seconds */
 } workload;
 
-static void state_free(bench_state *st)
+/* Everything but the results: the weights, the layer, the context and the flush buffer. */
+static void state_release(bench_state *st)
 {
     moex_context_free(st->ctx);
     moex_layer_free(st->layer);
@@ -697,6 +717,16 @@ static void state_free(bench_state *st)
     free(st->gate_up_scales);
     free(st->down_scales);
     free(st->flush);
+    st->ctx = NULL;
+    st->layer = NULL;
+    st->gate_up = st->down = st->gate_up_bias = st->down_bias = NULL;
+    st->gate_up_codes = st->down_codes = st->gate_up_scales = st->down_scales = NULL;
+    st->flush = NULL;
+}
+
+static void state_free(bench_state *st)
+{
+    state_release(st);
     free(st->results);
     memset(st, 0, sizeof *st);
 }
@@ -1355,14 +1385,18 @@ static int write_csv(FILE *f, const bench_state *st)
 {
     const bench_opts *o = st->o;
     csv_comments(f, st);
+    for (const bench_state *s = st->next; s; s = s->next) /* the later passes' own ceilings and load */
+        fprintf(f, "# pass dtype=%s ceiling gemm_gflops=%.2f read_gbps=%.2f other_cpu_share=%.3f\n",
+                weight_label(s->o), s->gemm_gflops, s->read_gbps, s->other_share);
     fputs("shape,backend,device,dtype,experts,threads,tokens,graph,ms,gflops,weight_gbps,"
           "max_abs_err,gemm_frac,bw_frac\n",
           f);
+    for (const bench_state *s = st; s; s = s->next)
     for (int ti = 0; ti < o->ntokens; ti++) {
         for (int b = 0; b < o->nbackends; b++) {
-            const case_result *r = &st->results[ti * o->nbackends + b];
+            const case_result *r = &s->results[ti * o->nbackends + b];
             fprintf(f, "%s,%s,cpu,%s,%lld,%d,%lld,0", o->shape->name, o->backends[b],
-                    weight_label(o), (long long)st->experts, st->threads,
+                    weight_label(s->o), (long long)st->experts, st->threads,
                     (long long)o->tokens[ti]);
             csv_number(f, r->ms);
             csv_number(f, r->gflops);
@@ -1379,25 +1413,31 @@ static int write_csv(FILE *f, const bench_state *st)
 static int write_svg(FILE *f, const bench_state *st)
 {
     const bench_opts *o = st->o;
-    int nb = o->nbackends, nt = o->ntokens;
-    double x[MAX_TOKEN_COUNTS], y[MAX_BACKENDS][MAX_TOKEN_COUNTS];
-    svg_series series[MAX_BACKENDS];
+    int nb = o->nbackends, nt = o->ntokens, ns = 0;
+    double x[MAX_TOKEN_COUNTS], y[MAX_DTYPES * MAX_BACKENDS][MAX_TOKEN_COUNTS];
+    svg_series series[MAX_DTYPES * MAX_BACKENDS];
+    char names[MAX_DTYPES * MAX_BACKENDS][2 * NAME_LEN], labels[MAX_DTYPES * (NAME_LEN + 4)] = "";
     for (int ti = 0; ti < nt; ti++)
         x[ti] = (double)o->tokens[ti];
-    for (int b = 0; b < nb; b++) {
-        for (int ti = 0; ti < nt; ti++)
-            y[b][ti] = st->results[ti * nb + b].ms;
-        series[b] = (svg_series){o->backends[b], nt, x, y[b]};
+    for (const bench_state *s = st; s; s = s->next) {
+        size_t used = strlen(labels);
+        snprintf(labels + used, sizeof labels - used, "%s%s", s == st ? "" : " vs ", weight_label(s->o));
+        for (int b = 0; b < nb; b++, ns++) {
+            for (int ti = 0; ti < nt; ti++)
+                y[ns][ti] = s->results[ti * nb + b].ms;
+            snprintf(names[ns], sizeof names[ns], st->next ? "%s %s" : "%s", o->backends[b], weight_label(s->o));
+            series[ns] = (svg_series){names[ns], nt, x, y[ns]};
+        }
     }
-    char title[160], subtitle[256];
+    char title[256], subtitle[256];
     snprintf(title, sizeof title, "%s, %s, %d thread%s: time of one experts forward",
-             o->shape->name, weight_label(o), st->threads, st->threads == 1 ? "" : "s");
+             o->shape->name, labels, st->threads, st->threads == 1 ? "" : "s");
     snprintf(subtitle, sizeof subtitle,
              "H=%lld I=%lld, %lld of %lld experts, top-%lld; median of %d runs, fresh routing "
              "each; moex %s",
              (long long)st->hidden, (long long)st->intermediate, (long long)st->experts,
              (long long)o->shape->experts, (long long)st->top_k, o->runs, moex_version());
-    svg_plot p = {title, subtitle, "tokens (T)", "time (ms)", nb, series};
+    svg_plot p = {title, subtitle, "tokens (T)", "time (ms)", ns, series};
     return svg_plot_write(f, &p);
 }
 
@@ -1450,7 +1490,7 @@ static int run_bench(bench_state *st)
     if (rc)
         return rc;
     report_machine_load(st, start);
-    return write_outputs(st);
+    return 0;
 }
 
 int moex_cli_bench(int argc, char **argv)
@@ -1463,11 +1503,25 @@ int moex_cli_bench(int argc, char **argv)
     }
     if (rc)
         return EXIT_USAGE;
-    bench_state st;
-    memset(&st, 0, sizeof st);
-    rc = resolve(&o, &st);
+    /* one pass per --dtype, each with its own weights (released before the next is built) */
+    bench_opts opts[MAX_DTYPES];
+    bench_state st[MAX_DTYPES];
+    memset(st, 0, sizeof st);
+    int n = o.ndtypes > 0 ? o.ndtypes : 1;
+    for (int d = 0; d < n && !rc; d++) {
+        opts[d] = o;
+        if (o.ndtypes > 0)
+            apply_dtype(o.dtypes[d], &opts[d]);
+        rc = resolve(&opts[d], &st[d]);
+        if (!rc)
+            rc = run_bench(&st[d]);
+        state_release(&st[d]);
+        if (d > 0)
+            st[d - 1].next = &st[d];
+    }
     if (!rc)
-        rc = run_bench(&st);
-    state_free(&st);
+        rc = write_outputs(&st[0]);
+    for (int d = 0; d < n; d++)
+        state_free(&st[d]);
     return rc;
 }
