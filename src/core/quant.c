@@ -44,8 +44,7 @@ uint8_t moex_f32_to_e2m1(float value) {
 }
 
 float moex_ue8m0_to_f32(uint8_t code) {
-    if (code == 255) return NAN;
-    return moex_bits_to_f32(code ? (uint32_t)code << 23 : 0x00400000u); /* 2^-127 is subnormal */
+    return code == 255 ? NAN : moex_ue8m0_value(code);
 }
 
 uint8_t moex_f32_to_ue8m0(float value) {

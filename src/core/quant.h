@@ -35,9 +35,14 @@ static inline float moex_e4m3_raw(uint8_t c) {
 /* 2^120, the factor that turns moex_e4m3_raw into the value. */
 #define MOEX_E4M3_RAW_UNIT 1.329227995784916e36f
 
+/* 2^(b-127), inline (moex_ue8m0_to_f32 without its NaN case: b = 255 reads as 2^128 = inf). */
+static inline float moex_ue8m0_value(uint8_t b) {
+    return moex_bits_to_f32(b ? (uint32_t)b << 23 : 0x00400000u); /* 2^-127 is subnormal */
+}
+
 /* A block scale: element i of a f32 or ue8m0 scale array. */
 static inline float moex_scale_at(const void *s, moex_dtype dt, int64_t i) {
-    return dt == MOEX_UE8M0 ? moex_ue8m0_to_f32(((const uint8_t *)s)[i]) : ((const float *)s)[i];
+    return dt == MOEX_UE8M0 ? moex_ue8m0_value(((const uint8_t *)s)[i]) : ((const float *)s)[i];
 }
 
 /* Round y (already within +-max) to the grid of a float with `mbits` mantissa

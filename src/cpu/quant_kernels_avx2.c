@@ -185,13 +185,55 @@ static void qstream_e4m3_1x4(const moex_bmat *b, const float *x, int64_t n, int6
         for (; k < k1; k += 8) QSTEP(k)
 #undef QSTEP
         float s[4];
-        for (int j = 0; j < 4; j++) s[j] = (ue8m0 ? moex_ue8m0_to_f32(((const uint8_t *)srow[j])[kb]) : ((const float *)srow[j])[kb]) * MOEX_E4M3_RAW_UNIT;
+        for (int j = 0; j < 4; j++) s[j] = (ue8m0 ? moex_ue8m0_value(((const uint8_t *)srow[j])[kb]) : ((const float *)srow[j])[kb]) * MOEX_E4M3_RAW_UNIT;
         t0 = _mm256_fmadd_ps(a0, _mm256_set1_ps(s[0]), t0);
         t1 = _mm256_fmadd_ps(a1, _mm256_set1_ps(s[1]), t1);
         t2 = _mm256_fmadd_ps(a2, _mm256_set1_ps(s[2]), t2);
         t3 = _mm256_fmadd_ps(a3, _mm256_set1_ps(s[3]), t3);
     }
     c[0] = hsum(t0), c[1] = hsum(t1), c[2] = hsum(t2), c[3] = hsum(t3);
+}
+
+// The same for e2m1 weights (blocks of 32, K a multiple of 32): a byte shuffle turns each nibble into
+// the e4m3 code of the same value, which then decodes as above; 16 bytes hold a row's block.
+static inline void e2m1_block_as_e4m3(const uint8_t *p, __m256 v[4]) {
+    const __m128i lut = _mm_setr_epi8(0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C, (char)0x80, (char)0xB0,
+                                      (char)0xB8, (char)0xBC, (char)0xC0, (char)0xC4, (char)0xC8, (char)0xCC);
+    const __m128i b = _mm_loadu_si128((const __m128i *)p);
+    const __m128i c0 = _mm_shuffle_epi8(lut, nibbles_lo(b)), c1 = _mm_shuffle_epi8(lut, nibbles_hi(b));
+    const __m256i m = _mm256_set1_epi32((int)0x87F00000u);
+    v[0] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(_mm256_cvtepi8_epi32(c0), 20), m));
+    v[1] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c0, c0)), 20), m));
+    v[2] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(_mm256_cvtepi8_epi32(c1), 20), m));
+    v[3] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c1, c1)), 20), m));
+}
+
+static void qstream_e2m1_1x4(const moex_bmat *b, const float *x, int64_t n, int64_t K, float *c) {
+    const int64_t r0 = b->base + n, row_bytes = b->ld / 2;
+    const uint8_t *w = (const uint8_t *)b->w + r0 * row_bytes;
+    const int ue8m0 = b->scale_dtype == MOEX_UE8M0;
+    const size_t ssz = ue8m0 ? 1 : 4;
+    const char *srow[4];
+    for (int j = 0; j < 4; j++) srow[j] = (const char *)b->scale + (size_t)(((r0 + j) / b->block_n) * b->scale_ld) * ssz;
+    __m256 tot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t k = 0, kb = 0; k < K; k += 32, kb++) {
+        if ((k & 127) == 0)
+            for (int j = 0; j < 4; j++) _mm_prefetch((const char *)w + (4 + j) * row_bytes + k / 2, _MM_HINT_T0);
+        const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+        const __m256 x2 = _mm256_loadu_ps(x + k + 16), x3 = _mm256_loadu_ps(x + k + 24);
+        for (int j = 0; j < 4; j++) {
+            __m256 v[4];
+            e2m1_block_as_e4m3(w + j * row_bytes + k / 2, v);
+            __m256 acc = _mm256_mul_ps(x0, v[0]);
+            acc = _mm256_fmadd_ps(x1, v[1], acc);
+            acc = _mm256_fmadd_ps(x2, v[2], acc);
+            acc = _mm256_fmadd_ps(x3, v[3], acc);
+            const float sc = (ue8m0 ? moex_ue8m0_value(((const uint8_t *)srow[j])[kb]) : ((const float *)srow[j])[kb]) *
+                             MOEX_E4M3_RAW_UNIT;
+            tot[j] = _mm256_fmadd_ps(acc, _mm256_set1_ps(sc), tot[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++) c[j] = hsum(tot[j]);
 }
 
 typedef void (*qstream_fn)(const moex_bmat *, const float *const *, int64_t, int64_t, float *, int64_t);
@@ -204,6 +246,8 @@ void moex_qstream_avx2(const moex_bmat *b, const float *const *a, int M, int64_t
     int64_t n = 0;
     if (M == 1 && b->dtype == MOEX_E4M3 && b->block_k % 8 == 0 && K % 8 == 0)
         for (; n + 4 <= nc; n += 4) qstream_e4m3_1x4(b, a[0], n0 + n, K, c + n);
+    if (M == 1 && b->dtype == MOEX_E2M1X2 && b->block_k == 32 && K % 32 == 0)
+        for (; n + 4 <= nc; n += 4) qstream_e2m1_1x4(b, a[0], n0 + n, K, c + n);
     for (; n + step[M] <= nc; n += step[M]) wide[M](b, a, n0 + n, K, c + n, ldc);
     for (; n < nc; n++) one[M](b, a, n0 + n, K, c + n, ldc);
 }
