@@ -196,15 +196,19 @@ moex_status moex_quantize(const moex_tensor *w, moex_quant_format format, int64_
 void moex_dequant_row(const void *q, moex_dtype dt, const void *scale, moex_dtype sdt, int64_t scale_ld,
                       int64_t block_n, int64_t block_k, int64_t r, int64_t K, float *dst) {
     const int64_t srow = (r / block_n) * scale_ld;
-    for (int64_t k = 0; k < K; k++) {
-        float v;
+    const uint8_t *row = (const uint8_t *)q + (dt == MOEX_E2M1X2 ? r * K / 2 : r * K);
+    for (int64_t k0 = 0, kb = 0; k0 < K; k0 += block_k, kb++) { /* one scale a block */
+        const int64_t k1 = k0 + block_k < K ? k0 + block_k : K;
+        const float s = moex_scale_at(scale, sdt, srow + kb);
         if (dt == MOEX_E2M1X2) {
-            const uint8_t b = ((const uint8_t *)q)[(r * K + k) / 2];
-            v = moex_e2m1_to_f32(k % 2 ? b >> 4 : b & 0x0F);
-        } else {
-            v = moex_e4m3_to_f32(((const uint8_t *)q)[r * K + k]);
+            for (int64_t k = k0; k < k1; k++) {
+                const uint8_t c = k % 2 ? row[k / 2] >> 4 : row[k / 2] & 0x0F;
+                dst[k] = (c & 8 ? -E2M1_VALUES[c & 7] : E2M1_VALUES[c & 7]) * s;
+            }
+        } else { /* as moex_e4m3_to_f32, inline (the exported function is not inlined in a shared build) */
+            for (int64_t k = k0; k < k1; k++)
+                dst[k] = (row[k] & 0x7F) == 0x7F ? NAN : moex_e4m3_raw(row[k]) * MOEX_E4M3_RAW_UNIT * s;
         }
-        dst[k] = v * moex_scale_at(scale, sdt, srow + k / block_k);
     }
 }
 

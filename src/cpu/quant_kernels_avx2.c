@@ -194,6 +194,50 @@ static void qstream_e4m3_1x4(const moex_bmat *b, const float *x, int64_t n, int6
     c[0] = hsum(t0), c[1] = hsum(t1), c[2] = hsum(t2), c[3] = hsum(t3);
 }
 
+// A few rows (prefill of short prompts, a few tokens per expert) on e4m3 weights: M rows x NC weight
+// rows, the per-block sums in registers and the running totals in memory (touched once a block).
+#define QSTREAM_E4M3(NAME, M, NC)                                                                            \
+    static void NAME(const moex_bmat *b, const float *const *a, int64_t n, int64_t K, float *c, int64_t ldc) { \
+        const int64_t r0 = b->base + n, ld = b->ld, bk = b->block_k;                                         \
+        const uint8_t *w0 = (const uint8_t *)b->w + r0 * ld;                                                 \
+        const int ue8m0 = b->scale_dtype == MOEX_UE8M0;                                                      \
+        const size_t ssz = ue8m0 ? 1 : 4;                                                                    \
+        const char *srow[NC];                                                                                \
+        for (int j = 0; j < NC; j++) srow[j] = (const char *)b->scale + (size_t)(((r0 + j) / b->block_n) * b->scale_ld) * ssz; \
+        float tot[M][NC][8];                                                                                 \
+        memset(tot, 0, sizeof tot);                                                                          \
+        int64_t kb = 0;                                                                                      \
+        for (int64_t k0 = 0; k0 < K; k0 += bk, kb++) {                                                       \
+            const int64_t k1 = k0 + bk < K ? k0 + bk : K;                                                    \
+            __m256 acc[M][NC];                                                                               \
+            for (int m = 0; m < M; m++)                                                                      \
+                for (int j = 0; j < NC; j++) acc[m][j] = _mm256_setzero_ps();                                \
+            for (int64_t k = k0; k < k1; k += 8) {                                                           \
+                if ((k & 63) == 0)                                                                           \
+                    for (int j = 0; j < NC; j++) _mm_prefetch((const char *)w0 + (NC + j) * ld + k, _MM_HINT_T0); \
+                __m256 bw[NC];                                                                               \
+                for (int j = 0; j < NC; j++) bw[j] = e4m3_raw8(w0 + j * ld + k);                             \
+                for (int m = 0; m < M; m++) {                                                                \
+                    const __m256 x = _mm256_loadu_ps(a[m] + k);                                              \
+                    for (int j = 0; j < NC; j++) acc[m][j] = _mm256_fmadd_ps(x, bw[j], acc[m][j]);           \
+                }                                                                                            \
+            }                                                                                                \
+            for (int j = 0; j < NC; j++) {                                                                   \
+                const __m256 vs = _mm256_set1_ps(moex_scale_at(srow[j], b->scale_dtype, kb) * MOEX_E4M3_RAW_UNIT); \
+                for (int m = 0; m < M; m++)                                                                  \
+                    _mm256_storeu_ps(tot[m][j], _mm256_fmadd_ps(acc[m][j], vs, _mm256_loadu_ps(tot[m][j]))); \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int m = 0; m < M; m++)                                                                          \
+            for (int j = 0; j < NC; j++) c[m * ldc + j] = hsum(_mm256_loadu_ps(tot[m][j]));                  \
+    }
+QSTREAM_E4M3(qstream_e4m3_2x4, 2, 4)
+QSTREAM_E4M3(qstream_e4m3_3x2, 3, 2)
+QSTREAM_E4M3(qstream_e4m3_4x2, 4, 2)
+QSTREAM_E4M3(qstream_e4m3_2x1, 2, 1)
+QSTREAM_E4M3(qstream_e4m3_3x1, 3, 1)
+QSTREAM_E4M3(qstream_e4m3_4x1, 4, 1)
+
 // The same for e2m1 weights (blocks of 32, K a multiple of 32): a byte shuffle turns each nibble into
 // the e4m3 code of the same value, which then decodes as above; 16 bytes hold a row's block.
 static inline void e2m1_block_as_e4m3(const uint8_t *p, __m256 v[4]) {
@@ -244,8 +288,17 @@ void moex_qstream_avx2(const moex_bmat *b, const float *const *a, int M, int64_t
     static const qstream_fn one[5] = {0, qstream_1x1, qstream_2x1, qstream_3x1, qstream_4x1};
     static const int step[5] = {0, 4, 2, 1, 1};
     int64_t n = 0;
-    if (M == 1 && b->dtype == MOEX_E4M3 && b->block_k % 8 == 0 && K % 8 == 0)
-        for (; n + 4 <= nc; n += 4) qstream_e4m3_1x4(b, a[0], n0 + n, K, c + n);
+    if (b->dtype == MOEX_E4M3 && b->block_k % 8 == 0 && K % 8 == 0) {
+        static const qstream_fn e4m3_wide[5] = {0, 0, qstream_e4m3_2x4, qstream_e4m3_3x2, qstream_e4m3_4x2};
+        static const qstream_fn e4m3_one[5] = {0, 0, qstream_e4m3_2x1, qstream_e4m3_3x1, qstream_e4m3_4x1};
+        static const int e4m3_step[5] = {0, 4, 4, 2, 2};
+        if (M == 1)
+            for (; n + 4 <= nc; n += 4) qstream_e4m3_1x4(b, a[0], n0 + n, K, c + n);
+        else {
+            for (; n + e4m3_step[M] <= nc; n += e4m3_step[M]) e4m3_wide[M](b, a, n0 + n, K, c + n, ldc);
+            for (; n < nc; n++) e4m3_one[M](b, a, n0 + n, K, c + n, ldc);
+        }
+    }
     if (M == 1 && b->dtype == MOEX_E2M1X2 && b->block_k == 32 && K % 32 == 0)
         for (; n + 4 <= nc; n += 4) qstream_e2m1_1x4(b, a[0], n0 + n, K, c + n);
     for (; n + step[M] <= nc; n += step[M]) wide[M](b, a, n0 + n, K, c + n, ldc);
