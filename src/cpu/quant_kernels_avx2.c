@@ -280,6 +280,46 @@ static void qstream_e2m1_1x4(const moex_bmat *b, const float *x, int64_t n, int6
     for (int j = 0; j < 4; j++) c[j] = hsum(tot[j]);
 }
 
+// A few rows on e2m1 weights: M rows x NC weight rows, a block of 32 decoded once for all M rows.
+#define QSTREAM_E2M1(NAME, M, NC)                                                                            \
+    static void NAME(const moex_bmat *b, const float *const *a, int64_t n, int64_t K, float *c, int64_t ldc) { \
+        const int64_t r0 = b->base + n, row_bytes = b->ld / 2;                                               \
+        const uint8_t *w0 = (const uint8_t *)b->w + r0 * row_bytes;                                          \
+        const size_t ssz = b->scale_dtype == MOEX_UE8M0 ? 1 : 4;                                             \
+        const char *srow[NC];                                                                                \
+        for (int j = 0; j < NC; j++) srow[j] = (const char *)b->scale + (size_t)(((r0 + j) / b->block_n) * b->scale_ld) * ssz; \
+        __m256 tot[M][NC];                                                                                   \
+        for (int m = 0; m < M; m++)                                                                          \
+            for (int j = 0; j < NC; j++) tot[m][j] = _mm256_setzero_ps();                                    \
+        for (int64_t k = 0, kb = 0; k < K; k += 32, kb++) {                                                  \
+            if ((k & 127) == 0)                                                                              \
+                for (int j = 0; j < NC; j++) _mm_prefetch((const char *)w0 + (NC + j) * row_bytes + k / 2, _MM_HINT_T0); \
+            __m256 v[NC][4], vs[NC];                                                                         \
+            for (int j = 0; j < NC; j++) {                                                                   \
+                e2m1_block_as_e4m3(w0 + j * row_bytes + k / 2, v[j]);                                       \
+                vs[j] = _mm256_set1_ps(moex_scale_at(srow[j], b->scale_dtype, kb) * MOEX_E4M3_RAW_UNIT);      \
+            }                                                                                                \
+            for (int m = 0; m < M; m++) {                                                                    \
+                const float *x = a[m] + k;                                                                   \
+                for (int j = 0; j < NC; j++) {                                                               \
+                    __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(x), v[j][0]);                                 \
+                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), v[j][1], acc);                             \
+                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), v[j][2], acc);                            \
+                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), v[j][3], acc);                            \
+                    tot[m][j] = _mm256_fmadd_ps(acc, vs[j], tot[m][j]);                                      \
+                }                                                                                            \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int m = 0; m < M; m++)                                                                          \
+            for (int j = 0; j < NC; j++) c[m * ldc + j] = hsum(tot[m][j]);                                   \
+    }
+QSTREAM_E2M1(qstream_e2m1_2x2, 2, 2)
+QSTREAM_E2M1(qstream_e2m1_3x2, 3, 2)
+QSTREAM_E2M1(qstream_e2m1_4x2, 4, 2)
+QSTREAM_E2M1(qstream_e2m1_2x1, 2, 1)
+QSTREAM_E2M1(qstream_e2m1_3x1, 3, 1)
+QSTREAM_E2M1(qstream_e2m1_4x1, 4, 1)
+
 typedef void (*qstream_fn)(const moex_bmat *, const float *const *, int64_t, int64_t, float *, int64_t);
 
 void moex_qstream_avx2(const moex_bmat *b, const float *const *a, int M, int64_t n0, int64_t nc, int64_t K, float *c,
@@ -299,8 +339,16 @@ void moex_qstream_avx2(const moex_bmat *b, const float *const *a, int M, int64_t
             for (; n < nc; n++) e4m3_one[M](b, a, n0 + n, K, c + n, ldc);
         }
     }
-    if (M == 1 && b->dtype == MOEX_E2M1X2 && b->block_k == 32 && K % 32 == 0)
-        for (; n + 4 <= nc; n += 4) qstream_e2m1_1x4(b, a[0], n0 + n, K, c + n);
+    if (b->dtype == MOEX_E2M1X2 && b->block_k == 32 && K % 32 == 0) {
+        static const qstream_fn e2m1_wide[5] = {0, 0, qstream_e2m1_2x2, qstream_e2m1_3x2, qstream_e2m1_4x2};
+        static const qstream_fn e2m1_one[5] = {0, 0, qstream_e2m1_2x1, qstream_e2m1_3x1, qstream_e2m1_4x1};
+        if (M == 1)
+            for (; n + 4 <= nc; n += 4) qstream_e2m1_1x4(b, a[0], n0 + n, K, c + n);
+        else {
+            for (; n + 2 <= nc; n += 2) e2m1_wide[M](b, a, n0 + n, K, c + n, ldc);
+            for (; n < nc; n++) e2m1_one[M](b, a, n0 + n, K, c + n, ldc);
+        }
+    }
     for (; n + step[M] <= nc; n += step[M]) wide[M](b, a, n0 + n, K, c + n, ldc);
     for (; n < nc; n++) one[M](b, a, n0 + n, K, c + n, ldc);
 }
