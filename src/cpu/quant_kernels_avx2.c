@@ -95,61 +95,6 @@ void moex_qpack_avx2(const moex_bmat *b, int64_t k0, int64_t kc, int64_t n0, int
 
 /* ---- streaming: c[m, n] = sum_k a[m][k] * B(k, n), M <= 4 rows -------------------------------- */
 
-// M rows x NC weight rows at a time. Per scale block: blk = sum a * code (8 lanes), then
-// tot += blk * scale. Elements of a block past its last full chunk of 8 go to a scalar tail.
-// While reading its NC rows it prefetches the NC rows after them, as the bf16 stream kernels do.
-#define QSTREAM(NAME, M, NC)                                                                                 \
-    static void NAME(const moex_bmat *b, const float *const *a, int64_t n, int64_t K, float *c, int64_t ldc) { \
-        const __m256 table = e2m1_table();                                                                   \
-        const int64_t r0 = b->base + n, bk = b->block_k, half = b->dtype == MOEX_E2M1X2;                     \
-        const int64_t row_bytes = b->ld >> half, ahead = NC * row_bytes;                                     \
-        const char *w0 = (const char *)b->w + r0 * row_bytes;                                                \
-        const float unit = b->dtype == MOEX_E4M3 ? MOEX_E4M3_RAW_UNIT : 1.0f;                                \
-        const size_t ssz = b->scale_dtype == MOEX_UE8M0 ? 1 : 4;                                             \
-        const char *srow[NC];                                                                                \
-        for (int j = 0; j < NC; j++) srow[j] = (const char *)b->scale + (size_t)(((r0 + j) / b->block_n) * b->scale_ld) * ssz; \
-        __m256 tot[M][NC];                                                                                   \
-        float tail[M][NC];                                                                                   \
-        for (int m = 0; m < M; m++)                                                                          \
-            for (int j = 0; j < NC; j++) tot[m][j] = _mm256_setzero_ps(), tail[m][j] = 0.0f;                 \
-        int64_t kb = 0;                                                                                      \
-        for (int64_t k0 = 0; k0 < K; k0 += bk, kb++) {                                                       \
-            const int64_t k1 = k0 + bk < K ? k0 + bk : K, kv = k0 + ((k1 - k0) & ~(int64_t)7);              \
-            __m256 blk[M][NC];                                                                               \
-            for (int m = 0; m < M; m++)                                                                      \
-                for (int j = 0; j < NC; j++) blk[m][j] = _mm256_setzero_ps();                                \
-            for (int64_t k = k0; k < kv; k += 8) {                                                           \
-                const int64_t kbyte = k >> half;                                                             \
-                if ((kbyte & 63) == 0)                                                                       \
-                    for (int j = 0; j < NC; j++) _mm_prefetch(w0 + j * row_bytes + ahead + kbyte, _MM_HINT_T0); \
-                __m256 bw[NC];                                                                               \
-                for (int j = 0; j < NC; j++)                                                                 \
-                    bw[j] = half ? e2m1_8((const uint8_t *)w0 + j * row_bytes, k, table)                     \
-                                 : e4m3_raw8((const uint8_t *)w0 + j * row_bytes + k);                       \
-                for (int m = 0; m < M; m++) {                                                                \
-                    const __m256 x = _mm256_loadu_ps(a[m] + k);                                              \
-                    for (int j = 0; j < NC; j++) blk[m][j] = _mm256_fmadd_ps(x, bw[j], blk[m][j]);           \
-                }                                                                                            \
-            }                                                                                                \
-            for (int j = 0; j < NC; j++) {                                                                   \
-                const float s = moex_scale_at(srow[j], b->scale_dtype, kb) * unit;                           \
-                const __m256 vs = _mm256_set1_ps(s);                                                         \
-                for (int m = 0; m < M; m++) {                                                                \
-                    tot[m][j] = _mm256_fmadd_ps(blk[m][j], vs, tot[m][j]);                                   \
-                    for (int64_t k = kv; k < k1; k++) tail[m][j] += a[m][k] * moex_bmat_code(b, r0 + j, k) * s; \
-                }                                                                                            \
-            }                                                                                                \
-        }                                                                                                    \
-        for (int m = 0; m < M; m++)                                                                          \
-            for (int j = 0; j < NC; j++) c[m * ldc + j] = hsum(tot[m][j]) + tail[m][j];                      \
-    }
-QSTREAM(qstream_1x4, 1, 4)
-QSTREAM(qstream_2x2, 2, 2)
-QSTREAM(qstream_3x1, 3, 1)
-QSTREAM(qstream_4x1, 4, 1)
-QSTREAM(qstream_1x1, 1, 1)
-QSTREAM(qstream_2x1, 2, 1)
-
 // The common case of one row (decode steps) on e4m3 weights with blocks and K multiples of 8:
 // four weight rows a pass, named accumulators, 64 codes (one cache line a row) per inner step
 // with the next four rows prefetched, the block scales applied once per block and row.
@@ -231,6 +176,7 @@ static void qstream_e4m3_1x4(const moex_bmat *b, const float *x, int64_t n, int6
         for (int m = 0; m < M; m++)                                                                          \
             for (int j = 0; j < NC; j++) c[m * ldc + j] = hsum(_mm256_loadu_ps(tot[m][j]));                  \
     }
+QSTREAM_E4M3(qstream_e4m3_1x1, 1, 1)
 QSTREAM_E4M3(qstream_e4m3_2x4, 2, 4)
 QSTREAM_E4M3(qstream_e4m3_3x2, 3, 2)
 QSTREAM_E4M3(qstream_e4m3_4x2, 4, 2)
@@ -313,6 +259,7 @@ static void qstream_e2m1_1x4(const moex_bmat *b, const float *x, int64_t n, int6
         for (int m = 0; m < M; m++)                                                                          \
             for (int j = 0; j < NC; j++) c[m * ldc + j] = hsum(tot[m][j]);                                   \
     }
+QSTREAM_E2M1(qstream_e2m1_1x1, 1, 1)
 QSTREAM_E2M1(qstream_e2m1_2x2, 2, 2)
 QSTREAM_E2M1(qstream_e2m1_3x2, 3, 2)
 QSTREAM_E2M1(qstream_e2m1_4x2, 4, 2)
@@ -322,35 +269,28 @@ QSTREAM_E2M1(qstream_e2m1_4x1, 4, 1)
 
 typedef void (*qstream_fn)(const moex_bmat *, const float *const *, int64_t, int64_t, float *, int64_t);
 
+// One-row calls take the 1x4 kernels; 2-4 rows the M x NC ones; the rows past a multiple of the
+// step the M x 1 ones. Blocks or sizes the vector paths do not fit go to the portable kernel.
 void moex_qstream_avx2(const moex_bmat *b, const float *const *a, int M, int64_t n0, int64_t nc, int64_t K, float *c,
                        int64_t ldc) {
-    static const qstream_fn wide[5] = {0, qstream_1x4, qstream_2x2, qstream_3x1, qstream_4x1};
-    static const qstream_fn one[5] = {0, qstream_1x1, qstream_2x1, qstream_3x1, qstream_4x1};
-    static const int step[5] = {0, 4, 2, 1, 1};
+    static const qstream_fn e4m3_wide[5] = {0, 0, qstream_e4m3_2x4, qstream_e4m3_3x2, qstream_e4m3_4x2};
+    static const qstream_fn e4m3_one[5] = {0, qstream_e4m3_1x1, qstream_e4m3_2x1, qstream_e4m3_3x1, qstream_e4m3_4x1};
+    static const qstream_fn e2m1_wide[5] = {0, 0, qstream_e2m1_2x2, qstream_e2m1_3x2, qstream_e2m1_4x2};
+    static const qstream_fn e2m1_one[5] = {0, qstream_e2m1_1x1, qstream_e2m1_2x1, qstream_e2m1_3x1, qstream_e2m1_4x1};
+    static const int e4m3_step[5] = {0, 4, 4, 2, 2}, e2m1_step[5] = {0, 4, 2, 2, 2};
+    const int fp8 = b->dtype == MOEX_E4M3;
+    if (fp8 ? b->block_k % 8 || K % 8 : b->block_k != 32 || K % 32) {
+        moex_qstream_portable(b, a, M, n0, nc, K, c, ldc);
+        return;
+    }
+    const int step = fp8 ? e4m3_step[M] : e2m1_step[M];
     int64_t n = 0;
-    if (b->dtype == MOEX_E4M3 && b->block_k % 8 == 0 && K % 8 == 0) {
-        static const qstream_fn e4m3_wide[5] = {0, 0, qstream_e4m3_2x4, qstream_e4m3_3x2, qstream_e4m3_4x2};
-        static const qstream_fn e4m3_one[5] = {0, 0, qstream_e4m3_2x1, qstream_e4m3_3x1, qstream_e4m3_4x1};
-        static const int e4m3_step[5] = {0, 4, 4, 2, 2};
-        if (M == 1)
-            for (; n + 4 <= nc; n += 4) qstream_e4m3_1x4(b, a[0], n0 + n, K, c + n);
-        else {
-            for (; n + e4m3_step[M] <= nc; n += e4m3_step[M]) e4m3_wide[M](b, a, n0 + n, K, c + n, ldc);
-            for (; n < nc; n++) e4m3_one[M](b, a, n0 + n, K, c + n, ldc);
-        }
+    for (; n + step <= nc; n += step) {
+        if (M == 1 && fp8) qstream_e4m3_1x4(b, a[0], n0 + n, K, c + n);
+        else if (M == 1) qstream_e2m1_1x4(b, a[0], n0 + n, K, c + n);
+        else (fp8 ? e4m3_wide : e2m1_wide)[M](b, a, n0 + n, K, c + n, ldc);
     }
-    if (b->dtype == MOEX_E2M1X2 && b->block_k == 32 && K % 32 == 0) {
-        static const qstream_fn e2m1_wide[5] = {0, 0, qstream_e2m1_2x2, qstream_e2m1_3x2, qstream_e2m1_4x2};
-        static const qstream_fn e2m1_one[5] = {0, 0, qstream_e2m1_2x1, qstream_e2m1_3x1, qstream_e2m1_4x1};
-        if (M == 1)
-            for (; n + 4 <= nc; n += 4) qstream_e2m1_1x4(b, a[0], n0 + n, K, c + n);
-        else {
-            for (; n + 2 <= nc; n += 2) e2m1_wide[M](b, a, n0 + n, K, c + n, ldc);
-            for (; n < nc; n++) e2m1_one[M](b, a, n0 + n, K, c + n, ldc);
-        }
-    }
-    for (; n + step[M] <= nc; n += step[M]) wide[M](b, a, n0 + n, K, c + n, ldc);
-    for (; n < nc; n++) one[M](b, a, n0 + n, K, c + n, ldc);
+    for (; n < nc; n++) (fp8 ? e4m3_one : e2m1_one)[M](b, a, n0 + n, K, c + n, ldc);
 }
 
 /* ---- dynamic activation quantization (contract: moex_act_quant_row) --------------------------- */
