@@ -21,7 +21,8 @@
 #include "moex.h"
 #include "testutil.h"
 
-static const char *const FP8_FIXTURES[] = {"qwen3_moe-fp8", "qwen3_moe-fp8-ue8m0", "qwen3_moe-fp8-flat"};
+static const char *const FP8_FIXTURES[] = {"qwen3_moe-fp8", "qwen3_moe-fp8-ue8m0", "qwen3_moe-fp8-flat",
+                                          "qwen3_moe-fp8-fused-flat"};
 static const char *const BACKENDS[] = {"eager", "batched_mm", "grouped_mm"};
 
 /* What transformers wrote for a fixture. */
