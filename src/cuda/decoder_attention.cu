@@ -242,6 +242,8 @@ extern "C" moex_status moex_cuda_kv_cache_create(int device, int64_t layers, int
     if (!st) st = moex_cuda_status(cudaMemset(k, 0, bytes), "cuda kv_cache_create: cudaMemset");
     if (!st) st = moex_cuda_status(cudaMemset(v, 0, bytes), "cuda kv_cache_create: cudaMemset");
     if (!st) st = moex_cuda_status(cudaMemset(len, 0, len_bytes), "cuda kv_cache_create: cudaMemset");
+    /* the zeros are in place before any stream, blocking or not, uses the cache */
+    if (!st) st = moex_cuda_status(cudaStreamSynchronize(cudaStreamLegacy), "cuda kv_cache_create: synchronize");
     if (st) {
         if (k) moex_cuda_free(device, k);
         if (v) moex_cuda_free(device, v);
@@ -282,7 +284,7 @@ extern "C" moex_status moex_cuda_kv_cache_reset(const moex_cuda_kv_cache *cache,
 
 /* ---- attention ------------------------------------------------------------ */
 
-enum { MAX_RESIDENT_SCORES = 8192 };
+static const int64_t MAX_RESIDENT_SCORES = 8192; /* scores a block keeps in shared memory */
 
 extern "C" moex_status moex_cuda_attention(const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
                                            int64_t nseq, int64_t total, int64_t heads, const float *q, const float *k,
