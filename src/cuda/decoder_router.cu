@@ -206,18 +206,12 @@ extern "C" moex_status moex_cuda_route(const moex_router_desc *r, const float *b
     p.renormalize = r->renormalize != 0;
     p.scaling = r->scaling;
     p.bias = grouped ? bias : NULL;
+    /* E <= 4096: one warp's arrays take at most 41 KB, within the 48 KB of a block without opt-in */
     const size_t wb = warp_smem_bytes(p.E, p.k, p.G);
     int warps = (int)(32768 / wb);
     if (warps > 8) warps = 8;
     if (warps < 1) warps = 1;
     const size_t shmem = wb * (size_t)warps;
-    cudaStream_t s = (cudaStream_t)stream;
-    if (shmem > 48 * 1024) {
-        moex_status st = moex_cuda_status(
-            cudaFuncSetAttribute(route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem),
-            "cuda route: shared memory");
-        if (st) return st;
-    }
-    route_kernel<<<blocks_for(T, warps), warps * 32, shmem, s>>>(p, logits, T, ids, weights, wb);
+    route_kernel<<<blocks_for(T, warps), warps * 32, shmem, (cudaStream_t)stream>>>(p, logits, T, ids, weights, wb);
     return MOEX_CUDA_LAUNCHED("cuda route kernel");
 }
