@@ -124,7 +124,8 @@ moex_status moex_cuda_attention(const moex_cuda_kv_cache *cache, int64_t layer, 
  * number) and its order (descending score). desc gives kind, num_experts,
  * top_k, renormalize, n_group, topk_group, scaling; its correction_bias
  * tensor is ignored: pass the f32 [E] device bias as `bias` (NULL for none,
- * grouped kind only). One warp per token; E up to 4096.
+ * grouped kind only). One warp per token; E up to 4096 when its arrays
+ * fit in 48 KB of shared memory (always for E <= 2048), else MOEX_ERR_UNSUPPORTED.
  */
 // logits: [T, E] -> ids: [T, k], weights: [T, k]
 moex_status moex_cuda_route(const moex_router_desc *desc, const float *bias, const float *logits, int64_t T,
@@ -173,6 +174,13 @@ moex_status moex_cuda_convert(const void *src, moex_dtype sdt, void *dst, moex_d
 // x: [sum T_i, H], seqs: [nseq] -> out: [nseq, H]
 moex_status moex_cuda_gather_last_rows(const float *x, int64_t H, const moex_attn_seq *seqs, int64_t nseq, float *out,
                                        void *stream);
+
+/** The absolute position of every stacked row, from the device descriptors (step.c's
+ *  positions: past + t), so that a captured step needs only its descriptors written.
+ *  Rows past the descriptors' tokens get 0. */
+// seqs: [nseq] -> positions: [total] int64
+moex_status moex_cuda_positions(const moex_attn_seq *seqs, int64_t nseq, int64_t total, int64_t *positions,
+                                void *stream);
 
 /* ---- greedy (decoder_argmax.cu) -------------------------------------------- */
 

@@ -1,8 +1,8 @@
 /* decoder_elementwise.cu — element-wise pieces of a decoder step on the
  * device: the dense activations and sigmoid of model/mlp.c, the gated
  * product, the shared expert's sigmoid gate, residual adds, bias adds,
- * bf16 rounding (step.c's round_act), dtype conversion and the gather of
- * each sequence's last row. Each one thread per element, grid-stride. */
+ * bf16 rounding (step.c's round_act), dtype conversion, the gather of
+ * each sequence's last row and the positions of a step's rows. Each one thread per element, grid-stride. */
 #include "cuda/decoder_kernels.cuh"
 
 /* ---- activations: mlp.c's formulas, one rounding per op ------------------- */
@@ -213,4 +213,36 @@ extern "C" moex_status moex_cuda_gather_last_rows(const float *x, int64_t H, con
     gather_last_rows_kernel<<<(unsigned)(nseq < 65535 ? nseq : 65535), 256, 0, (cudaStream_t)stream>>>(x, H, seqs,
                                                                                                        nseq, out);
     return MOEX_CUDA_LAUNCHED("cuda gather_last_rows kernel");
+}
+
+/* One block per sequence: positions[first_i + t] = past_i + t. Rows no descriptor covers: 0.
+ * seqs: [nseq] -> positions: [total] */
+__global__ void positions_kernel(const moex_attn_seq *seqs, int64_t nseq, int64_t total, int64_t *positions) {
+    for (int64_t i = blockIdx.x; i < nseq; i += gridDim.x) {
+        int64_t first = 0, all = 0;
+        for (int64_t j = 0; j < nseq; j++) {
+            const int64_t n = seqs[j].tokens > 0 ? seqs[j].tokens : 0;
+            if (j < i) first += n;
+            all += n;
+        }
+        const int64_t n = seqs[i].tokens;
+        for (int64_t t = threadIdx.x; t < n && first + t < total; t += blockDim.x)
+            positions[first + t] = seqs[i].past + t;
+        if (i == 0)
+            for (int64_t r = all + threadIdx.x; r < total; r += blockDim.x) positions[r] = 0;
+    }
+}
+
+extern "C" moex_status moex_cuda_positions(const moex_attn_seq *seqs, int64_t nseq, int64_t total, int64_t *positions,
+                                           void *stream) {
+    const char *fn = "cuda positions";
+    if (nseq < 0 || total < 0)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: nseq = %lld, total = %lld", fn, (long long)nseq,
+                         (long long)total);
+    if (nseq == 0 || total == 0) return MOEX_OK;
+    if (!seqs || !positions)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !seqs ? "seqs" : "positions");
+    positions_kernel<<<(unsigned)(nseq < 65535 ? nseq : 65535), 128, 0, (cudaStream_t)stream>>>(seqs, nseq, total,
+                                                                                               positions);
+    return MOEX_CUDA_LAUNCHED("cuda positions kernel");
 }

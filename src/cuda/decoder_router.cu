@@ -206,8 +206,11 @@ extern "C" moex_status moex_cuda_route(const moex_router_desc *r, const float *b
     p.renormalize = r->renormalize != 0;
     p.scaling = r->scaling;
     p.bias = grouped ? bias : NULL;
-    /* E <= 4096: one warp's arrays take at most 41 KB, within the 48 KB of a block without opt-in */
+    /* one warp's arrays must fit in the 48 KB a block has without opt-in: always so for E <= 2048 */
     const size_t wb = warp_smem_bytes(p.E, p.k, p.G);
+    if (wb > 48 * 1024)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "%s: num_experts = %d, top_k = %d, n_group = %d need %zu bytes of shared "
+                         "memory per token, more than 48 KB", fn, p.E, p.k, p.G, wb);
     int warps = (int)(32768 / wb);
     if (warps > 8) warps = 8;
     if (warps < 1) warps = 1;

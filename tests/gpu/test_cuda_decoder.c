@@ -14,11 +14,11 @@
  *     bit, nothing written), the chunked path (a context longer than 8192)
  *   - the three routers with ties and NaN rows: ids exact, weights close
  *   - activations, sigmoid, gated product, shared-expert gate, adds, bias,
- *     bf16 rounding, conversion, last-row gather
+ *     bf16 rounding, conversion, last-row gather, row positions
  *   - argmax with ties, NaN, -inf rows, a 151936 vocabulary: exact
  *   - linear over cuBLAS: f32 (no TF32) and bf16/f16 weights, with bias; a
  *     gated MLP and qwen2_moe's shared expert composed from the pieces
- *   - a CUDA graph of linear + rope + attention + argmax, replayed for
+ *   - a CUDA graph of linear + positions + rope + attention + argmax, replayed for
  *     several decode steps with new inputs in the same buffers
  *
  * Bounds: f32 results within rtol 1e-5 of the CPU (most are bit-equal but for
@@ -754,6 +754,16 @@ static void test_elementwise(void) {
         sync_flags();
         down(gpu, dy, sizeof(float) * 4 * H);
         close_f32("gather_last_rows", gpu, cpu, 4 * H, 0, 0);
+        // positions of the 7 rows (and 0 for a row no descriptor covers)
+        const int64_t want[8] = {0, 1, 2, 5, 1, 2, 3, 0};
+        int64_t got[8];
+        int64_t *dpos = dmalloc(sizeof got);
+        MUST(moex_cuda_positions(dseqs, 4, 8, dpos, g_stream));
+        sync_flags();
+        down(got, dpos, sizeof got);
+        for (int i = 0; i < 8; i++)
+            CHECK(got[i] == want[i], "positions[%d] = %lld, expected %lld", i, (long long)got[i], (long long)want[i]);
+        dfree(dpos);
         dfree(dseqs);
     }
     free(x), free(cpu), free(gpu);
@@ -915,7 +925,8 @@ static void test_linear(void) {
 /* a captured decode step                                                    */
 /* ------------------------------------------------------------------------ */
 
-/* q = linear(x), rope on q and k, attention, logits = linear(attn), tokens = argmax: captured once,
+/* q = linear(x), positions from the descriptors, rope on q and k, attention, logits = linear(attn),
+ * tokens = argmax: captured once,
  * replayed for several decode steps whose inputs and descriptors are written into the same buffers. */
 static void test_graph_decode(void) {
     const int64_t nseq = 3, heads = 5, KV = 1, d = 64, Hd = heads * d, Hin = 48, V = 77, S = 32;
@@ -945,10 +956,11 @@ static void test_graph_decode(void) {
         int64_t pos[3];
         for (int i = 0; i < 3; i++) seqs[i] = (moex_attn_seq){i, 1, past[i]}, pos[i] = past[i];
         up(dx, x, sizeof x), up(r.dk, kk, sizeof kk), up(r.dv, vv, sizeof vv);
-        up(r.dseqs, seqs, sizeof seqs), up(dpos, pos, sizeof pos);
+        up(r.dseqs, seqs, sizeof seqs); /* the positions follow from the descriptors, on the device */
         if (!exec) {
             MUST(moex_cuda_graph_begin(g_gpu, g_stream));
             moex_status st = moex_cuda_linear(&blas, &wq.gpu, dx, nseq, r.dq, NULL, g_stream);
+            if (!st) st = moex_cuda_positions(r.dseqs, nseq, nseq, dpos, g_stream);
             if (!st) st = moex_cuda_rope_cos_sin(dinv, d, dpos, nseq, dc, ds, g_stream);
             if (!st) st = moex_cuda_rope_apply(r.dq, nseq, heads, d, dc, ds, g_stream);
             if (!st) st = moex_cuda_rope_apply(r.dk, nseq, KV, d, dc, ds, g_stream);
