@@ -260,7 +260,7 @@ static void test_embedding(void) {
             float *tab = malloc(sizeof(float) * V * H);
             fill(tab, V * H, -2, 2);
             void *enc = encode(tab, V * H, FLOATS[di]);
-            int64_t ids[33];
+            int64_t ids[33] = {0};
             for (int64_t t = 0; t < T; t++) ids[t] = rnd_i(V);
             ids[0] = V - 1;
             float *cpu = malloc(sizeof(float) * T * H), *gpu = malloc(sizeof(float) * T * H);
