@@ -88,6 +88,7 @@ static int parse_gen_args(int argc, char **argv, gen_args *a) {
         else if (!strcmp(f, "--logits")) a->gen.want_logits = 1, takes = 0;
         else if (!strcmp(f, "--ignore-eos")) a->gen.ignore_eos = 1, takes = 0;
         else if (!strcmp(f, "--no-decode-switch")) a->no_decode_switch = 1, takes = 0;
+        else if (!strcmp(f, "--cuda-graph")) a->gen.cuda_graph = 1, takes = 0;
         else if (!strcmp(f, "--dequantize")) a->dequantize = 1, takes = 0;
         else if (f[0] != '-') {
             if (a->dir) return usage("unexpected argument \"%s\" (the model directory is \"%s\")", f, a->dir);
@@ -236,6 +237,10 @@ int moex_cli_info(int argc, char **argv) {
                (long long)in.top_k, (long long)in.hidden, (long long)in.moe_intermediate, moex_dtype_name(in.weight_dtype),
                in.per_expert_layout ? "per-expert tensors" : "fused tensors", in.transposed ? " (transposed)" : "");
         if (in.shared_intermediate) printf("shared expert intermediate: %lld\n", (long long)in.shared_intermediate);
+        if (mo.device.kind == MOEX_DEVICE_CUDA)
+            printf("gpu memory:  weights %.1f MiB, kv cache %.1f MiB, workspace %.1f MiB\n",
+                   (double)in.gpu_weight_bytes / 1048576.0, (double)in.gpu_kv_cache_bytes / 1048576.0,
+                   (double)in.gpu_workspace_bytes / 1048576.0);
         char map[4096];
         moex_model_get_experts(m, map, sizeof map);
         printf("experts map: %s\n", map);
