@@ -42,7 +42,7 @@ def write_checkpoint(path):
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=6144, moe_intermediate_size=MOE_I,
         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
         num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=True, decoder_sparse_step=1,
-        mlp_only_layers=[], rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=4096,
+        mlp_only_layers=[], rms_norm_eps=1e-6, max_position_embeddings=4096,
         tie_word_embeddings=False, initializer_range=0.02)
     torch.manual_seed(0)
     with torch.device("cuda"):
