@@ -682,6 +682,13 @@ moex_model_options moex_model_default_options(void);
  * shape); other e4m3 linear layers are dequantized at load. A bad scale grid,
  * a block size that does not fit, or a scale dtype other than f32/ue8m0 fails
  * naming the tensor. activation_scheme "static" fails at load, naming it.
+ *
+ * device = {MOEX_DEVICE_CUDA, n} (a build with CUDA): every weight a step reads
+ * is copied to GPU n once (f32 for f32 compute, bf16 for bf16), with a device KV
+ * cache and workspace; moex_model_get_info() reports the device memory. A GPU
+ * this build or machine cannot use fails with MOEX_ERR_UNSUPPORTED naming why;
+ * quantized experts (FP8 checkpoints without dequantize, quantize) are refused
+ * on CUDA. Not yet run on a GPU in this version (docs/models.md).
  */
 moex_status moex_model_load(const char *dir, const moex_model_options *options, moex_model **out);
 
