@@ -16,7 +16,7 @@
  * Plain C, no framework; links moex_static and reads the model's internal
  * header for the test hook.
  */
-#include "gpu_args.h"
+#include "gpu_harness.h"
 #include "model/model_internal.h"
 #include "moex.h"
 #include <math.h>
@@ -26,7 +26,7 @@
 
 #define EXIT_SKIP 77
 
-static int g_gpu = 0, g_quick = 0, g_checks = 0, g_failures = 0;
+static int g_gpu = 0; /* g_quick, g_checks and g_failures: gpu_harness.h */
 
 static void check(int ok, const char *fixture, const char *what) {
     g_checks++;
