@@ -28,7 +28,7 @@ static const int64_t TC_MIN_ROWS = 16;
 typedef struct cuda_state {
     layer_view L;
     void *ptrs;        /* device: per-expert pointer arrays (gate | up | down), or NULL */
-    int device, num_sms;
+    int device, num_sms, gemm_blocks;
     int tc;            /* the tensor-core path can run this layer */
     gemm_epilogue epi; /* its gate/up epilogue */
 } cuda_state;
@@ -159,7 +159,8 @@ extern "C" moex_status moex_cuda_prepare(moex_cuda_kind kind, moex_context *ctx,
     char why[160];
     s->tc = kind != MOEX_CUDA_BATCHED_MM && tc_layout(d, why, sizeof why);
     s->epi = !d->gated ? EPI_UP_ONLY : d->interleaved ? EPI_GATE_UP_INTERLEAVED : EPI_GATE_UP_CONCAT;
-    if (s->tc && (st = grouped_gemm_init())) {
+    if (s->tc && !(st = grouped_gemm_init())) st = grouped_gemm_grid(dev, &s->gemm_blocks);
+    if (s->tc && st) {
         moex_cuda_free(dev, s->ptrs);
         free(s);
         return st;
@@ -246,7 +247,7 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     char *ws = (char *)a->workspace;
     routing_dev r = routing_carve(ws, f->E, f->P);
     ws += align256(routing_bytes(f->E, f->P));
-    moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E, GEMM_TILE_ROWS,
+    moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E, GEMM_ROUTE_ROWS,
                                    a->ctx->device_flags, f->stream);
     if (st) return st;
     const int tc = s->tc && f->P >= TC_MIN_ROWS * f->E;
@@ -271,8 +272,8 @@ static moex_status experts_forward(fwd *f, int per_expert) {
         for (int i = 0; i < launches; i++) {
             g1.e_begin = g2.e_begin = per_expert ? i : 0;
             g1.e_end = g2.e_end = per_expert ? i + 1 : f->E;
-            if ((st = grouped_gemm_run(&g1, s->num_sms, f->stream))) return st;
-            if ((st = grouped_gemm_run(&g2, s->num_sms, f->stream))) return st;
+            if ((st = grouped_gemm_run(&g1, s->gemm_blocks, f->stream))) return st;
+            if ((st = grouped_gemm_run(&g2, s->gemm_blocks, f->stream))) return st;
         }
         return routing_reduce(r.pair_slot, y, L.wdt, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0],
                               f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
