@@ -33,6 +33,9 @@ constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
 
 struct gemm_params {
     int64_t K, N, rows_per_expert, up_offset, n_tiles, e_begin, e_end;
+    const void *a;        /* gather mode: the source rows */
+    int64_t a_ld;
+    const int *a_rows_of; /* gather mode when not NULL: source row of each slot */
     const int *offsets, *mtile_off;
     void *c;
     gemm_epilogue epi;
@@ -75,6 +78,16 @@ __device__ __forceinline__ void tma_load_multicast(void *dst, const CUtensorMap 
                  " [%0], [%1, {%2, %3}], [%4], %5;"
                  ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(col), "r"(row), "r"(smem_addr(bar)), "h"(mask)
                  : "memory");
+}
+
+/* 16 bytes (or zeros when bytes == 0) from global src into shared dst, asynchronously. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes) : "memory");
+}
+
+/* Arrive on bar once this thread's cp.async copies so far have landed (counts as one arrival). */
+__device__ __forceinline__ void cp_async_arrive(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
 __device__ __forceinline__ uint32_t cluster_rank() {
@@ -188,7 +201,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t rank = cluster_rank();
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
-            mbar_init(&full[s], 1);
+            mbar_init(&full[s], p.a_rows_of ? 1 + 128 : 1); /* gather: every producer thread arrives too */
             mbar_init(&empty[s], CONSUMERS * CLUSTER);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -199,22 +212,43 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int k_blocks = (int)((p.K + BK - 1) / BK);
     const int64_t first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
 
-    if (wg == 0) { /* producer: one thread; the others only wait for the final cluster barrier */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (tid == 0) {
+    if (wg == 0) { /* producer: thread 0 issues the TMA copies; in gather mode all 128 threads copy A rows */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+        const bool gather = p.a_rows_of != nullptr;
+        if (gather || tid == 0) {
             int stage = 0, phase = 0;
+            const int chunk = tid % 8; /* 16-byte chunk of a 128-byte row slice; rows tid/8 + 16i */
             for (int64_t t = first; t < total; t += step) {
                 const tile tl = find_tile(p, t, rank);
                 const int64_t b_row = tl.e * p.rows_per_expert;
                 /* this CTA's half of the 256 weight rows: gate or up (concatenated), else rows rank*128.. */
                 const int64_t b_half = EPI == EPI_GATE_UP_CONCAT ? b_row + rank * p.up_offset + tl.n * (BN / 2)
                                                                 : b_row + tl.n * BN + rank * (BN / 2);
+                const char *src[8];
+                if (gather)
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const int r = tid / 8 + 16 * i;
+                        src[i] = r < tl.rows ? (const char *)p.a + (int64_t)p.a_rows_of[tl.a_row + r] * p.a_ld * 2 : nullptr;
+                    }
                 for (int kb = 0; kb < k_blocks; kb++) {
                     mbar_wait(&empty[stage], phase ^ 1);
                     unsigned char *a = smem + stage * STAGE_BYTES, *b = a + A_BYTES;
-                    mbar_expect_tx(&full[stage], STAGE_BYTES);
-                    tma_load(a, &map_a, &full[stage], kb * BK, (int)tl.a_row);
-                    tma_load_multicast(b + rank * (B_BYTES / 2), &map_b, &full[stage], kb * BK, (int)b_half, 0x3);
+                    if (tid == 0) {
+                        mbar_expect_tx(&full[stage], gather ? B_BYTES : STAGE_BYTES);
+                        if (!gather) tma_load(a, &map_a, &full[stage], kb * BK, (int)tl.a_row);
+                        tma_load_multicast(b + rank * (B_BYTES / 2), &map_b, &full[stage], kb * BK, (int)b_half, 0x3);
+                    }
+                    if (gather) {
+                        const int64_t col = (int64_t)kb * BK + chunk * 8;
+#pragma unroll
+                        for (int i = 0; i < 8; i++) {
+                            const int r = tid / 8 + 16 * i; /* 128-byte swizzle: chunk ^ (row % 8) */
+                            const bool in = src[i] && col < p.K;
+                            cp_async16(a + r * 128 + ((chunk ^ (r & 7)) * 16), in ? src[i] + col * 2 : p.a, in ? 16 : 0);
+                        }
+                        cp_async_arrive(&full[stage]);
+                    }
                     if (++stage == STAGES) stage = 0, phase ^= 1;
                 }
             }
@@ -225,7 +259,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
 
     /* consumers: warpgroup wg computes rows (wg-1)*64 .. +64 of each tile */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
     const int warp = tid / 32, lane = tid % 32;
     int stage = 0, phase = 0;
     float d[128];
@@ -235,6 +269,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         int prev = -1;
         for (int kb = 0; kb < k_blocks; kb++) {
             mbar_wait(&full[stage], phase);
+            /* rows gathered with cp.async were written through the generic proxy; wgmma reads through the async one */
+            if (p.a_rows_of) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             const unsigned char *a = smem + stage * STAGE_BYTES + (wg - 1) * (64 * 128), *b = smem + stage * STAGE_BYTES + A_BYTES;
             wgmma_fence();
 #pragma unroll
@@ -396,11 +432,16 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int blocks, cudaStream_
     CUtensorMap map_a, map_b;
     const int b_box = BN / 2; /* each CTA of a cluster loads half of the weight tile */
     int64_t E_rows = g->L.E * g->rows_per_expert;
-    moex_status st = make_map(&map_a, g->a, g->a_rows, g->K, BM, g->dt, "A");
+    /* in gather mode map_a is not read (the rows are copied by index); any valid map will do */
+    moex_status st = g->a_rows_of ? make_map(&map_a, g->b, 1, g->K, BM, g->dt, "A (unused)")
+                                  : make_map(&map_a, g->a, g->a_rows, g->K, BM, g->dt, "A");
     if (!st) st = make_map(&map_b, g->b, E_rows, g->K, b_box, g->dt, "B");
     if (st) return st;
     gemm_params p;
     p.K = g->K;
+    p.a = g->a;
+    p.a_ld = g->a_ld;
+    p.a_rows_of = g->a_rows_of;
     p.N = g->N;
     p.rows_per_expert = g->rows_per_expert;
     p.up_offset = g->up_offset;

@@ -24,6 +24,8 @@ typedef enum gemm_epilogue {
 typedef struct grouped_gemm_args {
     const void *a;             /* A [a_rows, K], rows of expert e at offsets[e] .. offsets[e+1] */
     int64_t a_rows;
+    const int *a_rows_of;      /* NULL, or gather: row s of A is a[a_rows_of[s] * a_ld ...] (16-byte aligned rows) */
+    int64_t a_ld;
     const void *b;             /* B [E * rows_per_expert, K]: expert e's matrix from row e*rows_per_expert */
     int64_t rows_per_expert, up_offset;
     int64_t K, N;              /* N: outputs per row (H for down, I for gate/up) */
