@@ -90,9 +90,9 @@ typedef enum moex_dtype {
     MOEX_F32 = 0,    /**< IEEE binary32 */
     MOEX_F16 = 1,    /**< IEEE binary16 */
     MOEX_BF16 = 2,   /**< bfloat16 (upper half of binary32) */
-    MOEX_E4M3 = 3,   /**< FP8 e4m3fn (quantized experts; not yet computed) */
-    MOEX_E2M1X2 = 4, /**< FP4 e2m1, two per byte, low nibble first (not yet computed) */
-    MOEX_UE8M0 = 5,  /**< unsigned power-of-two scale 2^(b-127) (not yet computed) */
+    MOEX_E4M3 = 3,   /**< FP8 e4m3fn: bias 7, no infinities, max 448; 0x7F/0xFF are NaN (quantized experts) */
+    MOEX_E2M1X2 = 4, /**< FP4 e2m1, two per byte, low nibble = the first element along K (quantized experts) */
+    MOEX_UE8M0 = 5,  /**< unsigned power-of-two scale 2^(b-127); 255 is NaN (block scales) */
     MOEX_I32 = 6,    /**< int32 (expert ids) */
     MOEX_I64 = 7     /**< int64 (expert ids) */
 } moex_dtype;
@@ -119,6 +119,42 @@ moex_status moex_dtype_parse(const char *name, moex_dtype *out);
  */
 moex_status moex_convert(const void *src, moex_dtype src_dtype, void *dst,
                          moex_dtype dst_dtype, size_t n);
+
+/* ---- quantized element types: codecs and block quantization ---- */
+
+/** FP8 e4m3fn code -> f32, exact for all 256 codes (0x7F and 0xFF give NaN). */
+float moex_e4m3_to_f32(uint8_t code);
+
+/** f32 -> FP8 e4m3fn code: round to nearest even, saturating to +-448; NaN -> 0x7F. */
+uint8_t moex_f32_to_e4m3(float value);
+
+/** FP4 e2m1 code (the low 4 bits of nibble; bit 3 is the sign) -> f32:
+ *  +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}. */
+float moex_e2m1_to_f32(uint8_t nibble);
+
+/** f32 -> FP4 e2m1 code (0..15): round to nearest even, saturating to +-6; NaN -> 0. */
+uint8_t moex_f32_to_e2m1(float value);
+
+/** UE8M0 code b -> 2^(b-127) (b = 0 gives the subnormal 2^-127; b = 255 gives NaN). */
+float moex_ue8m0_to_f32(uint8_t code);
+
+/** f32 > 0 -> the UE8M0 code of the smallest power of two >= value (rounds up,
+ *  as the ue8m0 recipe does), clamped to [0, 254]; 0, negative or NaN -> 127 (1.0). */
+uint8_t moex_f32_to_ue8m0(float value);
+
+/** How weights are quantized by moex_quantize() and `--quantize`. */
+typedef enum moex_quant_format {
+    MOEX_QUANT_FP8 = 0,       /**< e4m3 weights, float32 block scales (block_n x block_k, default 128 x 128) */
+    MOEX_QUANT_FP8_UE8M0 = 1, /**< e4m3 weights, power-of-two block scales (rounded up) */
+    MOEX_QUANT_FP4 = 2        /**< e2m1 weights two per byte, UE8M0 scales per 32 elements along K (block 1 x 32) */
+} moex_quant_format;
+
+/** Parse "fp8", "fp8-ue8m0" or "fp4"; MOEX_ERR_INVALID_ARGUMENT listing them otherwise. */
+moex_status moex_quant_format_parse(const char *name, moex_quant_format *out);
+
+/** Name of a quantization format ("fp8", "fp8-ue8m0", "fp4"); "invalid" otherwise. */
+const char *moex_quant_format_name(moex_quant_format format);
+
 
 /* ------------------------------------------------------------------------ */
 /* Devices                                                                  */
@@ -213,6 +249,34 @@ moex_status moex_tensor_init(moex_tensor *t, void *data, moex_dtype dtype,
 /* The experts layer                                                        */
 /* ------------------------------------------------------------------------ */
 
+/**
+ * Quantize w [E, N, K] or [N, K] (f32, f16 or bf16, contiguous, CPU) with
+ * transformers' recipe, per tile of block_n rows x block_k columns (the last
+ * tiles may be partial):
+ *   FP8:   scale = 448 / amax(tile) (f32; an all-zero tile gets scale 1),
+ *          q = e4m3(clamp(w * scale, -448, 448)), scale_inv = 1 / scale.
+ *   FP8_UE8M0: as FP8, then scale_inv is rounded up to a power of two and
+ *          q = e4m3(clamp(w / scale_inv, -448, 448)).
+ *   FP4:   block_n must be 1 and block_k 32; scale_inv = 2^(floor(log2(amax)) - 2)
+ *          (the OCP MX rule; 1 for an all-zero block), q = e2m1(w / scale_inv)
+ *          saturating at +-6.
+ * q: [E, N, K] e4m3, or [E, N, K/2] e2m1x2 (K even) for FP4.
+ * scale_inv: [E, ceil(N/block_n), ceil(K/block_k)], f32 or ue8m0 (ue8m0 needs a
+ * power-of-two format: FP8_UE8M0 or FP4). Each w = q * scale_inv up to rounding.
+ * Checks every shape and dtype first; nothing is written on error.
+ */
+moex_status moex_quantize(const moex_tensor *w, moex_quant_format format, int64_t block_n, int64_t block_k,
+                          moex_tensor *q, moex_tensor *scale_inv);
+
+/**
+ * The inverse: out [E, N, K] (f32, f16 or bf16) = q * scale_inv, block-wise,
+ * q e4m3 ([E, N, K]) or e2m1x2 ([E, N, K/2]); scale_inv [E, ceil(N/block_n),
+ * ceil(K/block_k)] f32 or ue8m0. The product is an f32 multiplication, then
+ * converted to out's dtype (exact for ue8m0 scales unless out of range).
+ */
+moex_status moex_dequantize(const moex_tensor *q, const moex_tensor *scale_inv, int64_t block_n, int64_t block_k,
+                            moex_tensor *out);
+
 /** The activation applied between the two projections. */
 typedef enum moex_activation {
     MOEX_ACT_SILU = 0,          /**< silu(g) * u (SwiGLU); ungated: silu(u) */
@@ -249,6 +313,21 @@ const char *moex_activation_name(moex_activation act);
  * All weight tensors and biases share one dtype (f32, f16 or bf16) and the
  * layer's device.
  *
+ * Quantized experts: gate_up and down (or the per-expert matrices) of dtype
+ * e4m3 (FP8) or e2m1x2 (FP4, [E, rows, in/2] bytes, or GPT-OSS's
+ * `*_blocks` form [E, rows, in/32, 16]), not transposed, with block scales
+ * `weight_scale_inv` semantics (w = q * scale):
+ *     gate_up_scale [E, ceil(R/block_n), ceil(H/block_k)]   (R = 2I gated, else I)
+ *     down_scale    [E, ceil(H/block_n), ceil(I/block_k)]
+ * of dtype f32 or ue8m0; in the per-expert layout expert_*_scale point to E
+ * grids [ceil(rows/block_n), ceil(in/block_k)] of dtype expert_scale_dtype.
+ * FP8: any block_n, block_k >= 1 (default 128 x 128), sizes need not be
+ * multiples of the block. FP4: block_n = 1, block_k = 32 (GPT-OSS's
+ * `*_scales` [E, rows, in/32]) and even input sizes. Activations are quantized
+ * dynamically (activation_scheme MOEX_ACT_SCHEME_DYNAMIC): per token and per
+ * block_k input channels for FP8, per 32 for FP4 (see docs/backends.md for
+ * exactly what is rounded where). Biases stay f32, f16 or bf16.
+ *
  * Per-expert weights (checkpoints that store each expert in its own tensors,
  * e.g. `experts.N.gate_proj`): leave gate_up and down absent and set
  * expert_up, expert_down (and expert_gate when gated) to arrays of E pointers
@@ -277,12 +356,28 @@ typedef struct moex_experts_desc {
     const void *const *expert_down; /**< per-expert layout: E down matrices */
     moex_dtype expert_dtype;        /**< per-expert layout: dtype of those matrices */
     moex_device expert_device;      /**< per-expert layout: where they live */
+    /* ---- quantized experts (weights of dtype e4m3 or e2m1x2; see above) ---- */
+    moex_tensor gate_up_scale;      /**< stacked layout: [E, ceil(R/block_n), ceil(H/block_k)], f32 or ue8m0 */
+    moex_tensor down_scale;         /**< stacked layout: [E, ceil(H/block_n), ceil(I/block_k)], f32 or ue8m0 */
+    const void *const *expert_gate_scale; /**< per-expert layout: E gate scale grids (gated only) */
+    const void *const *expert_up_scale;   /**< per-expert layout: E up scale grids */
+    const void *const *expert_down_scale; /**< per-expert layout: E down scale grids */
+    moex_dtype expert_scale_dtype;  /**< per-expert layout: f32 or ue8m0 */
+    int64_t block_n;                /**< rows per scale block (default 128; FP4: 1) */
+    int64_t block_k;                /**< input channels per scale block (default 128; FP4: 32) */
+    int activation_scheme;          /**< MOEX_ACT_SCHEME_DYNAMIC (default) or MOEX_ACT_SCHEME_STATIC */
 } moex_experts_desc;
+
+/** activation_scheme: activations quantized per token at run time (what the CPU backends do). */
+#define MOEX_ACT_SCHEME_DYNAMIC 0
+/** activation_scheme: one fixed per-tensor activation scale from the checkpoint; no
+ *  built-in backend honours it, each one's supports() says so. */
+#define MOEX_ACT_SCHEME_STATIC 1
 
 /**
  * Fill *desc with defaults: gated, concatenated, not transposed, silu,
- * alpha 1.702, limit 7, no biases, every tensor absent. Sizes are zero and
- * must be set.
+ * alpha 1.702, limit 7, no biases, every tensor absent, block 128 x 128,
+ * dynamic activation scales. Sizes are zero and must be set.
  */
 moex_status moex_experts_desc_init(moex_experts_desc *desc);
 
@@ -563,6 +658,10 @@ typedef struct moex_model_options {
     int64_t max_seq;       /**< prompt + new tokens per sequence (default 1024) */
     int64_t max_tokens;    /**< tokens in one forward step; longer prefills go in pieces (default 4096) */
     int decode_switch;     /**< 1 (default): on CUDA, grouped_mm entries run batched_mm in decode steps */
+    int dequantize;        /**< 1: a pre-quantized checkpoint's experts become plain weights at load
+                                (f32 with f32 compute, bf16 with bf16 compute); default 0 */
+    const char *quantize;  /**< "fp8", "fp8-ue8m0" or "fp4": quantize the experts at load
+                                (moex_quantize's recipe); NULL (default) = as stored */
 } moex_model_options;
 
 /** Defaults as documented on each field. */
@@ -574,6 +673,15 @@ moex_model_options moex_model_default_options(void);
  * qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe (text backbone). Weights stored
  * in a dtype the kernels read (f32, f16, bf16) are used in place from the
  * mapping. Fails naming an unknown model_type (with the list) or a missing tensor.
+ *
+ * Pre-quantized FP8 checkpoints (config.json's quantization_config with
+ * quant_method "fp8", fmt "e4m3", weight_block_size, scale_fmt "float" or
+ * "ue8m0", activation_scheme, modules_to_not_convert) load with no option:
+ * e4m3 expert weights are used in place with their `*_scale_inv` tensors (2-D
+ * grids, or each expert's grid flattened to 1-D, inferred from the weight
+ * shape); other e4m3 linear layers are dequantized at load. A bad scale grid,
+ * a block size that does not fit, or a scale dtype other than f32/ue8m0 fails
+ * naming the tensor. activation_scheme "static" fails at load, naming it.
  */
 moex_status moex_model_load(const char *dir, const moex_model_options *options, moex_model **out);
 

@@ -4,8 +4,8 @@
 #      OpenBLAS, cmocka) is made inside the build directory from sources in
 #      the repository, or left out cleanly — nothing is installed system-wide;
 #   2. builds moex with CUDA (Release) in build-gpu/;
-#   3. runs tests/gpu/test_cuda_backends, then a quick subset of it under
-#      compute-sanitizer memcheck;
+#   3. runs tests/gpu/test_cuda_backends and tests/gpu/test_cuda_decoder, then
+#      a quick subset of each under compute-sanitizer memcheck;
 #   4. runs `moex bench --device cuda` (bf16; eager, batched_mm, grouped_mm;
 #      CUDA graphs off and on) for qwen3-30b-a3b and deepseek-v3;
 #   5. runs the peer benchmark (peer-run/tf_experts_bench.py, transformers'
@@ -339,12 +339,17 @@ BUILD_OK=0
 build_step() { # extra cmake arguments
   cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" "$@" || return 1
-  cmake --build "$BUILD" -j"$(nproc)" --target moex test_cuda_backends || return 1
+  cmake --build "$BUILD" -j"$(nproc)" --target moex test_cuda_backends test_cuda_decoder || return 1
 }
 test_step() { "$TEST" 2>&1 | tee "$BUILD/test_cuda_backends.out"; }
+decoder_test_step() { "$DECODER_TEST" 2>&1 | tee "$BUILD/test_cuda_decoder.out"; }
 memcheck_step() {
   "$SANITIZER" --tool memcheck --error-exitcode 3 "$TEST" --quick 2>&1 |
     tee "$BUILD/memcheck.out"
+}
+decoder_memcheck_step() {
+  "$SANITIZER" --tool memcheck --error-exitcode 3 "$DECODER_TEST" --quick 2>&1 |
+    tee "$BUILD/memcheck_decoder.out"
 }
 bench_shape() { # shape tokens
   local base="$OUT/moex_${1}_bf16_cuda_${GPU_TAG}_${DATE}"
@@ -358,9 +363,10 @@ peer_run() { # compile(0/1) shapes out (appended to) [tokens]
 }
 MOEX="$BUILD/moex"
 TEST="$BUILD/tests/gpu/test_cuda_backends"
+DECODER_TEST="$BUILD/tests/gpu/test_cuda_decoder"
 PEER="$ROOT/peer-run/tf_experts_bench.py"
-export ROOT BUILD CUDA_ARCH OUT GPU_TAG DATE BENCH_LIMITS BENCH_RUNS PEER_TOKENS MOEX TEST PEER
-export -f build_step test_step memcheck_step bench_shape peer_run
+export ROOT BUILD CUDA_ARCH OUT GPU_TAG DATE BENCH_LIMITS BENCH_RUNS PEER_TOKENS MOEX TEST DECODER_TEST PEER
+export -f build_step test_step decoder_test_step memcheck_step decoder_memcheck_step bench_shape peer_run
 if run_step build 300 build_step "${CMAKE_EXTRA[@]}"; then
   BUILD_OK=1
 fi
@@ -373,6 +379,12 @@ elif [ $BUILD_OK -eq 1 ] && [ -x "$TEST" ]; then
   if want test; then
     run_step test_cuda_backends 200 test_step
     TEST_LINE=$(grep -a '^test_cuda_backends:.*passed\|^SKIP' "$BUILD/test_cuda_backends.out" | tail -1)
+    if [ -x "$DECODER_TEST" ]; then
+      run_step test_cuda_decoder 120 decoder_test_step
+      DECODER_LINE=$(grep -a '^test_cuda_decoder:.*passed\|^SKIP' "$BUILD/test_cuda_decoder.out" | tail -1)
+    else
+      record test_cuda_decoder "not run" 0 "not built"
+    fi
   fi
 else
   record test_cuda_backends "not run" 0 "build failed"
@@ -430,6 +442,10 @@ if want memcheck && [ $BUILD_OK -eq 1 ] && [ -x "$TEST" ]; then
   if [ -n "$SANITIZER" ]; then
     run_step "memcheck (quick)" 120 memcheck_step
     MEMCHECK_LINE=$(grep -a 'ERROR SUMMARY' "$BUILD/memcheck.out" | tail -1)
+    if [ -x "$DECODER_TEST" ]; then
+      run_step "memcheck decoder (quick)" 90 decoder_memcheck_step
+      DECODER_MEMCHECK_LINE=$(grep -a 'ERROR SUMMARY' "$BUILD/memcheck_decoder.out" | tail -1)
+    fi
   else
     say "compute-sanitizer not found: memcheck skipped"
     record "memcheck (quick)" skipped 0 "no compute-sanitizer"
@@ -445,7 +461,9 @@ for s in "${STEPS[@]}"; do
 done
 echo
 echo "tests:    ${TEST_LINE:-none}"
+echo "decoder:  ${DECODER_LINE:-none}"
 echo "memcheck: ${MEMCHECK_LINE:-none}"
+echo "memcheck decoder: ${DECODER_MEMCHECK_LINE:-none}"
 for f in "$OUT"/moex_*_cuda_*.csv; do
   [ -f "$f" ] || continue
   echo

@@ -368,14 +368,71 @@ static int64_t gate_up_row(const moex_experts_desc *d, int which, int64_t r) {
     return which * d->intermediate + r;
 }
 
+/* ---- quantized experts: decoding and the dynamic activation quantization ---- */
+
+double ref_e4m3_to_double(uint8_t c) {
+    int e = (c >> 3) & 15, m = c & 7;
+    if (e == 15 && m == 7) return NAN;
+    double v = e == 0 ? ldexp((double)m, -9) : ldexp(8.0 + m, e - 10);
+    return c & 0x80 ? -v : v;
+}
+
+double ref_e2m1_to_double(uint8_t nibble) {
+    static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+    return nibble & 8 ? -mag[nibble & 7] : mag[nibble & 7];
+}
+
+static int is_quant(moex_dtype dt) { return dt == MOEX_E4M3 || dt == MOEX_E2M1X2; }
+
+/* Element (row, c) of expert e of a stacked quantized weight w [E, rows, K] (codes) with its
+ * block scales s [E, ceil(rows/bn), ceil(K/bk)]: code * scale, exactly. */
+static double quant_at(const moex_experts_desc *d, const moex_tensor *w, const moex_tensor *s, int64_t rows,
+                       int64_t K, int64_t e, int64_t row, int64_t c) {
+    const uint8_t *q = w->data;
+    double v;
+    if (w->dtype == MOEX_E4M3) {
+        v = ref_e4m3_to_double(q[(e * rows + row) * K + c]);
+    } else {
+        uint8_t b = q[((e * rows + row) * K + c) / 2];
+        v = ref_e2m1_to_double(c % 2 ? b >> 4 : b & 15);
+    }
+    int64_t sr = (rows + d->block_n - 1) / d->block_n, sk = (K + d->block_k - 1) / d->block_k;
+    int64_t si = (e * sr + row / d->block_n) * sk + c / d->block_k;
+    double scale = s->dtype == MOEX_UE8M0 ? ldexp(1.0, ((const uint8_t *)s->data)[si] - 127)
+                                          : (double)((const float *)s->data)[si];
+    return v * scale;
+}
+
+void ref_act_quant(double *x, int64_t n, moex_dtype wdt, int64_t block) {
+    const int fp8 = wdt == MOEX_E4M3;
+    const double max = fp8 ? 448.0 : 6.0;
+    for (int64_t b0 = 0; b0 < n; b0 += block) {
+        int64_t b1 = b0 + block < n ? b0 + block : n;
+        double amax = 0;
+        for (int64_t i = b0; i < b1; i++) amax = fmax(amax, fabs(x[i]));
+        double s = 1.0;
+        if (amax > 0 && fp8) s = (double)(float)(amax / 448.0); /* the scale is an f32 */
+        if (amax > 0 && !fp8) s = ldexp(1.0, ilogb(amax) - 2);  /* 2^(floor(log2 amax) - emax(e2m1)) */
+        for (int64_t i = b0; i < b1; i++) {
+            double y = (double)(float)(x[i] / s); /* the quotient is an f32 */
+            y = fmin(fmax(y, -max), max);
+            x[i] = round_to_format(y, fp8 ? 3 : 1, fp8 ? -6 : 0, max) * s;
+        }
+    }
+}
+
 /* gate_up[e] for output channel row and input channel c, per transposition */
 static double gate_up_at(const moex_experts_desc *d, int64_t e, int64_t row, int64_t c) {
+    if (is_quant(d->gate_up.dtype))
+        return quant_at(d, &d->gate_up, &d->gate_up_scale, d->gated ? 2 * d->intermediate : d->intermediate,
+                        d->hidden, e, row, c);
     int64_t idx[3] = {e, d->transposed ? c : row, d->transposed ? row : c};
     return ref_tensor_get(&d->gate_up, idx);
 }
 
 /* down[e] for output channel c and input channel r, per transposition */
 static double down_at(const moex_experts_desc *d, int64_t e, int64_t c, int64_t r) {
+    if (is_quant(d->down.dtype)) return quant_at(d, &d->down, &d->down_scale, d->hidden, d->intermediate, e, c, r);
     int64_t idx[3] = {e, d->transposed ? r : c, d->transposed ? c : r};
     return ref_tensor_get(&d->down, idx);
 }
@@ -435,6 +492,8 @@ static double dot(const double *a, const double *b, int64_t n) {
 static void expert_accumulate(const moex_experts_desc *d, const canon *c, int64_t e,
                               const double *x, double w, double *hbuf, double *y) {
     int64_t H = d->hidden, I = d->intermediate;
+    const int quant = is_quant(d->gate_up.dtype);
+    const int64_t qblock = d->gate_up.dtype == MOEX_E2M1X2 ? 32 : d->block_k;
     for (int64_t r = 0; r < I; r++) {
         double u = dot(&c->up[(e * I + r) * H], x, H) + c->up_b[e * I + r];
         if (d->gated) {
@@ -444,6 +503,7 @@ static void expert_accumulate(const moex_experts_desc *d, const canon *c, int64_
             hbuf[r] = ref_act_plain(d->activation, u);
         }
     }
+    if (quant) ref_act_quant(hbuf, I, d->gate_up.dtype, qblock);
     for (int64_t h = 0; h < H; h++) {
         double v = dot(&c->down[(e * H + h) * I], hbuf, I) + c->down_b[e * H + h];
         y[h] += w * v;
@@ -467,6 +527,7 @@ void ref_experts_forward(const moex_experts_desc *d, const moex_tensor *hidden,
             x[h] = ref_tensor_get(hidden, ix);
             y[h] = 0.0;
         }
+        if (is_quant(d->gate_up.dtype)) ref_act_quant(x, H, d->gate_up.dtype, d->gate_up.dtype == MOEX_E2M1X2 ? 32 : d->block_k);
         for (int64_t j = 0; j < k; j++) {
             int64_t ij[2] = {t, j};
             int64_t e = (int64_t)ref_tensor_get(ids, ij);

@@ -137,6 +137,16 @@ void ref_random_routing(ref_rng *r, int64_t T, int64_t E, int64_t k, moex_dtype 
 void ref_experts_forward(const moex_experts_desc *d, const moex_tensor *hidden,
                          const moex_tensor *ids, const moex_tensor *weights, double *out);
 
+/* Quantized experts (stacked layout, e4m3 or e2m1x2 weights with f32/ue8m0 block scales) are
+ * read as code * scale, exactly; x and h are quantized per token as the library documents
+ * (ref_act_quant) before each projection. */
+/* one e4m3 code -> its exact value (NaN for 0x7F/0xFF) */
+double ref_e4m3_to_double(uint8_t code);
+/* one e2m1 nibble -> its exact value */
+double ref_e2m1_to_double(uint8_t nibble);
+/* x: [n] in place -> per block of `block`: s = f32(amax / 448) (e4m3) or 2^(floor(log2 amax) - 2)
+ * (e2m1), x = round(clamp(f32(x / s), +-max)) * s, round to nearest even on the format's grid */
+void ref_act_quant(double *x, int64_t n, moex_dtype wdt, int64_t block);
 /* x -> act(x) for the ungated kinds (silu, gelu, gelu_tanh, relu) */
 double ref_act_plain(moex_activation act, double x);
 /* (g, u) -> the gated activation h, alpha/limit used by the clamped kinds */

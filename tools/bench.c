@@ -37,7 +37,7 @@
 
 enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2, PARSE_HELP = -1 };
 enum { WARMUP_RUNS = 2, MIN_RUNS = 10, DEFAULT_RUNS = 10, MAX_RUNS = 100000 };
-enum { MAX_TOKEN_COUNTS = 32, MAX_BACKENDS = 16, NAME_LEN = 64, FILL_CHUNK = 4096 };
+enum { MAX_TOKEN_COUNTS = 32, MAX_BACKENDS = 16, MAX_DTYPES = 6, NAME_LEN = 64, FILL_CHUNK = 4096 };
 static const int64_t MAX_TOKENS = (int64_t)1 << 24;
 static const int MAX_THREADS = 4096;
 
@@ -76,7 +76,11 @@ typedef struct bench_opts {
     int ntokens;
     char backends[MAX_BACKENDS][NAME_LEN];
     int nbackends;
-    moex_dtype dtype;
+    moex_dtype dtype;           /* activations (and weights unless quantized) */
+    int quantized;              /* 1: weights in qformat, activations bf16 */
+    moex_quant_format qformat;
+    char dtypes[MAX_DTYPES][NAME_LEN]; /* --dtype list: one pass of the whole bench each */
+    int ndtypes;
     moex_device device;
     int64_t max_experts; /* 0: all */
     int threads;         /* 0: one per online core */
@@ -106,7 +110,10 @@ static void print_usage(FILE *f)
           "                    deepseek-v3 or gpt-oss-20b\n"
           "  --tokens LIST     token counts, e.g. 1,8,512\n"
           "  --backends LIST   backends, run interleaved (default eager,batched_mm,grouped_mm)\n"
-          "  --dtype NAME      f32, f16 or bf16: weights and activations (default bf16)\n"
+          "  --dtype NAME      f32, f16 or bf16: weights and activations (default bf16);\n"
+          "                    fp8, fp8-ue8m0 or fp4: quantized weights, bf16 activations\n"
+          "                    (cpu); a list (bf16,fp8) runs the bench once per dtype in\n"
+          "                    this run, into one table, CSV and plot\n"
           "  --device NAME     cpu (default), cuda or cuda:N; on cuda the weights and\n"
           "                    inputs live on the GPU, each forward is timed with CUDA\n"
           "                    events from an idle stream after an L2 flush, and the\n"
@@ -250,19 +257,39 @@ static int parse_shape(const char *s, bench_opts *o)
     return usage_error("--shape: unknown shape \"%s\"; the shapes are: %s", s, names);
 }
 
-static int parse_dtype(const char *s, bench_opts *o)
+static int apply_dtype(const char *s, bench_opts *o)
 {
-    static const char *const later[] = {"fp8", "fp8-ue8m0", "fp4"};
+    o->quantized = 0;
     if (strcmp(s, "f32") == 0 || strcmp(s, "f16") == 0 || strcmp(s, "bf16") == 0)
         return moex_dtype_parse(s, &o->dtype) == MOEX_OK
                    ? 0
                    : usage_error("--dtype: \"%s\": %s", s, moex_last_error());
-    for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
-        if (strcmp(s, later[i]) == 0)
-            return usage_error("--dtype: \"%s\" is not supported yet by this build (f32, f16 "
-                               "and bf16 are)",
-                               s);
+    if (moex_quant_format_parse(s, &o->qformat) == MOEX_OK) {
+        o->quantized = 1;
+        o->dtype = MOEX_BF16;
+        return 0;
+    }
     return usage_error("--dtype: \"%s\" is not one of f32, f16, bf16, fp8, fp8-ue8m0, fp4", s);
+}
+
+static int parse_dtype(const char *s, bench_opts *o)
+{
+    int n = 0, rc = split_list("--dtype", s, o->dtypes, MAX_DTYPES, &n);
+    for (int i = 0; !rc && i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (strcmp(o->dtypes[i], o->dtypes[j]) == 0)
+                return usage_error("--dtype: \"%s\" appears twice in \"%s\"", o->dtypes[i], s);
+    for (int i = n - 1; !rc && i >= 0; i--) /* every name checked; the first one left in force */
+        rc = apply_dtype(o->dtypes[i], o);
+    if (!rc)
+        o->ndtypes = n;
+    return rc;
+}
+
+/* The weights' dtype as the bench names it: f32, f16, bf16, fp8, fp8-ue8m0 or fp4. */
+static const char *weight_label(const bench_opts *o)
+{
+    return o->quantized ? moex_quant_format_name(o->qformat) : moex_dtype_name(o->dtype);
 }
 
 /* "cpu", "cuda" or "cuda:N". Whether CUDA is usable is decided later (exit 1, not 2). */
@@ -758,6 +785,7 @@ typedef struct bench_state {
     int ceilings_low;
     double other_share;     /* other processes' share of the CPU during the run (NaN: unknown) */
     void *gate_up, *down, *gate_up_bias, *down_bias;
+    void *gate_up_codes, *down_codes, *gate_up_scales, *down_scales; /* quantized weights */
     moex_layer *layer;
     moex_context *ctx;
     int eager_index;        /* position of "eager" in o->backends, or -1 */
@@ -766,6 +794,7 @@ typedef struct bench_state {
     case_result *results;   /* [ntokens][nvariants]; a variant is (backend, graph) */
     int ngraph;             /* graph settings per backend: 1 (cpu, --graph on/off) or 2 */
     int graph_first;        /* the graph setting of variant 0 (0 or 1) */
+    struct bench_state *next; /* the state of the next --dtype of this run, or NULL */
     /* cuda */
     int cuda;               /* 1 on --device cuda */
     moex_device_info gpu;
@@ -814,26 +843,45 @@ typedef struct workload {
     int state[2 * MAX_BACKENDS];         /* CASE_* per variant */
 } workload;
 
-static void state_free(bench_state *st)
+/* Everything but the results: the weights, the layer, the context and the flush buffer. */
+static void state_release(bench_state *st)
 {
 #if MOEX_HAVE_CUDA
     bench_cuda_timer_free(st->timer);
+    st->timer = NULL;
 #endif
-    for (int b = 0; b <= MAX_BACKENDS; b++)
+    for (int b = 0; b <= MAX_BACKENDS; b++) {
         moex_context_free(st->bctx[b]);
+        st->bctx[b] = NULL;
+    }
     if (st->o) {
         moex_device_free(st->o->device, st->d_gate_up);
         moex_device_free(st->o->device, st->d_down);
         moex_device_free(st->o->device, st->d_gate_up_bias);
         moex_device_free(st->o->device, st->d_down_bias);
     }
+    st->d_gate_up = st->d_down = st->d_gate_up_bias = st->d_down_bias = NULL;
     moex_context_free(st->ctx);
     moex_layer_free(st->layer);
     free(st->gate_up);
     free(st->down);
     free(st->gate_up_bias);
     free(st->down_bias);
+    free(st->gate_up_codes);
+    free(st->down_codes);
+    free(st->gate_up_scales);
+    free(st->down_scales);
     free(st->flush);
+    st->ctx = NULL;
+    st->layer = NULL;
+    st->gate_up = st->down = st->gate_up_bias = st->down_bias = NULL;
+    st->gate_up_codes = st->down_codes = st->gate_up_scales = st->down_scales = NULL;
+    st->flush = NULL;
+}
+
+static void state_free(bench_state *st)
+{
+    state_release(st);
     free(st->results);
     memset(st, 0, sizeof *st);
 }
@@ -889,7 +937,7 @@ static int check_memory(const bench_state *st)
             "inputs at T=%lld, more than the %.1f GiB this machine has available (85%%, less "
             "the ceilings' buffer)",
             o->shape->name, (long long)st->experts, weights / 1073741824.0,
-            moex_dtype_name(o->dtype), inputs / 1073741824.0,
+            weight_label(o), inputs / 1073741824.0,
             (long long)o->tokens[o->ntokens - 1], budget / 1073741824.0);
     long long fit = (long long)floor((budget - inputs) / st->bytes_per_expert);
     if (fit >= 1)
@@ -957,6 +1005,12 @@ static int resolve(const bench_opts *o, bench_state *st)
     st->esize = moex_dtype_size(o->dtype);
     double H = (double)st->hidden, I = (double)st->intermediate;
     st->bytes_per_expert = (3.0 * H * I + (o->shape->gptoss ? 2.0 * I + H : 0.0)) * st->esize;
+    if (o->quantized) { /* codes and scales; biases stay bf16 */
+        const int fp4 = o->qformat == MOEX_QUANT_FP4;
+        const double blocks = fp4 ? 3.0 * H * I / 32 : (ceil(2 * I / 128) * ceil(H / 128) + ceil(H / 128) * ceil(I / 128));
+        st->bytes_per_expert = 3.0 * H * I * (fp4 ? 0.5 : 1.0) + blocks * (o->qformat == MOEX_QUANT_FP8 ? 4.0 : 1.0) +
+                               (o->shape->gptoss ? 2.0 * I + H : 0.0) * st->esize;
+    }
     st->flops_per_pair = 6.0 * H * I; /* every named shape is gated */
     st->eager_index = -1;
     for (int b = 0; b < o->nbackends; b++)
@@ -977,7 +1031,7 @@ static void print_banner(const bench_state *st)
     if (st->experts < o->shape->experts)
         printf(" (of %lld)", (long long)o->shape->experts);
     printf(" k=%lld%s  %s\n", (long long)st->top_k, o->shape->gptoss ? " (gpt-oss layout)" : "",
-           moex_dtype_name(o->dtype));
+           weight_label(o));
     printf("cpu: %s, %d cores, moex %s kernels; threads=%d  runs=%d (+%d warm-up)  seed=%llu\n",
            st->cpu_model, st->cpu.cpu_cores, st->cpu.cpu_avx2 ? "avx2" : "portable", st->threads,
            o->runs, WARMUP_RUNS, (unsigned long long)o->seed);
@@ -1063,7 +1117,7 @@ static int build_layer(bench_state *st)
     double n_gu = (double)E * 2 * I * H, n_dn = (double)E * H * I;
     int gptoss = o->shape->gptoss, rc;
     fprintf(stderr, "moex bench: generating %lld experts of random %s weights (%.0f MiB) ...\n",
-            (long long)E, moex_dtype_name(o->dtype),
+            (long long)E, weight_label(o),
             E * st->bytes_per_expert / 1048576.0);
     if ((rc = alloc_bytes(&st->gate_up, n_gu * st->esize, "gate_up")) ||
         (rc = alloc_bytes(&st->down, n_dn * st->esize, "down")) ||
@@ -1091,7 +1145,27 @@ static int build_layer(bench_state *st)
     d.intermediate = I;
     d.top_k = st->top_k;
     d.gated = 1;
-    if (gptoss) {
+    if (o->quantized) { /* quantized experts are stored [E, out, in] */
+        d.interleaved = gptoss;
+        if (gptoss) {
+            d.activation = MOEX_ACT_GPTOSS_CLAMP;
+            if ((rc = weight_view(&d.gate_up_bias, st->gate_up_bias, o->dtype, E, 2 * I, 0)) ||
+                (rc = weight_view(&d.down_bias, st->down_bias, o->dtype, E, H, 0)))
+                return rc;
+        }
+        if ((rc = bench_quantize(st->gate_up, o->dtype, E, 2 * I, H, o->qformat, st->threads, &st->gate_up_codes,
+                                 &st->gate_up_scales, &d.gate_up, &d.gate_up_scale)) ||
+            (rc = bench_quantize(st->down, o->dtype, E, H, I, o->qformat, st->threads, &st->down_codes,
+                                 &st->down_scales, &d.down, &d.down_scale)))
+            return EXIT_RUNTIME;
+        free(st->gate_up);
+        free(st->down);
+        st->gate_up = st->down = NULL;
+        if (o->qformat == MOEX_QUANT_FP4) {
+            d.block_n = 1;
+            d.block_k = 32;
+        }
+    } else if (gptoss) {
         d.interleaved = 1;
         d.transposed = 1;
         d.activation = MOEX_ACT_GPTOSS_CLAMP;
@@ -1553,16 +1627,20 @@ static int write_csv(FILE *f, const bench_state *st)
 {
     const bench_opts *o = st->o;
     csv_comments(f, st);
+    for (const bench_state *s = st->next; s; s = s->next) /* the later passes' own ceilings and load */
+        fprintf(f, "# pass dtype=%s ceiling gemm_gflops=%.2f read_gbps=%.2f other_cpu_share=%.3f\n",
+                weight_label(s->o), s->gemm_gflops, s->read_gbps, s->other_share);
     fputs("shape,backend,device,dtype,experts,threads,tokens,graph,ms,gflops,weight_gbps,"
           "max_abs_err,gemm_frac,bw_frac\n",
           f);
     int nv = nvariants(st);
+    for (const bench_state *s = st; s; s = s->next)
     for (int ti = 0; ti < o->ntokens; ti++) {
         for (int v = 0; v < nv; v++) {
-            const case_result *r = &st->results[ti * nv + v];
+            const case_result *r = &s->results[ti * nv + v];
             fprintf(f, "%s,%s,%s,%s,%lld,%d,%lld,%d", o->shape->name,
                     o->backends[var_backend(st, v)], st->cuda ? "cuda" : "cpu",
-                    moex_dtype_name(o->dtype), (long long)st->experts, st->cuda ? 0 : st->threads,
+                    weight_label(s->o), (long long)st->experts, st->cuda ? 0 : st->threads,
                     (long long)o->tokens[ti], var_graph(st, v));
             csv_number(f, r->ms);
             csv_number(f, r->gflops);
@@ -1573,46 +1651,50 @@ static int write_csv(FILE *f, const bench_state *st)
             fputc('\n', f);
         }
     }
-    for (int ti = 0; st->cuda && ti < o->ntokens; ti++) /* why a row is empty */
-        for (int v = 0; v < nv; v++)
-            if (st->results[ti * nv + v].state != CASE_RAN)
-                fprintf(f, "# empty row: %s graph=%d tokens=%lld: %s\n",
-                        o->backends[var_backend(st, v)], var_graph(st, v),
-                        (long long)o->tokens[ti], case_state_text(st->results[ti * nv + v].state));
+    for (const bench_state *s = st; st->cuda && s; s = s->next) /* why a row is empty */
+        for (int ti = 0; ti < o->ntokens; ti++)
+            for (int v = 0; v < nv; v++)
+                if (s->results[ti * nv + v].state != CASE_RAN)
+                    fprintf(f, "# empty row: %s %s graph=%d tokens=%lld: %s\n", o->backends[var_backend(st, v)],
+                            weight_label(s->o), var_graph(st, v), (long long)o->tokens[ti],
+                            case_state_text(s->results[ti * nv + v].state));
     return ferror(f) ? -1 : 0;
 }
 
 static int write_svg(FILE *f, const bench_state *st)
 {
     const bench_opts *o = st->o;
-    int nb = nvariants(st), nt = o->ntokens;
-    double x[MAX_TOKEN_COUNTS], y[2 * MAX_BACKENDS][MAX_TOKEN_COUNTS];
-    char names[2 * MAX_BACKENDS][NAME_LEN + 16];
-    svg_series series[2 * MAX_BACKENDS];
+    int nv = nvariants(st), nt = o->ntokens, ns = 0;
+    enum { MAX_SERIES = MAX_DTYPES * 2 * MAX_BACKENDS };
+    double x[MAX_TOKEN_COUNTS], y[MAX_SERIES][MAX_TOKEN_COUNTS];
+    svg_series series[MAX_SERIES];
+    char names[MAX_SERIES][2 * NAME_LEN + 16], labels[MAX_DTYPES * (NAME_LEN + 4)] = "";
     for (int ti = 0; ti < nt; ti++)
         x[ti] = (double)o->tokens[ti];
-    for (int b = 0; b < nb; b++) {
-        for (int ti = 0; ti < nt; ti++) /* rows that did not run are NaN: skipped by the plot */
-            y[b][ti] = st->cuda && st->results[ti * nb + b].state != CASE_RAN
-                           ? NAN
-                           : st->results[ti * nb + b].ms;
-        snprintf(names[b], sizeof names[b], "%s%s", o->backends[var_backend(st, b)],
-                 var_graph(st, b) ? " (CUDA graph)" : "");
-        series[b] = (svg_series){names[b], nt, x, y[b]};
+    for (const bench_state *s = st; s; s = s->next) {
+        size_t used = strlen(labels);
+        snprintf(labels + used, sizeof labels - used, "%s%s", s == st ? "" : " vs ", weight_label(s->o));
+        for (int v = 0; v < nv; v++, ns++) {
+            for (int ti = 0; ti < nt; ti++) /* rows that did not run are NaN: skipped by the plot */
+                y[ns][ti] = st->cuda && s->results[ti * nv + v].state != CASE_RAN ? NAN : s->results[ti * nv + v].ms;
+            snprintf(names[ns], sizeof names[ns], "%s%s%s%s", o->backends[var_backend(st, v)], st->next ? " " : "",
+                     st->next ? weight_label(s->o) : "", var_graph(st, v) ? " (CUDA graph)" : "");
+            series[ns] = (svg_series){names[ns], nt, x, y[ns]};
+        }
     }
-    char title[160], subtitle[256];
+    char title[256], subtitle[256];
     if (st->cuda)
-        snprintf(title, sizeof title, "%s, %s, %s: time of one experts forward", o->shape->name,
-                 moex_dtype_name(o->dtype), st->gpu.name);
+        snprintf(title, sizeof title, "%s, %s, %s: time of one experts forward", o->shape->name, labels,
+                 st->gpu.name);
     else
-        snprintf(title, sizeof title, "%s, %s, %d thread%s: time of one experts forward",
-                 o->shape->name, moex_dtype_name(o->dtype), st->threads, st->threads == 1 ? "" : "s");
+        snprintf(title, sizeof title, "%s, %s, %d thread%s: time of one experts forward", o->shape->name, labels,
+                 st->threads, st->threads == 1 ? "" : "s");
     snprintf(subtitle, sizeof subtitle,
              "H=%lld I=%lld, %lld of %lld experts, top-%lld; median of %d runs, fresh routing "
              "each; moex %s",
              (long long)st->hidden, (long long)st->intermediate, (long long)st->experts,
              (long long)o->shape->experts, (long long)st->top_k, o->runs, moex_version());
-    svg_plot p = {title, subtitle, "tokens (T)", "time (ms)", nb, series};
+    svg_plot p = {title, subtitle, "tokens (T)", "time (ms)", ns, series};
     return svg_plot_write(f, &p);
 }
 
@@ -2222,7 +2304,7 @@ static int run_bench_cuda(bench_state *st)
     if (rc)
         return rc;
     report_machine_load(st, start);
-    return write_outputs(st);
+    return 0; /* the outputs are written once every --dtype pass has run */
 }
 #endif /* MOEX_HAVE_CUDA */
 
@@ -2249,7 +2331,7 @@ static int run_bench(bench_state *st)
     if (rc)
         return rc;
     report_machine_load(st, start);
-    return write_outputs(st);
+    return 0;
 }
 
 int moex_cli_bench(int argc, char **argv)
@@ -2262,11 +2344,25 @@ int moex_cli_bench(int argc, char **argv)
     }
     if (rc)
         return EXIT_USAGE;
-    bench_state st;
-    memset(&st, 0, sizeof st);
-    rc = resolve(&o, &st);
+    /* one pass per --dtype, each with its own weights (released before the next is built) */
+    bench_opts opts[MAX_DTYPES];
+    bench_state st[MAX_DTYPES];
+    memset(st, 0, sizeof st);
+    int n = o.ndtypes > 0 ? o.ndtypes : 1;
+    for (int d = 0; d < n && !rc; d++) {
+        opts[d] = o;
+        if (o.ndtypes > 0)
+            apply_dtype(o.dtypes[d], &opts[d]);
+        rc = resolve(&opts[d], &st[d]);
+        if (!rc)
+            rc = run_bench(&st[d]);
+        state_release(&st[d]);
+        if (d > 0)
+            st[d - 1].next = &st[d];
+    }
     if (!rc)
-        rc = run_bench(&st);
-    state_free(&st);
+        rc = write_outputs(&st[0]);
+    for (int d = 0; d < n; d++)
+        state_free(&st[d]);
     return rc;
 }

@@ -5,6 +5,7 @@
 #ifndef MOEX_TOOLS_BENCH_H
 #define MOEX_TOOLS_BENCH_H
 
+#include "moex.h"
 #include <stddef.h>
 #include <stdio.h>
 
@@ -29,6 +30,18 @@ int bench_ceiling_gemm(int threads, double *gflops, char *err, size_t err_size);
 
 /** AVX2 sum over 1 GiB of f32 on `threads` OpenMP threads: median of 11 after a warm-up, GB/s. */
 int bench_ceiling_read(int threads, double *gbps, char *err, size_t err_size);
+
+/* ------------------------------------------------------------------------ */
+/* Quantized weights (tools/bench_quant.c)                                  */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * w [E, N, K] of dtype dt -> newly allocated codes and scales (free both, also on failure)
+ * in `format` (FP8: 128 x 128 blocks, FP4: 1 x 32), and the views q and scale over them.
+ * Parallel over experts. Returns 0, or 1 after printing why.
+ */
+int bench_quantize(const void *w, moex_dtype dt, int64_t E, int64_t N, int64_t K, moex_quant_format format,
+                   int threads, void **codes, void **scales, moex_tensor *q, moex_tensor *scale);
 
 /* ------------------------------------------------------------------------ */
 /* SVG plot (tools/svg_plot.c)                                              */

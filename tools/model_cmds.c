@@ -14,7 +14,8 @@
 enum { MAX_PROMPTS = 64, MAX_PROMPT_LEN = 65536 };
 
 typedef struct gen_args {
-    const char *dir, *experts, *device, *dtype;
+    const char *dir, *experts, *device, *dtype, *quantize;
+    int dequantize;
     int32_t *prompts[MAX_PROMPTS];
     int64_t lens[MAX_PROMPTS];
     int n;
@@ -87,6 +88,7 @@ static int parse_gen_args(int argc, char **argv, gen_args *a) {
         else if (!strcmp(f, "--logits")) a->gen.want_logits = 1, takes = 0;
         else if (!strcmp(f, "--ignore-eos")) a->gen.ignore_eos = 1, takes = 0;
         else if (!strcmp(f, "--no-decode-switch")) a->no_decode_switch = 1, takes = 0;
+        else if (!strcmp(f, "--dequantize")) a->dequantize = 1, takes = 0;
         else if (f[0] != '-') {
             if (a->dir) return usage("unexpected argument \"%s\" (the model directory is \"%s\")", f, a->dir);
             a->dir = f, takes = 0;
@@ -96,6 +98,7 @@ static int parse_gen_args(int argc, char **argv, gen_args *a) {
         else if (!strcmp(f, "--experts")) a->experts = v;
         else if (!strcmp(f, "--device")) a->device = v;
         else if (!strcmp(f, "--dtype")) a->dtype = v;
+        else if (!strcmp(f, "--quantize")) a->quantize = v;
         else if (!strcmp(f, "--temperature")) rc = parse_f(f, v, &a->gen.temperature);
         else if (!strcmp(f, "--top-k")) rc = parse_i64(f, v, 0, &a->gen.top_k);
         else if (!strcmp(f, "--top-p")) rc = parse_f(f, v, &a->gen.top_p);
@@ -126,6 +129,11 @@ static int model_options(const gen_args *a, moex_model_options *mo) {
     mo->experts = a->experts;
     mo->num_threads = a->threads;
     mo->decode_switch = !a->no_decode_switch;
+    mo->dequantize = a->dequantize;
+    mo->quantize = a->quantize;
+    moex_quant_format qf;
+    if (a->quantize && moex_quant_format_parse(a->quantize, &qf))
+        return usage("--quantize: \"%s\" is not fp8, fp8-ue8m0 or fp4%s", a->quantize, "");
     if (!strcmp(a->device, "cuda")) mo->device.kind = MOEX_DEVICE_CUDA;
     else if (strcmp(a->device, "cpu")) return usage("--device: \"%s\" is not cpu or cuda%s", a->device, "");
     if (moex_dtype_parse(a->dtype, &mo->dtype) || (mo->dtype != MOEX_F32 && mo->dtype != MOEX_BF16))

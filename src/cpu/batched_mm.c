@@ -5,6 +5,9 @@
  * CPU, as the spec says.
  *
  *   pair p = (t, j): x[t] [H] -> gate/up [2I] -> h [I] -> y[p] [H];  out[t] = sum_j w[t,j] y[p]
+ *
+ * Quantized experts: x is quantized per token once, h per pair before down; the
+ * kernels read the weights' codes in place.
  */
 #include "cpu/common.h"
 #include <omp.h>
@@ -26,6 +29,10 @@ static batched_ws carve(moex_ws *ws, const moex_cpu_kernels *kr, const moex_expe
         return b;
     }
     b.x = moex_hidden_rows(ws, kr, hidden, T, d->hidden, threads);
+    if (moex_layer_quantized(d)) { /* the activations quantized per token */
+        float *xq = moex_ws_take_array(ws, T, d->hidden, sizeof(float));
+        if (ws->base) b.x = moex_quantize_rows(kr, d, b.x, xq, T, d->hidden, threads);
+    }
     b.pos = moex_ws_take_array(ws, T, d->top_k, sizeof(int32_t));
     b.y = moex_ws_take_array(ws, P, d->hidden, sizeof(float));
     b.scratch = moex_ws_thread_scratch(ws, d, threads);
@@ -44,6 +51,9 @@ moex_status moex_cpu_batched_mm_forward(const moex_forward_args *args, void *use
     const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate, k = d->top_k, P = args->tokens * k;
     moex_ws ws = {args->workspace, 0};
     batched_ws b = carve(&ws, kr, d, args->hidden, args->tokens, args->num_threads);
+    const int quant = moex_layer_quantized(d);
+    const moex_dtype d_wdt = moex_weight_dtype(d);
+    const int64_t qblock = moex_act_quant_block(d);
 #pragma omp parallel num_threads(args->num_threads)
     {
         moex_thread_scratch *s = &b.scratch[omp_get_thread_num()];
@@ -57,6 +67,7 @@ moex_status moex_cpu_batched_mm_forward(const moex_forward_args *args, void *use
                 const int64_t nb = I - j0 < MOEX_NB ? I - j0 : MOEX_NB;
                 moex_gate_up_block(kr, d, e, &x, 1, j0, nb, s->pack, s->row, s->h + j0, I);
             }
+            if (quant) kr->act_quant(s->h, s->h, I, d_wdt, qblock);
             moex_bmat down = moex_down_mat(d, e, 0);
             const float *hrow = s->h;
             moex_gemm(kr, &hrow, 1, &down, H, I, b.y + p * H, H, s->pack, moex_bias_at(&d->down_bias, e, 0),

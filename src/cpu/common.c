@@ -91,21 +91,53 @@ static const char *expert_base(const moex_tensor *w, int64_t e) {
     return (const char *)w->data + e * w->strides[0] * (int64_t)moex_dtype_size(w->dtype);
 }
 
+// The fields every view of the layer's weights shares (scale_ld: scale blocks along an input of K).
+static moex_bmat layer_mat(const moex_experts_desc *d, int64_t K) {
+    moex_bmat b;
+    memset(&b, 0, sizeof b);
+    b.transposed = d->transposed;
+    b.block_n = d->block_n;
+    b.block_k = d->block_k;
+    if (d->block_k > 0) b.scale_ld = (K + d->block_k - 1) / d->block_k;
+    return b;
+}
+
 moex_bmat moex_gate_up_mat(const moex_experts_desc *d, int64_t e, int64_t base) {
-    const int64_t I = d->intermediate, rows = d->gated ? 2 * I : I;
+    const int64_t I = d->intermediate, H = d->hidden, rows = d->gated ? 2 * I : I;
+    moex_bmat b = layer_mat(d, H);
     if (d->expert_up) { /* per-expert: rows [0, I) of a gated layer are gate, the rest up */
-        int gate = d->gated && base < I;
-        moex_bmat b = {gate ? d->expert_gate[e] : d->expert_up[e], d->expert_dtype, d->transposed,
-                       d->transposed ? I : d->hidden, gate || !d->gated ? base : base - I};
+        const int gate = d->gated && base < I;
+        b.w = gate ? d->expert_gate[e] : d->expert_up[e];
+        b.dtype = d->expert_dtype;
+        b.ld = d->transposed ? I : H;
+        b.base = gate || !d->gated ? base : base - I;
+        if (moex_is_quant_dtype(b.dtype)) {
+            b.scale = gate ? d->expert_gate_scale[e] : d->expert_up_scale[e];
+            b.scale_dtype = d->expert_scale_dtype;
+        }
         return b;
     }
-    moex_bmat b = {expert_base(&d->gate_up, e), d->gate_up.dtype, d->transposed, d->transposed ? rows : d->hidden, base};
+    b.w = expert_base(&d->gate_up, e);
+    b.dtype = d->gate_up.dtype;
+    b.ld = d->transposed ? rows : H;
+    b.base = base;
+    if (moex_is_quant_dtype(b.dtype)) {
+        b.scale = expert_base(&d->gate_up_scale, e);
+        b.scale_dtype = d->gate_up_scale.dtype;
+    }
     return b;
 }
 
 moex_bmat moex_down_mat(const moex_experts_desc *d, int64_t e, int64_t base) {
-    const void *w = d->expert_up ? d->expert_down[e] : expert_base(&d->down, e);
-    moex_bmat b = {w, moex_weight_dtype(d), d->transposed, d->transposed ? d->hidden : d->intermediate, base};
+    moex_bmat b = layer_mat(d, d->intermediate);
+    b.w = d->expert_up ? d->expert_down[e] : expert_base(&d->down, e);
+    b.dtype = moex_weight_dtype(d);
+    b.ld = d->transposed ? d->hidden : d->intermediate;
+    b.base = base;
+    if (moex_is_quant_dtype(b.dtype)) {
+        b.scale = d->expert_up ? d->expert_down_scale[e] : expert_base(&d->down_scale, e);
+        b.scale_dtype = d->expert_up ? d->expert_scale_dtype : d->down_scale.dtype;
+    }
     return b;
 }
 
@@ -122,6 +154,12 @@ static void add_bias(int64_t M, int64_t N, float *c, int64_t ldc, const void *bi
 static void prefetch_block(const moex_bmat *b, int64_t k0, int64_t kc, int64_t N) {
     const int64_t esz = b->dtype == MOEX_F32 ? 4 : 2;
     const char *w = b->w;
+    if (moex_is_quant_dtype(b->dtype)) { /* codes: 1 byte (e4m3) or half a byte (e2m1x2) per element */
+        const int64_t per_line = b->dtype == MOEX_E4M3 ? 64 : 128, half = b->dtype == MOEX_E2M1X2;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < kc; k += per_line) __builtin_prefetch(w + (((b->base + n) * b->ld + k0 + k) >> half));
+        return;
+    }
     if (!b->transposed) {
         for (int64_t n = 0; n < N; n++)
             for (int64_t k = 0; k < kc; k += 64 / esz) __builtin_prefetch(w + ((b->base + n) * b->ld + k0 + k) * esz);
@@ -233,7 +271,40 @@ int moex_cpu_supports(const moex_experts_desc *layer, const moex_device_info *de
         snprintf(why, n, "%s", dev->reason);
         return 0;
     }
+    if (dev->device.kind == MOEX_DEVICE_CPU && layer && moex_is_quant_dtype(moex_weight_dtype(layer)) &&
+        layer->activation_scheme != MOEX_ACT_SCHEME_DYNAMIC) {
+        snprintf(why, n,
+                 "%s experts with activation_scheme \"static\" (one fixed activation scale per tensor) are not supported: "
+                 "the CPU backends quantize activations dynamically, per token and per block of channels. Load the "
+                 "checkpoint with --dequantize (moex_model_options.dequantize = 1) to run it unquantized",
+                 moex_dtype_name(moex_weight_dtype(layer)));
+        return 0;
+    }
     if (dev->device.kind == MOEX_DEVICE_CPU) return 1;
     snprintf(why, n, "the CUDA version of this backend is not in this build of moex; use the cpu device");
     return 0;
+}
+
+int64_t moex_act_quant_block(const moex_experts_desc *d) {
+    return moex_weight_dtype(d) == MOEX_E2M1X2 ? MOEX_FP4_BLOCK : d->block_k;
+}
+
+moex_rows moex_quantize_rows(const moex_cpu_kernels *kr, const moex_experts_desc *d, moex_rows src, float *out,
+                             int64_t n, int64_t cols, int threads) {
+    const moex_dtype wdt = moex_weight_dtype(d);
+    const int64_t block = moex_act_quant_block(d);
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n > 1)
+    for (int64_t i = 0; i < n; i++) kr->act_quant(moex_row(&src, i), out + i * cols, cols, wdt, block);
+    moex_rows r = {out, cols};
+    return r;
+}
+
+void moex_dequantize_expert(const moex_experts_desc *d, int64_t e, int64_t r0, int64_t r1, float *gate_up, float *down) {
+    const int64_t H = d->hidden, I = d->intermediate, R = d->gated ? 2 * I : I;
+    for (int64_t r = r0; r < r1; r++) {
+        const int up = r < R;
+        const moex_bmat b = up ? moex_gate_up_mat(d, e, r) : moex_down_mat(d, e, r - R);
+        moex_dequant_row(b.w, b.dtype, b.scale, b.scale_dtype, b.scale_ld, b.block_n, b.block_k, b.base, up ? H : I,
+                         up ? gate_up + r * H : down + (r - R) * I);
+    }
 }

@@ -95,7 +95,23 @@ static inline const void *moex_bias_at(const moex_tensor *bias, int64_t e, int64
     return (const char *)bias->data + (e * bias->strides[0] + offset) * (int64_t)moex_dtype_size(bias->dtype);
 }
 
-/* supports() of the CPU backends: any layer on the CPU. */
+/* ---- quantized experts ---- */
+
+static inline int moex_layer_quantized(const moex_experts_desc *d) { return moex_is_quant_dtype(moex_weight_dtype(d)); }
+
+/* Channels per activation scale: block_k for e4m3 weights, 32 for e2m1. */
+int64_t moex_act_quant_block(const moex_experts_desc *d);
+
+/* Dynamic activation quantization of n rows of `cols` channels from src into out [n, cols]
+ * (parallel over rows; call outside a parallel region). Returns out as rows. */
+moex_rows moex_quantize_rows(const moex_cpu_kernels *kr, const moex_experts_desc *d, moex_rows src, float *out,
+                             int64_t n, int64_t cols, int threads);
+
+/* Eager's reference path: rows r0 .. r1 of expert e dequantized to f32, counting the R = (gated ? 2I : I)
+ * gate_up rows first (into gate_up [R, H], physical row order) and then the H down rows (into down [H, I]). */
+void moex_dequantize_expert(const moex_experts_desc *d, int64_t e, int64_t r0, int64_t r1, float *gate_up, float *down);
+
+/* supports() of the CPU backends: any layer on the CPU (quantized ones with dynamic activation scales). */
 int moex_cpu_supports(const moex_experts_desc *layer, const moex_device_info *dev, char *why, size_t n, void *user);
 
 /* The three CPU backends (src/cpu/eager.c, batched_mm.c, grouped_mm.c); the

@@ -7,6 +7,10 @@
  * not depend on the thread count.
  *
  *   for e hit:  xe [n_e, H] -> gu [n_e, R] -> he [n_e, I] -> ye [n_e, H];  acc[t] += w * ye
+ *
+ * Quantized experts (the reference for the other backends): each expert hit is
+ * dequantized to f32 first (moex_dequant_row), xe and he are quantized per row
+ * as in batched_mm and grouped_mm, and the products run on the f32 copy.
  */
 #include "cpu/common.h"
 #include <omp.h>
@@ -17,6 +21,7 @@ typedef struct eager_ws {
     float *xe, *gu, *he, *ye;      /* [T*k, H], [T*k, R], [T*k, I], [T*k, H] */
     const float **xrow, **hrow;    /* [T*k] row pointers into xe and he */
     float *acc;                    /* [T, H] */
+    float *wgu, *wdn;              /* quantized experts: the expert being run, dequantized: [R, H], [H, I] */
     moex_thread_scratch *scratch;  /* [threads] */
 } eager_ws;
 
@@ -39,6 +44,10 @@ static eager_ws carve(moex_ws *ws, const moex_cpu_kernels *kr, const moex_expert
     g.xrow = moex_ws_take_array(ws, P, 1, sizeof(float *));
     g.hrow = moex_ws_take_array(ws, P, 1, sizeof(float *));
     g.acc = moex_ws_take_array(ws, T, d->hidden, sizeof(float));
+    if (moex_layer_quantized(d)) {
+        g.wgu = moex_ws_take_array(ws, R, d->hidden, sizeof(float));
+        g.wdn = moex_ws_take_array(ws, d->hidden, d->intermediate, sizeof(float));
+    }
     g.scratch = moex_ws_thread_scratch(ws, d, threads);
     return g;
 }
@@ -49,6 +58,12 @@ size_t moex_cpu_eager_workspace(const moex_experts_desc *d, int64_t max_tokens, 
     return ws.used;
 }
 
+// A plain f32 matrix [rows, K] as B, from output row `base`.
+static moex_bmat plain(const float *w, int64_t K, int64_t base) {
+    moex_bmat b = {.w = w, .dtype = MOEX_F32, .ld = K, .base = base};
+    return b;
+}
+
 moex_status moex_cpu_eager_forward(const moex_forward_args *args, void *user) {
     const moex_experts_desc *d = args->layer;
     const moex_cpu_kernels *kr = moex_cpu_kernels_get();
@@ -56,6 +71,9 @@ moex_status moex_cpu_eager_forward(const moex_forward_args *args, void *user) {
     const int64_t R = d->gated ? 2 * I : I;
     moex_ws ws = {args->workspace, 0};
     eager_ws g = carve(&ws, kr, d, args->hidden, args->ids, T, args->num_threads);
+    const int quant = moex_layer_quantized(d);
+    const moex_dtype wdt = moex_weight_dtype(d);
+    const int64_t qblock = moex_act_quant_block(d);
     const int64_t *off = g.routing.offsets;
     memset(g.acc, 0, sizeof(float) * (size_t)(T * H));
     for (int64_t i = 0; i < off[E]; i++) {
@@ -69,21 +87,31 @@ moex_status moex_cpu_eager_forward(const moex_forward_args *args, void *user) {
             const int64_t n = off[e + 1] - off[e];
             const int32_t *pairs = g.routing.sorted + off[e];
             if (n == 0) continue;
+            if (quant) { // the reference path for quantized experts: this expert dequantized to f32
+#pragma omp for schedule(static)
+                for (int64_t r0 = 0; r0 < R + H; r0 += MOEX_NB)
+                    moex_dequantize_expert(d, e, r0, r0 + MOEX_NB < R + H ? r0 + MOEX_NB : R + H, g.wgu, g.wdn);
+            }
             // groups of up to MOEX_STREAM_MAX tokens: gather, gate/up, activation, down
 #pragma omp for schedule(static)
             for (int64_t i0 = 0; i0 < n; i0 += MOEX_STREAM_MAX) {
                 const int64_t m = n - i0 < MOEX_STREAM_MAX ? n - i0 : MOEX_STREAM_MAX;
-                for (int64_t i = i0; i < i0 + m; i++)
+                for (int64_t i = i0; i < i0 + m; i++) {
                     memcpy(g.xe + i * H, moex_row(&g.x, pairs[i] / k), sizeof(float) * (size_t)H);
+                    if (quant) kr->act_quant(g.xe + i * H, g.xe + i * H, H, wdt, qblock);
+                }
                 // gate/up: one product, or gate and up apart when they are separate matrices
                 const int64_t parts = d->gated && !d->interleaved ? 2 : 1;
                 for (int64_t part = 0; part < parts; part++) {
-                    moex_bmat gate_up = moex_gate_up_mat(d, e, part * I);
+                    moex_bmat gate_up = quant ? plain(g.wgu, H, part * I) : moex_gate_up_mat(d, e, part * I);
                     moex_gemm(kr, g.xrow + i0, m, &gate_up, R / parts, H, g.gu + i0 * R + part * I, R, s->pack,
                               moex_bias_at(&d->gate_up_bias, e, part * I), d->gate_up_bias.dtype);
                 }
-                moex_bmat down = moex_down_mat(d, e, 0);
-                for (int64_t i = i0; i < i0 + m; i++) moex_activation_block(d, g.gu + i * R, 1, 0, I, g.he + i * I, I, s->row);
+                moex_bmat down = quant ? plain(g.wdn, I, 0) : moex_down_mat(d, e, 0);
+                for (int64_t i = i0; i < i0 + m; i++) {
+                    moex_activation_block(d, g.gu + i * R, 1, 0, I, g.he + i * I, I, s->row);
+                    if (quant) kr->act_quant(g.he + i * I, g.he + i * I, I, wdt, qblock);
+                }
                 moex_gemm(kr, g.hrow + i0, m, &down, H, I, g.ye + i0 * H, H, s->pack, moex_bias_at(&d->down_bias, e, 0),
                           d->down_bias.dtype);
             }

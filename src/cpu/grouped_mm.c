@@ -5,9 +5,12 @@
  *   hidden [T,H] --sort--> gu [T*k, R], h [T*k, I] (rows sorted by expert) --> y [T*k, H] --> out [T,H]
  *
  * Work items are (expert, block of MOEX_NB output columns) over all experts
- * at once, handed out dynamically; each packs its block of weights once for
+ * that have rows, at once, handed out dynamically; each packs its block of weights once for
  * all of the expert's rows. Every output element is computed by one thread in
- * a fixed order, so the result does not depend on the thread count. */
+ * a fixed order, so the result does not depend on the thread count.
+ * Quantized experts: x is quantized per token before gate/up and h per row before
+ * down; the kernels read the weights' codes in place (decoded into the packed
+ * panels, or streamed). */
 #include "cpu/common.h"
 #include <omp.h>
 
@@ -19,6 +22,7 @@ typedef struct grouped_ws {
     float *gu;                     /* [T*k, R] raw gate/up */
     float *h;                      /* [T*k, I] */
     float *y;                      /* [T*k, H] */
+    int64_t *hit;                  /* [E]: the experts with rows, in expert order */
     moex_thread_scratch *scratch;  /* [threads] */
 } grouped_ws;
 
@@ -33,12 +37,17 @@ static grouped_ws carve(moex_ws *ws, const moex_cpu_kernels *kr, const moex_expe
         return g;
     }
     g.x = moex_hidden_rows(ws, kr, hidden, T, d->hidden, threads);
+    if (moex_layer_quantized(d)) { /* the activations quantized per token */
+        float *xq = moex_ws_take_array(ws, T, d->hidden, sizeof(float));
+        if (ws->base) g.x = moex_quantize_rows(kr, d, g.x, xq, T, d->hidden, threads);
+    }
     g.routing = moex_routing_sort(ws, d, ids, T);
     g.xrow = moex_ws_take_array(ws, P, 1, sizeof(float *));
     g.hrow = moex_ws_take_array(ws, P, 1, sizeof(float *));
     g.gu = moex_ws_take_array(ws, P, R, sizeof(float));
     g.h = moex_ws_take_array(ws, P, d->intermediate, sizeof(float));
     g.y = moex_ws_take_array(ws, P, d->hidden, sizeof(float));
+    g.hit = moex_ws_take_array(ws, d->num_experts, 1, sizeof(int64_t));
     g.scratch = moex_ws_thread_scratch(ws, d, threads);
     return g;
 }
@@ -56,28 +65,36 @@ moex_status moex_cpu_grouped_mm_forward(const moex_forward_args *args, void *use
     const int64_t R = d->gated ? 2 * I : I;
     moex_ws ws = {args->workspace, 0};
     grouped_ws g = carve(&ws, kr, d, args->hidden, args->ids, args->tokens, args->num_threads);
+    const int quant = moex_layer_quantized(d);
+    const moex_dtype wdt = moex_weight_dtype(d);
+    const int64_t qblock = moex_act_quant_block(d);
     const int64_t *off = g.routing.offsets;
     const int64_t jblocks = (I + MOEX_NB - 1) / MOEX_NB, hblocks = (H + MOEX_NB - 1) / MOEX_NB;
     for (int64_t r = 0; r < off[E]; r++) {
         g.xrow[r] = moex_row(&g.x, g.routing.sorted[r] / k);
         g.hrow[r] = g.h + r * I;
     }
+    int64_t nhit = 0; /* work items only for the experts that have rows */
+    for (int64_t e = 0; e < E; e++)
+        if (off[e + 1] > off[e]) g.hit[nhit++] = e;
 #pragma omp parallel num_threads(args->num_threads)
     {
         moex_thread_scratch *s = &g.scratch[omp_get_thread_num()];
         // gate/up + activation: item (e, jb) -> h[rows of e, jb*NB ..]
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < E * jblocks; item++) {
-            const int64_t e = item / jblocks, j0 = (item % jblocks) * MOEX_NB, n = off[e + 1] - off[e];
-            if (n == 0) continue;
+        for (int64_t item = 0; item < nhit * jblocks; item++) {
+            const int64_t e = g.hit[item / jblocks], j0 = (item % jblocks) * MOEX_NB, n = off[e + 1] - off[e];
             const int64_t nb = I - j0 < MOEX_NB ? I - j0 : MOEX_NB;
             moex_gate_up_block(kr, d, e, g.xrow + off[e], n, j0, nb, s->pack, g.gu + off[e] * R, g.h + off[e] * I + j0, I);
         }
+        if (quant) { // quantized experts: h quantized per row, once it is whole
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < off[E]; r++) kr->act_quant(g.h + r * I, g.h + r * I, I, wdt, qblock);
+        }
         // down: item (e, hb) -> y[rows of e, hb*NB ..]
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < E * hblocks; item++) {
-            const int64_t e = item / hblocks, h0 = (item % hblocks) * MOEX_NB, n = off[e + 1] - off[e];
-            if (n == 0) continue;
+        for (int64_t item = 0; item < nhit * hblocks; item++) {
+            const int64_t e = g.hit[item / hblocks], h0 = (item % hblocks) * MOEX_NB, n = off[e + 1] - off[e];
             const int64_t nh = H - h0 < MOEX_NB ? H - h0 : MOEX_NB;
             moex_bmat down = moex_down_mat(d, e, h0);
             moex_gemm(kr, g.hrow + off[e], n, &down, nh, I, g.y + off[e] * H + h0, H, s->pack,

@@ -2,7 +2,7 @@
  * -mavx2 -mfma -mf16c; it is only called after run-time detection.
  * Reference: kernels_portable.c (same contracts, see kernels.h). */
 #include "cpu/kernels.h"
-#include <immintrin.h>
+#include "cpu/avx2_util.h"
 
 // 8 weights of dtype dt at p -> f32 lanes
 static inline __m256 load8(const void *p, moex_dtype dt) {
@@ -16,12 +16,6 @@ static inline const char *elem_ptr(const void *w, moex_dtype dt, int64_t i) {
     return (const char *)w + i * (int64_t)(dt == MOEX_F32 ? 4 : 2);
 }
 
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* ---- packed GEMM micro-kernels: c[MR, 16] (+)= a[MR, kc] * bp[kc, 16], MR = 1..6 ------------- */
 
@@ -87,21 +81,6 @@ static void micro(int64_t kc, const float *const *a, int64_t k0, const float *bp
 
 /* ---- packing ------------------------------------------------------------------------------ */
 
-// r[i] holds 8 values of row i; afterwards r[i] holds element i of every row.
-static inline void transpose8(__m256 r[8]) {
-    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20); r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20); r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31); r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31); r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
-}
 
 // Not transposed: rows of W are columns of B. 8x8 blocks are transposed in registers.
 static void pack_rows(const moex_bmat *b, int64_t k0, int64_t kc, int64_t n0, int64_t nc, float *bp) {
@@ -150,7 +129,8 @@ static void pack_cols(const moex_bmat *b, int64_t k0, int64_t kc, int64_t n0, in
 }
 
 static void pack(const moex_bmat *b, int64_t k0, int64_t kc, int64_t n0, int64_t nc, float *bp) {
-    if (b->transposed) pack_cols(b, k0, kc, n0, nc, bp);
+    if (moex_is_quant_dtype(b->dtype)) moex_qpack_avx2(b, k0, kc, n0, nc, bp);
+    else if (b->transposed) pack_cols(b, k0, kc, n0, nc, bp);
     else pack_rows(b, k0, kc, n0, nc, bp);
 }
 
@@ -240,7 +220,8 @@ static void stream_cols(const moex_bmat *b, const float *const *a, int M, int64_
 
 static void stream(const moex_bmat *b, const float *const *a, int M, int64_t n0, int64_t nc, int64_t K, float *c,
                    int64_t ldc) {
-    if (b->transposed) stream_cols(b, a, M, n0, nc, K, c, ldc);
+    if (moex_is_quant_dtype(b->dtype)) moex_qstream_avx2(b, a, M, n0, nc, K, c, ldc);
+    else if (b->transposed) stream_cols(b, a, M, n0, nc, K, c, ldc);
     else stream_rows(b, a, M, n0, nc, K, c, ldc);
 }
 
@@ -260,4 +241,4 @@ static void axpy(float w, const float *src, float *dst, int64_t n) {
     for (; i < n; i++) dst[i] += w * src[i];
 }
 
-const moex_cpu_kernels moex_cpu_kernels_avx2 = {"avx2", micro, pack, stream, to_f32, axpy};
+const moex_cpu_kernels moex_cpu_kernels_avx2 = {"avx2", micro, pack, stream, to_f32, axpy, moex_act_quant_avx2};

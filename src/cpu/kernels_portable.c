@@ -16,6 +16,10 @@ static void micro(int64_t kc, const float *const *a, int64_t k0, const float *bp
 }
 
 static void pack(const moex_bmat *b, int64_t k0, int64_t kc, int64_t n0, int64_t nc, float *bp) {
+    if (moex_is_quant_dtype(b->dtype)) {
+        moex_qpack_portable(b, k0, kc, n0, nc, bp);
+        return;
+    }
     int64_t panels = (nc + MOEX_NR - 1) / MOEX_NR;
     for (int64_t p = 0; p < panels; p++)
         for (int64_t k = 0; k < kc; k++)
@@ -27,6 +31,10 @@ static void pack(const moex_bmat *b, int64_t k0, int64_t kc, int64_t n0, int64_t
 
 static void stream(const moex_bmat *b, const float *const *a, int M, int64_t n0, int64_t nc, int64_t K, float *c,
                    int64_t ldc) {
+    if (moex_is_quant_dtype(b->dtype)) {
+        moex_qstream_portable(b, a, M, n0, nc, K, c, ldc);
+        return;
+    }
     for (int m = 0; m < M; m++)
         for (int64_t n = 0; n < nc; n++) {
             float s = 0.0f;
@@ -43,7 +51,7 @@ static void axpy(float w, const float *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] += w * src[i];
 }
 
-const moex_cpu_kernels moex_cpu_kernels_portable = {"portable", micro, pack, stream, to_f32, axpy};
+const moex_cpu_kernels moex_cpu_kernels_portable = {"portable", micro, pack, stream, to_f32, axpy, moex_act_quant_row};
 
 static const moex_cpu_kernels *chosen;
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;

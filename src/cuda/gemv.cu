@@ -421,8 +421,7 @@ moex_status gemv_down_pairs(const layer_view &L, const gemv_groups &G, const flo
     int vec = gemv_vectorizable(L, wsize(L.wdt));
     /* launched as a programmatic dependent of the gate/up kernel: its blocks start early,
      * pull their weights into L2 and wait (griddepcontrol.wait) for h */
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
+    cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)((L.H + NF - 1) / NF), (unsigned)(G.T < 65535 ? G.T : 65535));
     cfg.blockDim = dim3(WARPS * 32);
     cfg.stream = s;

@@ -4,6 +4,7 @@
  * own message. */
 #include "cuda/cuda_api.h"
 #include "cuda/cuda_check.h"
+#include "cuda/decoder_api.h"
 
 #include <cuda_runtime.h>
 #include <pthread.h>
@@ -133,6 +134,14 @@ extern "C" moex_status moex_cuda_synchronize(int device, void *stream, int *flag
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
                          "a forward queued on this context got an id outside [-1, num_experts]; those pairs were "
                          "treated as sentinels and that output is not meaningful");
+    if (h & MOEX_CUDA_FLAG_BAD_TOKEN)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                         "a token id outside [0, vocab_size) reached the embedding on the device; its row was zeroed");
+    if (h & MOEX_CUDA_FLAG_BAD_SEQ)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                         "an attention call on the device got a sequence descriptor the KV cache cannot take (seq "
+                         "outside the batch or repeated, past beyond the cached length, past + tokens beyond max_seq, "
+                         "or token counts not adding up); that sequence was skipped");
     return moex_fail(MOEX_ERR_INTERNAL, "the device reported status bits 0x%x", (unsigned)h);
 }
 

@@ -1,5 +1,7 @@
 /* layer.c — the experts layer description: defaults and validation. */
 #include "experts/experts_internal.h"
+#include "core/quant.h"
+#include <stdio.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -22,6 +24,9 @@ moex_status moex_experts_desc_init(moex_experts_desc *desc) {
     desc->activation = MOEX_ACT_SILU;
     desc->alpha = 1.702f;
     desc->limit = 7.0f;
+    desc->block_n = 128;
+    desc->block_k = 128;
+    desc->activation_scheme = MOEX_ACT_SCHEME_DYNAMIC;
     return MOEX_OK;
 }
 
@@ -30,10 +35,11 @@ static moex_status check_param(const moex_experts_desc *d, const moex_tensor *t,
                                const int64_t *shape) {
     moex_status st = moex_check_shape(t, what, ndim, shape);
     if (st) return st;
-    if (!moex_is_float_dtype(t->dtype))
+    const int quant_weight = moex_is_quant_dtype(t->dtype) && t->dtype == d->gate_up.dtype;
+    if (!moex_is_float_dtype(t->dtype) && !quant_weight)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: dtype %s is not supported (f32, f16, bf16)", what,
                          moex_dtype_name(t->dtype));
-    if (t->dtype != d->gate_up.dtype)
+    if (t->dtype != d->gate_up.dtype && !(moex_is_quant_dtype(d->gate_up.dtype) && moex_is_float_dtype(t->dtype)))
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: dtype %s differs from gate_up's %s", what,
                          moex_dtype_name(t->dtype), moex_dtype_name(d->gate_up.dtype));
     if (t->device.kind != d->gate_up.device.kind || t->device.index != d->gate_up.device.index)
@@ -94,8 +100,8 @@ static moex_status check_per_expert(const moex_experts_desc *d) {
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert_gate is set but the layer is not gated (gated = 0)");
     if (d->interleaved)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "interleaved = 1 has no meaning in the per-expert layout");
-    if (!moex_is_float_dtype(d->expert_dtype))
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert_dtype %s is not supported (f32, f16, bf16)",
+    if (!moex_is_float_dtype(d->expert_dtype) && !moex_is_quant_dtype(d->expert_dtype))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert_dtype %s is not supported (f32, f16, bf16, e4m3, e2m1x2)",
                          moex_dtype_name(d->expert_dtype));
     if (d->expert_device.kind != MOEX_DEVICE_CPU && d->expert_device.kind != MOEX_DEVICE_CUDA)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert_device kind %d is not a moex_device_kind",
@@ -108,10 +114,101 @@ static moex_status check_per_expert(const moex_experts_desc *d) {
     return MOEX_OK;
 }
 
+
+/* ---- quantized experts ---------------------------------------------------- */
+
+static moex_status check_scale_dtype(moex_dtype dt, const char *what) {
+    if (dt == MOEX_F32 || dt == MOEX_UE8M0) return MOEX_OK;
+    return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: dtype %s is not a scale dtype (f32 or ue8m0)", what,
+                     moex_dtype_name(dt));
+}
+
+// A stacked scale grid [E, ceil(rows/block_n), ceil(in/block_k)].
+static moex_status check_scale_grid(const moex_experts_desc *d, const moex_tensor *t, const char *what, int64_t rows,
+                                    int64_t in) {
+    if (!moex_tensor_present(t))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s is absent: %s weights need their block scales", what,
+                         moex_dtype_name(d->gate_up.dtype));
+    int64_t shape[3] = {d->num_experts, (rows + d->block_n - 1) / d->block_n, (in + d->block_k - 1) / d->block_k};
+    moex_status st = moex_check_shape(t, what, 3, shape);
+    if (!st) st = check_scale_dtype(t->dtype, what);
+    if (!st) st = moex_check_contiguous(t, what);
+    if (!st && (t->device.kind != d->gate_up.device.kind || t->device.index != d->gate_up.device.index))
+        st = moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s is on another device than gate_up", what);
+    return st;
+}
+
+// A stacked quantized weight: e4m3 [E, rows, in]; e2m1x2 [E, rows, in/2] or GPT-OSS's [E, rows, in/32, 16].
+static moex_status check_quant_weight(const moex_experts_desc *d, const moex_tensor *t, const char *what, int64_t rows,
+                                      int64_t in) {
+    if (t->dtype == MOEX_E2M1X2 && t->ndim == 4) {
+        int64_t blocks[4] = {d->num_experts, rows, in / 32, 16};
+        if (in % 32)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the [E, rows, in/32, 16] block form needs in = %lld to be a "
+                             "multiple of 32", what, (long long)in);
+        return check_param(d, t, what, 4, blocks);
+    }
+    int64_t shape[3] = {d->num_experts, rows, t->dtype == MOEX_E2M1X2 ? in / 2 : in};
+    return check_param(d, t, what, 3, shape);
+}
+
+static moex_status check_quantized(const moex_experts_desc *d) {
+    const moex_dtype dt = moex_weight_dtype(d);
+    const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate, R = d->gated ? 2 * I : I;
+    if (d->transposed)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "transposed = 1 with %s weights: quantized experts are stored "
+                         "[E, out, in] (transposed = 0)", moex_dtype_name(dt));
+    if (d->block_n < 1 || d->block_k < 1)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "block_n = %lld, block_k = %lld: both must be >= 1",
+                         (long long)d->block_n, (long long)d->block_k);
+    if (dt == MOEX_E2M1X2 && (d->block_n != 1 || d->block_k != MOEX_FP4_BLOCK))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "e2m1x2 weights need block_n = 1 and block_k = 32 (one ue8m0 scale "
+                         "per 32 elements along the input); got %lld x %lld", (long long)d->block_n, (long long)d->block_k);
+    if (dt == MOEX_E2M1X2 && (H % 2 || I % 2))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "e2m1x2 weights pack two values a byte: hidden = %lld and "
+                         "intermediate = %lld must be even", (long long)H, (long long)I);
+    if (d->expert_up) {
+        const char *missing = !d->expert_up_scale ? "expert_up_scale" : !d->expert_down_scale ? "expert_down_scale"
+                            : d->gated && !d->expert_gate_scale ? "expert_gate_scale" : NULL;
+        if (missing)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s is NULL: %s weights need their block scales", missing,
+                             moex_dtype_name(dt));
+        moex_status st = check_scale_dtype(d->expert_scale_dtype, "expert_scale_dtype");
+        if (st) return st;
+        for (int64_t e = 0; e < E; e++) {
+            missing = !d->expert_up_scale[e] ? "expert_up_scale" : !d->expert_down_scale[e] ? "expert_down_scale"
+                    : d->gated && !d->expert_gate_scale[e] ? "expert_gate_scale" : NULL;
+            if (missing) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s[%lld] is NULL", missing, (long long)e);
+        }
+        return MOEX_OK;
+    }
+    moex_status st = check_quant_weight(d, &d->gate_up, "gate_up", R, H);
+    if (!st) st = check_quant_weight(d, &d->down, "down", H, I);
+    if (!st) st = check_scale_grid(d, &d->gate_up_scale, "gate_up_scale", R, H);
+    if (!st) st = check_scale_grid(d, &d->down_scale, "down_scale", H, I);
+    return st;
+}
+
+// Scales on a layer whose weights are not quantized are a mistake worth naming.
+static moex_status check_unquantized(const moex_experts_desc *d) {
+    const char *set = moex_tensor_present(&d->gate_up_scale) ? "gate_up_scale"
+                    : moex_tensor_present(&d->down_scale)    ? "down_scale"
+                    : d->expert_gate_scale || d->expert_up_scale || d->expert_down_scale ? "expert_*_scale" : NULL;
+    if (set)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s is set but the weights are %s, not quantized (e4m3, e2m1x2)",
+                         set, moex_dtype_name(moex_weight_dtype(d)));
+    return MOEX_OK;
+}
+
 static moex_status validate(const moex_experts_desc *d) {
     moex_status st = check_sizes(d);
     if (!st) st = check_activation(d);
     if (st) return st;
+    if (d->activation_scheme != MOEX_ACT_SCHEME_DYNAMIC && d->activation_scheme != MOEX_ACT_SCHEME_STATIC)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "activation_scheme = %d, must be MOEX_ACT_SCHEME_DYNAMIC (0) or "
+                         "MOEX_ACT_SCHEME_STATIC (1)", d->activation_scheme);
+    const int quant = moex_is_quant_dtype(d->expert_up ? d->expert_dtype : d->gate_up.dtype);
+    if ((st = quant ? check_quantized(d) : check_unquantized(d))) return st;
     int64_t E = d->num_experts, H = d->hidden, I = d->intermediate, R = d->gated ? 2 * I : I;
     if (d->expert_up) {
         if ((st = check_per_expert(d))) return st;
@@ -129,12 +226,18 @@ static moex_status validate(const moex_experts_desc *d) {
     if (d->expert_gate || d->expert_down)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert_gate or expert_down is set but expert_up is NULL");
     int64_t gu[3] = {E, R, H}, gut[3] = {E, H, R}, dn[3] = {E, H, I}, dnt[3] = {E, I, H};
+    int64_t gub[2] = {E, R}, dnb[2] = {E, H};
+    if (quant) { /* weights and scales checked above; biases stay float */
+        if (moex_tensor_present(&d->gate_up_bias) && (st = check_param(d, &d->gate_up_bias, "gate_up_bias", 2, gub)))
+            return st;
+        if (moex_tensor_present(&d->down_bias) && (st = check_param(d, &d->down_bias, "down_bias", 2, dnb))) return st;
+        return MOEX_OK;
+    }
     if (!moex_is_float_dtype(d->gate_up.dtype))
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "gate_up: dtype %s is not supported (f32, f16, bf16)",
                          moex_dtype_name(d->gate_up.dtype));
     st = check_param(d, &d->gate_up, d->transposed ? "gate_up (transposed)" : "gate_up", 3, d->transposed ? gut : gu);
     if (!st) st = check_param(d, &d->down, d->transposed ? "down (transposed)" : "down", 3, d->transposed ? dnt : dn);
-    int64_t gub[2] = {E, R}, dnb[2] = {E, H};
     if (!st && moex_tensor_present(&d->gate_up_bias)) st = check_param(d, &d->gate_up_bias, "gate_up_bias", 2, gub);
     if (!st && moex_tensor_present(&d->down_bias)) st = check_param(d, &d->down_bias, "down_bias", 2, dnb);
     return st;

@@ -90,7 +90,7 @@ moex_status moex_linear(const moex_linear_w *w, const float *x, int64_t T, float
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++) {
             const int64_t n0 = b * LINEAR_NB, nb = N - n0 < LINEAR_NB ? N - n0 : LINEAR_NB;
-            moex_bmat m = {w->weight, w->dtype, 0, K, n0};
+            moex_bmat m = {.w = w->weight, .dtype = w->dtype, .ld = K, .base = n0};
             const void *bias = w->bias ? (const char *)w->bias + (size_t)n0 * besz : NULL;
             moex_gemm(kr, (const float *const *)rows, T, &m, nb, K, y + n0, N, pk, bias, w->bias_dtype);
         }

@@ -24,17 +24,9 @@ moex_model_options moex_model_default_options(void) {
 static moex_status convert_copy(moex_model *m, const moex_tensor *view, const void **data, moex_dtype *dtype) {
     size_t n = 1;
     for (int i = 0; i < view->ndim; i++) n *= (size_t)view->shape[i];
-    if (m->n_owned == m->cap_owned) {
-        int cap = m->cap_owned ? 2 * m->cap_owned : 64;
-        void **p = realloc(m->owned, (size_t)cap * sizeof *p);
-        if (!p) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory");
-        m->owned = p;
-        m->cap_owned = cap;
-    }
-    void *copy = malloc(n * 2 + 1);
-    if (!copy) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for a bf16 copy of %zu weights", n);
+    void *copy = model_own(m, n * 2);
+    if (!copy) return MOEX_ERR_OUT_OF_MEMORY;
     moex_convert(view->data, view->dtype, copy, MOEX_BF16, n);
-    m->owned[m->n_owned++] = copy;
     *data = copy;
     *dtype = MOEX_BF16;
     return MOEX_OK;
@@ -48,9 +40,9 @@ static moex_status get(moex_model *m, const char *name, int ndim, const int64_t 
     if (st) return st;
     moex_tensor view;
     if ((st = moex_ckpt_tensor_view(t, &view))) return st;
-    if (!moex_is_float_dtype(view.dtype))
-        return moex_fail(MOEX_ERR_FORMAT, "tensor %s has dtype %s; f32, f16 or bf16 expected", name,
-                         moex_dtype_name(view.dtype));
+    if (!moex_is_float_dtype(view.dtype) && view.dtype != MOEX_E4M3)
+        return moex_fail(MOEX_ERR_FORMAT, "tensor %s has dtype %s; f32, f16, bf16 (or e4m3 with a weight_scale_inv) expected",
+                         name, moex_dtype_name(view.dtype));
     int rank = t->ndim;
     int bad = rank != ndim;
     for (int i = 0; !bad && i < ndim; i++) bad = shape[i] >= 0 && t->shape[i] != shape[i];
@@ -61,6 +53,8 @@ static moex_status get(moex_model *m, const char *name, int ndim, const int64_t 
         for (int i = 0; i < ndim; i++) b += (size_t)snprintf(want + b, sizeof want - b, i ? ", %lld" : "%lld", (long long)shape[i]);
         return moex_fail(MOEX_ERR_FORMAT, "tensor %s has shape [%s], expected [%s]", name, got, want);
     }
+    if (view.dtype == MOEX_E4M3) /* a linear layer with no quantized kernel: dequantized here */
+        return model_dequantize_tensor(m, t, data, dtype);
     if (m->opt.dtype != view.dtype && m->opt.dtype == MOEX_BF16) /* bf16 compute: weights in bf16, like the peer */
         return convert_copy(m, &view, data, dtype);
     *data = view.data;
@@ -106,6 +100,65 @@ static moex_status get_mlp(moex_model *m, const char *base, int64_t H, int64_t I
 
 /* ---- experts -------------------------------------------------------------- */
 
+// An e4m3 weight `name` of shape [E,] N, K kept quantized: its codes in place and its scale grid.
+static moex_status get_fp8(moex_model *m, const char *name, int64_t E, int64_t N, int64_t K, moex_tensor *codes,
+                           moex_tensor *scale) {
+    const moex_ckpt_tensor *t;
+    moex_status st = moex_checkpoint_get(m->ckpt, name, &t);
+    if (st) return st;
+    int64_t want[3] = {E, N, K};
+    const int rank = E > 0 ? 3 : 2;
+    int bad = t->dtype != MOEX_ST_F8_E4M3 || t->ndim != rank;
+    for (int i = 0; !bad && i < rank; i++) bad = t->shape[i] != want[3 - rank + i];
+    if (bad)
+        return moex_fail(MOEX_ERR_FORMAT, "tensor %s: expected F8_E4M3 of shape [%s%lld, %lld] like the other experts, got %s "
+                         "of rank %d", name, E > 0 ? "E, " : "", (long long)N, (long long)K, moex_st_dtype_name(t->dtype),
+                         t->ndim);
+    if ((st = moex_ckpt_tensor_view(t, codes))) return st;
+    return model_scale_grid(m, name, E, N, K, scale);
+}
+
+// Fused e4m3 experts: gate_up_proj [E, 2I, H] and down_proj [E, H, I] with their *_scale_inv grids.
+static moex_status load_fused_fp8(moex_model *m, const char *moe, moex_experts_desc *d) {
+    const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate;
+    char name[256];
+    snprintf(name, sizeof name, "%s.experts.gate_up_proj", moe);
+    moex_status st = get_fp8(m, name, E, 2 * I, H, &d->gate_up, &d->gate_up_scale);
+    if (st) return st;
+    snprintf(name, sizeof name, "%s.experts.down_proj", moe);
+    return get_fp8(m, name, E, H, I, &d->down, &d->down_scale);
+}
+
+// Per-expert e4m3 experts: experts.N.{gate,up,down}.weight with their weight_scale_inv grids.
+static moex_status load_per_expert_fp8(moex_model *m, model_layer *ly, const char *moe, const char *const names[3],
+                                       moex_experts_desc *d) {
+    const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate;
+    const int64_t shapes[3][2] = {{I, H}, {I, H}, {H, I}};
+    moex_dtype sdt = MOEX_F32;
+    for (int64_t e = 0; e < E; e++)
+        for (int i = 0; i < 3; i++) {
+            char name[256];
+            snprintf(name, sizeof name, "%s.experts.%lld.%s.weight", moe, (long long)e, names[i]);
+            moex_tensor codes, scale;
+            moex_status st = get_fp8(m, name, 0, shapes[i][0], shapes[i][1], &codes, &scale);
+            if (st) return st;
+            if (e == 0 && i == 0) sdt = scale.dtype;
+            if (scale.dtype != sdt)
+                return moex_fail(MOEX_ERR_FORMAT, "tensor %s_scale_inv has dtype %s, the first expert's scales are %s", name,
+                                 moex_dtype_name(scale.dtype), moex_dtype_name(sdt));
+            ly->expert_ptrs[i * E + e] = codes.data;
+            ly->expert_ptrs[(3 + i) * E + e] = scale.data;
+        }
+    ly->expert_scale_ptrs = ly->expert_ptrs + 3 * E;
+    d->expert_gate = ly->expert_ptrs, d->expert_up = ly->expert_ptrs + E, d->expert_down = ly->expert_ptrs + 2 * E;
+    d->expert_gate_scale = ly->expert_scale_ptrs, d->expert_up_scale = ly->expert_scale_ptrs + E;
+    d->expert_down_scale = ly->expert_scale_ptrs + 2 * E;
+    d->expert_dtype = MOEX_E4M3;
+    d->expert_scale_dtype = sdt;
+    d->expert_device.kind = MOEX_DEVICE_CPU;
+    return MOEX_OK;
+}
+
 // The experts of layer L: fused 3-D tensors (either orientation) or per-expert 2-D ones.
 static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe, int64_t H, int64_t I) {
     const int64_t E = m->cfg.num_experts;
@@ -119,7 +172,13 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
     snprintf(name, sizeof name, "%s.experts.gate_up_proj", moe);
     const moex_ckpt_tensor *fused = moex_checkpoint_find(m->ckpt, name);
     moex_status st;
-    if (fused) {
+    const int keep_quant = m->quant.on && !m->opt.dequantize; /* e4m3 experts run quantized */
+    d.block_n = m->quant.block_n;
+    d.block_k = m->quant.block_k;
+    d.activation_scheme = m->quant.scheme;
+    if (fused && keep_quant && fused->dtype == MOEX_ST_F8_E4M3) {
+        if ((st = load_fused_fp8(m, moe, &d))) return st;
+    } else if (fused) {
         const void *gu, *dn;
         moex_dtype gdt, ddt;
         // [E, 2I, H] or transposed [E, H, 2I]; when H == 2I the down tensor ([E, H, I] or [E, I, H]) tells
@@ -140,8 +199,15 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
         int mixtral = strcmp(m->cfg.model_type, "mixtral") == 0;
         const char *gate_name = mixtral ? "w1" : "gate_proj", *up_name = mixtral ? "w3" : "up_proj",
                    *down_name = mixtral ? "w2" : "down_proj";
-        ly->expert_ptrs = calloc((size_t)(3 * E), sizeof(void *));
+        ly->expert_ptrs = calloc((size_t)(6 * E), sizeof(void *)); /* weights, then scales when quantized */
         if (!ly->expert_ptrs) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the expert table");
+        snprintf(name, sizeof name, "%s.experts.0.%s.weight", moe, gate_name);
+        const moex_ckpt_tensor *first_gate = moex_checkpoint_find(m->ckpt, name);
+        if (keep_quant && first_gate && first_gate->dtype == MOEX_ST_F8_E4M3) {
+            const char *names[3] = {gate_name, up_name, down_name};
+            if ((st = load_per_expert_fp8(m, ly, moe, names, &d))) return st;
+            return moex_layer_create(&d, &ly->experts);
+        }
         int64_t in_s[2] = {I, H}, out_s[2] = {H, I};
         moex_dtype dt = MOEX_F32, first = MOEX_F32;
         for (int64_t e = 0; e < E; e++) {
@@ -162,6 +228,7 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
         d.expert_dtype = first;
         d.expert_device.kind = MOEX_DEVICE_CPU;
     }
+    if (m->opt.quantize && (st = model_quantize_experts(m, ly, &d))) return st;
     return moex_layer_create(&d, &ly->experts);
 }
 
@@ -290,7 +357,7 @@ static moex_status prepare_experts(moex_model *m) {
 
 static moex_status load(moex_model *m, const char *dir) {
     moex_status st = moex_config_load(dir, &m->cfg);
-    if (st || (st = check_family(&m->cfg))) return st;
+    if (st || (st = check_family(&m->cfg)) || (st = model_quant_setup(m))) return st;
     moex_config *c = &m->cfg;
     snprintf(m->prefix, sizeof m->prefix, "%s", c->text_from_sub_config ? "model.language_model." : "model.");
     if ((st = moex_checkpoint_open(dir, &m->ckpt))) return st;

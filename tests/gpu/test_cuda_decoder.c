@@ -1,0 +1,1081 @@
+/*
+ * test_cuda_decoder.c — the decoder's GPU building blocks (src/cuda/decoder_api.h)
+ * against their CPU twins in src/model and src/experts/router.c, on random
+ * inputs of deliberately odd sizes. Plain C (no test framework).
+ *
+ *   - embedding (f32/f16/bf16 tables; a bad id: zero row and the status bit)
+ *   - RMSNorm over rows (both kernels: warp and block per row) and per head,
+ *     in place and not, f32/f16/bf16 weights
+ *   - rope cos/sin, interleaved MRoPE, rope apply; head_dim 40/64/128
+ *   - KV cache + attention: heads 5 / kv_heads 1, 8 / 2, 4 / 4 with head_dim
+ *     40/64/128; several sequences of different lengths in one prefill call,
+ *     then decode steps (one token per sequence, sequences in another order),
+ *     a continued prefill mixed with decode, out == q, a bad descriptor (status
+ *     bit, nothing written), the chunked path (a context longer than 8192)
+ *   - the three routers with ties and NaN rows: ids exact, weights close
+ *   - activations, sigmoid, gated product, shared-expert gate, adds, bias,
+ *     bf16 rounding, conversion, last-row gather, row positions
+ *   - argmax with ties, NaN, -inf rows, a 151936 vocabulary: exact
+ *   - linear over cuBLAS: f32 (no TF32) and bf16/f16 weights, with bias; a
+ *     gated MLP and qwen2_moe's shared expert composed from the pieces
+ *   - a CUDA graph of linear + positions + rope + attention + argmax, replayed for
+ *     several decode steps with new inputs in the same buffers
+ *
+ * Bounds: f32 results within rtol 1e-5 of the CPU (most are bit-equal but for
+ * the device's expf/erff/tanhf); GEMM-based ones also NMSE <= 1e-10 (SPEC's
+ * f32 bound); ids, tokens, lengths and bf16 roundings exact.
+ *
+ * Usage: test_cuda_decoder [--quick] [--device N]
+ *   --quick (or MOEX_GPU_TEST_QUICK=1): a small subset, for memory checkers.
+ * Exit status: 0 all passed, 1 a check failed, 77 no usable CUDA device (skip).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime.h>
+
+#include "moex.h"
+#include "cuda/cuda_api.h"
+#include "cuda/decoder_api.h"
+#include "model/decoder.h"
+
+/* ------------------------------------------------------------------------ */
+/* checks                                                                    */
+/* ------------------------------------------------------------------------ */
+
+#define EXIT_SKIP 77
+#define PRINT_MAX 40
+
+static int g_failures, g_checks, g_quick;
+static int g_gpu;             /* device index */
+static cudaStream_t g_stream; /* non-blocking: every call of the suite runs on it */
+static int *g_flags;          /* the status word */
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static void fail_at(const char *file, int line, const char *fmt, ...) {
+    if (g_failures++ < PRINT_MAX) {
+        va_list ap;
+        va_start(ap, fmt);
+        fprintf(stderr, "FAIL (%s:%d): ", file, line);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+    } else if (g_failures == PRINT_MAX + 1) {
+        fprintf(stderr, "(further failures not printed)\n");
+    }
+}
+
+#define CHECK(cond, ...)                                       \
+    do {                                                       \
+        g_checks++;                                            \
+        if (!(cond)) fail_at(__FILE__, __LINE__, __VA_ARGS__); \
+    } while (0)
+
+/* A call that must succeed; on failure report and return from the test function. */
+#define MUST(call)                                                                                       \
+    do {                                                                                                 \
+        moex_status st_ = (call);                                                                        \
+        g_checks++;                                                                                      \
+        if (st_ != MOEX_OK) {                                                                            \
+            fail_at(__FILE__, __LINE__, "%s: %s: %s", #call, moex_status_str(st_), moex_last_error());   \
+            return;                                                                                      \
+        }                                                                                                \
+    } while (0)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------------ */
+/* random numbers                                                            */
+/* ------------------------------------------------------------------------ */
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd_u64(void) {
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* uniform in [lo, hi) */
+static float rnd_f(float lo, float hi) { return lo + (hi - lo) * (float)((double)(rnd_u64() >> 11) * 0x1.0p-53); }
+
+static int64_t rnd_i(int64_t n) { return (int64_t)(rnd_u64() % (uint64_t)n); }
+
+static void fill(float *x, int64_t n, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++) x[i] = rnd_f(lo, hi);
+}
+
+/* ------------------------------------------------------------------------ */
+/* device memory (CUDA runtime, on the suite's stream)                       */
+/* ------------------------------------------------------------------------ */
+
+static void *dmalloc(size_t bytes) {
+    void *p = NULL;
+    if (bytes == 0) bytes = 16;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        fail_at(__FILE__, __LINE__, "cudaMalloc(%zu): %s", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    cudaMemsetAsync(p, 0, bytes, g_stream); /* ordered before the uploads on the same stream */
+    return p;
+}
+
+static void dfree(void *p) {
+    if (p) cudaFree(p);
+}
+
+static void up(void *d, const void *h, size_t bytes) {
+    if (bytes == 0 || !d) return;
+    cudaError_t e = cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, g_stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(g_stream);
+    if (e != cudaSuccess) fail_at(__FILE__, __LINE__, "upload of %zu bytes: %s", bytes, cudaGetErrorString(e));
+}
+
+static void *dup_to_dev(const void *h, size_t bytes) {
+    void *d = dmalloc(bytes);
+    up(d, h, bytes);
+    return d;
+}
+
+static void down(void *h, const void *d, size_t bytes) {
+    if (bytes == 0 || !d) return;
+    cudaError_t e = cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, g_stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(g_stream);
+    if (e != cudaSuccess) fail_at(__FILE__, __LINE__, "download of %zu bytes: %s", bytes, cudaGetErrorString(e));
+}
+
+/* Wait for the stream and read-and-clear the status word: returns it (or -1 on a CUDA error). */
+static int sync_flags(void) {
+    int h = 0;
+    cudaError_t e = cudaMemcpyAsync(&h, g_flags, sizeof h, cudaMemcpyDeviceToHost, g_stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(g_flags, 0, sizeof h, g_stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(g_stream);
+    if (e != cudaSuccess) {
+        fail_at(__FILE__, __LINE__, "stream: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    return h;
+}
+
+/* ------------------------------------------------------------------------ */
+/* comparisons                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* NaN equals NaN; otherwise |a - b| <= atol + rtol * |b| everywhere. Reports the worst element. */
+static int close_f32(const char *what, const float *gpu, const float *cpu, int64_t n, double rtol, double atol) {
+    int64_t worst = -1, bad = 0;
+    double worst_excess = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double a = gpu[i], b = cpu[i];
+        if (isnan(a) || isnan(b)) {
+            if (!(isnan(a) && isnan(b))) bad++, worst = worst < 0 ? i : worst;
+            continue;
+        }
+        if (isinf(b) || isinf(a)) {
+            if (a != b) bad++, worst = worst < 0 ? i : worst;
+            continue;
+        }
+        const double excess = fabs(a - b) - (atol + rtol * fabs(b));
+        if (excess > 0) {
+            bad++;
+            if (worst < 0 || excess > worst_excess) worst = i, worst_excess = excess;
+        }
+    }
+    g_checks++;
+    if (bad) {
+        fail_at(__FILE__, __LINE__, "%s: %lld of %lld values off (rtol %g, atol %g); e.g. [%lld] gpu %.9g cpu %.9g",
+                what, (long long)bad, (long long)n, rtol, atol, (long long)worst, (double)gpu[worst],
+                (double)cpu[worst]);
+        return 0;
+    }
+    return 1;
+}
+
+static double nmse(const float *a, const float *b, int64_t n) {
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+static void check_nmse(const char *what, const float *gpu, const float *cpu, int64_t n, double bound) {
+    const double e = nmse(gpu, cpu, n);
+    CHECK(e <= bound, "%s: NMSE %.3g > %.3g", what, e, bound);
+}
+
+static double max_abs(const float *x, int64_t n) {
+    double m = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        if (fabs((double)x[i]) > m) m = fabs((double)x[i]);
+    return m;
+}
+
+/* x -> x rounded to dt and back */
+static void round_to(float *x, int64_t n, moex_dtype dt) {
+    for (int64_t i = 0; i < n; i++) {
+        if (dt == MOEX_BF16) x[i] = moex_bf16_to_f32(moex_f32_to_bf16(x[i]));
+        else if (dt == MOEX_F16) x[i] = moex_f16_to_f32(moex_f32_to_f16(x[i]));
+    }
+}
+
+/* f32 values -> a new host array of dt (caller frees) */
+static void *encode(const float *x, int64_t n, moex_dtype dt) {
+    const size_t esz = dt == MOEX_F32 ? 4 : 2;
+    void *p = malloc(esz * (size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++) moex_store_f32(p, dt, i, x[i]);
+    return p;
+}
+
+static const moex_dtype FLOATS[3] = {MOEX_F32, MOEX_F16, MOEX_BF16};
+static const int64_t TOKENS[3] = {1, 7, 33};
+static const int64_t HEAD_DIMS[3] = {40, 64, 128};
+
+/* ------------------------------------------------------------------------ */
+/* embedding                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static void test_embedding(void) {
+    const int64_t V = 997;
+    for (int di = 0; di < 3; di++)
+        for (int ti = 0; ti < 3; ti++) {
+            const int64_t H = ti == 2 ? 129 : 40 + 24 * ti, T = TOKENS[ti];
+            float *tab = malloc(sizeof(float) * V * H);
+            fill(tab, V * H, -2, 2);
+            void *enc = encode(tab, V * H, FLOATS[di]);
+            int64_t ids[33] = {0};
+            for (int64_t t = 0; t < T; t++) ids[t] = rnd_i(V);
+            ids[0] = V - 1;
+            float *cpu = malloc(sizeof(float) * T * H), *gpu = malloc(sizeof(float) * T * H);
+            const size_t esz = FLOATS[di] == MOEX_F32 ? 4 : 2;
+            void *dtab = dup_to_dev(enc, esz * V * H), *dids = dup_to_dev(ids, sizeof ids);
+            float *dout = dmalloc(sizeof(float) * T * H);
+            if (moex_embedding(enc, FLOATS[di], V, H, ids, T, cpu) == MOEX_OK &&
+                moex_cuda_embedding(dtab, FLOATS[di], V, H, dids, T, dout, g_flags, g_stream) == MOEX_OK) {
+                CHECK(sync_flags() == 0, "embedding: status word set");
+                down(gpu, dout, sizeof(float) * T * H);
+                char what[96];
+                snprintf(what, sizeof what, "embedding %s V=%lld H=%lld T=%lld", moex_dtype_name(FLOATS[di]),
+                         (long long)V, (long long)H, (long long)T);
+                close_f32(what, gpu, cpu, T * H, 0, 0);
+                if (T > 1) { /* a bad id: its row zeroed, the others as before, the status bit set */
+                    ids[1] = V;
+                    up(dids, ids, sizeof ids);
+                    moex_status st = moex_cuda_embedding(dtab, FLOATS[di], V, H, dids, T, dout, g_flags, g_stream);
+                    CHECK(st == MOEX_OK, "embedding with a bad id: %s", moex_last_error());
+                    CHECK(sync_flags() == MOEX_CUDA_FLAG_BAD_TOKEN, "embedding: a bad id did not set the status bit");
+                    down(gpu, dout, sizeof(float) * T * H);
+                    memset(cpu + H, 0, sizeof(float) * H);
+                    close_f32("embedding with a bad id", gpu, cpu, T * H, 0, 0);
+                }
+            } else {
+                fail_at(__FILE__, __LINE__, "embedding: %s", moex_last_error());
+            }
+            free(tab), free(enc), free(cpu), free(gpu);
+            dfree(dtab), dfree(dids), dfree(dout);
+        }
+}
+
+/* ------------------------------------------------------------------------ */
+/* RMSNorm                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static void norm_case(int heads_variant, int64_t rows_or_T, int64_t heads, int64_t n, moex_dtype wdt, int in_place) {
+    const int64_t rows = heads_variant ? rows_or_T * heads : rows_or_T, total = rows * n;
+    const double eps = 1e-6;
+    float *x = malloc(sizeof(float) * total), *cpu = malloc(sizeof(float) * total),
+          *gpu = malloc(sizeof(float) * total), *w = malloc(sizeof(float) * n);
+    fill(x, total, -3, 3);
+    fill(w, n, 0.5f, 1.5f);
+    void *wenc = encode(w, n, wdt);
+    const size_t esz = wdt == MOEX_F32 ? 4 : 2;
+    float *dx = dup_to_dev(x, sizeof(float) * total), *dy = in_place ? dx : dmalloc(sizeof(float) * total);
+    void *dw = dup_to_dev(wenc, esz * n);
+    moex_status cs, gs;
+    if (heads_variant) {
+        cs = moex_rmsnorm_heads(x, rows_or_T, heads, n, wenc, wdt, eps, cpu);
+        gs = moex_cuda_rmsnorm_heads(dx, rows_or_T, heads, n, dw, wdt, eps, dy, g_stream);
+    } else {
+        cs = moex_rmsnorm(x, rows, n, wenc, wdt, eps, cpu);
+        gs = moex_cuda_rmsnorm(dx, rows, n, dw, wdt, eps, dy, g_stream);
+    }
+    CHECK(cs == MOEX_OK && gs == MOEX_OK, "rmsnorm: %s", moex_last_error());
+    if (cs == MOEX_OK && gs == MOEX_OK) {
+        sync_flags();
+        down(gpu, dy, sizeof(float) * total);
+        char what[128];
+        snprintf(what, sizeof what, "rmsnorm%s rows=%lld heads=%lld n=%lld w=%s%s", heads_variant ? "_heads" : "",
+                 (long long)rows_or_T, (long long)heads, (long long)n, moex_dtype_name(wdt),
+                 in_place ? " in place" : "");
+        close_f32(what, gpu, cpu, total, 5e-7, 0);
+    }
+    free(x), free(cpu), free(gpu), free(w), free(wenc);
+    dfree(dx), dfree(in_place ? NULL : dy), dfree(dw);
+}
+
+static void test_rmsnorm(void) {
+    static const int64_t NS[5] = {40, 64, 128, 2051, 4096};
+    for (int ni = 0; ni < 5; ni++)
+        for (int ti = 0; ti < 3; ti++)
+            for (int di = 0; di < 3; di++) {
+                if (g_quick && (di != ti || ni % 2)) continue;
+                norm_case(0, TOKENS[ti], 1, NS[ni], FLOATS[di], (ni + di) % 2);
+            }
+    if (!g_quick) norm_case(0, 5000, 1, 1536, MOEX_BF16, 0); /* many rows of a large n: the warp kernel */
+    for (int hi = 0; hi < 3; hi++)
+        for (int ti = 0; ti < 3; ti++)
+            for (int64_t heads = 1; heads <= 5; heads += 4) norm_case(1, TOKENS[ti], heads, HEAD_DIMS[hi], FLOATS[(hi + ti) % 3], ti == 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* rotary                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static void test_rope(void) {
+    for (int hi = 0; hi < 3; hi++)
+        for (int ti = 0; ti < 3; ti++) {
+            const int64_t d = HEAD_DIMS[hi], half = d / 2, T = TOKENS[ti], heads = 5;
+            float inv[64];
+            MUST(moex_rope_inv_freq(d, hi == 2 ? 5000000.0 : 10000.0, inv));
+            int64_t pt[33], ph[33], pw[33];
+            for (int64_t t = 0; t < T; t++) pt[t] = rnd_i(40000), ph[t] = rnd_i(64), pw[t] = rnd_i(64);
+            const int64_t n = T * half;
+            float *cc = malloc(sizeof(float) * n), *cs = malloc(sizeof(float) * n), *gc = malloc(sizeof(float) * n),
+                  *gs = malloc(sizeof(float) * n);
+            float *dinv = dup_to_dev(inv, sizeof(float) * half), *dc = dmalloc(sizeof(float) * n),
+                  *ds = dmalloc(sizeof(float) * n);
+            int64_t *dpt = dup_to_dev(pt, sizeof pt), *dph = dup_to_dev(ph, sizeof ph), *dpw = dup_to_dev(pw, sizeof pw);
+            char what[96];
+            // default rope
+            if (moex_rope_cos_sin(inv, d, pt, T, cc, cs) == MOEX_OK &&
+                moex_cuda_rope_cos_sin(dinv, d, dpt, T, dc, ds, g_stream) == MOEX_OK) {
+                sync_flags();
+                down(gc, dc, sizeof(float) * n), down(gs, ds, sizeof(float) * n);
+                snprintf(what, sizeof what, "rope cos d=%lld T=%lld", (long long)d, (long long)T);
+                close_f32(what, gc, cc, n, 0, 1e-7);
+                snprintf(what, sizeof what, "rope sin d=%lld T=%lld", (long long)d, (long long)T);
+                close_f32(what, gs, cs, n, 0, 1e-7);
+            } else {
+                fail_at(__FILE__, __LINE__, "rope_cos_sin: %s", moex_last_error());
+            }
+            // interleaved mrope, sections as qwen3_vl_moe's [24, 20, 20] scaled to head_dim / 2
+            const int64_t s1 = half * 20 / 64, sec[3] = {half - 2 * s1, s1, s1};
+            if (moex_mrope_cos_sin(inv, d, sec, pt, ph, pw, T, cc, cs) == MOEX_OK &&
+                moex_cuda_mrope_cos_sin(dinv, d, sec, dpt, dph, dpw, T, dc, ds, g_stream) == MOEX_OK) {
+                sync_flags();
+                down(gc, dc, sizeof(float) * n), down(gs, ds, sizeof(float) * n);
+                snprintf(what, sizeof what, "mrope cos d=%lld T=%lld sec=[%lld,%lld,%lld]", (long long)d, (long long)T,
+                         (long long)sec[0], (long long)sec[1], (long long)sec[2]);
+                close_f32(what, gc, cc, n, 0, 1e-7);
+                close_f32("mrope sin", gs, cs, n, 0, 1e-7);
+            } else {
+                fail_at(__FILE__, __LINE__, "mrope_cos_sin: %s", moex_last_error());
+            }
+            // apply with the CPU's tables on both sides (q of 5 heads)
+            const int64_t nx = T * heads * d;
+            float *x = malloc(sizeof(float) * nx), *gx = malloc(sizeof(float) * nx);
+            fill(x, nx, -2, 2);
+            float *dx = dup_to_dev(x, sizeof(float) * nx);
+            up(dc, cc, sizeof(float) * n), up(ds, cs, sizeof(float) * n);
+            if (moex_rope_apply(x, T, heads, d, cc, cs) == MOEX_OK &&
+                moex_cuda_rope_apply(dx, T, heads, d, dc, ds, g_stream) == MOEX_OK) {
+                sync_flags();
+                down(gx, dx, sizeof(float) * nx);
+                snprintf(what, sizeof what, "rope_apply d=%lld T=%lld heads=%lld", (long long)d, (long long)T,
+                         (long long)heads);
+                close_f32(what, gx, x, nx, 0, 0);
+            } else {
+                fail_at(__FILE__, __LINE__, "rope_apply: %s", moex_last_error());
+            }
+            free(cc), free(cs), free(gc), free(gs), free(x), free(gx);
+            dfree(dinv), dfree(dc), dfree(ds), dfree(dpt), dfree(dph), dfree(dpw), dfree(dx);
+        }
+}
+
+/* ------------------------------------------------------------------------ */
+/* KV cache and attention                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* The same caches on both sides and buffers for one call of up to max_rows rows. */
+typedef struct attn_rig {
+    int64_t layers, B, S, KV, d, heads, max_rows;
+    moex_kv_cache *cpu;
+    moex_cuda_kv_cache gpu;
+    float *q, *k, *v, *out_cpu, *out_gpu;      /* host */
+    float *dq, *dk, *dv, *dout;                /* device */
+    moex_attn_seq *dseqs;                      /* device descriptors */
+} attn_rig;
+
+static int rig_init(attn_rig *r, int64_t layers, int64_t B, int64_t S, int64_t KV, int64_t d, int64_t heads,
+                    int64_t max_rows) {
+    memset(r, 0, sizeof *r);
+    r->layers = layers, r->B = B, r->S = S, r->KV = KV, r->d = d, r->heads = heads, r->max_rows = max_rows;
+    if (moex_kv_cache_create(layers, B, S, KV, d, &r->cpu) != MOEX_OK ||
+        moex_cuda_kv_cache_create(g_gpu, layers, B, S, KV, d, &r->gpu) != MOEX_OK) {
+        fail_at(__FILE__, __LINE__, "kv cache: %s", moex_last_error());
+        return 0;
+    }
+    const size_t qn = (size_t)(max_rows * heads * d), kn = (size_t)(max_rows * KV * d);
+    r->q = malloc(sizeof(float) * qn), r->k = malloc(sizeof(float) * kn), r->v = malloc(sizeof(float) * kn);
+    r->out_cpu = malloc(sizeof(float) * qn), r->out_gpu = malloc(sizeof(float) * qn);
+    r->dq = dmalloc(sizeof(float) * qn), r->dk = dmalloc(sizeof(float) * kn), r->dv = dmalloc(sizeof(float) * kn);
+    r->dout = dmalloc(sizeof(float) * qn);
+    r->dseqs = dmalloc(sizeof(moex_attn_seq) * (size_t)B);
+    return 1;
+}
+
+static void rig_free(attn_rig *r) {
+    moex_kv_cache_free(r->cpu);
+    moex_cuda_kv_cache_free(&r->gpu);
+    free(r->q), free(r->k), free(r->v), free(r->out_cpu), free(r->out_gpu);
+    dfree(r->dq), dfree(r->dk), dfree(r->dv), dfree(r->dout), dfree(r->dseqs);
+}
+
+/* Every cached length of both sides agree. */
+static void rig_check_lengths(attn_rig *r, const char *when) {
+    const int64_t n = r->layers * r->B;
+    int64_t *g = malloc(sizeof(int64_t) * (size_t)n);
+    down(g, r->gpu.len, sizeof(int64_t) * (size_t)n);
+    for (int64_t l = 0; l < r->layers; l++)
+        for (int64_t s = 0; s < r->B; s++) {
+            int64_t c = -1;
+            moex_kv_cache_length(r->cpu, l, s, &c);
+            CHECK(g[l * r->B + s] == c, "%s: layer %lld seq %lld: gpu length %lld, cpu %lld", when, (long long)l,
+                  (long long)s, (long long)g[l * r->B + s], (long long)c);
+        }
+    free(g);
+}
+
+/* One call on both sides with fresh random q, k, v: out compared, lengths compared. in_place: out = q. */
+static void rig_step(attn_rig *r, int64_t layer, const moex_attn_seq *seqs, int64_t nseq, int in_place,
+                     const char *when) {
+    int64_t total = 0;
+    for (int64_t i = 0; i < nseq; i++) total += seqs[i].tokens;
+    const int64_t qn = total * r->heads * r->d, kn = total * r->KV * r->d;
+    fill(r->q, qn, -1.5f, 1.5f), fill(r->k, kn, -1.5f, 1.5f), fill(r->v, kn, -1, 1);
+    up(r->dq, r->q, sizeof(float) * qn), up(r->dk, r->k, sizeof(float) * kn), up(r->dv, r->v, sizeof(float) * kn);
+    up(r->dseqs, seqs, sizeof(moex_attn_seq) * (size_t)nseq);
+    float *dout = in_place ? r->dq : r->dout;
+    moex_status cs = moex_attention_forward_batch(r->cpu, layer, seqs, nseq, r->heads, r->q, r->k, r->v, r->out_cpu, 2);
+    moex_status gs = moex_cuda_attention(&r->gpu, layer, r->dseqs, nseq, total, r->heads, r->dq, r->dk, r->dv, dout,
+                                         g_flags, g_stream);
+    g_checks++;
+    if (cs != MOEX_OK || gs != MOEX_OK) {
+        fail_at(__FILE__, __LINE__, "%s: attention: %s", when, moex_last_error());
+        return;
+    }
+    CHECK(sync_flags() == 0, "%s: status word set", when);
+    down(r->out_gpu, dout, sizeof(float) * qn);
+    char what[200];
+    snprintf(what, sizeof what, "attention %s (heads %lld, kv %lld, d %lld, %lld rows%s)", when, (long long)r->heads,
+             (long long)r->KV, (long long)r->d, (long long)total, in_place ? ", out = q" : "");
+    close_f32(what, r->out_gpu, r->out_cpu, qn, 1e-5, 1e-6);
+    rig_check_lengths(r, when);
+}
+
+static void attention_config(int64_t heads, int64_t KV, int64_t d) {
+    attn_rig r;
+    if (!rig_init(&r, 2, 4, 64, KV, d, heads, 64)) return;
+    // prefill three sequences of different lengths in one call, in layer 1
+    moex_attn_seq pre[3] = {{2, 7, 0}, {0, 1, 0}, {3, 33, 0}};
+    rig_step(&r, 1, pre, 3, 0, "prefill 7+1+33");
+    // decode: one token per sequence, another order, four steps
+    const int steps = g_quick ? 2 : 4;
+    for (int step = 0; step < steps; step++) {
+        moex_attn_seq dec[3] = {{0, 1, 1 + step}, {3, 1, 33 + step}, {2, 1, 7 + step}};
+        char when[64];
+        snprintf(when, sizeof when, "decode step %d", step);
+        rig_step(&r, 1, dec, 3, step == 1, when);
+    }
+    // a first prefill (sequence 1) next to a decode (2) and a rewind (0 goes back to position 2)
+    moex_attn_seq mix[3] = {{1, 5, 0}, {2, 1, 7 + steps}, {0, 3, 2}};
+    rig_step(&r, 1, mix, 3, 0, "mixed prefill/decode with a rewind");
+    // layer 0 is independent
+    moex_attn_seq l0[2] = {{3, 9, 0}, {1, 2, 0}};
+    rig_step(&r, 0, l0, 2, 0, "layer 0 prefill");
+    // a bad descriptor: past beyond the cached length -> status bit, nothing appended or written
+    int64_t len2 = 0;
+    moex_kv_cache_length(r.cpu, 1, 2, &len2);
+    moex_attn_seq bad[2] = {{0, 1, 40}, {2, 1, len2}};
+    const int64_t qn = 2 * heads * d, kn = 2 * KV * d;
+    fill(r.q, qn, -1, 1), fill(r.k, kn, -1, 1), fill(r.v, kn, -1, 1);
+    up(r.dq, r.q, sizeof(float) * qn), up(r.dk, r.k, sizeof(float) * kn), up(r.dv, r.v, sizeof(float) * kn);
+    up(r.dseqs, bad, sizeof bad);
+    float *poison = malloc(sizeof(float) * qn);
+    for (int64_t i = 0; i < qn; i++) poison[i] = 12345.0f;
+    up(r.dout, poison, sizeof(float) * qn);
+    moex_status gs = moex_cuda_attention(&r.gpu, 1, r.dseqs, 2, 2, heads, r.dq, r.dk, r.dv, r.dout, g_flags, g_stream);
+    CHECK(gs == MOEX_OK, "attention with a bad descriptor: queued: %s", moex_last_error());
+    CHECK(sync_flags() == MOEX_CUDA_FLAG_BAD_SEQ, "attention: a bad descriptor did not set the status bit");
+    // the good one (seq 2) ran: compare it with the CPU running it alone
+    moex_attn_seq good = bad[1];
+    moex_status cs = moex_attention_forward_batch(r.cpu, 1, &good, 1, heads, r.q + heads * d, r.k + KV * d,
+                                                  r.v + KV * d, r.out_cpu, 1);
+    CHECK(cs == MOEX_OK, "cpu attention: %s", moex_last_error());
+    down(r.out_gpu, r.dout, sizeof(float) * qn);
+    close_f32("attention: the bad sequence's rows untouched", r.out_gpu, poison, heads * d, 0, 0);
+    close_f32("attention: the good sequence next to a bad one", r.out_gpu + heads * d, r.out_cpu, heads * d, 1e-5, 1e-6);
+    rig_check_lengths(&r, "after a bad descriptor");
+    free(poison);
+    rig_free(&r);
+}
+
+/* A context longer than the 8192 scores a block keeps: the chunked path. */
+static void attention_long(void) {
+    attn_rig r;
+    const int64_t L = 8300;
+    if (!rig_init(&r, 1, 2, L + 8, 1, 64, 2, L)) return;
+    moex_attn_seq pre[1] = {{1, L, 0}};
+    rig_step(&r, 0, pre, 1, 0, "prefill of 8300 tokens (chunked scores)");
+    moex_attn_seq dec[1] = {{1, 1, L}};
+    rig_step(&r, 0, dec, 1, 0, "decode at position 8300");
+    rig_free(&r);
+}
+
+static void test_attention(void) {
+    static const int64_t CFG[3][3] = {{5, 1, 40}, {8, 2, 64}, {4, 4, 128}};
+    for (int i = 0; i < 3; i++) attention_config(CFG[i][0], CFG[i][1], CFG[i][2]);
+    if (!g_quick) attention_long();
+    // reset: one sequence, then all
+    attn_rig r;
+    if (!rig_init(&r, 2, 3, 16, 1, 40, 5, 16)) return;
+    moex_attn_seq pre[2] = {{0, 4, 0}, {2, 6, 0}};
+    rig_step(&r, 0, pre, 2, 0, "before reset");
+    MUST(moex_kv_cache_reset(r.cpu, 2));
+    MUST(moex_cuda_kv_cache_reset(&r.gpu, 2, g_stream));
+    sync_flags();
+    rig_check_lengths(&r, "reset of sequence 2");
+    MUST(moex_kv_cache_reset(r.cpu, -1));
+    MUST(moex_cuda_kv_cache_reset(&r.gpu, -1, g_stream));
+    sync_flags();
+    rig_check_lengths(&r, "reset of everything");
+    rig_free(&r);
+}
+
+/* ------------------------------------------------------------------------ */
+/* routers                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct router_case {
+    moex_router_kind kind;
+    int64_t E, k, G, topk_group;
+    int renorm, bias;
+    float scaling;
+} router_case;
+
+static void router_run(const router_case *rc, int64_t T) {
+    moex_router_desc desc;
+    moex_router_desc_init(&desc);
+    desc.kind = rc->kind, desc.num_experts = rc->E, desc.top_k = rc->k, desc.renormalize = rc->renorm;
+    desc.n_group = rc->G, desc.topk_group = rc->topk_group, desc.scaling = rc->scaling;
+    const int64_t E = rc->E, k = rc->k;
+    float *logits = malloc(sizeof(float) * T * E), *bias = malloc(sizeof(float) * E);
+    for (int64_t i = 0; i < T * E; i++) /* a coarse grid: ties are common */
+        logits[i] = (i % 3 == 0) ? (float)(rnd_i(9) - 4) * 0.5f : rnd_f(-4, 4);
+    if (T >= 3) logits[2 * E + E / 2] = NAN; /* a NaN in token 2 */
+    if (T >= 5) for (int64_t e = 0; e < E; e++) logits[4 * E + e] = 0.25f; /* token 4: all tied */
+    for (int64_t e = 0; e < E; e++) bias[e] = (float)(rnd_i(5)) * 0.125f;
+    if (rc->bias) {
+        int64_t bs[1] = {E};
+        moex_tensor_init(&desc.correction_bias, bias, MOEX_F32, 1, bs);
+    }
+    int32_t *ids_c = malloc(sizeof(int32_t) * T * k), *ids_g = malloc(sizeof(int32_t) * T * k);
+    float *w_c = malloc(sizeof(float) * T * k), *w_g = malloc(sizeof(float) * T * k);
+    moex_tensor tl, ti, tw;
+    int64_t ls[2] = {T, E}, ks[2] = {T, k};
+    moex_tensor_init(&tl, logits, MOEX_F32, 2, ls);
+    moex_tensor_init(&ti, ids_c, MOEX_I32, 2, ks);
+    moex_tensor_init(&tw, w_c, MOEX_F32, 2, ks);
+    float *dl = dup_to_dev(logits, sizeof(float) * T * E), *db = rc->bias ? dup_to_dev(bias, sizeof(float) * E) : NULL;
+    int32_t *di = dmalloc(sizeof(int32_t) * T * k);
+    float *dw = dmalloc(sizeof(float) * T * k);
+    moex_status cs = moex_route(&desc, &tl, &ti, &tw);
+    moex_status gs = moex_cuda_route(&desc, db, dl, T, di, dw, g_stream);
+    g_checks++;
+    if (cs != MOEX_OK || gs != MOEX_OK) {
+        fail_at(__FILE__, __LINE__, "route kind %d E=%lld: %s", (int)rc->kind, (long long)E, moex_last_error());
+    } else {
+        sync_flags();
+        down(ids_g, di, sizeof(int32_t) * T * k);
+        down(w_g, dw, sizeof(float) * T * k);
+        char what[160];
+        snprintf(what, sizeof what, "route kind %d E=%lld k=%lld G=%lld/%lld renorm=%d bias=%d T=%lld", (int)rc->kind,
+                 (long long)E, (long long)k, (long long)rc->G, (long long)rc->topk_group, rc->renorm, rc->bias,
+                 (long long)T);
+        int64_t bad = -1;
+        for (int64_t i = 0; i < T * k && bad < 0; i++)
+            if (ids_g[i] != ids_c[i]) bad = i;
+        CHECK(bad < 0, "%s: ids differ at [%lld, %lld]: gpu %d cpu %d", what, (long long)(bad / k),
+              (long long)(bad % k), bad >= 0 ? ids_g[bad] : 0, bad >= 0 ? ids_c[bad] : 0);
+        close_f32(what, w_g, w_c, T * k, 2e-6, 1e-7);
+    }
+    free(logits), free(bias), free(ids_c), free(ids_g), free(w_c), free(w_g);
+    dfree(dl), dfree(db), dfree(di), dfree(dw);
+}
+
+static void test_routers(void) {
+    static const router_case CASES[] = {
+        {MOEX_ROUTER_SOFTMAX_TOPK, 60, 4, 1, 1, 0, 0, 1.0f},
+        {MOEX_ROUTER_SOFTMAX_TOPK, 60, 4, 1, 1, 1, 0, 1.0f},
+        {MOEX_ROUTER_SOFTMAX_TOPK, 128, 8, 1, 1, 1, 0, 1.0f},
+        {MOEX_ROUTER_SOFTMAX_TOPK, 8, 2, 1, 1, 0, 0, 1.0f},
+        {MOEX_ROUTER_SIGMOID_GROUPED_TOPK, 256, 8, 8, 4, 1, 1, 2.5f},
+        {MOEX_ROUTER_SIGMOID_GROUPED_TOPK, 64, 6, 4, 2, 0, 0, 1.0f},
+        {MOEX_ROUTER_SIGMOID_GROUPED_TOPK, 16, 3, 16, 4, 1, 1, 1.5f},
+        {MOEX_ROUTER_SIGMOID_GROUPED_TOPK, 72, 5, 1, 1, 1, 1, 1.0f},
+        {MOEX_ROUTER_TOPK_SOFTMAX, 32, 4, 1, 1, 0, 0, 1.0f},
+        {MOEX_ROUTER_TOPK_SOFTMAX, 128, 4, 1, 1, 0, 0, 1.0f},
+        {MOEX_ROUTER_TOPK_SOFTMAX, 5, 5, 1, 1, 0, 0, 1.0f},
+    };
+    const int n = (int)(sizeof CASES / sizeof CASES[0]);
+    for (int i = 0; i < n; i++)
+        for (int ti = 0; ti < 3; ti++) {
+            if (g_quick && ti != 2) continue;
+            router_run(&CASES[i], TOKENS[ti]);
+        }
+    if (!g_quick) router_run(&CASES[4], 1000);
+}
+
+/* ------------------------------------------------------------------------ */
+/* element-wise helpers                                                      */
+/* ------------------------------------------------------------------------ */
+
+static void test_elementwise(void) {
+    const int64_t T = 7, I = 129, H = 40, n = T * I;
+    float *x = malloc(sizeof(float) * n * 2), *cpu = malloc(sizeof(float) * n * 2), *gpu = malloc(sizeof(float) * n * 2);
+    fill(x, 2 * n, -9, 9);
+    x[3] = NAN, x[4] = INFINITY, x[5] = -INFINITY, x[6] = 0.0f, x[7] = -0.0f;
+    float *dx = dup_to_dev(x, sizeof(float) * n * 2), *dy = dmalloc(sizeof(float) * n * 2);
+    static const moex_activation ACTS[4] = {MOEX_ACT_SILU, MOEX_ACT_GELU, MOEX_ACT_GELU_TANH, MOEX_ACT_RELU};
+    char what[96];
+    for (int a = 0; a < 4; a++) {
+        MUST(moex_activate(ACTS[a], x, cpu, n));
+        MUST(moex_cuda_activate(ACTS[a], dx, dy, n, g_stream));
+        sync_flags();
+        down(gpu, dy, sizeof(float) * n);
+        snprintf(what, sizeof what, "activate %s", moex_activation_name(ACTS[a]));
+        close_f32(what, gpu, cpu, n, 2e-6, 1e-6); /* 1 + erff / tanhf cancel: absolute bound */
+        // gated: act(gate) * up with gate and up the two halves of a fused [T, 2I] row
+        for (int64_t t = 0; t < T; t++) {
+            float g[129];
+            moex_activate(ACTS[a], x + t * 2 * I, g, I);
+            for (int64_t i = 0; i < I; i++) cpu[t * I + i] = g[i] * x[t * 2 * I + I + i];
+        }
+        MUST(moex_cuda_gated_act(ACTS[a], dx, dx + I, 2 * I, T, I, dy, g_stream));
+        sync_flags();
+        down(gpu, dy, sizeof(float) * n);
+        snprintf(what, sizeof what, "gated_act %s (fused gate_up rows)", moex_activation_name(ACTS[a]));
+        close_f32(what, gpu, cpu, n, 4e-6, 1e-5);
+    }
+    MUST(moex_sigmoid(x, cpu, n));
+    MUST(moex_cuda_sigmoid(dx, dy, n, g_stream));
+    sync_flags();
+    down(gpu, dy, sizeof(float) * n);
+    close_f32("sigmoid", gpu, cpu, n, 2e-6, 1e-37);
+    // shared expert gate: y[t] *= sigmoid(s[t])
+    {
+        float s[7], sg[7];
+        fill(s, T, -4, 4);
+        moex_sigmoid(s, sg, T);
+        float *ds = dup_to_dev(s, sizeof s);
+        up(dy, x + 8, sizeof(float) * T * H);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < H; i++) cpu[t * H + i] = sg[t] * x[8 + t * H + i];
+        MUST(moex_cuda_scale_rows_sigmoid(ds, dy, T, H, g_stream));
+        sync_flags();
+        down(gpu, dy, sizeof(float) * T * H);
+        close_f32("scale_rows_sigmoid", gpu, cpu, T * H, 2e-6, 1e-37);
+        dfree(ds);
+    }
+    // add (in place on a), add_bias (bf16 bias), round_bf16, convert
+    {
+        const int64_t m = n - 8;
+        for (int64_t i = 0; i < m; i++) cpu[i] = x[8 + i] + x[n + i];
+        up(dy, x + 8, sizeof(float) * m);
+        MUST(moex_cuda_add(dy, dx + n, dy, m, g_stream));
+        sync_flags();
+        down(gpu, dy, sizeof(float) * m);
+        close_f32("add", gpu, cpu, m, 0, 0);
+        float b[129];
+        fill(b, I, -1, 1);
+        void *benc = encode(b, I, MOEX_BF16);
+        void *db = dup_to_dev(benc, 2 * I);
+        up(dy, x + 8, sizeof(float) * T * I);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < I; i++) cpu[t * I + i] = x[8 + t * I + i] + moex_load_f32(benc, MOEX_BF16, i);
+        MUST(moex_cuda_add_bias(dy, T, I, db, MOEX_BF16, g_stream));
+        sync_flags();
+        down(gpu, dy, sizeof(float) * T * I);
+        close_f32("add_bias (bf16 bias)", gpu, cpu, T * I, 0, 0);
+        up(dy, x + 8, sizeof(float) * m);
+        for (int64_t i = 0; i < m; i++) cpu[i] = moex_bf16_to_f32(moex_f32_to_bf16(x[8 + i]));
+        MUST(moex_cuda_round_bf16(dy, m, g_stream));
+        sync_flags();
+        down(gpu, dy, sizeof(float) * m);
+        close_f32("round_bf16", gpu, cpu, m, 0, 0);
+        for (int di = 1; di < 3; di++) { /* f32 -> f16/bf16 -> f32 */
+            MUST(moex_cuda_convert(dx + 8, MOEX_F32, dy, FLOATS[di], m, g_stream));
+            MUST(moex_cuda_convert(dy, FLOATS[di], dy + m, MOEX_F32, m, g_stream));
+            sync_flags();
+            down(gpu, dy + m, sizeof(float) * m);
+            memcpy(cpu, x + 8, sizeof(float) * m);
+            round_to(cpu, m, FLOATS[di]);
+            snprintf(what, sizeof what, "convert f32 -> %s -> f32", moex_dtype_name(FLOATS[di]));
+            close_f32(what, gpu, cpu, m, 0, 0);
+        }
+        free(benc);
+        dfree(db);
+    }
+    // last row of each sequence
+    {
+        moex_attn_seq seqs[4] = {{1, 3, 0}, {0, 1, 5}, {3, 0, 2}, {2, 3, 1}};
+        moex_attn_seq *dseqs = dup_to_dev(seqs, sizeof seqs);
+        const int64_t rows_last[4] = {2, 3, -1, 6};
+        for (int64_t i = 0; i < 4; i++)
+            for (int64_t c = 0; c < H; c++) cpu[i * H + c] = rows_last[i] < 0 ? 0.0f : x[rows_last[i] * H + c];
+        MUST(moex_cuda_gather_last_rows(dx, H, dseqs, 4, dy, g_stream));
+        sync_flags();
+        down(gpu, dy, sizeof(float) * 4 * H);
+        close_f32("gather_last_rows", gpu, cpu, 4 * H, 0, 0);
+        // positions of the 7 rows (and 0 for a row no descriptor covers)
+        const int64_t want[8] = {0, 1, 2, 5, 1, 2, 3, 0};
+        int64_t got[8];
+        int64_t *dpos = dmalloc(sizeof got);
+        MUST(moex_cuda_positions(dseqs, 4, 8, dpos, g_stream));
+        sync_flags();
+        down(got, dpos, sizeof got);
+        for (int i = 0; i < 8; i++)
+            CHECK(got[i] == want[i], "positions[%d] = %lld, expected %lld", i, (long long)got[i], (long long)want[i]);
+        dfree(dpos);
+        dfree(dseqs);
+    }
+    free(x), free(cpu), free(gpu);
+    dfree(dx), dfree(dy);
+}
+
+/* ------------------------------------------------------------------------ */
+/* argmax                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static void test_argmax(void) {
+    static const int64_t VS[4] = {1, 7, 32000, 151936};
+    for (int vi = 0; vi < 4; vi++) {
+        const int64_t V = VS[vi], rows = 6;
+        float *x = malloc(sizeof(float) * rows * V);
+        fill(x, rows * V, -20, 20);
+        if (V > 2) {
+            x[0 * V + V / 3] = 50.0f, x[0 * V + 2 * V / 3] = 50.0f;                 /* row 0: a tie */
+            x[1 * V + V - 1] = 60.0f;                                              /* row 1: the last */
+            x[2 * V + V / 2] = NAN, x[2 * V + V - 1] = NAN, x[2 * V + 1] = 99.0f; /* row 2: the first NaN */
+            for (int64_t i = 0; i < V; i++) x[3 * V + i] = -INFINITY;             /* row 3: all -inf */
+            for (int64_t i = 0; i < V; i++) x[4 * V + i] = (i % 2) ? 0.0f : -0.0f; /* row 4: signed zeros */
+        }
+        int64_t cpu[6], gpu[6];
+        for (int64_t r = 0; r < rows; r++) moex_sample_greedy(x + r * V, V, &cpu[r]);
+        float *dx = dup_to_dev(x, sizeof(float) * rows * V);
+        int64_t *dt = dmalloc(sizeof gpu);
+        MUST(moex_cuda_argmax(dx, rows, V, dt, g_stream));
+        sync_flags();
+        down(gpu, dt, sizeof gpu);
+        for (int64_t r = 0; r < rows; r++)
+            CHECK(gpu[r] == cpu[r], "argmax V=%lld row %lld: gpu %lld, cpu %lld", (long long)V, (long long)r,
+                  (long long)gpu[r], (long long)cpu[r]);
+        free(x);
+        dfree(dx), dfree(dt);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* linear layers, and the MLPs composed from the pieces                      */
+/* ------------------------------------------------------------------------ */
+
+/* A linear layer on both sides: host weight (of dt) and its device copy. */
+typedef struct lin_pair {
+    moex_linear_w cpu, gpu;
+    void *hw, *hb;
+} lin_pair;
+
+static void lin_make(lin_pair *p, int64_t N, int64_t K, moex_dtype dt, int with_bias, moex_dtype bdt) {
+    memset(p, 0, sizeof *p);
+    float *w = malloc(sizeof(float) * N * K);
+    fill(w, N * K, -1.0f / sqrtf((float)K) * 1.7f, 1.7f / sqrtf((float)K));
+    p->hw = encode(w, N * K, dt);
+    free(w);
+    p->cpu.weight = p->hw, p->cpu.dtype = dt, p->cpu.out_features = N, p->cpu.in_features = K;
+    if (with_bias) {
+        float b[4096];
+        fill(b, N, -0.5f, 0.5f);
+        p->hb = encode(b, N, bdt);
+        p->cpu.bias = p->hb, p->cpu.bias_dtype = bdt;
+    }
+    p->gpu = p->cpu;
+    const size_t esz = dt == MOEX_F32 ? 4 : 2, besz = bdt == MOEX_F32 ? 4 : 2;
+    p->gpu.weight = dup_to_dev(p->hw, esz * N * K);
+    p->gpu.bias = with_bias ? dup_to_dev(p->hb, besz * N) : NULL;
+}
+
+static void lin_free(lin_pair *p) {
+    free(p->hw), free(p->hb);
+    dfree((void *)p->gpu.weight), dfree((void *)p->gpu.bias);
+}
+
+static void linear_case(const moex_cuda_blas *blas, int64_t T, int64_t N, int64_t K, moex_dtype dt, int with_bias,
+                        moex_dtype bdt) {
+    lin_pair p;
+    lin_make(&p, N, K, dt, with_bias, bdt);
+    float *x = malloc(sizeof(float) * T * K), *cpu = malloc(sizeof(float) * T * N), *gpu = malloc(sizeof(float) * T * N);
+    fill(x, T * K, -2, 2);
+    round_to(x, T * K, dt); /* 16-bit weights: inputs that the GEMM's rounding leaves as they are */
+    float *dx = dup_to_dev(x, sizeof(float) * T * K), *dy = dmalloc(sizeof(float) * T * N);
+    void *x16 = dmalloc(2 * (size_t)(T * K));
+    moex_status cs = moex_linear(&p.cpu, x, T, cpu, 2);
+    moex_status gs = moex_cuda_linear(blas, &p.gpu, dx, T, dy, dt == MOEX_F32 ? NULL : x16, g_stream);
+    g_checks++;
+    if (cs != MOEX_OK || gs != MOEX_OK) {
+        fail_at(__FILE__, __LINE__, "linear: %s", moex_last_error());
+    } else {
+        sync_flags();
+        down(gpu, dy, sizeof(float) * T * N);
+        char what[128];
+        snprintf(what, sizeof what, "linear %s T=%lld N=%lld K=%lld bias=%s", moex_dtype_name(dt), (long long)T,
+                 (long long)N, (long long)K, with_bias ? moex_dtype_name(bdt) : "none");
+        close_f32(what, gpu, cpu, T * N, 1e-5, 1e-5 * max_abs(cpu, T * N));
+        check_nmse(what, gpu, cpu, T * N, 1e-10);
+    }
+    free(x), free(cpu), free(gpu);
+    dfree(dx), dfree(dy), dfree(x16);
+    lin_free(&p);
+}
+
+/* moex_gated_mlp and moex_shared_expert against linear + gated_act + linear (+ gate, sigmoid scale) on the GPU. */
+static void mlp_case(const moex_cuda_blas *blas, int64_t T, int64_t H, int64_t I, int shared) {
+    lin_pair g, u, d, sg;
+    lin_make(&g, I, H, MOEX_F32, 0, MOEX_F32), lin_make(&u, I, H, MOEX_F32, 0, MOEX_F32);
+    lin_make(&d, H, I, MOEX_F32, 0, MOEX_F32), lin_make(&sg, 1, H, MOEX_F32, 0, MOEX_F32);
+    moex_mlp_w m = {g.cpu, u.cpu, d.cpu, MOEX_ACT_SILU};
+    float *x = malloc(sizeof(float) * T * H), *cpu = malloc(sizeof(float) * T * H), *gpu = malloc(sizeof(float) * T * H);
+    fill(x, T * H, -2, 2);
+    float *dx = dup_to_dev(x, sizeof(float) * T * H), *dg = dmalloc(sizeof(float) * T * I),
+          *du = dmalloc(sizeof(float) * T * I), *dy = dmalloc(sizeof(float) * T * H), *ds = dmalloc(sizeof(float) * T);
+    moex_status cs = shared ? moex_shared_expert(&m, &sg.cpu, x, T, cpu, 2) : moex_gated_mlp(&m, x, T, cpu, 2);
+    MUST(cs);
+    MUST(moex_cuda_linear(blas, &g.gpu, dx, T, dg, NULL, g_stream));
+    MUST(moex_cuda_linear(blas, &u.gpu, dx, T, du, NULL, g_stream));
+    MUST(moex_cuda_gated_act(MOEX_ACT_SILU, dg, du, I, T, I, dg, g_stream));
+    MUST(moex_cuda_linear(blas, &d.gpu, dg, T, dy, NULL, g_stream));
+    if (shared) {
+        MUST(moex_cuda_linear(blas, &sg.gpu, dx, T, ds, NULL, g_stream));
+        MUST(moex_cuda_scale_rows_sigmoid(ds, dy, T, H, g_stream));
+    }
+    sync_flags();
+    down(gpu, dy, sizeof(float) * T * H);
+    char what[96];
+    snprintf(what, sizeof what, "%s T=%lld H=%lld I=%lld", shared ? "shared expert" : "gated mlp", (long long)T,
+             (long long)H, (long long)I);
+    close_f32(what, gpu, cpu, T * H, 1e-4, 1e-5 * max_abs(cpu, T * H));
+    check_nmse(what, gpu, cpu, T * H, 1e-10);
+    free(x), free(cpu), free(gpu);
+    dfree(dx), dfree(dg), dfree(du), dfree(dy), dfree(ds);
+    lin_free(&g), lin_free(&u), lin_free(&d), lin_free(&sg);
+}
+
+static void test_linear(void) {
+    moex_cuda_blas blas;
+    MUST(moex_cuda_blas_create(g_gpu, 0, &blas));
+    static const int64_t NK[4][2] = {{40, 129}, {300, 64}, {1000, 2048}, {1, 40}};
+    for (int i = 0; i < 4; i++)
+        for (int ti = 0; ti < 3; ti++)
+            for (int di = 0; di < 3; di++) {
+                if (g_quick && (ti != di || i == 2)) continue;
+                linear_case(&blas, TOKENS[ti], NK[i][0], NK[i][1], FLOATS[di], (i + ti) % 2, FLOATS[(di + 1) % 3]);
+            }
+    for (int ti = 0; ti < 3; ti++) {
+        mlp_case(&blas, TOKENS[ti], 64, 129, 0);
+        mlp_case(&blas, TOKENS[ti], 40, 96, 1);
+    }
+    // refused: 16-bit weights without scratch
+    lin_pair p;
+    lin_make(&p, 8, 8, MOEX_BF16, 0, MOEX_F32);
+    float *d = dmalloc(sizeof(float) * 64);
+    CHECK(moex_cuda_linear(&blas, &p.gpu, d, 1, d + 32, NULL, g_stream) == MOEX_ERR_INVALID_ARGUMENT,
+          "linear: bf16 weights without x16 accepted");
+    dfree(d);
+    lin_free(&p);
+    moex_cuda_blas_free(&blas);
+}
+
+/* ------------------------------------------------------------------------ */
+/* a captured decode step                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* q = linear(x), positions from the descriptors, rope on q and k, attention, logits = linear(attn),
+ * tokens = argmax: captured once,
+ * replayed for several decode steps whose inputs and descriptors are written into the same buffers. */
+static void test_graph_decode(void) {
+    const int64_t nseq = 3, heads = 5, KV = 1, d = 64, Hd = heads * d, Hin = 48, V = 77, S = 32;
+    moex_cuda_blas blas;
+    MUST(moex_cuda_blas_create(g_gpu, 0, &blas));
+    attn_rig r;
+    if (!rig_init(&r, 1, nseq, S, KV, d, heads, 16)) return;
+    lin_pair wq, wo;
+    lin_make(&wq, Hd, Hin, MOEX_F32, 1, MOEX_F32);
+    lin_make(&wo, V, Hd, MOEX_F32, 0, MOEX_F32);
+    float inv[32];
+    MUST(moex_rope_inv_freq(d, 1000000.0, inv));
+    float *dinv = dup_to_dev(inv, sizeof inv), *dx = dmalloc(sizeof(float) * nseq * Hin),
+          *dc = dmalloc(sizeof(float) * nseq * d / 2), *ds = dmalloc(sizeof(float) * nseq * d / 2),
+          *dlog = dmalloc(sizeof(float) * nseq * V);
+    int64_t *dpos = dmalloc(sizeof(int64_t) * nseq), *dtok = dmalloc(sizeof(int64_t) * nseq);
+    // prefill both sides (uncaptured) so that decode has a context
+    moex_attn_seq pre[3] = {{0, 4, 0}, {1, 9, 0}, {2, 2, 0}};
+    rig_step(&r, 0, pre, 3, 0, "graph: prefill");
+    int64_t past[3] = {4, 9, 2};
+    void *exec = NULL;
+    for (int step = 0; step < 4; step++) {
+        // host inputs of this step
+        float x[3 * 48], kk[3 * 64], vv[3 * 64];
+        fill(x, nseq * Hin, -1, 1), fill(kk, nseq * d, -1, 1), fill(vv, nseq * d, -1, 1);
+        moex_attn_seq seqs[3];
+        int64_t pos[3];
+        for (int i = 0; i < 3; i++) seqs[i] = (moex_attn_seq){i, 1, past[i]}, pos[i] = past[i];
+        up(dx, x, sizeof x), up(r.dk, kk, sizeof kk), up(r.dv, vv, sizeof vv);
+        up(r.dseqs, seqs, sizeof seqs); /* the positions follow from the descriptors, on the device */
+        if (!exec) {
+            MUST(moex_cuda_graph_begin(g_gpu, g_stream));
+            moex_status st = moex_cuda_linear(&blas, &wq.gpu, dx, nseq, r.dq, NULL, g_stream);
+            if (!st) st = moex_cuda_positions(r.dseqs, nseq, nseq, dpos, g_stream);
+            if (!st) st = moex_cuda_rope_cos_sin(dinv, d, dpos, nseq, dc, ds, g_stream);
+            if (!st) st = moex_cuda_rope_apply(r.dq, nseq, heads, d, dc, ds, g_stream);
+            if (!st) st = moex_cuda_rope_apply(r.dk, nseq, KV, d, dc, ds, g_stream);
+            if (!st) st = moex_cuda_attention(&r.gpu, 0, r.dseqs, nseq, nseq, heads, r.dq, r.dk, r.dv, r.dout, g_flags,
+                                              g_stream);
+            if (!st) st = moex_cuda_linear(&blas, &wo.gpu, r.dout, nseq, dlog, NULL, g_stream);
+            if (!st) st = moex_cuda_argmax(dlog, nseq, V, dtok, g_stream);
+            void *e = NULL;
+            moex_status st2 = moex_cuda_graph_end(g_gpu, g_stream, &e);
+            if (st || st2) {
+                fail_at(__FILE__, __LINE__, "graph capture: %s", moex_last_error());
+                moex_cuda_graph_free(e);
+                break;
+            }
+            exec = e;
+        }
+        MUST(moex_cuda_graph_launch(g_gpu, exec, g_stream));
+        CHECK(sync_flags() == 0, "graph step %d: status word set", step);
+        // the CPU side
+        float q[3 * 320], cosv[3 * 32], sinv[3 * 32], att[3 * 320], logits[3 * 77];
+        MUST(moex_linear(&wq.cpu, x, nseq, q, 1));
+        MUST(moex_rope_cos_sin(inv, d, pos, nseq, cosv, sinv));
+        MUST(moex_rope_apply(q, nseq, heads, d, cosv, sinv));
+        MUST(moex_rope_apply(kk, nseq, KV, d, cosv, sinv));
+        MUST(moex_attention_forward_batch(r.cpu, 0, seqs, nseq, heads, q, kk, vv, att, 1));
+        MUST(moex_linear(&wo.cpu, att, nseq, logits, 1));
+        float glog[3 * 77];
+        int64_t gtok[3];
+        down(glog, dlog, sizeof glog), down(gtok, dtok, sizeof gtok);
+        char what[64];
+        snprintf(what, sizeof what, "graph decode step %d: logits", step);
+        close_f32(what, glog, logits, nseq * V, 1e-4, 1e-5 * max_abs(logits, nseq * V));
+        for (int i = 0; i < 3; i++) {
+            int64_t t = -1;
+            moex_sample_greedy(glog + i * V, V, &t); /* the device's argmax of the device's logits */
+            CHECK(gtok[i] == t, "graph decode step %d seq %d: token %lld, argmax of its logits %lld", step, i,
+                  (long long)gtok[i], (long long)t);
+        }
+        rig_check_lengths(&r, what);
+        for (int i = 0; i < 3; i++) past[i]++;
+    }
+    moex_cuda_graph_free(exec);
+    dfree(dinv), dfree(dx), dfree(dc), dfree(ds), dfree(dlog), dfree(dpos), dfree(dtok);
+    lin_free(&wq), lin_free(&wo);
+    rig_free(&r);
+    moex_cuda_blas_free(&blas);
+}
+
+/* ------------------------------------------------------------------------ */
+/* main                                                                      */
+/* ------------------------------------------------------------------------ */
+
+typedef struct test_entry {
+    const char *name;
+    void (*fn)(void);
+} test_entry;
+
+int main(int argc, char **argv) {
+    const char *q = getenv("MOEX_GPU_TEST_QUICK");
+    g_quick = q && *q && strcmp(q, "0") != 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) {
+            g_quick = 1;
+        } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+            char *end = NULL;
+            long v = strtol(argv[++i], &end, 10);
+            if (!end || *end || v < 0 || v > 1023) {
+                fprintf(stderr, "test_cuda_decoder: --device \"%s\" is not a GPU index\n", argv[i]);
+                return 2;
+            }
+            g_gpu = (int)v;
+        } else {
+            fprintf(stderr, "usage: test_cuda_decoder [--quick] [--device N]\n(\"%s\" not understood)\n", argv[i]);
+            return 2;
+        }
+    }
+    moex_device dev = {MOEX_DEVICE_CUDA, g_gpu};
+    moex_device_info info;
+    if (moex_device_query(dev, &info) != MOEX_OK) {
+        fprintf(stderr, "test_cuda_decoder: moex_device_query(cuda:%d): %s\n", g_gpu, moex_last_error());
+        return 1;
+    }
+    if (!info.available) {
+        printf("SKIP: cuda:%d is not usable: %s\n", g_gpu, info.reason);
+        return EXIT_SKIP;
+    }
+    if (cudaSetDevice(g_gpu) != cudaSuccess || cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaMalloc((void **)&g_flags, sizeof(int)) != cudaSuccess || cudaMemset(g_flags, 0, sizeof(int)) != cudaSuccess) {
+        fprintf(stderr, "test_cuda_decoder: setting up cuda:%d: %s\n", g_gpu, cudaGetErrorString(cudaGetLastError()));
+        return 1;
+    }
+    printf("test_cuda_decoder: moex %s on %s (compute capability %d.%d)%s\n", moex_version(), info.name, info.cc_major,
+           info.cc_minor, g_quick ? ", quick subset" : "");
+    fflush(stdout);
+    static const test_entry TESTS[] = {
+        {"embedding", test_embedding}, {"rmsnorm", test_rmsnorm},         {"rope", test_rope},
+        {"attention", test_attention}, {"routers", test_routers},         {"elementwise", test_elementwise},
+        {"argmax", test_argmax},       {"linear", test_linear},           {"graph_decode", test_graph_decode},
+    };
+    int failed_tests = 0, n = (int)(sizeof TESTS / sizeof TESTS[0]);
+    for (int i = 0; i < n; i++) {
+        int before = g_failures, checks = g_checks;
+        double t0 = now_s();
+        TESTS[i].fn();
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) fail_at(__FILE__, __LINE__, "%s: CUDA error after the test: %s", TESTS[i].name, cudaGetErrorString(e));
+        int f = g_failures - before;
+        printf("[%s] %-14s %6d checks, %d failed  (%.1f s)\n", f ? "FAIL" : " OK ", TESTS[i].name, g_checks - checks, f,
+               now_s() - t0);
+        fflush(stdout);
+        failed_tests += f != 0;
+    }
+    cudaFree(g_flags);
+    cudaStreamDestroy(g_stream);
+    printf("test_cuda_decoder: %d of %d tests passed, %d checks, %d failed\n", n - failed_tests, n, g_checks,
+           g_failures);
+    return g_failures ? 1 : 0;
+}
