@@ -683,7 +683,11 @@ static void read_cpu_model(const moex_device_info *cpu, char *buf, size_t size)
 {
     FILE *f = fopen("/proc/cpuinfo", "r");
     char line[256];
-    snprintf(buf, size, "%s", cpu->name);
+    size_t n = strnlen(cpu->name, sizeof cpu->name); /* a bounded copy: buf and cpu may share a struct */
+    if (n >= size)
+        n = size - 1;
+    memmove(buf, cpu->name, n);
+    buf[n] = '\0';
     while (f && fgets(line, sizeof line, f)) {
         char *colon = strchr(line, ':');
         if (strncmp(line, "model name", 10) == 0 && colon) {

@@ -35,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "gpu_args.h"
 #include "moex.h"
 #include "layouts.h"
 #include "reference.h"
@@ -987,24 +988,7 @@ typedef struct test_entry {
 } test_entry;
 
 int main(int argc, char **argv) {
-    const char *q = getenv("MOEX_GPU_TEST_QUICK");
-    g_quick = q && *q && strcmp(q, "0") != 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--quick") == 0) {
-            g_quick = 1;
-        } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
-            char *end = NULL;
-            long v = strtol(argv[++i], &end, 10);
-            if (!end || *end || v < 0 || v > 1023) {
-                fprintf(stderr, "test_cuda_backends: --device \"%s\" is not a GPU index\n", argv[i]);
-                return 2;
-            }
-            g_dev.index = (int)v;
-        } else {
-            fprintf(stderr, "usage: test_cuda_backends [--quick] [--device N]\n(\"%s\" not understood)\n", argv[i]);
-            return 2;
-        }
-    }
+    if (gpu_test_args("test_cuda_backends", argc, argv, &g_quick, &g_dev.index)) return 2;
     moex_device_info info;
     moex_status st = moex_device_query(g_dev, &info);
     if (st != MOEX_OK) {

@@ -41,6 +41,7 @@
 
 #include <cuda_runtime.h>
 
+#include "gpu_args.h"
 #include "moex.h"
 #include "cuda/cuda_api.h"
 #include "cuda/decoder_api.h"
@@ -1019,24 +1020,7 @@ typedef struct test_entry {
 } test_entry;
 
 int main(int argc, char **argv) {
-    const char *q = getenv("MOEX_GPU_TEST_QUICK");
-    g_quick = q && *q && strcmp(q, "0") != 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--quick") == 0) {
-            g_quick = 1;
-        } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
-            char *end = NULL;
-            long v = strtol(argv[++i], &end, 10);
-            if (!end || *end || v < 0 || v > 1023) {
-                fprintf(stderr, "test_cuda_decoder: --device \"%s\" is not a GPU index\n", argv[i]);
-                return 2;
-            }
-            g_gpu = (int)v;
-        } else {
-            fprintf(stderr, "usage: test_cuda_decoder [--quick] [--device N]\n(\"%s\" not understood)\n", argv[i]);
-            return 2;
-        }
-    }
+    if (gpu_test_args("test_cuda_decoder", argc, argv, &g_quick, &g_gpu)) return 2;
     moex_device dev = {MOEX_DEVICE_CUDA, g_gpu};
     moex_device_info info;
     if (moex_device_query(dev, &info) != MOEX_OK) {
