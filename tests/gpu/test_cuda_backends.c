@@ -35,7 +35,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "gpu_args.h"
+#include "gpu_harness.h"
 #include "moex.h"
 #include "layouts.h"
 #include "reference.h"
@@ -45,36 +45,9 @@
 /* ------------------------------------------------------------------------ */
 
 #define EXIT_SKIP 77
-#define PRINT_MAX 40
 
-static int g_failures;   /* checks failed in the whole run */
-static int g_checks;     /* checks made */
-static int g_quick;      /* --quick */
 static moex_device g_dev = {MOEX_DEVICE_CUDA, 0};
 static const moex_device HOST = {MOEX_DEVICE_CPU, 0};
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void fail_at(const char *file, int line, const char *fmt, ...) {
-    if (g_failures++ < PRINT_MAX) {
-        va_list ap;
-        va_start(ap, fmt);
-        fprintf(stderr, "FAIL (%s:%d): ", file, line);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
-        va_end(ap);
-    } else if (g_failures == PRINT_MAX + 1) {
-        fprintf(stderr, "(further failures not printed)\n");
-    }
-}
-
-/* A soft check: count it, report it, keep going. */
-#define CHECK(cond, ...)                                  \
-    do {                                                  \
-        g_checks++;                                       \
-        if (!(cond)) fail_at(__FILE__, __LINE__, __VA_ARGS__); \
-    } while (0)
 
 /* A failed setup step: report and return from the current function. */
 #define REQUIRE(cond, ret, ...)                           \

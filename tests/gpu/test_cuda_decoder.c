@@ -41,7 +41,7 @@
 
 #include <cuda_runtime.h>
 
-#include "gpu_args.h"
+#include "gpu_harness.h"
 #include "moex.h"
 #include "cuda/cuda_api.h"
 #include "cuda/decoder_api.h"
@@ -52,34 +52,10 @@
 /* ------------------------------------------------------------------------ */
 
 #define EXIT_SKIP 77
-#define PRINT_MAX 40
 
-static int g_failures, g_checks, g_quick;
 static int g_gpu;             /* device index */
 static cudaStream_t g_stream; /* non-blocking: every call of the suite runs on it */
 static int *g_flags;          /* the status word */
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void fail_at(const char *file, int line, const char *fmt, ...) {
-    if (g_failures++ < PRINT_MAX) {
-        va_list ap;
-        va_start(ap, fmt);
-        fprintf(stderr, "FAIL (%s:%d): ", file, line);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
-        va_end(ap);
-    } else if (g_failures == PRINT_MAX + 1) {
-        fprintf(stderr, "(further failures not printed)\n");
-    }
-}
-
-#define CHECK(cond, ...)                                       \
-    do {                                                       \
-        g_checks++;                                            \
-        if (!(cond)) fail_at(__FILE__, __LINE__, __VA_ARGS__); \
-    } while (0)
 
 /* A call that must succeed; on failure report and return from the test function. */
 #define MUST(call)                                                                                       \
