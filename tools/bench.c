@@ -969,6 +969,39 @@ static int check_backends_on_cpu(const bench_opts *o)
 static int resolve_cuda(const bench_opts *o, bench_state *st);
 #endif
 
+/* What both devices resolve the same way: the host CPU, threads, the layer's sizes (after
+ * --max-experts), the bytes and FLOPs per expert, the eager reference's position. */
+static int resolve_sizes(const bench_opts *o, bench_state *st)
+{
+    moex_status s = moex_device_query((moex_device){MOEX_DEVICE_CPU, 0}, &st->cpu);
+    if (s != MOEX_OK)
+        return moex_failed("moex_device_query(cpu)", s);
+    read_cpu_model(&st->cpu, st->cpu_model, sizeof st->cpu_model);
+    st->threads = o->threads ? o->threads : (st->cpu.cpu_cores > 0 ? st->cpu.cpu_cores : 1);
+    st->hidden = o->shape->hidden;
+    st->intermediate = o->shape->intermediate;
+    st->experts = o->shape->experts;
+    if (o->max_experts && o->max_experts < st->experts)
+        st->experts = o->max_experts;
+    st->top_k = o->shape->top_k < st->experts ? o->shape->top_k : st->experts;
+    st->esize = moex_dtype_size(o->dtype);
+    double H = (double)st->hidden, I = (double)st->intermediate;
+    st->bytes_per_expert = (3.0 * H * I + (o->shape->gptoss ? 2.0 * I + H : 0.0)) * st->esize;
+    if (o->quantized) { /* codes and scales; biases stay bf16 */
+        const int fp4 = o->qformat == MOEX_QUANT_FP4;
+        const double blocks = fp4 ? 3.0 * H * I / 32 : (ceil(2 * I / 128) * ceil(H / 128) + ceil(H / 128) * ceil(I / 128));
+        st->bytes_per_expert = 3.0 * H * I * (fp4 ? 0.5 : 1.0) + blocks * (o->qformat == MOEX_QUANT_FP8 ? 4.0 : 1.0) +
+                               (o->shape->gptoss ? 2.0 * I + H : 0.0) * st->esize;
+    }
+    st->flops_per_pair = 6.0 * H * I; /* every named shape is gated */
+    st->eager_index = -1;
+    for (int b = 0; b < o->nbackends; b++)
+        if (strcmp(o->backends[b], "eager") == 0)
+            st->eager_index = b;
+    st->gemm_gflops = st->read_gbps = st->other_share = NAN;
+    return 0;
+}
+
 static int resolve(const bench_opts *o, bench_state *st)
 {
     st->o = o;
@@ -995,35 +1028,12 @@ static int resolve(const bench_opts *o, bench_state *st)
     }
     if (check_backends_on_cpu(o))
         return EXIT_USAGE;
-    moex_status s = moex_device_query((moex_device){MOEX_DEVICE_CPU, 0}, &st->cpu);
-    if (s != MOEX_OK)
-        return moex_failed("moex_device_query(cpu)", s);
-    read_cpu_model(&st->cpu, st->cpu_model, sizeof st->cpu_model);
-    st->threads = o->threads ? o->threads : (st->cpu.cpu_cores > 0 ? st->cpu.cpu_cores : 1);
-    st->hidden = o->shape->hidden;
-    st->intermediate = o->shape->intermediate;
-    st->experts = o->shape->experts;
-    if (o->max_experts && o->max_experts < st->experts)
-        st->experts = o->max_experts;
-    st->top_k = o->shape->top_k < st->experts ? o->shape->top_k : st->experts;
-    st->esize = moex_dtype_size(o->dtype);
-    double H = (double)st->hidden, I = (double)st->intermediate;
-    st->bytes_per_expert = (3.0 * H * I + (o->shape->gptoss ? 2.0 * I + H : 0.0)) * st->esize;
-    if (o->quantized) { /* codes and scales; biases stay bf16 */
-        const int fp4 = o->qformat == MOEX_QUANT_FP4;
-        const double blocks = fp4 ? 3.0 * H * I / 32 : (ceil(2 * I / 128) * ceil(H / 128) + ceil(H / 128) * ceil(I / 128));
-        st->bytes_per_expert = 3.0 * H * I * (fp4 ? 0.5 : 1.0) + blocks * (o->qformat == MOEX_QUANT_FP8 ? 4.0 : 1.0) +
-                               (o->shape->gptoss ? 2.0 * I + H : 0.0) * st->esize;
-    }
-    st->flops_per_pair = 6.0 * H * I; /* every named shape is gated */
-    st->eager_index = -1;
-    for (int b = 0; b < o->nbackends; b++)
-        if (strcmp(o->backends[b], "eager") == 0)
-            st->eager_index = b;
+    int rc = resolve_sizes(o, st);
+    if (rc)
+        return rc;
     size_t llc = largest_cache_bytes();
     size_t flush_bytes = 2 * llc > ((size_t)64 << 20) ? 2 * llc : ((size_t)64 << 20);
     st->flush_n = flush_bytes / sizeof(float);
-    st->gemm_gflops = st->read_gbps = st->other_share = NAN;
     return check_memory(st);
 }
 
@@ -1766,29 +1776,12 @@ static int resolve_cuda(const bench_opts *o, bench_state *st)
     char err[256];
     if (check_backends_on_cuda(o))
         return EXIT_USAGE;
-    moex_status s = moex_device_query((moex_device){MOEX_DEVICE_CPU, 0}, &st->cpu);
-    if (s != MOEX_OK)
-        return moex_failed("moex_device_query(cpu)", s);
-    read_cpu_model(&st->cpu, st->cpu_model, sizeof st->cpu_model);
+    int rc = resolve_sizes(o, st);
+    if (rc)
+        return rc;
     st->cuda = 1;
     st->ngraph = o->graph == GRAPH_BOTH ? 2 : 1;
     st->graph_first = o->graph == GRAPH_ON ? 1 : 0;
-    st->threads = o->threads ? o->threads : (st->cpu.cpu_cores > 0 ? st->cpu.cpu_cores : 1);
-    st->hidden = o->shape->hidden;
-    st->intermediate = o->shape->intermediate;
-    st->experts = o->shape->experts;
-    if (o->max_experts && o->max_experts < st->experts)
-        st->experts = o->max_experts;
-    st->top_k = o->shape->top_k < st->experts ? o->shape->top_k : st->experts;
-    st->esize = moex_dtype_size(o->dtype);
-    double H = (double)st->hidden, I = (double)st->intermediate;
-    st->bytes_per_expert = (3.0 * H * I + (o->shape->gptoss ? 2.0 * I + H : 0.0)) * st->esize;
-    st->flops_per_pair = 6.0 * H * I;
-    st->eager_index = -1;
-    for (int b = 0; b < o->nbackends; b++)
-        if (strcmp(o->backends[b], "eager") == 0)
-            st->eager_index = b;
-    st->gemm_gflops = st->read_gbps = st->other_share = NAN;
 
     /* host: the inputs of every run of the largest T, one upload chunk */
     int64_t Tmax = o->tokens[o->ntokens - 1];
@@ -1804,7 +1797,7 @@ static int resolve_cuda(const bench_opts *o, bench_state *st)
     double free_b = 0.0, total_b = 0.0;
     if (bench_cuda_memory(o->device.index, &free_b, &total_b, err, sizeof err) != 0)
         return cuda_tool_failed(err);
-    double th = (double)Tmax * H * st->esize, tk = (double)Tmax * st->top_k;
+    double th = (double)Tmax * st->hidden * st->esize, tk = (double)Tmax * st->top_k;
     double runs = o->runs + WARMUP_RUNS;
     double gpu_need = st->experts * st->bytes_per_expert + runs * (th + tk * (4.0 + st->esize)) +
                       (nvariants(st) + 2) * th + tk * (4.0 + st->esize) + (double)(512u << 20);
