@@ -14,7 +14,8 @@ GPU machine with torch and transformers (5.x) installed.
    transformers' (same checkpoint, same prompt, `--dtype f32`).
 3. bf16: a 512-token prompt and 128 new tokens. Prefill and decode tokens/s of
    transformers' generate and of moex generate (without and with
-   --cuda-graph).
+   --cuda-graph), each after one untimed warm-up generation in the same
+   process; moex's GPU memory (weights, KV cache, workspace).
 
 Writes OUT_DIR/compare.json with every number printed. Exit status 0 when the
 f32 tokens agree up to the first step whose top-2 gap is below 1e-3.
@@ -176,14 +177,20 @@ def main():
     tf_pre, tf_dec = tf_timing(model, prompt512, BF16_NEW)
     del model
     torch.cuda.empty_cache()
-    moex_run(moex, ckpt, prompt512, 2, "bf16", a.device)  # warm-up (page cache)
-    mx = moex_rates(moex_run(moex, ckpt, prompt512, BF16_NEW, "bf16", a.device))
-    mxg = moex_rates(moex_run(moex, ckpt, prompt512, BF16_NEW, "bf16", a.device, ["--cuda-graph"]))
+    # one untimed generation first in the same process (--warmup 1), as transformers gets above
+    text = moex_run(moex, ckpt, prompt512, BF16_NEW, "bf16", a.device, ["--warmup", "1"])
+    mx = moex_rates(text)
+    mxg = moex_rates(moex_run(moex, ckpt, prompt512, BF16_NEW, "bf16", a.device, ["--cuda-graph", "--warmup", "1"]))
+    memory = next((l for l in text.splitlines() if l.startswith("gpu memory:")), "gpu memory: not reported")
     print("bf16 %d-token prompt + %d new tokens (tokens/s):" % (BF16_PROMPT, BF16_NEW))
     print("  %-26s prefill %10.1f  decode %8.1f" % ("transformers", tf_pre, tf_dec))
     print("  %-26s prefill %10.1f  decode %8.1f" % ("moex", mx.get("prefill", 0), mx.get("decode", 0)))
     print("  %-26s prefill %10.1f  decode %8.1f" % ("moex --cuda-graph", mxg.get("prefill", 0), mxg.get("decode", 0)))
-    report["bf16"] = dict(transformers=dict(prefill=tf_pre, decode=tf_dec), moex=mx, moex_graph=mxg)
+    print("  moex %s" % memory)
+    print("  ratios moex/transformers: prefill %.2fx, decode %.2fx (with --cuda-graph: %.2fx, %.2fx)" %
+          (mx.get("prefill", 0) / tf_pre, mx.get("decode", 0) / tf_dec, mxg.get("prefill", 0) / tf_pre,
+           mxg.get("decode", 0) / tf_dec))
+    report["bf16"] = dict(transformers=dict(prefill=tf_pre, decode=tf_dec), moex=mx, moex_graph=mxg, moex_memory=memory)
     with open(os.path.join(a.out, "compare.json"), "w") as f:
         json.dump(report, f, indent=1)
     sys.exit(0 if agree >= first_small else 1)

@@ -12,7 +12,7 @@ static void usage(FILE *f) {
             "  generate   MODEL_DIR --prompt-ids 1,2,3 [--prompt-ids ...] --max-new-tokens N\n"
             "             [--experts NAME|JSON] [--device cpu|cuda] [--dtype f32|bf16] [--temperature T]\n"
             "             [--top-k K] [--top-p P] [--seed S] [--threads N] [--ignore-eos]\n"
-            "             [--no-decode-switch] [--cuda-graph] [--json] [--logits] [--quantize fp8|fp8-ue8m0|fp4]\n"
+            "             [--no-decode-switch] [--cuda-graph] [--warmup N] [--json] [--logits] [--quantize fp8|fp8-ue8m0|fp4]\n"
             "             [--dequantize]\n"
             "  info       MODEL_DIR [--experts NAME|JSON] [--device cpu|cuda]: the model and the backends that can run it\n"
             "  demo       [MODEL_DIR]: generate with the bundled tiny model through every backend available here\n"

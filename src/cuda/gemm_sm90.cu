@@ -26,7 +26,7 @@
 
 namespace {
 
-constexpr int BM = GEMM_TILE_ROWS, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2, CLUSTER = 2;
+constexpr int BM = GEMM_TILE_ROWS, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2, CLUSTER = GEMM_CLUSTER;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
 constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
@@ -157,8 +157,8 @@ struct tile {
     int rows; /* valid rows of A in this tile */
 };
 
-/* Cluster tile t of the list: experts in order, row-tile pairs fastest within an expert;
- * this CTA (rank) takes row tile 2q + rank of the pair. rows <= 0: nothing to store. */
+/* Cluster tile t of the list: experts in order, groups of CLUSTER row tiles fastest within an
+ * expert; this CTA (rank) takes row tile CLUSTER*q + rank of the group. rows <= 0: nothing to store. */
 __device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t, uint32_t rank) {
     const int base = p.mtile_off[p.e_begin];
     int64_t lo = p.e_begin, hi = p.e_end - 1; /* last e with (mtile_off[e] - base) * n_tiles <= t */
@@ -173,7 +173,7 @@ __device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t, uint3
     r.e = lo;
     const int64_t local = t - (int64_t)(p.mtile_off[lo] - base) * p.n_tiles;
     const int64_t pairs = p.mtile_off[lo + 1] - p.mtile_off[lo];
-    const int64_t m = 2 * (local % pairs) + rank;
+    const int64_t m = CLUSTER * (local % pairs) + rank;
     r.n = local / pairs;
     r.a_row = p.offsets[lo] + m * BM;
     const int64_t left = p.offsets[lo + 1] - r.a_row;
@@ -181,11 +181,11 @@ __device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t, uint3
     return r;
 }
 
-/* A consumer warpgroup is done with a stage: tell both CTAs' producers (each multicasts
- * into both). */
+/* A consumer warpgroup is done with a stage: tell every CTA's producer of the cluster (each
+ * multicasts into all of them). */
 __device__ __forceinline__ void release_stage(uint64_t *empty) {
-    mbar_arrive_cta(empty, 0);
-    mbar_arrive_cta(empty, 1);
+#pragma unroll
+    for (int c = 0; c < CLUSTER; c++) mbar_arrive_cta(empty, c);
 }
 
 /* ---- the kernel ------------------------------------------------------------------- */
@@ -213,7 +213,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int64_t first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
 
     if (wg == 0) { /* producer: thread 0 issues the TMA copies; in gather mode all 128 threads copy A rows */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+        /* registers per thread: producer 104, consumers 200; 128*104 + 256*200 = 384*168, the pool of
+         * a block compiled for 168 (asking for more makes setmaxnreg.inc wait forever). ptxas fits
+         * each role into its count: with 200 and 104 neither spills (88 for the gather copies did) */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 104;");
         const bool gather = p.a_rows_of != nullptr;
         if (gather || tid == 0) {
             int stage = 0, phase = 0;
@@ -221,15 +224,12 @@ __global__ void __launch_bounds__(THREADS, 1)
             for (int64_t t = first; t < total; t += step) {
                 const tile tl = find_tile(p, t, rank);
                 const int64_t b_row = tl.e * p.rows_per_expert;
-                /* this CTA's half of the 256 weight rows: gate or up (concatenated), else rows rank*128.. */
-                const int64_t b_half = EPI == EPI_GATE_UP_CONCAT ? b_row + rank * p.up_offset + tl.n * (BN / 2)
-                                                                : b_row + tl.n * BN + rank * (BN / 2);
-                const char *src[8];
+                int src[8]; /* gather: the source row of each of this thread's 8 rows, or -1 */
                 if (gather)
 #pragma unroll
                     for (int i = 0; i < 8; i++) {
                         const int r = tid / 8 + 16 * i;
-                        src[i] = r < tl.rows ? (const char *)p.a + (int64_t)p.a_rows_of[tl.a_row + r] * p.a_ld * 2 : nullptr;
+                        src[i] = r < tl.rows ? p.a_rows_of[tl.a_row + r] : -1;
                     }
                 for (int kb = 0; kb < k_blocks; kb++) {
                     mbar_wait(&empty[stage], phase ^ 1);
@@ -237,15 +237,26 @@ __global__ void __launch_bounds__(THREADS, 1)
                     if (tid == 0) {
                         mbar_expect_tx(&full[stage], gather ? B_BYTES : STAGE_BYTES);
                         if (!gather) tma_load(a, &map_a, &full[stage], kb * BK, (int)tl.a_row);
-                        tma_load_multicast(b + rank * (B_BYTES / 2), &map_b, &full[stage], kb * BK, (int)b_half, 0x3);
+                        /* the halves of the 256 weight rows this CTA loads (for the whole cluster): gate
+                         * or up (concatenated), else rows h*128.. */
+                        for (int h = (int)rank; h < 2; h += CLUSTER) {
+                            const int64_t b_half = EPI == EPI_GATE_UP_CONCAT ? b_row + h * p.up_offset + tl.n * (BN / 2)
+                                                                            : b_row + tl.n * BN + h * (BN / 2);
+                            if (CLUSTER > 1)
+                                tma_load_multicast(b + h * (B_BYTES / 2), &map_b, &full[stage], kb * BK, (int)b_half,
+                                                   (uint16_t)((1u << CLUSTER) - 1));
+                            else
+                                tma_load(b + h * (B_BYTES / 2), &map_b, &full[stage], kb * BK, (int)b_half);
+                        }
                     }
                     if (gather) {
                         const int64_t col = (int64_t)kb * BK + chunk * 8;
 #pragma unroll
                         for (int i = 0; i < 8; i++) {
                             const int r = tid / 8 + 16 * i; /* 128-byte swizzle: chunk ^ (row % 8) */
-                            const bool in = src[i] && col < p.K;
-                            cp_async16(a + r * 128 + ((chunk ^ (r & 7)) * 16), in ? src[i] + col * 2 : p.a, in ? 16 : 0);
+                            const bool in = src[i] >= 0 && col < p.K;
+                            const char *from = (const char *)p.a + ((int64_t)(in ? src[i] : 0) * p.a_ld + (in ? col : 0)) * 2;
+                            cp_async16(a + r * 128 + ((chunk ^ (r & 7)) * 16), from, in ? 16 : 0);
                         }
                         cp_async_arrive(&full[stage]);
                     }
@@ -259,7 +270,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
 
     /* consumers: warpgroup wg computes rows (wg-1)*64 .. +64 of each tile */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 200;");
     const int warp = tid / 32, lane = tid % 32;
     int stage = 0, phase = 0;
     float d[128];

@@ -12,7 +12,13 @@
  * 2q and 2q+1 of one expert and share the weight tile (TMA multicast). The routing counts
  * tiles of GEMM_ROUTE_ROWS rows (routing_build's tile_rows). */
 #define GEMM_TILE_ROWS 128
-#define GEMM_ROUTE_ROWS (2 * GEMM_TILE_ROWS)
+#ifndef GEMM_CLUSTER
+#define GEMM_CLUSTER 2 /* CTAs per cluster: 1 or 2 */
+#endif
+#define GEMM_ROUTE_ROWS (GEMM_CLUSTER * GEMM_TILE_ROWS)
+#ifndef GEMM_DIRECT_A
+#define GEMM_DIRECT_A 1 /* 1: the gate/up GEMM copies hidden rows by index (no gathered copy) where it can */
+#endif
 
 typedef enum gemm_epilogue {
     EPI_DOWN = 0,               /* c = acc + down bias */

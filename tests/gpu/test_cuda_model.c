@@ -8,7 +8,9 @@
  *     1e-4 (absolute, plus 1e-4 relative);
  *   - CUDA with the decode step captured in a CUDA graph: the same tokens as
  *     without;
- *   - bf16 on CUDA: last-prompt logits within 5e-2 of the CPU's f32 ones;
+ *   - bf16 on CUDA: last-prompt logits within 5e-2 of the CPU's f32 ones, per prompt;
+ *     where bf16 on the CPU is itself further than that (a routing near-tie
+ *     that bf16 rounding flips), within 5e-2 of the CPU's bf16 ones instead;
  *   - GPU memory reported by moex_model_get_info (weights, KV cache, workspace);
  *   - the decode-step switch (SPEC R3): a decode step made to fail through the
  *     model's test hook leaves the experts map as it was before the call (with
@@ -109,15 +111,45 @@ static int same_tokens(const run_out *a, const run_out *b) {
     return 1;
 }
 
-// Largest |a - b| - rtol * |b| over both prompts' logits (<= atol passes).
+// Largest |a - b| - rtol * |b| over prompt i's logits (<= atol passes).
+static double prompt_excess(const run_out *a, const run_out *ref, int i, double rtol) {
+    double worst = 0;
+    for (int64_t v = 0; v < ref->V; v++) {
+        double d = fabs((double)a->logits[i][v] - (double)ref->logits[i][v]) - rtol * fabs((double)ref->logits[i][v]);
+        if (!(d <= worst)) worst = d; /* NaN counts as worst */
+    }
+    return worst;
+}
+
+// The same over both prompts.
 static double logits_excess(const run_out *a, const run_out *ref, double rtol) {
     double worst = 0;
-    for (int i = 0; i < NPROMPT; i++)
-        for (int64_t v = 0; v < ref->V; v++) {
-            double d = fabs((double)a->logits[i][v] - (double)ref->logits[i][v]) - rtol * fabs((double)ref->logits[i][v]);
-            if (!(d <= worst)) worst = d; /* NaN counts as worst */
-        }
+    for (int i = 0; i < NPROMPT; i++) {
+        double d = prompt_excess(a, ref, i, rtol);
+        if (!(d <= worst)) worst = d;
+    }
     return worst;
+}
+
+// bf16 on cuda against f32 on the cpu, within 5e-2 per prompt. Where bf16 on the cpu is itself
+// further than that from f32 (a router score within bf16's rounding of a tie picks another expert:
+// the fixture's property, not the device's), cuda's bf16 must instead be within 5e-2 of the cpu's.
+static void check_bf16(const char *name, const run_out *b, const run_out *ref, const run_out *cpu_bf) {
+    char what[300];
+    for (int i = 0; i < NPROMPT; i++) {
+        double ex = prompt_excess(b, ref, i, 0), cpu_ex = cpu_bf->ok ? prompt_excess(cpu_bf, ref, i, 0) : 0;
+        if (ex <= 5e-2 || !(cpu_ex > 5e-2)) {
+            snprintf(what, sizeof what, "prompt %d: bf16 last-prompt logits within 5e-2 of the cpu's f32 ones (largest diff %.3g)",
+                     i, ex);
+            check(ex <= 5e-2, name, what);
+            continue;
+        }
+        double to_cpu = prompt_excess(b, cpu_bf, i, 0);
+        printf("  note %s prompt %d: bf16 is %.3g from f32 on the cpu too (a near-tie in routing); cuda bf16 is %.3g from cpu bf16\n",
+               name, i, cpu_ex, to_cpu);
+        snprintf(what, sizeof what, "prompt %d: bf16 logits within 5e-2 of the cpu's bf16 ones (largest diff %.3g)", i, to_cpu);
+        check(to_cpu <= 5e-2, name, what);
+    }
 }
 
 // The decode switch restores the map when a decode step fails (the test hook fails decode step 2).
@@ -171,14 +203,14 @@ static void test_fixture(const char *name) {
     if (ref.ok && !g_quick) {
         moex_model *bf = load(dir, MOEX_DEVICE_CUDA, MOEX_BF16);
         check(bf != NULL, name, "loads on cuda in bf16");
-        run_out b = bf ? generate(bf, 0) : (run_out){0};
-        if (b.ok) {
-            double ex = logits_excess(&b, &ref, 0);
-            snprintf(what, sizeof what, "bf16 last-prompt logits within 5e-2 of the cpu's f32 ones (largest diff %.3g)", ex);
-            check(ex <= 5e-2, name, what);
-        }
+        moex_model *cpu_bf = load(dir, MOEX_DEVICE_CPU, MOEX_BF16);
+        run_out b = bf ? generate(bf, 0) : (run_out){0}, cb = cpu_bf ? generate(cpu_bf, 0) : (run_out){0};
+        check(b.ok && cb.ok, name, "generates in bf16 on cuda and on the cpu");
+        if (b.ok) check_bf16(name, &b, &ref, &cb);
         run_free(&b);
+        run_free(&cb);
         moex_model_free(bf);
+        moex_model_free(cpu_bf);
     }
     run_free(&ref);
     run_free(&dev);
