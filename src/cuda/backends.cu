@@ -28,7 +28,7 @@ static const int64_t TC_MIN_ROWS = 16;
 typedef struct cuda_state {
     layer_view L;
     void *ptrs;        /* device: per-expert pointer arrays (gate | up | down), or NULL */
-    int device, num_sms, gemm_blocks;
+    int device, num_sms;
     int tc;            /* the tensor-core path can run this layer */
     gemm_epilogue epi; /* its gate/up epilogue */
 } cuda_state;
@@ -159,8 +159,7 @@ extern "C" moex_status moex_cuda_prepare(moex_cuda_kind kind, moex_context *ctx,
     char why[160];
     s->tc = kind != MOEX_CUDA_BATCHED_MM && tc_layout(d, why, sizeof why);
     s->epi = !d->gated ? EPI_UP_ONLY : d->interleaved ? EPI_GATE_UP_INTERLEAVED : EPI_GATE_UP_CONCAT;
-    if (s->tc && !(st = grouped_gemm_init())) st = grouped_gemm_grid(dev, &s->gemm_blocks);
-    if (s->tc && st) {
+    if (s->tc && (st = grouped_gemm_init())) {
         moex_cuda_free(dev, s->ptrs);
         free(s);
         return st;
@@ -247,7 +246,7 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     char *ws = (char *)a->workspace;
     routing_dev r = routing_carve(ws, f->E, f->P);
     ws += align256(routing_bytes(f->E, f->P));
-    moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E, GEMM_ROUTE_ROWS,
+    moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E, GEMM_TILE_ROWS,
                                    a->ctx->device_flags, f->stream);
     if (st) return st;
     const int tc = s->tc && f->P >= TC_MIN_ROWS * f->E;
@@ -255,30 +254,25 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     if (tc) {
         const size_t es = esize(L.wdt);
         void *xa = ws, *hb = ws + align256((size_t)f->P * L.H * es), *y = (char *)hb + align256((size_t)f->P * L.I * es);
-        /* hidden rows in the weights' dtype with 16-byte aligned rows: the GEMM copies them by index
-         * (no gathered copy); otherwise gather (and convert) them first */
-        const int64_t ld = a->hidden->strides[0];
-        const int direct = GEMM_DIRECT_A && a->hidden->dtype == L.wdt && ((uintptr_t)a->hidden->data & 15) == 0 && (ld * (int64_t)es) % 16 == 0;
-        if (!direct && (st = routing_gather(r, f->E, f->P, a->hidden->data, a->hidden->dtype, ld, xa, L.wdt, L.H,
-                                            f->stream)))
+        if ((st = routing_gather(r, f->E, f->P, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], xa, L.wdt,
+                                 L.H, f->stream)))
             return st;
         const moex_experts_desc *d = a->layer;
         grouped_gemm_args g1, g2;
         memset(&g1, 0, sizeof g1);
-        g1.a = direct ? a->hidden->data : xa, g1.a_rows = f->P, g1.b = d->gate_up.data;
-        g1.a_rows_of = direct ? r.slot_token : NULL, g1.a_ld = ld;
+        g1.a = xa, g1.a_rows = f->P, g1.b = d->gate_up.data;
         g1.rows_per_expert = d->gated ? 2 * L.I : L.I, g1.up_offset = L.I;
         g1.K = L.H, g1.N = L.I, g1.c = hb;
         g1.offsets = r.offsets, g1.mtile_off = r.mtile_off;
         g1.epi = s->epi, g1.L = L, g1.dt = L.wdt;
         g2 = g1;
-        g2.a = hb, g2.a_rows_of = NULL, g2.b = d->down.data, g2.rows_per_expert = L.H, g2.up_offset = 0;
+        g2.a = hb, g2.b = d->down.data, g2.rows_per_expert = L.H, g2.up_offset = 0;
         g2.K = L.I, g2.N = L.H, g2.c = y, g2.epi = EPI_DOWN;
         for (int i = 0; i < launches; i++) {
             g1.e_begin = g2.e_begin = per_expert ? i : 0;
             g1.e_end = g2.e_end = per_expert ? i + 1 : f->E;
-            if ((st = grouped_gemm_run(&g1, s->gemm_blocks, f->stream))) return st;
-            if ((st = grouped_gemm_run(&g2, s->gemm_blocks, f->stream))) return st;
+            if ((st = grouped_gemm_run(&g1, s->num_sms, f->stream))) return st;
+            if ((st = grouped_gemm_run(&g2, s->num_sms, f->stream))) return st;
         }
         return routing_reduce(r.pair_slot, y, L.wdt, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0],
                               f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);

@@ -122,7 +122,8 @@ __device__ __forceinline__ float warp_sum_float(float v) {
 __device__ __forceinline__ void chunk_scores(const float *qs, const float *keys, int64_t d, float scale, int64_t c0,
                                              int64_t n, float *sc) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int64_t j = warp; j < n; j += warps) {
+#pragma unroll 4
+    for (int64_t j = warp; j < n; j += warps) { /* unrolled: several rows in flight */
         const float *kj = keys + (c0 + j) * d;
         float part = 0.0f;
         for (int64_t i = lane; i < d; i += 32) part += qs[i] * kj[i];
@@ -217,6 +218,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
                     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sc[j] = expf(sc[j] - m);
                 }
                 __syncthreads();
+#pragma unroll 4
                 for (int64_t j = warp; j < n; j += warps) {
                     const float p = sc[j] * inv;
                     const float *vj = vals + (c0 + j) * d + f0;

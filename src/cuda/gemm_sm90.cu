@@ -4,14 +4,10 @@
  *
  * Tile: 128 rows of A (two consumer warpgroups of 64 rows) x 256 columns of
  * B (the gate/up epilogues take 128 gate and 128 up columns), k-blocks of 64.
- * Clusters of two CTAs take row tiles 2q and 2q+1 of one expert with the same
- * columns: each CTA loads its own A tile and half of the B tile, multicast to
- * both, so the weights cross L2 once per cluster. One producer warp issues the
- * copies; a ring of STAGES buffers with a full and an empty mbarrier each (a
- * stage is free once the consumers of both CTAs are done with it). The grid is
- * persistent: cluster c takes cluster tiles c, c + clusters, ...; the tile list
- * (expert, row-tile pair, column tile) is derived on the device from the
- * routing offsets, so nothing waits for the host.
+ * One producer warp issues the copies; a ring of STAGES buffers with a full
+ * and an empty mbarrier each. The grid is persistent: block b takes tiles
+ * b, b + grid, ...; the tile list (expert, row tile, column tile) is derived
+ * on the device from the routing offsets, so nothing waits for the host.
  *
  *   A [rows, K] row-major; B [E*R, K] row-major (weights as stored: out x in);
  *   C [rows, N] row-major.
@@ -26,16 +22,13 @@
 
 namespace {
 
-constexpr int BM = GEMM_TILE_ROWS, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2, CLUSTER = GEMM_CLUSTER;
+constexpr int BM = GEMM_TILE_ROWS, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
 constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
 
 struct gemm_params {
     int64_t K, N, rows_per_expert, up_offset, n_tiles, e_begin, e_end;
-    const void *a;        /* gather mode: the source rows */
-    int64_t a_ld;
-    const int *a_rows_of; /* gather mode when not NULL: source row of each slot */
     const int *offsets, *mtile_off;
     void *c;
     gemm_epilogue epi;
@@ -54,6 +47,10 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
 
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity) {
     uint32_t done = 0, addr = smem_addr(bar);
     while (!done)
@@ -69,42 +66,6 @@ __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, uint
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                  ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(col), "r"(row), "r"(smem_addr(bar))
                  : "memory");
-}
-
-/* The same copy delivered to every CTA of the cluster in mask (same shared offsets). */
-__device__ __forceinline__ void tma_load_multicast(void *dst, const CUtensorMap *map, uint64_t *bar, int col, int row,
-                                                   uint16_t mask) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-                 " [%0], [%1, {%2, %3}], [%4], %5;"
-                 ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(col), "r"(row), "r"(smem_addr(bar)), "h"(mask)
-                 : "memory");
-}
-
-/* 16 bytes (or zeros when bytes == 0) from global src into shared dst, asynchronously. */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes) : "memory");
-}
-
-/* Arrive on bar once this thread's cp.async copies so far have landed (counts as one arrival). */
-__device__ __forceinline__ void cp_async_arrive(uint64_t *bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\n barrier.cluster.wait.acquire;" ::: "memory");
-}
-
-/* Arrive on the barrier at the same shared offset in CTA `cta` of the cluster. */
-__device__ __forceinline__ void mbar_arrive_cta(uint64_t *bar, uint32_t cta) {
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(cta));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 
 /* Matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart. */
@@ -157,9 +118,8 @@ struct tile {
     int rows; /* valid rows of A in this tile */
 };
 
-/* Cluster tile t of the list: experts in order, groups of CLUSTER row tiles fastest within an
- * expert; this CTA (rank) takes row tile CLUSTER*q + rank of the group. rows <= 0: nothing to store. */
-__device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t, uint32_t rank) {
+/* Tile t of the list: experts in order, row tiles fastest within an expert. */
+__device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t) {
     const int base = p.mtile_off[p.e_begin];
     int64_t lo = p.e_begin, hi = p.e_end - 1; /* last e with (mtile_off[e] - base) * n_tiles <= t */
     while (lo < hi) {
@@ -169,23 +129,18 @@ __device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t, uint3
         else
             hi = mid - 1;
     }
+    /* skip experts without tiles that share the same start */
+    while (lo + 1 < p.e_end && p.mtile_off[lo + 1] == p.mtile_off[lo]) lo++;
     tile r;
     r.e = lo;
     const int64_t local = t - (int64_t)(p.mtile_off[lo] - base) * p.n_tiles;
-    const int64_t pairs = p.mtile_off[lo + 1] - p.mtile_off[lo];
-    const int64_t m = CLUSTER * (local % pairs) + rank;
-    r.n = local / pairs;
+    const int64_t mt = p.mtile_off[lo + 1] - p.mtile_off[lo];
+    const int64_t m = local % mt;
+    r.n = local / mt;
     r.a_row = p.offsets[lo] + m * BM;
     const int64_t left = p.offsets[lo + 1] - r.a_row;
-    r.rows = (int)(left < BM ? left : BM); /* may be <= 0 for the second tile of an odd expert */
+    r.rows = (int)(left < BM ? left : BM);
     return r;
-}
-
-/* A consumer warpgroup is done with a stage: tell every CTA's producer of the cluster (each
- * multicasts into all of them). */
-__device__ __forceinline__ void release_stage(uint64_t *empty) {
-#pragma unroll
-    for (int c = 0; c < CLUSTER; c++) mbar_arrive_cta(empty, c);
 }
 
 /* ---- the kernel ------------------------------------------------------------------- */
@@ -198,90 +153,53 @@ __global__ void __launch_bounds__(THREADS, 1)
     unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint64_t *full = (uint64_t *)(smem + STAGES * STAGE_BYTES), *empty = full + STAGES;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    const uint32_t rank = cluster_rank();
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
-            mbar_init(&full[s], p.a_rows_of ? 1 + 128 : 1); /* gather: every producer thread arrives too */
-            mbar_init(&empty[s], CONSUMERS * CLUSTER);
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], CONSUMERS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    cluster_sync(); /* the peer's barriers exist before anything is multicast to it */
     const int64_t total = (int64_t)(p.mtile_off[p.e_end] - p.mtile_off[p.e_begin]) * p.n_tiles;
     const int k_blocks = (int)((p.K + BK - 1) / BK);
-    const int64_t first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
 
-    if (wg == 0) { /* producer: thread 0 issues the TMA copies; in gather mode all 128 threads copy A rows */
-        /* registers per thread: producer 104, consumers 200; 128*104 + 256*200 = 384*168, the pool of
-         * a block compiled for 168 (asking for more makes setmaxnreg.inc wait forever). ptxas fits
-         * each role into its count: with 200 and 104 neither spills (88 for the gather copies did) */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 104;");
-        const bool gather = p.a_rows_of != nullptr;
-        if (gather || tid == 0) {
-            int stage = 0, phase = 0;
-            const int chunk = tid % 8; /* 16-byte chunk of a 128-byte row slice; rows tid/8 + 16i */
-            for (int64_t t = first; t < total; t += step) {
-                const tile tl = find_tile(p, t, rank);
-                const int64_t b_row = tl.e * p.rows_per_expert;
-                int src[8]; /* gather: the source row of each of this thread's 8 rows, or -1 */
-                if (gather)
-#pragma unroll
-                    for (int i = 0; i < 8; i++) {
-                        const int r = tid / 8 + 16 * i;
-                        src[i] = r < tl.rows ? p.a_rows_of[tl.a_row + r] : -1;
-                    }
-                for (int kb = 0; kb < k_blocks; kb++) {
-                    mbar_wait(&empty[stage], phase ^ 1);
-                    unsigned char *a = smem + stage * STAGE_BYTES, *b = a + A_BYTES;
-                    if (tid == 0) {
-                        mbar_expect_tx(&full[stage], gather ? B_BYTES : STAGE_BYTES);
-                        if (!gather) tma_load(a, &map_a, &full[stage], kb * BK, (int)tl.a_row);
-                        /* the halves of the 256 weight rows this CTA loads (for the whole cluster): gate
-                         * or up (concatenated), else rows h*128.. */
-                        for (int h = (int)rank; h < 2; h += CLUSTER) {
-                            const int64_t b_half = EPI == EPI_GATE_UP_CONCAT ? b_row + h * p.up_offset + tl.n * (BN / 2)
-                                                                            : b_row + tl.n * BN + h * (BN / 2);
-                            if (CLUSTER > 1)
-                                tma_load_multicast(b + h * (B_BYTES / 2), &map_b, &full[stage], kb * BK, (int)b_half,
-                                                   (uint16_t)((1u << CLUSTER) - 1));
-                            else
-                                tma_load(b + h * (B_BYTES / 2), &map_b, &full[stage], kb * BK, (int)b_half);
-                        }
-                    }
-                    if (gather) {
-                        const int64_t col = (int64_t)kb * BK + chunk * 8;
-#pragma unroll
-                        for (int i = 0; i < 8; i++) {
-                            const int r = tid / 8 + 16 * i; /* 128-byte swizzle: chunk ^ (row % 8) */
-                            const bool in = src[i] >= 0 && col < p.K;
-                            const char *from = (const char *)p.a + ((int64_t)(in ? src[i] : 0) * p.a_ld + (in ? col : 0)) * 2;
-                            cp_async16(a + r * 128 + ((chunk ^ (r & 7)) * 16), from, in ? 16 : 0);
-                        }
-                        cp_async_arrive(&full[stage]);
-                    }
-                    if (++stage == STAGES) stage = 0, phase ^= 1;
+    if (wg == 0) { /* producer */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (tid != 0) return;
+        int stage = 0, phase = 0;
+        for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+            const tile tl = find_tile(p, t);
+            const int64_t b_row = tl.e * p.rows_per_expert;
+            for (int kb = 0; kb < k_blocks; kb++) {
+                mbar_wait(&empty[stage], phase ^ 1);
+                unsigned char *a = smem + stage * STAGE_BYTES, *b = a + A_BYTES;
+                mbar_expect_tx(&full[stage], STAGE_BYTES);
+                tma_load(a, &map_a, &full[stage], kb * BK, (int)tl.a_row);
+                if (EPI == EPI_GATE_UP_CONCAT) {
+                    tma_load(b, &map_b, &full[stage], kb * BK, (int)(b_row + tl.n * (BN / 2)));
+                    tma_load(b + B_BYTES / 2, &map_b, &full[stage], kb * BK,
+                             (int)(b_row + p.up_offset + tl.n * (BN / 2)));
+                } else {
+                    tma_load(b, &map_b, &full[stage], kb * BK, (int)(b_row + tl.n * BN));
                 }
+                if (++stage == STAGES) stage = 0, phase ^= 1;
             }
         }
-        __syncwarp();
-        cluster_sync();
         return;
     }
 
     /* consumers: warpgroup wg computes rows (wg-1)*64 .. +64 of each tile */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 200;");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int warp = tid / 32, lane = tid % 32;
     int stage = 0, phase = 0;
     float d[128];
-    for (int64_t t = first; t < total; t += step) {
-        const tile tl = find_tile(p, t, rank);
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const tile tl = find_tile(p, t);
         /* one group of wgmmas stays in flight: the stage of k-block kb-1 is released once kb's are issued */
         int prev = -1;
         for (int kb = 0; kb < k_blocks; kb++) {
             mbar_wait(&full[stage], phase);
-            /* rows gathered with cp.async were written through the generic proxy; wgmma reads through the async one */
-            if (p.a_rows_of) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             const unsigned char *a = smem + stage * STAGE_BYTES + (wg - 1) * (64 * 128), *b = smem + stage * STAGE_BYTES + A_BYTES;
             wgmma_fence();
 #pragma unroll
@@ -289,12 +207,12 @@ __global__ void __launch_bounds__(THREADS, 1)
                 wgmma_256(d, smem_desc(a + s * 32), smem_desc(b + s * 32), kb > 0 || s > 0, (T *)nullptr);
             wgmma_commit();
             wgmma_wait<1>();
-            if (prev >= 0 && tid == 0) release_stage(&empty[prev]);
+            if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
             prev = stage;
             if (++stage == STAGES) stage = 0, phase ^= 1;
         }
         wgmma_wait<0>();
-        if (tid == 0) release_stage(&empty[prev]);
+        if (tid == 0) mbar_arrive(&empty[prev]);
         /* epilogue: thread holds rows r0 and r0 + 8, columns 8i + 2(lane%4) + {0, 1} */
         const int r0 = (wg - 1) * 64 + warp * 16 + lane / 4, c0 = 2 * (lane % 4);
         const layer_view &L = p.L;
@@ -351,7 +269,6 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
         }
     }
-    cluster_sync(); /* stay until the peer no longer multicasts into this CTA or arrives on its barriers */
 }
 
 /* ---- host side ----------------------------------------------------------------------- */
@@ -415,44 +332,15 @@ moex_status grouped_gemm_init(void) {
     return moex_cuda_status(err, "grouped GEMM shared memory size");
 }
 
-moex_status grouped_gemm_grid(int device, int *blocks) {
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    int sms = 0;
-    moex_status st = moex_cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-                                      "cudaDeviceGetAttribute");
-    if (st) return st;
-    cfg.gridDim = dim3((unsigned)(sms / CLUSTER * CLUSTER));
-    cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = SMEM_BYTES;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = CLUSTER, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    if ((st = moex_cuda_status(cudaOccupancyMaxActiveClusters(&clusters, grouped_gemm_kernel<__nv_bfloat16, 0>, &cfg),
-                               "cudaOccupancyMaxActiveClusters")))
-        return st;
-    if (clusters < 1) return moex_fail(MOEX_ERR_DEVICE, "the grouped GEMM cannot place a cluster of %d blocks", CLUSTER);
-    *blocks = clusters * CLUSTER;
-    return MOEX_OK;
-}
-
-moex_status grouped_gemm_run(const grouped_gemm_args *g, int blocks, cudaStream_t s) {
+moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s) {
     CUtensorMap map_a, map_b;
-    const int b_box = BN / 2; /* each CTA of a cluster loads half of the weight tile */
+    const int b_box = g->epi == EPI_GATE_UP_CONCAT ? BN / 2 : BN;
     int64_t E_rows = g->L.E * g->rows_per_expert;
-    /* in gather mode map_a is not read (the rows are copied by index); any valid map will do */
-    moex_status st = g->a_rows_of ? make_map(&map_a, g->b, 1, g->K, BM, g->dt, "A (unused)")
-                                  : make_map(&map_a, g->a, g->a_rows, g->K, BM, g->dt, "A");
+    moex_status st = make_map(&map_a, g->a, g->a_rows, g->K, BM, g->dt, "A");
     if (!st) st = make_map(&map_b, g->b, E_rows, g->K, b_box, g->dt, "B");
     if (st) return st;
     gemm_params p;
     p.K = g->K;
-    p.a = g->a;
-    p.a_ld = g->a_ld;
-    p.a_rows_of = g->a_rows_of;
     p.N = g->N;
     p.rows_per_expert = g->rows_per_expert;
     p.up_offset = g->up_offset;
@@ -465,19 +353,7 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int blocks, cudaStream_
     p.c = g->c;
     p.epi = g->epi;
     p.L = g->L;
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3((unsigned)blocks);
-    cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = SMEM_BYTES;
-    cfg.stream = s;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = CLUSTER, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    cudaError_t err = cudaErrorInvalidValue;
-#define LAUNCH(T, EPI) err = cudaLaunchKernelEx(&cfg, grouped_gemm_kernel<T, EPI>, map_a, map_b, p)
+#define LAUNCH(T, EPI) grouped_gemm_kernel<T, EPI><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p)
 #define LAUNCH_EPI(T)                                                                                                 \
     switch (g->epi) {                                                                                                 \
     case EPI_DOWN: LAUNCH(T, 0); break;                                                                               \
@@ -492,5 +368,5 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int blocks, cudaStream_
     }
 #undef LAUNCH_EPI
 #undef LAUNCH
-    return moex_cuda_status(err, "grouped GEMM kernel");
+    return MOEX_CUDA_LAUNCHED("grouped GEMM kernel");
 }

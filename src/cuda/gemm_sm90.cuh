@@ -8,17 +8,8 @@
 #include "core/internal.h"
 #include <cuda_runtime.h>
 
-/* Rows of A per CTA tile, and per cluster tile: the two CTAs of a cluster take row tiles
- * 2q and 2q+1 of one expert and share the weight tile (TMA multicast). The routing counts
- * tiles of GEMM_ROUTE_ROWS rows (routing_build's tile_rows). */
+/* Rows of A per tile: the routing's tile size (routing_build's tile_rows). */
 #define GEMM_TILE_ROWS 128
-#ifndef GEMM_CLUSTER
-#define GEMM_CLUSTER 2 /* CTAs per cluster: 1 or 2 */
-#endif
-#define GEMM_ROUTE_ROWS (GEMM_CLUSTER * GEMM_TILE_ROWS)
-#ifndef GEMM_DIRECT_A
-#define GEMM_DIRECT_A 1 /* 1: the gate/up GEMM copies hidden rows by index (no gathered copy) where it can */
-#endif
 
 typedef enum gemm_epilogue {
     EPI_DOWN = 0,               /* c = acc + down bias */
@@ -30,13 +21,11 @@ typedef enum gemm_epilogue {
 typedef struct grouped_gemm_args {
     const void *a;             /* A [a_rows, K], rows of expert e at offsets[e] .. offsets[e+1] */
     int64_t a_rows;
-    const int *a_rows_of;      /* NULL, or gather: row s of A is a[a_rows_of[s] * a_ld ...] (16-byte aligned rows) */
-    int64_t a_ld;
     const void *b;             /* B [E * rows_per_expert, K]: expert e's matrix from row e*rows_per_expert */
     int64_t rows_per_expert, up_offset;
     int64_t K, N;              /* N: outputs per row (H for down, I for gate/up) */
     void *c;                   /* C [a_rows, N], row stride N */
-    const int *offsets, *mtile_off; /* mtile_off: prefix of ceil(rows / GEMM_ROUTE_ROWS) */
+    const int *offsets, *mtile_off;
     int64_t e_begin, e_end;    /* experts computed: [e_begin, e_end) */
     gemm_epilogue epi;
     layer_view L;              /* activation and biases */
@@ -50,11 +39,7 @@ int grouped_gemm_usable(moex_dtype dt, const void *b, int64_t K, char *why, size
 /* Once per process and device, before capture: kernel attributes. */
 moex_status grouped_gemm_init(void);
 
-/* Persistent grid size (blocks, a multiple of the cluster size 2) for this device: as many
- * clusters as can be resident at once. */
-moex_status grouped_gemm_grid(int device, int *blocks);
-
-/* Queue the GEMM on s with a persistent grid of `blocks` blocks (grouped_gemm_grid). */
-moex_status grouped_gemm_run(const grouped_gemm_args *g, int blocks, cudaStream_t s);
+/* Queue the GEMM on s with a persistent grid of num_sms blocks. */
+moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s);
 
 #endif
