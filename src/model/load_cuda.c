@@ -103,25 +103,34 @@ moex_status model_gpu_experts(moex_model *m, moex_experts_desc *d) {
     if (st) return st;
     model_gpu *g = m->gpu;
     const moex_dtype dt = weight_dtype(m);
-    if (d->expert_up) { /* per-expert matrices: one device block, the pointer arrays rewritten in place */
+    if (d->expert_up) { /* per-expert matrices: stacked on the device (the layout the tensor-core path reads) */
         if (!moex_is_float_dtype(d->expert_dtype))
             return moex_fail(MOEX_ERR_UNSUPPORTED, "experts of dtype %s run on the cpu only in this version of moex",
                              moex_dtype_name(d->expert_dtype));
-        const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate;
+        if (d->transposed)
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "transposed per-expert matrices are not uploaded to the GPU");
+        /* gate_up [E, R, H]: expert e's gate rows then its up rows (R = 2I), or its up rows (R = I);
+         * down [E, H, I] */
+        const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate, R = d->expert_gate ? 2 * I : I;
         const size_t per = (size_t)(I * H), esz = moex_dtype_size(dt);
-        char *block;
-        if ((st = dev_alloc(g, 3 * (size_t)E * per * esz, &g->weight_bytes, (void **)&block))) return st;
-        const void **ptrs[3] = {(const void **)d->expert_gate, (const void **)d->expert_up, (const void **)d->expert_down};
-        for (int i = 0; i < 3; i++) {
-            if (!ptrs[i]) continue;
-            for (int64_t e = 0; e < E; e++) {
-                char *dst = block + ((size_t)i * (size_t)E + (size_t)e) * per * esz;
-                if ((st = upload_into(g, dst, ptrs[i][e], d->expert_dtype, per, dt))) return st;
-                ptrs[i][e] = dst;
-            }
+        char *gu, *dn;
+        if ((st = dev_alloc(g, (size_t)(E * R * H) * esz, &g->weight_bytes, (void **)&gu)) ||
+            (st = dev_alloc(g, (size_t)E * per * esz, &g->weight_bytes, (void **)&dn)))
+            return st;
+        for (int64_t e = 0; e < E; e++) {
+            char *rows = gu + (size_t)(e * R * H) * esz;
+            if (d->expert_gate && (st = upload_into(g, rows, d->expert_gate[e], d->expert_dtype, per, dt))) return st;
+            if ((st = upload_into(g, rows + (size_t)(R - I) * (size_t)H * esz, d->expert_up[e], d->expert_dtype, per, dt)))
+                return st;
+            if ((st = upload_into(g, dn + (size_t)e * per * esz, d->expert_down[e], d->expert_dtype, per, dt))) return st;
         }
-        d->expert_dtype = dt;
-        d->expert_device = g->dev;
+        const int64_t gs[3] = {E, R, H}, ds[3] = {E, H, I};
+        if ((st = moex_tensor_init(&d->gate_up, gu, dt, 3, gs)) || (st = moex_tensor_init(&d->down, dn, dt, 3, ds)))
+            return st;
+        d->gate_up.device = d->down.device = g->dev;
+        d->gated = d->expert_gate != NULL;
+        d->interleaved = 0;
+        d->expert_gate = d->expert_up = d->expert_down = NULL;
         return MOEX_OK;
     }
     moex_tensor *t[2] = {&d->gate_up, &d->down};

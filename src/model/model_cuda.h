@@ -73,8 +73,10 @@ typedef struct model_gpu {
 moex_status model_gpu_state(moex_model *m);
 
 /* Upload the experts weights of desc d (host views, as the CPU loader made
- * them) and point d at the device copies (fused tensors or per-expert
- * pointer arrays rewritten in place), before moex_layer_create. */
+ * them) and point d at the device copies, before moex_layer_create: fused
+ * tensors as they are; per-expert matrices stacked into gate_up [E, 2I, H]
+ * (gate rows, then up rows) and down [E, H, I], so that the tensor-core
+ * path of grouped_mm can read them. */
 moex_status model_gpu_experts(moex_model *m, moex_experts_desc *d);
 
 /* After every layer is loaded: upload the other weights, create the KV cache,
