@@ -688,7 +688,7 @@ moex_model_options moex_model_default_options(void);
  * cache and workspace; moex_model_get_info() reports the device memory. A GPU
  * this build or machine cannot use fails with MOEX_ERR_UNSUPPORTED naming why;
  * quantized experts (FP8 checkpoints without dequantize, quantize) are refused
- * on CUDA. Not yet run on a GPU in this version (docs/models.md).
+ * on CUDA (docs/models.md).
  */
 moex_status moex_model_load(const char *dir, const moex_model_options *options, moex_model **out);
 

@@ -9,9 +9,12 @@
 #      subset of the first two under compute-sanitizer memcheck;
 #   4. runs `moex bench --device cuda` (bf16; eager, batched_mm, grouped_mm;
 #      CUDA graphs off and on) for qwen3-30b-a3b and deepseek-v3;
-#   5. runs the peer benchmark (peer-run/tf_experts_bench.py, transformers'
+#   5. runs scripts/tf_generate_compare.py (whole-model generation, transformers
+#      beside moex generate --device cuda on a random qwen3-30b-a3b-shaped
+#      checkpoint written under the build directory), when torch is there;
+#   6. runs the peer benchmark (peer-run/tf_experts_bench.py, transformers'
 #      own backends) plain and under torch.compile, when torch is there;
-#   6. prints a summary.
+#   7. prints a summary.
 # Everything is logged to OUT_DIR/suite.log; results are CSV/SVG files in
 # OUT_DIR (at most 8 files in all). Exit status: 0 if every step passed.
 #
@@ -31,7 +34,7 @@
 #   MOEX_DEPS_DIR    where dependency sources are looked for (peer-run/deps):
 #                    cJSON/cJSON.c and cJSON/cJSON.h
 #   SUITE_STEPS      the steps to run after the build, comma-separated, from
-#                    test,memcheck,bench,peer (all of them). "none" only builds: on a
+#                    test,memcheck,bench,compare,peer (all of them). "none" only builds: on a
 #                    machine that keeps build-gpu/ between sessions, build once with
 #                    SUITE_STEPS=none, then run the rest (the build is then incremental)
 #   SUITE_FORCE_DEPS 1: make the pkg-config, cJSON and OpenBLAS stand-ins even where the
@@ -64,7 +67,7 @@ PEER_COMPILED_TOKENS_DEEPSEEK=${PEER_COMPILED_TOKENS_DEEPSEEK:-64,16384}
 MEMCHECK_RESERVE=${MEMCHECK_RESERVE_S:-60}  # seconds the peer leaves for memcheck
 DEPS_SRC=${MOEX_DEPS_DIR:-$ROOT/peer-run/deps}
 DEPS="$BUILD/deps"   # what this script makes: prefix with bin/, include/, lib/, lib/pkgconfig/
-STEPS_WANTED=",${SUITE_STEPS:-test,memcheck,bench,peer},"
+STEPS_WANTED=",${SUITE_STEPS:-test,memcheck,bench,compare,peer},"
 START=$(date +%s)
 want() { case "$STEPS_WANTED" in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
@@ -359,6 +362,11 @@ bench_shape() { # shape tokens
     --backends eager,batched_mm,grouped_mm --graph both --backend-max-tokens "$BENCH_LIMITS" \
     --runs "$BENCH_RUNS" --csv "$base.csv" --plot "$base.svg"
 }
+compare_step() { # the checkpoint (about 6 GB) stays in the build directory
+  python3 -u "$ROOT/scripts/tf_generate_compare.py" "$BUILD/compare" --moex "$MOEX" |
+    grep -v '^Loading weights\|^Writing model' &&
+    cp "$BUILD/compare/compare.json" "$OUT/generate_compare_${GPU_TAG}_${DATE}.json"
+}
 peer_run() { # compile(0/1) shapes out (appended to) [tokens]
   SHAPES=$2 TOKENS="${4:-$PEER_TOKENS}" COMPILE=$1 \
     COMPILE_MODE=max-autotune-no-cudagraphs python3 -u "$PEER" >>"$3"
@@ -369,7 +377,7 @@ DECODER_TEST="$BUILD/tests/gpu/test_cuda_decoder"
 MODEL_TEST="$BUILD/tests/gpu/test_cuda_model"
 PEER="$ROOT/peer-run/tf_experts_bench.py"
 export ROOT BUILD CUDA_ARCH OUT GPU_TAG DATE BENCH_LIMITS BENCH_RUNS PEER_TOKENS MOEX TEST DECODER_TEST MODEL_TEST PEER
-export -f build_step test_step decoder_test_step model_test_step memcheck_step decoder_memcheck_step bench_shape peer_run
+export -f build_step test_step decoder_test_step model_test_step memcheck_step decoder_memcheck_step bench_shape compare_step peer_run
 if run_step build 300 build_step "${CMAKE_EXTRA[@]}"; then
   BUILD_OK=1
 fi
@@ -407,6 +415,16 @@ elif [ $BUILD_OK -eq 1 ] && [ -x "$MOEX" ]; then
   run_step "bench deepseek-v3" 180 bench_shape deepseek-v3 "$DEEPSEEK_TOKENS"
 else
   record "moex bench" "not run" 0 "build failed"
+fi
+
+# ---------------------------------------------------------------- whole-model comparison
+if ! want compare; then
+  :
+elif [ $BUILD_OK -eq 1 ] && python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
+  run_step "generate compare (transformers)" 240 compare_step
+else
+  say "generate compare skipped: no build, or python3 without torch/transformers/CUDA"
+  record "generate compare" skipped 0 "no torch"
 fi
 
 # ---------------------------------------------------------------- peer
