@@ -682,6 +682,13 @@ moex_model_options moex_model_default_options(void);
  * shape); other e4m3 linear layers are dequantized at load. A bad scale grid,
  * a block size that does not fit, or a scale dtype other than f32/ue8m0 fails
  * naming the tensor. activation_scheme "static" fails at load, naming it.
+ *
+ * device = {MOEX_DEVICE_CUDA, n} (a build with CUDA): every weight a step reads
+ * is copied to GPU n once (f32 for f32 compute, bf16 for bf16), with a device KV
+ * cache and workspace; moex_model_get_info() reports the device memory. A GPU
+ * this build or machine cannot use fails with MOEX_ERR_UNSUPPORTED naming why;
+ * quantized experts (FP8 checkpoints without dequantize, quantize) are refused
+ * on CUDA (docs/models.md).
  */
 moex_status moex_model_load(const char *dir, const moex_model_options *options, moex_model **out);
 
@@ -704,6 +711,11 @@ typedef struct moex_model_info {
     moex_dtype weight_dtype;   /**< dtype of the experts' weights */
     int per_expert_layout;     /**< 1: experts.N.* tensors; 0: fused 3-D tensors */
     int transposed;            /**< fused tensors stored [E, in, out] */
+    /* A model loaded on CUDA: device memory it holds, by use (0 on the cpu). Each byte is counted once
+     * (a tied lm_head shares the embedding's upload). */
+    size_t gpu_weight_bytes;    /**< every weight a step reads, experts included, in the compute dtype */
+    size_t gpu_kv_cache_bytes;  /**< the KV cache: 2 * layers * max_batch * kv_heads * max_seq * head_dim f32 */
+    size_t gpu_workspace_bytes; /**< activations scratch, the cuBLAS workspace and the experts context's workspace */
 } moex_model_info;
 
 moex_status moex_model_get_info(const moex_model *model, moex_model_info *info);
@@ -720,6 +732,11 @@ typedef struct moex_generate_options {
     uint64_t seed;           /**< sampling seed */
     int ignore_eos;          /**< 1: do not stop at the checkpoint's end-of-sequence ids */
     int want_logits;         /**< 1: return each prompt's last-position logits (f32) */
+    int cuda_graph;          /**< 1: a model on CUDA captures its decode step in a CUDA graph once per
+                                  batch size (and experts backend) and replays it for every later decode
+                                  step of that size; each step's ids and positions are written into the
+                                  same device buffers first. Same tokens as 0. Default 0; 1 on a model
+                                  loaded on the cpu fails (MOEX_ERR_INVALID_ARGUMENT) */
 } moex_generate_options;
 
 /** Defaults: 16 new tokens, greedy, top_p 1, seed 0. */

@@ -4,13 +4,17 @@
 #      OpenBLAS, cmocka) is made inside the build directory from sources in
 #      the repository, or left out cleanly — nothing is installed system-wide;
 #   2. builds moex with CUDA (Release) in build-gpu/;
-#   3. runs tests/gpu/test_cuda_backends and tests/gpu/test_cuda_decoder, then
-#      a quick subset of each under compute-sanitizer memcheck;
+#   3. runs tests/gpu/test_cuda_backends, tests/gpu/test_cuda_decoder and
+#      tests/gpu/test_cuda_model (whole models, GPU against CPU), then a quick
+#      subset of the first two under compute-sanitizer memcheck;
 #   4. runs `moex bench --device cuda` (bf16; eager, batched_mm, grouped_mm;
 #      CUDA graphs off and on) for qwen3-30b-a3b and deepseek-v3;
-#   5. runs the peer benchmark (peer-run/tf_experts_bench.py, transformers'
+#   5. runs scripts/tf_generate_compare.py (whole-model generation, transformers
+#      beside moex generate --device cuda on a random qwen3-30b-a3b-shaped
+#      checkpoint written under the build directory), when torch is there;
+#   6. runs the peer benchmark (peer-run/tf_experts_bench.py, transformers'
 #      own backends) plain and under torch.compile, when torch is there;
-#   6. prints a summary.
+#   7. prints a summary.
 # Everything is logged to OUT_DIR/suite.log; results are CSV/SVG files in
 # OUT_DIR (at most 8 files in all). Exit status: 0 if every step passed.
 #
@@ -30,7 +34,7 @@
 #   MOEX_DEPS_DIR    where dependency sources are looked for (peer-run/deps):
 #                    cJSON/cJSON.c and cJSON/cJSON.h
 #   SUITE_STEPS      the steps to run after the build, comma-separated, from
-#                    test,memcheck,bench,peer (all of them). "none" only builds: on a
+#                    test,memcheck,bench,compare,peer (all of them). "none" only builds: on a
 #                    machine that keeps build-gpu/ between sessions, build once with
 #                    SUITE_STEPS=none, then run the rest (the build is then incremental)
 #   SUITE_FORCE_DEPS 1: make the pkg-config, cJSON and OpenBLAS stand-ins even where the
@@ -63,7 +67,7 @@ PEER_COMPILED_TOKENS_DEEPSEEK=${PEER_COMPILED_TOKENS_DEEPSEEK:-64,16384}
 MEMCHECK_RESERVE=${MEMCHECK_RESERVE_S:-60}  # seconds the peer leaves for memcheck
 DEPS_SRC=${MOEX_DEPS_DIR:-$ROOT/peer-run/deps}
 DEPS="$BUILD/deps"   # what this script makes: prefix with bin/, include/, lib/, lib/pkgconfig/
-STEPS_WANTED=",${SUITE_STEPS:-test,memcheck,bench,peer},"
+STEPS_WANTED=",${SUITE_STEPS:-test,memcheck,bench,compare,peer},"
 START=$(date +%s)
 want() { case "$STEPS_WANTED" in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
@@ -339,10 +343,11 @@ BUILD_OK=0
 build_step() { # extra cmake arguments
   cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" "$@" || return 1
-  cmake --build "$BUILD" -j"$(nproc)" --target moex test_cuda_backends test_cuda_decoder || return 1
+  cmake --build "$BUILD" -j"$(nproc)" --target moex test_cuda_backends test_cuda_decoder test_cuda_model || return 1
 }
 test_step() { "$TEST" 2>&1 | tee "$BUILD/test_cuda_backends.out"; }
 decoder_test_step() { "$DECODER_TEST" 2>&1 | tee "$BUILD/test_cuda_decoder.out"; }
+model_test_step() { "$MODEL_TEST" 2>&1 | tee "$BUILD/test_cuda_model.out"; }
 memcheck_step() {
   "$SANITIZER" --tool memcheck --error-exitcode 3 "$TEST" --quick 2>&1 |
     tee "$BUILD/memcheck.out"
@@ -357,6 +362,11 @@ bench_shape() { # shape tokens
     --backends eager,batched_mm,grouped_mm --graph both --backend-max-tokens "$BENCH_LIMITS" \
     --runs "$BENCH_RUNS" --csv "$base.csv" --plot "$base.svg"
 }
+compare_step() { # the checkpoint (about 6 GB) stays in the build directory
+  python3 -u "$ROOT/scripts/tf_generate_compare.py" "$BUILD/compare" --moex "$MOEX" |
+    grep -v '^Loading weights\|^Writing model' &&
+    cp "$BUILD/compare/compare.json" "$OUT/generate_compare_${GPU_TAG}_${DATE}.json"
+}
 peer_run() { # compile(0/1) shapes out (appended to) [tokens]
   SHAPES=$2 TOKENS="${4:-$PEER_TOKENS}" COMPILE=$1 \
     COMPILE_MODE=max-autotune-no-cudagraphs python3 -u "$PEER" >>"$3"
@@ -364,9 +374,10 @@ peer_run() { # compile(0/1) shapes out (appended to) [tokens]
 MOEX="$BUILD/moex"
 TEST="$BUILD/tests/gpu/test_cuda_backends"
 DECODER_TEST="$BUILD/tests/gpu/test_cuda_decoder"
+MODEL_TEST="$BUILD/tests/gpu/test_cuda_model"
 PEER="$ROOT/peer-run/tf_experts_bench.py"
-export ROOT BUILD CUDA_ARCH OUT GPU_TAG DATE BENCH_LIMITS BENCH_RUNS PEER_TOKENS MOEX TEST DECODER_TEST PEER
-export -f build_step test_step decoder_test_step memcheck_step decoder_memcheck_step bench_shape peer_run
+export ROOT BUILD CUDA_ARCH OUT GPU_TAG DATE BENCH_LIMITS BENCH_RUNS PEER_TOKENS MOEX TEST DECODER_TEST MODEL_TEST PEER
+export -f build_step test_step decoder_test_step model_test_step memcheck_step decoder_memcheck_step bench_shape compare_step peer_run
 if run_step build 300 build_step "${CMAKE_EXTRA[@]}"; then
   BUILD_OK=1
 fi
@@ -385,6 +396,12 @@ elif [ $BUILD_OK -eq 1 ] && [ -x "$TEST" ]; then
     else
       record test_cuda_decoder "not run" 0 "not built"
     fi
+    if [ -x "$MODEL_TEST" ]; then
+      run_step test_cuda_model 120 model_test_step
+      MODEL_LINE=$(grep -a '^test_cuda_model:.*passed\|^SKIP' "$BUILD/test_cuda_model.out" | tail -1)
+    else
+      record test_cuda_model "not run" 0 "not built"
+    fi
   fi
 else
   record test_cuda_backends "not run" 0 "build failed"
@@ -398,6 +415,16 @@ elif [ $BUILD_OK -eq 1 ] && [ -x "$MOEX" ]; then
   run_step "bench deepseek-v3" 180 bench_shape deepseek-v3 "$DEEPSEEK_TOKENS"
 else
   record "moex bench" "not run" 0 "build failed"
+fi
+
+# ---------------------------------------------------------------- whole-model comparison
+if ! want compare; then
+  :
+elif [ $BUILD_OK -eq 1 ] && python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
+  run_step "generate compare (transformers)" 240 compare_step
+else
+  say "generate compare skipped: no build, or python3 without torch/transformers/CUDA"
+  record "generate compare" skipped 0 "no torch"
 fi
 
 # ---------------------------------------------------------------- peer
@@ -462,6 +489,7 @@ done
 echo
 echo "tests:    ${TEST_LINE:-none}"
 echo "decoder:  ${DECODER_LINE:-none}"
+echo "model:    ${MODEL_LINE:-none}"
 echo "memcheck: ${MEMCHECK_LINE:-none}"
 echo "memcheck decoder: ${DECODER_MEMCHECK_LINE:-none}"
 for f in "$OUT"/moex_*_cuda_*.csv; do

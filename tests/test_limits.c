@@ -181,15 +181,36 @@ static void logits_of(const char *dir, float *out, int *transposed) {
     moex_model_free(m);
 }
 
-/* Whole models on a GPU are not in this version: a clear refusal, nothing made. */
+/* A model on a GPU this build or machine cannot use: a clear refusal, nothing made.
+ * (With a usable GPU the model loads; tests/gpu/test_cuda_model covers that.) */
 static void test_model_on_cuda_refused(void **state) {
     (void)state;
     moex_model_options mo = moex_model_default_options();
     mo.device.kind = MOEX_DEVICE_CUDA;
+    moex_device_info info;
+    assert_int_equal(moex_device_query(mo.device, &info), MOEX_OK);
+    if (info.available) skip();
     moex_model *m = (moex_model *)&mo;
     assert_int_equal(moex_model_load(MOEX_FIXTURES "/qwen3_moe", &mo, &m), MOEX_ERR_UNSUPPORTED);
     assert_ptr_equal(m, (moex_model *)&mo);
     assert_non_null(strstr(moex_last_error(), "cpu"));
+}
+
+/* Graph-captured decode is for models on CUDA: on the cpu the option is refused by name. */
+static void test_cuda_graph_on_cpu_refused(void **state) {
+    (void)state;
+    moex_model *m = NULL;
+    assert_int_equal(moex_model_load(MOEX_FIXTURES "/qwen3_moe", NULL, &m), MOEX_OK);
+    const int32_t prompt[] = {1, 2, 3};
+    const int32_t *prompts[1] = {prompt};
+    const int64_t lens[1] = {3};
+    moex_generate_options o = moex_generate_default_options();
+    o.cuda_graph = 1;
+    moex_generation *g = NULL;
+    assert_int_equal(moex_generate(m, 1, prompts, lens, &o, &g), MOEX_ERR_INVALID_ARGUMENT);
+    assert_null(g);
+    assert_non_null(strstr(moex_last_error(), "cuda_graph"));
+    moex_model_free(m);
 }
 
 static void test_fused_transposed_with_h_equal_2i(void **state) {
@@ -217,6 +238,7 @@ int main(void) {
         cmocka_unit_test(test_router_ignores_n_group_unless_grouped),
         cmocka_unit_test(test_fused_transposed_with_h_equal_2i),
         cmocka_unit_test(test_model_on_cuda_refused),
+        cmocka_unit_test(test_cuda_graph_on_cpu_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,6 +21,7 @@ typedef struct gen_args {
     int n;
     moex_generate_options gen;
     int json, threads, no_decode_switch;
+    int64_t warmup; /* untimed generations before the reported one */
 } gen_args;
 
 static int usage(const char *fmt, const char *a, const char *b) {
@@ -88,6 +89,7 @@ static int parse_gen_args(int argc, char **argv, gen_args *a) {
         else if (!strcmp(f, "--logits")) a->gen.want_logits = 1, takes = 0;
         else if (!strcmp(f, "--ignore-eos")) a->gen.ignore_eos = 1, takes = 0;
         else if (!strcmp(f, "--no-decode-switch")) a->no_decode_switch = 1, takes = 0;
+        else if (!strcmp(f, "--cuda-graph")) a->gen.cuda_graph = 1, takes = 0;
         else if (!strcmp(f, "--dequantize")) a->dequantize = 1, takes = 0;
         else if (f[0] != '-') {
             if (a->dir) return usage("unexpected argument \"%s\" (the model directory is \"%s\")", f, a->dir);
@@ -95,6 +97,10 @@ static int parse_gen_args(int argc, char **argv, gen_args *a) {
         } else if (!v) return usage("%s needs a value%s", f, "");
         else if (!strcmp(f, "--prompt-ids")) rc = parse_prompt(a, v);
         else if (!strcmp(f, "--max-new-tokens")) rc = parse_i64(f, v, 0, &a->gen.max_new_tokens);
+        else if (!strcmp(f, "--warmup")) {
+            rc = parse_i64(f, v, 0, &a->warmup);
+            if (!rc && a->warmup > 100) rc = usage("--warmup: \"%s\" is more than 100%s", v, "");
+        }
         else if (!strcmp(f, "--experts")) a->experts = v;
         else if (!strcmp(f, "--device")) a->device = v;
         else if (!strcmp(f, "--dtype")) a->dtype = v;
@@ -156,6 +162,14 @@ static int fail(const char *what) {
     return 1;
 }
 
+// Device memory of a model on CUDA, each byte counted once.
+static void print_gpu_memory(const moex_model_info *in) {
+    printf("gpu memory:  weights %.1f MiB, kv cache %.1f MiB, workspace %.1f MiB (total %.1f MiB)\n",
+           (double)in->gpu_weight_bytes / 1048576.0, (double)in->gpu_kv_cache_bytes / 1048576.0,
+           (double)in->gpu_workspace_bytes / 1048576.0,
+           (double)(in->gpu_weight_bytes + in->gpu_kv_cache_bytes + in->gpu_workspace_bytes) / 1048576.0);
+}
+
 static void print_json(const moex_model *m, const moex_generation *g) {
     cJSON *root = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(root, "new_ids");
     for (int i = 0; i < g->n; i++) {
@@ -175,6 +189,13 @@ static void print_json(const moex_model *m, const moex_generation *g) {
             cJSON_AddItemToArray(lg, row);
         }
     }
+    moex_model_info in;
+    if (moex_model_get_info(m, &in) == MOEX_OK && in.gpu_weight_bytes) {
+        cJSON *mem = cJSON_AddObjectToObject(root, "gpu_memory_bytes");
+        cJSON_AddNumberToObject(mem, "weights", (double)in.gpu_weight_bytes);
+        cJSON_AddNumberToObject(mem, "kv_cache", (double)in.gpu_kv_cache_bytes);
+        cJSON_AddNumberToObject(mem, "workspace", (double)in.gpu_workspace_bytes);
+    }
     char *s = cJSON_PrintUnformatted(root);
     printf("%s\n", s);
     free(s);
@@ -190,6 +211,8 @@ static void print_report(const moex_model *m, const moex_generation *g) {
         for (int64_t j = 0; j < g->num_new[i]; j++) printf(" %d", g->new_ids[i][j]);
         printf("\n");
     }
+    moex_model_info in;
+    if (moex_model_get_info(m, &in) == MOEX_OK && in.gpu_weight_bytes) print_gpu_memory(&in);
     printf("prefill: %lld tokens in %.2f ms (%.1f tokens/s)\n", (long long)g->prefill_tokens, 1e3 * g->prefill_seconds,
            g->prefill_seconds > 0 ? (double)g->prefill_tokens / g->prefill_seconds : 0.0);
     printf("decode:  %lld tokens in %.2f ms (%.1f tokens/s)\n", (long long)g->decode_tokens, 1e3 * g->decode_seconds,
@@ -206,6 +229,12 @@ int moex_cli_generate(int argc, char **argv) {
     moex_generation *g = NULL;
     if (!rc && moex_model_load(a.dir, &mo, &m)) rc = fail("loading the model");
     if (!rc) fprintf(stderr, "moex: generating %lld tokens for %d prompt(s)\n", (long long)a.gen.max_new_tokens, a.n);
+    /* warm-up runs: the same generation, untimed (kernels loaded, graphs captured, caches warm) */
+    for (int64_t w = 0; !rc && w < a.warmup; w++) {
+        if (moex_generate(m, a.n, (const int32_t *const *)a.prompts, a.lens, &a.gen, &g)) rc = fail("generating (warm-up)");
+        moex_generation_free(g);
+        g = NULL;
+    }
     if (!rc && moex_generate(m, a.n, (const int32_t *const *)a.prompts, a.lens, &a.gen, &g)) rc = fail("generating");
     if (!rc) {
         if (a.json) print_json(m, g);
@@ -236,6 +265,7 @@ int moex_cli_info(int argc, char **argv) {
                (long long)in.top_k, (long long)in.hidden, (long long)in.moe_intermediate, moex_dtype_name(in.weight_dtype),
                in.per_expert_layout ? "per-expert tensors" : "fused tensors", in.transposed ? " (transposed)" : "");
         if (in.shared_intermediate) printf("shared expert intermediate: %lld\n", (long long)in.shared_intermediate);
+        if (mo.device.kind == MOEX_DEVICE_CUDA) print_gpu_memory(&in);
         char map[4096];
         moex_model_get_experts(m, map, sizeof map);
         printf("experts map: %s\n", map);

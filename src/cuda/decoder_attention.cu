@@ -4,9 +4,12 @@
  * model/attention.c.
  *
  * A call queues three kernels: append (k, v into the cache), attend (one
- * block per (row, head)), commit (the new lengths). The sequence descriptors
- * live on the device and every kernel checks them the same way, so a bad one
- * is skipped by all three and reported once, by commit. */
+ * block per (row, head): a warp per key for the scores, the warps splitting the
+ * keys for the weighted sum of values), commit (the new lengths). The sums are
+ * taken in another order than attention.c's, so results agree within a few
+ * ulps. The sequence descriptors live on the device and every kernel checks
+ * them the same way, so a bad one is skipped by all three and reported once,
+ * by commit. */
 #include "cuda/decoder_kernels.cuh"
 
 #include <math.h>
@@ -85,19 +88,6 @@ __global__ void kv_append_kernel(kv_view c, const moex_attn_seq *seqs, int64_t n
     }
 }
 
-/* attention.c's dot: eight partial sums over blocks of eight, combined in its order, then the tail. */
-__device__ __forceinline__ float dot_fixed_order(const float *a, const float *b, int64_t n) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-#pragma unroll
-        for (int l = 0; l < 8; l++) acc[l] = add_rn(acc[l], mul_rn(a[i + l], b[i + l]));
-    float s = add_rn(add_rn(add_rn(acc[0], acc[4]), add_rn(acc[1], acc[5])),
-                     add_rn(add_rn(acc[2], acc[6]), add_rn(acc[3], acc[7])));
-    for (; i < n; i++) s = add_rn(s, mul_rn(a[i], b[i]));
-    return s;
-}
-
 /* Block reductions over blockDim.x threads (a multiple of 32); every thread gets the result. */
 __device__ float block_max(float v, float *red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -121,24 +111,46 @@ __device__ double block_sum_double(double v, double *red) {
     return s;
 }
 
-/* Scores of keys c0 .. c0+n-1 into sc[0 .. n): dot(q, k_j) * scale. */
-__device__ __forceinline__ void chunk_scores(const float *qs, const float *keys, int64_t d, float scale, int64_t c0,
-                                             int64_t n, float *sc) {
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-        sc[j] = mul_rn(dot_fixed_order(qs, keys + (c0 + j) * d, d), scale);
+__device__ __forceinline__ float warp_sum_float(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
+/* Scores of keys c0 .. c0+n-1 into sc[0 .. n): dot(q, k_j) * scale. One warp per key, its lanes
+ * over the features (each key row read once, coalesced), reduced across the warp. */
+__device__ __forceinline__ void chunk_scores(const float *qs, const float *keys, int64_t d, float scale, int64_t c0,
+                                             int64_t n, float *sc) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll 4
+    for (int64_t j = warp; j < n; j += warps) { /* unrolled: several rows in flight */
+        const float *kj = keys + (c0 + j) * d;
+        float part = 0.0f;
+        for (int64_t i = lane; i < d; i += 32) part += qs[i] * kj[i];
+        part = warp_sum_float(part);
+        if (lane == 0) sc[j] = part * scale;
+    }
+}
+
+/* Features handled per pass of the value sum: 32 lanes x OUT_PER_LANE. */
+#define OUT_PER_LANE 4
+
 /* One block per (stacked row, query head): blockIdx.x = row (grid-stride), blockIdx.y = head.
- * Threads: a multiple of 32, >= d. Shared: q [d] then scores [chunk] (dynamic), reductions (static).
+ * ATT_THREADS threads (warps split the keys). Shared: q [d] then scores [chunk] (dynamic); the
+ * warps' partial outputs and the reductions (static).
  * Positions 0 .. past + t of the sequence's kv head h / group; keys in chunks of `chunk`:
  * when all fit (L <= chunk) the scores are computed once, else they are recomputed per pass.
  * q: [total, heads, d] -> out: [total, heads, d] (out may be q). */
-__global__ void attend_kernel(kv_view c, const moex_attn_seq *seqs, int64_t nseq, int64_t total, int64_t heads,
-                              int64_t group, float scale, int64_t chunk, const float *q, float *out) {
+#define ATT_THREADS 128
+__global__ void __launch_bounds__(ATT_THREADS)
+    attend_kernel(kv_view c, const moex_attn_seq *seqs, int64_t nseq, int64_t total, int64_t heads, int64_t group,
+                  float scale, int64_t chunk, const float *q, float *out) {
     extern __shared__ float smem[];
     __shared__ float red_f[32];
     __shared__ double red_d[32];
+    __shared__ float part[ATT_THREADS / 32][32 * OUT_PER_LANE];
     __shared__ int64_t s_seq, s_len;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int64_t d = c.d, h = blockIdx.y;
     float *qs = smem, *sc = smem + d;
     for (int64_t r = blockIdx.x; r < total; r += gridDim.x) {
@@ -166,6 +178,7 @@ __global__ void attend_kernel(kv_view c, const moex_attn_seq *seqs, int64_t nseq
         for (int64_t c0 = 0; c0 < L; c0 += chunk) {
             const int64_t n = L - c0 < chunk ? L - c0 : chunk;
             chunk_scores(qs, keys, d, scale, c0, n, sc);
+            __syncthreads(); /* the scores were written by other warps */
             for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = sc[j] > m ? sc[j] : m;
             if (!resident) __syncthreads(); /* sc is rewritten by the next chunk */
         }
@@ -175,32 +188,57 @@ __global__ void attend_kernel(kv_view c, const moex_attn_seq *seqs, int64_t nseq
         double sum = 0.0;
         for (int64_t c0 = 0; c0 < L; c0 += chunk) {
             const int64_t n = L - c0 < chunk ? L - c0 : chunk;
-            if (!resident) chunk_scores(qs, keys, d, scale, c0, n, sc);
+            if (!resident) {
+                chunk_scores(qs, keys, d, scale, c0, n, sc);
+                __syncthreads();
+            }
             for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-                const float e = expf(sub_rn(sc[j], m));
+                const float e = expf(sc[j] - m);
                 if (resident) sc[j] = e;
                 sum += (double)e;
             }
             if (!resident) __syncthreads();
         }
         sum = block_sum_double(sum, red_d);
-        const float inv = div_rn(1.0f, (float)sum);
+        const float inv = 1.0f / (float)sum;
 
-        // 3. out = sum_j (e_j * inv) * v_j, j ascending, one output feature per thread
-        float o = 0.0f;
-        const int64_t i = threadIdx.x;
-        for (int64_t c0 = 0; c0 < L; c0 += chunk) {
-            const int64_t n = L - c0 < chunk ? L - c0 : chunk;
-            if (!resident) {
-                __syncthreads(); /* every thread is done with the previous chunk */
-                chunk_scores(qs, keys, d, scale, c0, n, sc);
-                for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sc[j] = expf(sub_rn(sc[j], m));
+        // 3. out = sum_j (e_j * inv) * v_j: in passes of 32 * OUT_PER_LANE features, warp w sums the
+        //    keys j = w (mod warps) (a value row read coalesced by each warp), then the warps' partial
+        //    sums are added in warp order
+        for (int64_t f0 = 0; f0 < d; f0 += 32 * OUT_PER_LANE) {
+            float o[OUT_PER_LANE];
+#pragma unroll
+            for (int u = 0; u < OUT_PER_LANE; u++) o[u] = 0.0f;
+            for (int64_t c0 = 0; c0 < L; c0 += chunk) {
+                const int64_t n = L - c0 < chunk ? L - c0 : chunk;
+                if (!resident) {
+                    __syncthreads(); /* every warp is done with the previous chunk */
+                    chunk_scores(qs, keys, d, scale, c0, n, sc);
+                    __syncthreads();
+                    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sc[j] = expf(sc[j] - m);
+                }
+                __syncthreads();
+#pragma unroll 4
+                for (int64_t j = warp; j < n; j += warps) {
+                    const float p = sc[j] * inv;
+                    const float *vj = vals + (c0 + j) * d + f0;
+#pragma unroll
+                    for (int u = 0; u < OUT_PER_LANE; u++) {
+                        const int64_t i = lane + 32 * u;
+                        if (f0 + i < d) o[u] += p * vj[i];
+                    }
+                }
             }
+#pragma unroll
+            for (int u = 0; u < OUT_PER_LANE; u++) part[warp][lane + 32 * u] = o[u];
             __syncthreads();
-            if (i < d)
-                for (int64_t j = 0; j < n; j++) o = add_rn(o, mul_rn(mul_rn(sc[j], inv), vals[(c0 + j) * d + i]));
+            for (int64_t i = threadIdx.x; i < 32 * OUT_PER_LANE && f0 + i < d; i += blockDim.x) {
+                float acc = 0.0f;
+                for (int w = 0; w < warps; w++) acc += part[w][i];
+                out[(r * heads + h) * d + f0 + i] = acc;
+            }
+            __syncthreads(); /* part is reused by the next pass */
         }
-        if (i < d) out[(r * heads + h) * d + i] = o;
         __syncthreads(); /* qs, sc and the shared descriptor are reused by the next row */
     }
 }
@@ -327,8 +365,7 @@ extern "C" moex_status moex_cuda_attention(const moex_cuda_kv_cache *cache, int6
     kv_append_kernel<<<rows, 128, 0, s>>>(c, seqs, nseq, total, k, v);
     moex_status st = MOEX_CUDA_LAUNCHED("cuda attention: append kernel");
     if (st) return st;
-    int threads = (int)((d + 31) / 32 * 32);
-    if (threads < 128) threads = 128;
+    const int threads = ATT_THREADS;
     const int64_t chunk = S < MAX_RESIDENT_SCORES ? S : MAX_RESIDENT_SCORES;
     const size_t shmem = sizeof(float) * (size_t)(d + chunk);
     const float scale = (float)pow((double)d, -0.5); /* head_dim ** -0.5 */

@@ -142,6 +142,58 @@ __global__ void __launch_bounds__(WARPS * 32, MAXR == 1 ? 3 : 2) gate_up_kernel(
     }
 }
 
+/* batched_mm's first half, vector path: a warp computes features n and n+1 of one pair,
+ * four weight rows (gate and up of each) in flight for every load of x; blocks of 8 warps
+ * cover 16 features, so one token's 8 pairs of qwen3-30b-a3b fill one wave of the GPU. */
+template <typename WT, typename XT>
+__global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view L, gemv_groups G, const XT *x,
+                                                                       int64_t x_ld, float *h) {
+    asm volatile("griddepcontrol.launch_dependents;");
+    const int lane = threadIdx.x & 31;
+    const int64_t n = 2 * (blockIdx.x * (int64_t)WARPS + (threadIdx.x >> 5));
+    if (n >= L.I) return;
+    const int two = n + 1 < L.I;
+    const int64_t K = L.H;
+    for (int64_t p = blockIdx.y; p < G.count; p += gridDim.y) {
+        int64_t lo, hi;
+        const int64_t e = group_rows(G, L.E, p, &lo, &hi);
+        if (e < 0) continue;
+        const WT *wu = (const WT *)proj_base(L.up, e, sizeof(WT)) + n * L.up.n_stride;
+        const WT *wg = L.gated ? (const WT *)proj_base(L.gate, e, sizeof(WT)) + n * L.gate.n_stride : wu;
+        const int64_t us = two ? L.up.n_stride : 0, gs = two ? L.gate.n_stride : 0;
+        const XT *xr = x + (p / G.k) * x_ld;
+        float au0 = 0, au1 = 0, ag0 = 0, ag1 = 0;
+        for (int64_t kk = lane * 8; kk < K; kk += 256) {
+            float u0[8], u1[8], g0[8], g1[8], fx[8];
+            load8(wu + kk, u0);
+            load8(wu + us + kk, u1);
+            if (L.gated) {
+                load8(wg + kk, g0);
+                load8(wg + gs + kk, g1);
+            }
+            load8(xr + kk, fx);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                au0 += u0[i] * fx[i];
+                au1 += u1[i] * fx[i];
+                if (L.gated) {
+                    ag0 += g0[i] * fx[i];
+                    ag1 += g1[i] * fx[i];
+                }
+            }
+        }
+        au0 = warp_sum(au0), au1 = warp_sum(au1);
+        if (L.gated) ag0 = warp_sum(ag0), ag1 = warp_sum(ag1);
+        if (lane == 0) {
+            h[p * L.I + n] = activate(L, ag0 + (L.gated ? bias_at(L.gate_bias, L.wdt, e, n) : 0.0f),
+                                      au0 + bias_at(L.up_bias, L.wdt, e, n));
+            if (two)
+                h[p * L.I + n + 1] = activate(L, ag1 + (L.gated ? bias_at(L.gate_bias, L.wdt, e, n + 1) : 0.0f),
+                                              au1 + bias_at(L.up_bias, L.wdt, e, n + 1));
+        }
+    }
+}
+
 /* ---- down, batched: fused weighted sum over the token's pairs ------------------- */
 
 /* Block: NF consecutive features of one token; warp w takes pairs j = j0 + w. The
@@ -212,79 +264,89 @@ __global__ void __launch_bounds__(WARPS * 32, 4) down_pairs_kernel(layer_view L,
 
 /* ---- down, per expert: y rows in slot order ------------------------------------- */
 
-/* Two features (n, n+1) per warp for rows r0 .. r0+nr: twice the weight bytes in flight
- * for each load of h. n1 = 0 when n + 1 is past the end. */
+/* DNF features per warp in the streamed down projection of grouped_mm: four weight rows in
+ * flight for each load of h (two reached 60% of the DRAM bandwidth on deepseek-v3). */
+enum { DNF = 4 };
+
+/* Features n .. n+nf (nf <= DNF) for rows r0 .. r0+nr (nr <= R). */
 template <typename WT, int R, bool VEC>
-__device__ __forceinline__ void down_rows(const layer_view &L, const float *h, float *y, int64_t n, int n1, int64_t r0,
-                                          int nr, const WT *wd, float b0, float b1, int lane) {
+__device__ __forceinline__ void down_rows(const layer_view &L, const float *h, float *y, int64_t n, int nf, int64_t r0,
+                                          int nr, const WT *wd, const float *bias, int lane) {
     const int64_t K = L.I, ns = L.down.n_stride;
-    float acc[R][2];
+    float acc[R][DNF];
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = 0.0f;
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int f = 0; f < DNF; f++) acc[r][f] = 0.0f;
     if (VEC) {
 #pragma unroll 2
         for (int64_t kk = lane * 8; kk < K; kk += 256) {
-            float fw0[8], fw1[8], fh[8];
-            load8(wd + kk, fw0);
-            if (n1) load8(wd + ns + kk, fw1);
+            float fw[DNF][8], fh[8];
+#pragma unroll
+            for (int f = 0; f < DNF; f++)
+                if (f < nf) load8(wd + f * ns + kk, fw[f]);
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 load8(h + (r0 + (r < nr ? r : nr - 1)) * K + kk, fh);
 #pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    acc[r][0] += fw0[i] * fh[i];
-                    if (n1) acc[r][1] += fw1[i] * fh[i];
-                }
+                for (int f = 0; f < DNF; f++)
+                    if (f < nf)
+#pragma unroll
+                        for (int i = 0; i < 8; i++) acc[r][f] += fw[f][i] * fh[i];
             }
         }
     } else {
         for (int64_t kk = lane; kk < K; kk += 32) {
-            float w0 = to_f32(wd[kk * L.down.k_stride]), w1 = n1 ? to_f32(wd[ns + kk * L.down.k_stride]) : 0.0f;
+            float wv[DNF];
+#pragma unroll
+            for (int f = 0; f < DNF; f++) wv[f] = f < nf ? to_f32(wd[f * ns + kk * L.down.k_stride]) : 0.0f;
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 float hv = h[(r0 + (r < nr ? r : nr - 1)) * K + kk];
-                acc[r][0] += w0 * hv;
-                acc[r][1] += w1 * hv;
+#pragma unroll
+                for (int f = 0; f < DNF; f++) acc[r][f] += wv[f] * hv;
             }
         }
     }
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        acc[r][0] = warp_sum(acc[r][0]);
-        if (n1) acc[r][1] = warp_sum(acc[r][1]);
-    }
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int f = 0; f < DNF; f++)
+            if (f < nf) acc[r][f] = warp_sum(acc[r][f]);
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < R; r++)
-            if (r < nr) {
-                y[(r0 + r) * L.H + n] = acc[r][0] + b0;
-                if (n1) y[(r0 + r) * L.H + n + 1] = acc[r][1] + b1;
-            }
+            if (r < nr)
+#pragma unroll
+                for (int f = 0; f < DNF; f++)
+                    if (f < nf) y[(r0 + r) * L.H + n + f] = acc[r][f] + bias[f];
 }
 
 template <typename WT, bool VEC>
 __global__ void __launch_bounds__(WARPS * 32, 2) down_experts_kernel(layer_view L, gemv_groups G, const float *h,
                                                                       float *y) {
     const int lane = threadIdx.x & 31;
-    const int64_t n = 2 * (blockIdx.x * (int64_t)WARPS + (threadIdx.x >> 5));
+    const int64_t n = DNF * (blockIdx.x * (int64_t)WARPS + (threadIdx.x >> 5));
     if (n >= L.H) return;
-    const int n1 = n + 1 < L.H;
+    const int nf = L.H - n < DNF ? (int)(L.H - n) : DNF;
     for (int64_t g = blockIdx.y; g < G.count; g += gridDim.y) {
         int64_t lo, hi;
         const int64_t e = group_rows(G, L.E, g, &lo, &hi);
         if (e < 0) continue;
         const WT *wd = (const WT *)proj_base(L.down, e, sizeof(WT)) + n * L.down.n_stride;
-        const float b0 = bias_at(L.down_bias, L.wdt, e, n), b1 = n1 ? bias_at(L.down_bias, L.wdt, e, n + 1) : 0.0f;
+        float bias[DNF];
+#pragma unroll
+        for (int f = 0; f < DNF; f++) bias[f] = f < nf ? bias_at(L.down_bias, L.wdt, e, n + f) : 0.0f;
         for (int64_t r0 = lo; r0 < hi; r0 += ROWS) {
             const int nr = hi - r0 < ROWS ? (int)(hi - r0) : ROWS;
             if (nr == 1)
-                down_rows<WT, 1, VEC>(L, h, y, n, n1, r0, nr, wd, b0, b1, lane);
+                down_rows<WT, 1, VEC>(L, h, y, n, nf, r0, nr, wd, bias, lane);
             else if (nr == 2)
-                down_rows<WT, 2, VEC>(L, h, y, n, n1, r0, nr, wd, b0, b1, lane);
+                down_rows<WT, 2, VEC>(L, h, y, n, nf, r0, nr, wd, bias, lane);
             else if (nr <= 4)
-                down_rows<WT, 4, VEC>(L, h, y, n, n1, r0, nr, wd, b0, b1, lane);
+                down_rows<WT, 4, VEC>(L, h, y, n, nf, r0, nr, wd, bias, lane);
             else
-                down_rows<WT, ROWS, VEC>(L, h, y, n, n1, r0, nr, wd, b0, b1, lane);
+                down_rows<WT, ROWS, VEC>(L, h, y, n, nf, r0, nr, wd, bias, lane);
         }
     }
 }
@@ -312,7 +374,9 @@ template <typename WT, typename XT, int R>
 static void launch_gate_up(const layer_view &L, const gemv_groups &G, const void *x, int64_t x_ld, float *h, int vec,
                            cudaStream_t s) {
     dim3 grid = grid_of(L.I, G.count);
-    if (vec)
+    if (R == 1 && vec) /* pairs: two features per warp */
+        gate_up_pairs_kernel<WT, XT><<<grid_of((L.I + 1) / 2, G.count), WARPS * 32, 0, s>>>(L, G, (const XT *)x, x_ld, h);
+    else if (vec)
         gate_up_kernel<WT, XT, R, true><<<grid, WARPS * 32, 0, s>>>(L, G, (const XT *)x, x_ld, h);
     else
         gate_up_kernel<WT, XT, R, false><<<grid, WARPS * 32, 0, s>>>(L, G, (const XT *)x, x_ld, h);
@@ -382,7 +446,7 @@ moex_status gemv_down_pairs(const layer_view &L, const gemv_groups &G, const flo
 
 moex_status gemv_down_experts(const layer_view &L, const gemv_groups &G, const float *h, float *y, cudaStream_t s) {
     int vec = gemv_vectorizable(L, wsize(L.wdt));
-    dim3 grid = grid_of((L.H + 1) / 2, G.count); /* two features per warp */
+    dim3 grid = grid_of((L.H + DNF - 1) / DNF, G.count); /* DNF features per warp */
 #define DOWN_EXPERTS(WT)                                                                                             \
     (vec ? down_experts_kernel<WT, true><<<grid, WARPS * 32, 0, s>>>(L, G, h, y)                                    \
          : down_experts_kernel<WT, false><<<grid, WARPS * 32, 0, s>>>(L, G, h, y))

@@ -88,6 +88,69 @@ __global__ void scatter_kernel(const void *ids, int ids64, int64_t ld, int64_t T
     }
 }
 
+/* Block-aggregated versions of count and scatter: each block takes a contiguous chunk of
+ * PAIRS_PER_THREAD * blockDim pairs, counts them in shared memory and touches each
+ * expert's global counter once (global atomics on few addresses serialise). Shared
+ * memory: E ints (count) or 2E ints (scatter). */
+enum { PAIRS_PER_THREAD = 8 };
+
+__global__ void count_block_kernel(const void *ids, int ids64, int64_t ld, int64_t T, int64_t k, int64_t E, int *counts,
+                                   int *flags) {
+    extern __shared__ int hist[];
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+    __syncthreads();
+    const int64_t P = T * k, p0 = blockIdx.x * (int64_t)blockDim.x * PAIRS_PER_THREAD;
+    for (int i = 0; i < PAIRS_PER_THREAD; i++) {
+        const int64_t p = p0 + i * (int64_t)blockDim.x + threadIdx.x;
+        if (p >= P) break;
+        const int64_t e = load_id(ids, ids64, ld, p / k, p % k);
+        if (e >= 0 && e < E)
+            atomicAdd(&hist[e], 1);
+        else if (e != -1 && e != E)
+            atomicOr(flags, MOEX_CUDA_FLAG_BAD_ID);
+    }
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
+        if (hist[e]) atomicAdd(&counts[e], hist[e]);
+}
+
+__global__ void scatter_block_kernel(const void *ids, int ids64, int64_t ld, int64_t T, int64_t k, int64_t E,
+                                     const int *offsets, int *cursor, int *pair_slot, int *slot_token) {
+    extern __shared__ int sh[];
+    int *hist = sh, *base = sh + E;
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+    __syncthreads();
+    const int64_t P = T * k, p0 = blockIdx.x * (int64_t)blockDim.x * PAIRS_PER_THREAD;
+    int rank[PAIRS_PER_THREAD], ex[PAIRS_PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < PAIRS_PER_THREAD; i++) {
+        const int64_t p = p0 + i * (int64_t)blockDim.x + threadIdx.x;
+        ex[i] = -1;
+        if (p >= P) continue;
+        const int64_t e = load_id(ids, ids64, ld, p / k, p % k);
+        if (e >= 0 && e < E) {
+            ex[i] = (int)e;
+            rank[i] = atomicAdd(&hist[e], 1);
+        }
+    }
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
+        if (hist[e]) base[e] = atomicAdd(&cursor[e], hist[e]);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < PAIRS_PER_THREAD; i++) {
+        const int64_t p = p0 + i * (int64_t)blockDim.x + threadIdx.x;
+        if (p >= P) continue;
+        if (ex[i] < 0) {
+            pair_slot[p] = -1;
+            continue;
+        }
+        const int slot = offsets[ex[i]] + base[ex[i]] + rank[i];
+        pair_slot[p] = slot;
+        slot_token[slot] = (int)(p / k);
+    }
+}
+
 static int grid_for(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
     return (int)(b < 1 ? 1 : b > 65535 ? 65535 : b);
@@ -97,9 +160,20 @@ moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int6
                           int64_t E, int tile_rows, int *flags, cudaStream_t s) {
     moex_status st = moex_cuda_status(cudaMemsetAsync(r.counts, 0, (size_t)E * sizeof(int), s), "routing: clear");
     if (st) return st;
-    count_kernel<<<grid_for(T * k, 256), 256, 0, s>>>(ids, ids64, ids_ld, T, k, E, r.counts, flags);
+    const int64_t P = T * k;
+    const size_t smem = (size_t)E * 2 * sizeof(int);
+    const int64_t chunks = (P + 256 * PAIRS_PER_THREAD - 1) / (256 * PAIRS_PER_THREAD);
+    const int blocked = smem <= 48 * 1024 && chunks <= 65535;
+    if (blocked)
+        count_block_kernel<<<(unsigned)chunks, 256, smem / 2, s>>>(ids, ids64, ids_ld, T, k, E, r.counts, flags);
+    else
+        count_kernel<<<grid_for(P, 256), 256, 0, s>>>(ids, ids64, ids_ld, T, k, E, r.counts, flags);
     scan_kernel<<<1, 1024, 0, s>>>(r.counts, E, tile_rows, r.offsets, r.mtile_off, r.cursor);
-    scatter_kernel<<<grid_for(T * k, 256), 256, 0, s>>>(ids, ids64, ids_ld, T, k, E, r.offsets, r.cursor, r.pair_slot,
+    if (blocked)
+        scatter_block_kernel<<<(unsigned)chunks, 256, smem, s>>>(ids, ids64, ids_ld, T, k, E, r.offsets, r.cursor,
+                                                                 r.pair_slot, r.slot_token);
+    else
+        scatter_kernel<<<grid_for(P, 256), 256, 0, s>>>(ids, ids64, ids_ld, T, k, E, r.offsets, r.cursor, r.pair_slot,
                                                         r.slot_token);
     return MOEX_CUDA_LAUNCHED("routing kernels");
 }

@@ -42,6 +42,8 @@ typedef struct gen_state {
     int32_t *last;        /* [n] the token each prompt feeds next */
     int64_t *past;        /* [n] */
     int *done;            /* [n] */
+    int64_t *tokens;      /* [n] greedy tokens chosen on the device (CUDA) */
+    int64_t decode_steps; /* decode steps run so far */
 } gen_state;
 
 static int is_eos(const moex_config *c, int64_t tok) {
@@ -50,19 +52,43 @@ static int is_eos(const moex_config *c, int64_t tok) {
     return 0;
 }
 
+// Record tok as prompt i's next token; mark it finished at an end-of-sequence id or its last token.
+static void accept(gen_state *s, int64_t i, int64_t tok) {
+    s->g->new_ids[i][s->g->num_new[i]++] = (int32_t)tok;
+    s->last[i] = (int32_t)tok;
+    if ((!s->o->ignore_eos && is_eos(&s->m->cfg, tok)) || s->g->num_new[i] >= s->o->max_new_tokens) s->done[i] = 1;
+}
+
 // Choose each active prompt's next token from its logits row; mark finished ones.
 static moex_status pick(gen_state *s, const int64_t *rows, int64_t nrows) {
     const int64_t V = s->m->cfg.vocab_size;
     for (int64_t r = 0; r < nrows; r++) {
-        int64_t i = rows[r], tok;
+        int64_t tok;
         const float *lg = s->logits + r * V;
         moex_status st = s->o->temperature > 0 ? moex_sample(lg, V, &s->sampling, &s->rng, &tok)
                                                : moex_sample_greedy(lg, V, &tok);
         if (st) return st;
-        s->g->new_ids[i][s->g->num_new[i]++] = (int32_t)tok;
-        s->last[i] = (int32_t)tok;
-        if ((!s->o->ignore_eos && is_eos(&s->m->cfg, tok)) || s->g->num_new[i] >= s->o->max_new_tokens) s->done[i] = 1;
+        accept(s, rows[r], tok);
     }
+    return MOEX_OK;
+}
+
+// One decode step of k sequences. On CUDA a greedy step brings back only the tokens
+// (argmax on the device), and with cuda_graph it replays the step captured for k sequences.
+static moex_status decode_step(gen_state *s, const model_step_seq *seqs, const int64_t *rows, int64_t k) {
+    moex_model *m = s->m;
+    if (m->inject_decode_error > 0 && ++s->decode_steps == m->inject_decode_error) {
+        m->inject_decode_error = 0;
+        return moex_fail(MOEX_ERR_DEVICE, "decode step %lld failed on purpose (test hook)", (long long)s->decode_steps);
+    }
+    if (!m->gpu) {
+        moex_status st = moex_model_step(m, seqs, k, s->logits);
+        return st ? st : pick(s, rows, k);
+    }
+    const int greedy = !(s->o->temperature > 0);
+    moex_status st = model_gpu_step(m, seqs, k, greedy ? NULL : s->logits, greedy ? s->tokens : NULL, s->o->cuda_graph);
+    if (st || !greedy) return st ? st : pick(s, rows, k);
+    for (int64_t r = 0; r < k; r++) accept(s, rows[r], s->tokens[r]);
     return MOEX_OK;
 }
 
@@ -80,11 +106,10 @@ static moex_status decode_all(void *user) {
             rows[k++] = i;
         }
         if (k == 0) return MOEX_OK;
-        moex_status st = moex_model_step(s->m, seqs, k, s->logits);
+        moex_status st = decode_step(s, seqs, rows, k);
         if (st) return st;
         for (int64_t r = 0; r < k; r++) s->past[rows[r]] += 1;
         s->g->decode_tokens += k;
-        if ((st = pick(s, rows, k))) return st;
     }
 }
 
@@ -94,6 +119,9 @@ static moex_status check_args(const moex_model *m, int n, const int32_t *const *
     if (n < 1 || n > m->opt.max_batch)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%d prompts; the model was loaded for 1 to max_batch = %lld", n,
                          (long long)m->opt.max_batch);
+    if (o->cuda_graph && !m->gpu)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "cuda_graph = %d: graph-captured decode needs a model loaded on cuda",
+                         o->cuda_graph);
     if (o->max_new_tokens < 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "max_new_tokens = %lld is negative", (long long)o->max_new_tokens);
     if (!(o->temperature >= 0) || !(o->top_p > 0 && o->top_p <= 1) || o->top_k < 0)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "temperature = %g, top_k = %lld, top_p = %g: need temperature >= 0, top_k >= 0, 0 < top_p <= 1",
@@ -147,7 +175,7 @@ static moex_status prefill(gen_state *s, int n, const int32_t *const *prompts, c
             room -= take;
         }
         if (k == 0) return MOEX_OK;
-        moex_status st = moex_model_step(m, seqs, k, step_logits);
+        moex_status st = m->gpu ? model_gpu_step(m, seqs, k, step_logits, NULL, 0) : moex_model_step(m, seqs, k, step_logits);
         if (st) return st;
         for (int64_t r = 0; r < k; r++) {
             int64_t i = who[r];
@@ -163,7 +191,7 @@ static moex_status run(gen_state *s, int n, const int32_t *const *prompts, const
     const int64_t V = m->cfg.vocab_size;
     int64_t rows[n];
     for (int i = 0; i < n; i++) {
-        moex_status st = moex_kv_cache_reset(m->cache, i);
+        moex_status st = m->gpu ? model_gpu_reset(m, i) : moex_kv_cache_reset(m->cache, i);
         if (st) return st;
         s->past[i] = lens[i];
         s->g->prefill_tokens += lens[i];
@@ -199,8 +227,8 @@ moex_status moex_generate(moex_model *m, int n, const int32_t *const *prompts, c
     const int64_t V = m->cfg.vocab_size;
     gen_state s = {m, o, alloc_generation(n, V, o->max_new_tokens, o->want_logits), moex_sampling_default(), {{0}},
                    malloc((size_t)n * (size_t)V * sizeof(float)), malloc((size_t)n * sizeof(int32_t)),
-                   calloc((size_t)n, sizeof(int64_t)), calloc((size_t)n, sizeof(int))};
-    if (!s.g || !s.logits || !s.last || !s.past || !s.done) {
+                   calloc((size_t)n, sizeof(int64_t)), calloc((size_t)n, sizeof(int)), calloc((size_t)n, sizeof(int64_t)), 0};
+    if (!s.g || !s.logits || !s.last || !s.past || !s.done || !s.tokens) {
         st = moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_generate: out of memory");
     } else {
         s.sampling.temperature = o->temperature;
@@ -213,6 +241,7 @@ moex_status moex_generate(moex_model *m, int n, const int32_t *const *prompts, c
     free(s.last);
     free(s.past);
     free(s.done);
+    free(s.tokens);
     if (st) {
         moex_generation_free(s.g);
         return st;

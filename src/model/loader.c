@@ -229,6 +229,7 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
         d.expert_device.kind = MOEX_DEVICE_CPU;
     }
     if (m->opt.quantize && (st = model_quantize_experts(m, ly, &d))) return st;
+    if (m->opt.device.kind == MOEX_DEVICE_CUDA && (st = model_gpu_experts(m, &d))) return st; /* device tensors */
     return moex_layer_create(&d, &ly->experts);
 }
 
@@ -297,11 +298,24 @@ static moex_status check_family(const moex_config *c) {
 }
 
 static moex_status check_options(const moex_model_options *o) {
-    if (o->device.kind != MOEX_DEVICE_CPU)
+    if (o->device.kind != MOEX_DEVICE_CPU && o->device.kind != MOEX_DEVICE_CUDA)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "device kind %d is not a moex_device_kind", (int)o->device.kind);
+    if (o->device.kind == MOEX_DEVICE_CUDA && !MOEX_HAVE_CUDA)
         return moex_fail(MOEX_ERR_UNSUPPORTED,
-                         "device kind %d: whole models run on the cpu in this version of moex; on a GPU, run the "
-                         "experts layers through moex_experts_forward",
-                         (int)o->device.kind);
+                         "device cuda:%d: this build of moex has no CUDA support; load the model on the cpu, or build "
+                         "moex with nvcc",
+                         o->device.index);
+    if (o->device.kind == MOEX_DEVICE_CUDA) {
+        moex_device_info info;
+        moex_status st = moex_device_query(o->device, &info);
+        if (st) return st;
+        if (!info.available)
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "device cuda:%d is not available (%s); load the model on the cpu",
+                             o->device.index, info.reason);
+    }
+    if (o->device.kind == MOEX_DEVICE_CUDA && o->quantize)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "quantize = \"%s\": quantized experts run on the cpu only in this version "
+                         "of moex", o->quantize);
     if (o->dtype != MOEX_F32 && o->dtype != MOEX_BF16)
         return moex_fail(MOEX_ERR_UNSUPPORTED, "compute dtype %s is not supported (f32, bf16)", moex_dtype_name(o->dtype));
     if (o->max_batch < 1 || o->max_batch > 4096 || o->max_seq < 1 || o->max_seq > ((int64_t)1 << 24) ||
@@ -314,6 +328,11 @@ static moex_status check_options(const moex_model_options *o) {
 
 static moex_status alloc_scratch(moex_model *m) {
     const moex_config *c = &m->cfg;
+    if (m->gpu) { /* the step runs on the device: only the rotary table, uploaded by model_gpu_load */
+        const size_t half = (size_t)c->head_dim / 2 + 1;
+        if (!(m->inv_freq = malloc(half * sizeof(float)))) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
+        return moex_rope_inv_freq(c->head_dim, c->rope.theta, m->inv_freq);
+    }
     const size_t T = (size_t)m->opt.max_tokens, H = (size_t)c->hidden_size, d = (size_t)c->head_dim;
     const size_t qd = (size_t)c->num_attention_heads * d, kvd = (size_t)c->num_key_value_heads * d;
     size_t wide = H;
@@ -358,6 +377,10 @@ static moex_status prepare_experts(moex_model *m) {
 static moex_status load(moex_model *m, const char *dir) {
     moex_status st = moex_config_load(dir, &m->cfg);
     if (st || (st = check_family(&m->cfg)) || (st = model_quant_setup(m))) return st;
+    if (m->opt.device.kind == MOEX_DEVICE_CUDA && m->quant.on && !m->opt.dequantize)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "this checkpoint's experts are FP8: quantized experts run on the cpu only "
+                         "in this version of moex; load it with dequantize = 1 (--dequantize) to run on cuda");
+    if (m->opt.device.kind == MOEX_DEVICE_CUDA && (st = model_gpu_state(m))) return st;
     moex_config *c = &m->cfg;
     snprintf(m->prefix, sizeof m->prefix, "%s", c->text_from_sub_config ? "model.language_model." : "model.");
     if ((st = moex_checkpoint_open(dir, &m->ckpt))) return st;
@@ -393,6 +416,8 @@ static moex_status load(moex_model *m, const char *dir) {
     co.max_tokens = m->opt.max_tokens;
     if ((st = moex_context_create(&co, &m->ctx))) return st;
     if ((st = prepare_experts(m))) return st;
+    if (m->gpu) /* device KV cache, handle and scratch instead of the host ones */
+        return (st = alloc_scratch(m)) ? st : model_gpu_load(m);
     if ((st = moex_kv_cache_create(c->num_hidden_layers, m->opt.max_batch, m->opt.max_seq, c->num_key_value_heads,
                                    c->head_dim, &m->cache)))
         return st;
@@ -416,6 +441,8 @@ moex_status moex_model_load(const char *dir, const moex_model_options *options, 
 
 void moex_model_free(moex_model *m) {
     if (!m) return;
+    if (m->gpu && m->ctx) moex_context_synchronize(m->ctx); /* nothing in flight on what is freed below */
+    model_gpu_free(m);
     for (int64_t L = 0; m->layers && L < m->cfg.num_hidden_layers; L++) {
         moex_layer_free(m->layers[L].experts);
         free(m->layers[L].expert_ptrs);
@@ -473,6 +500,11 @@ moex_status moex_model_get_info(const moex_model *m, moex_model_info *info) {
     v.top_k = c->num_experts_per_tok;
     v.moe_intermediate = c->moe_intermediate_size > 0 ? c->moe_intermediate_size : c->intermediate_size;
     v.shared_intermediate = c->shared_expert_intermediate_size;
+    if (m->gpu) {
+        v.gpu_weight_bytes = m->gpu->weight_bytes;
+        v.gpu_kv_cache_bytes = m->gpu->kv_bytes;
+        v.gpu_workspace_bytes = m->gpu->scratch_bytes + moex_context_workspace_bytes(m->ctx);
+    }
     const moex_layer *first = moex_model_experts_layer(m, 0);
     if (first) {
         const moex_experts_desc *d = moex_layer_desc(first);

@@ -7,6 +7,7 @@
 #include "model/config.h"
 #include "model/decoder.h"
 #include "model/experts_map.h"
+#include "model/model_cuda.h"
 #include "model/safetensors.h"
 
 typedef struct model_layer {
@@ -58,6 +59,8 @@ struct moex_model {
     uint16_t *h16, *out16;           /* bf16 compute: the experts' input and output */
     void **owned;                    /* bf16 copies of weights stored in another dtype */
     int n_owned, cap_owned;
+    model_gpu *gpu;                  /* device = CUDA: the device side (model_cuda.h); NULL on the cpu */
+    int64_t inject_decode_error;     /* tests only: > 0 makes decode step n of the next generation fail */
 };
 
 /* One forward step over several sequences. seqs[i] has tokens[i][0 .. n_new)

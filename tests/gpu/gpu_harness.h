@@ -19,7 +19,7 @@ static int g_checks;   /* checks made */
 static int g_quick;    /* --quick */
 
 #if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
+__attribute__((format(printf, 3, 4), unused)) /* not every program calls it */
 #endif
 static void fail_at(const char *file, int line, const char *fmt, ...) {
     if (g_failures++ < PRINT_MAX) {

@@ -1,0 +1,264 @@
+/* load_cuda.c — the device side of a model loaded with device = CUDA: every
+ * weight a step needs uploaded once, the device KV cache, the cuBLAS handle and
+ * the scratch (see model_cuda.h). */
+#include "model/model_internal.h"
+#include <stdlib.h>
+
+#if !MOEX_HAVE_CUDA
+
+moex_status model_gpu_state(moex_model *m) {
+    (void)m;
+    return moex_fail(MOEX_ERR_UNSUPPORTED, "this build of moex has no CUDA support; load the model on the cpu");
+}
+moex_status model_gpu_experts(moex_model *m, moex_experts_desc *d) {
+    (void)m, (void)d;
+    return moex_fail(MOEX_ERR_UNSUPPORTED, "this build of moex has no CUDA support; load the model on the cpu");
+}
+moex_status model_gpu_load(moex_model *m) {
+    (void)m;
+    return moex_fail(MOEX_ERR_UNSUPPORTED, "this build of moex has no CUDA support; load the model on the cpu");
+}
+void model_gpu_free(moex_model *m) { (void)m; }
+
+#else
+
+// Record a device allocation, counted in *counter.
+static moex_status dev_alloc(model_gpu *g, size_t bytes, size_t *counter, void **out) {
+    *out = NULL;
+    if (bytes == 0) return MOEX_OK;
+    if (g->n_allocs == g->cap_allocs) {
+        int cap = g->cap_allocs ? 2 * g->cap_allocs : 256;
+        void **a = realloc(g->allocs, (size_t)cap * sizeof *a);
+        if (!a) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the device allocation table");
+        g->allocs = a;
+        g->cap_allocs = cap;
+    }
+    moex_status st = moex_device_alloc(g->dev, bytes, out);
+    if (st) return st;
+    g->allocs[g->n_allocs++] = *out;
+    *counter += bytes;
+    return MOEX_OK;
+}
+
+// n values of src (host, sdt) converted to ddt into dst (device).
+static moex_status upload_into(model_gpu *g, void *dst, const void *src, moex_dtype sdt, size_t n, moex_dtype ddt) {
+    const moex_device host = {MOEX_DEVICE_CPU, 0};
+    if (sdt == ddt) return moex_memcpy(dst, g->dev, src, host, n * moex_dtype_size(ddt));
+    void *tmp = malloc(n * moex_dtype_size(ddt));
+    if (!tmp) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory converting %zu %s values for the GPU", n,
+                               moex_dtype_name(sdt));
+    moex_status st = moex_convert(src, sdt, tmp, ddt, n);
+    if (!st) st = moex_memcpy(dst, g->dev, tmp, host, n * moex_dtype_size(ddt));
+    free(tmp);
+    return st;
+}
+
+// A device copy of n values of src in dtype ddt (weights).
+static moex_status upload(model_gpu *g, const void *src, moex_dtype sdt, size_t n, moex_dtype ddt, const void **out) {
+    void *d;
+    moex_status st = dev_alloc(g, n * moex_dtype_size(ddt), &g->weight_bytes, &d);
+    if (!st && n) st = upload_into(g, d, src, sdt, n, ddt);
+    if (!st) *out = d;
+    return st;
+}
+
+// The dtype linear layers and experts compute in: f32 for f32 compute, bf16 for bf16.
+static moex_dtype weight_dtype(const moex_model *m) { return m->opt.dtype == MOEX_BF16 ? MOEX_BF16 : MOEX_F32; }
+
+static moex_status upload_linear(moex_model *m, const moex_linear_w *w, moex_linear_w *out) {
+    *out = *w;
+    if (!w->weight) return MOEX_OK;
+    const moex_dtype dt = weight_dtype(m);
+    moex_status st = upload(m->gpu, w->weight, w->dtype, (size_t)(w->out_features * w->in_features), dt, &out->weight);
+    if (st) return st;
+    out->dtype = dt;
+    if (w->bias) return upload(m->gpu, w->bias, w->bias_dtype, (size_t)w->out_features, w->bias_dtype, &out->bias);
+    return MOEX_OK;
+}
+
+static moex_status upload_mlp(moex_model *m, const moex_mlp_w *w, moex_mlp_w *out) {
+    *out = *w;
+    moex_status st = upload_linear(m, &w->gate, &out->gate);
+    if (!st) st = upload_linear(m, &w->up, &out->up);
+    if (!st) st = upload_linear(m, &w->down, &out->down);
+    return st;
+}
+
+static moex_status upload_vec(moex_model *m, const void *src, moex_dtype dt, int64_t n, const void **out) {
+    *out = NULL;
+    return src ? upload(m->gpu, src, dt, (size_t)n, dt, out) : MOEX_OK;
+}
+
+// The device state object, made at the first upload.
+moex_status model_gpu_state(moex_model *m) {
+    if (m->gpu) return MOEX_OK;
+    m->gpu = calloc(1, sizeof *m->gpu);
+    if (!m->gpu) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the model's device state");
+    m->gpu->dev = m->opt.device;
+    return MOEX_OK;
+}
+
+moex_status model_gpu_experts(moex_model *m, moex_experts_desc *d) {
+    moex_status st = model_gpu_state(m);
+    if (st) return st;
+    model_gpu *g = m->gpu;
+    const moex_dtype dt = weight_dtype(m);
+    if (d->expert_up) { /* per-expert matrices: stacked on the device (the layout the tensor-core path reads) */
+        if (!moex_is_float_dtype(d->expert_dtype))
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "experts of dtype %s run on the cpu only in this version of moex",
+                             moex_dtype_name(d->expert_dtype));
+        if (d->transposed)
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "transposed per-expert matrices are not uploaded to the GPU");
+        /* gate_up [E, R, H]: expert e's gate rows then its up rows (R = 2I), or its up rows (R = I);
+         * down [E, H, I] */
+        const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate, R = d->expert_gate ? 2 * I : I;
+        const size_t per = (size_t)(I * H), esz = moex_dtype_size(dt);
+        char *gu, *dn;
+        if ((st = dev_alloc(g, (size_t)(E * R * H) * esz, &g->weight_bytes, (void **)&gu)) ||
+            (st = dev_alloc(g, (size_t)E * per * esz, &g->weight_bytes, (void **)&dn)))
+            return st;
+        for (int64_t e = 0; e < E; e++) {
+            char *rows = gu + (size_t)(e * R * H) * esz;
+            if (d->expert_gate && (st = upload_into(g, rows, d->expert_gate[e], d->expert_dtype, per, dt))) return st;
+            if ((st = upload_into(g, rows + (size_t)(R - I) * (size_t)H * esz, d->expert_up[e], d->expert_dtype, per, dt)))
+                return st;
+            if ((st = upload_into(g, dn + (size_t)e * per * esz, d->expert_down[e], d->expert_dtype, per, dt))) return st;
+        }
+        const int64_t gs[3] = {E, R, H}, ds[3] = {E, H, I};
+        if ((st = moex_tensor_init(&d->gate_up, gu, dt, 3, gs)) || (st = moex_tensor_init(&d->down, dn, dt, 3, ds)))
+            return st;
+        d->gate_up.device = d->down.device = g->dev;
+        d->gated = d->expert_gate != NULL;
+        d->interleaved = 0;
+        d->expert_gate = d->expert_up = d->expert_down = NULL;
+        return MOEX_OK;
+    }
+    moex_tensor *t[2] = {&d->gate_up, &d->down};
+    for (int i = 0; i < 2; i++) {
+        if (!moex_is_float_dtype(t[i]->dtype))
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "experts of dtype %s run on the cpu only in this version of moex",
+                             moex_dtype_name(t[i]->dtype));
+        size_t n = 1;
+        for (int k = 0; k < t[i]->ndim; k++) n *= (size_t)t[i]->shape[k];
+        const void *dev;
+        if ((st = upload(g, t[i]->data, t[i]->dtype, n, dt, &dev))) return st;
+        int64_t shape[MOEX_MAX_DIMS];
+        memcpy(shape, t[i]->shape, sizeof shape);
+        if ((st = moex_tensor_init(t[i], (void *)dev, dt, t[i]->ndim, shape))) return st;
+        t[i]->device = g->dev;
+    }
+    return MOEX_OK;
+}
+
+static moex_status upload_layers(moex_model *m) {
+    model_gpu *g = m->gpu;
+    const moex_config *c = &m->cfg;
+    g->layers = calloc((size_t)c->num_hidden_layers, sizeof *g->layers);
+    if (!g->layers) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the device layer table");
+    for (int64_t L = 0; L < c->num_hidden_layers; L++) {
+        const model_layer *ly = &m->layers[L];
+        gpu_layer *gl = &g->layers[L];
+        moex_status st = upload_vec(m, ly->in_norm, ly->norm_dtype, c->hidden_size, &gl->in_norm);
+        if (!st) st = upload_vec(m, ly->post_norm, ly->norm_dtype, c->hidden_size, &gl->post_norm);
+        if (!st) st = upload_vec(m, ly->q_norm, ly->q_norm_dtype, c->head_dim, &gl->q_norm);
+        if (!st) st = upload_vec(m, ly->k_norm, ly->k_norm_dtype, c->head_dim, &gl->k_norm);
+        if (!st) st = upload_linear(m, &ly->q, &gl->q);
+        if (!st) st = upload_linear(m, &ly->k, &gl->k);
+        if (!st) st = upload_linear(m, &ly->v, &gl->v);
+        if (!st) st = upload_linear(m, &ly->o, &gl->o);
+        if (!st && ly->is_moe) st = upload_linear(m, &ly->router, &gl->router);
+        if (!st && !ly->is_moe) st = upload_mlp(m, &ly->dense, &gl->dense);
+        if (!st && ly->has_shared) st = upload_mlp(m, &ly->shared, &gl->shared);
+        if (!st && ly->has_shared) st = upload_linear(m, &ly->shared_gate, &gl->shared_gate);
+        if (st) return st;
+    }
+    return MOEX_OK;
+}
+
+// The embedding in the linear layers' dtype (exact for f32), shared with a tied lm_head.
+static moex_status upload_embed_head(moex_model *m) {
+    model_gpu *g = m->gpu;
+    const moex_config *c = &m->cfg;
+    const moex_dtype dt = weight_dtype(m);
+    moex_status st = upload(g, m->embed, m->embed_dtype, (size_t)(c->vocab_size * c->hidden_size), dt, &g->embed);
+    if (st) return st;
+    g->embed_dtype = dt;
+    if ((st = upload_vec(m, m->final_norm, m->final_norm_dtype, c->hidden_size, &g->final_norm))) return st;
+    if (c->tie_word_embeddings) {
+        g->lm_head = (moex_linear_w){g->embed, dt, c->vocab_size, c->hidden_size, NULL, MOEX_F32};
+        return MOEX_OK;
+    }
+    return upload_linear(m, &m->lm_head, &g->lm_head);
+}
+
+static moex_status alloc_scratch(moex_model *m) {
+    model_gpu *g = m->gpu;
+    const moex_config *c = &m->cfg;
+    const size_t T = (size_t)m->opt.max_tokens, B = (size_t)m->opt.max_batch, H = (size_t)c->hidden_size;
+    const size_t d = (size_t)c->head_dim, qd = (size_t)c->num_attention_heads * d;
+    const size_t kvd = (size_t)c->num_key_value_heads * d;
+    size_t inter = 1; /* the dense MLPs' and the shared expert's widths */
+    if ((size_t)c->intermediate_size > inter) inter = (size_t)c->intermediate_size;
+    if ((size_t)c->shared_expert_intermediate_size > inter) inter = (size_t)c->shared_expert_intermediate_size;
+    size_t widest_in = H > qd ? H : qd; /* the widest input of a linear layer */
+    if (inter > widest_in) widest_in = inter;
+    const size_t E = (size_t)(c->num_experts > 0 ? c->num_experts : 1);
+    const size_t K = (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1);
+    float **f[] = {&g->x, &g->h, &g->mlp, &g->tmp, &g->attn, &g->q, &g->k, &g->v, &g->gate, &g->up, &g->cos, &g->sin,
+                   &g->router_logits, &g->route_w, &g->gate_logit, &g->last, &g->normed, &g->logits, &g->inv_freq};
+    const size_t n[] = {T * H, T * H, T * H, T * H, T * qd, T * qd, T * kvd, T * kvd, T * inter, T * inter,
+                        T * (d / 2), T * (d / 2), T * E, T * K, T, B * H, B * H, B * (size_t)c->vocab_size, d / 2};
+    moex_status st = MOEX_OK;
+    for (size_t i = 0; !st && i < sizeof n / sizeof n[0]; i++)
+        st = dev_alloc(g, n[i] * sizeof(float), &g->scratch_bytes, (void **)f[i]);
+    if (!st) st = dev_alloc(g, T * K * sizeof(int32_t), &g->scratch_bytes, (void **)&g->route_ids);
+    if (!st) st = dev_alloc(g, T * sizeof(int64_t), &g->scratch_bytes, (void **)&g->positions);
+    if (!st) st = dev_alloc(g, T * sizeof(int64_t), &g->scratch_bytes, (void **)&g->tokens);
+    if (!st) st = dev_alloc(g, B * sizeof(int64_t), &g->scratch_bytes, (void **)&g->argmax);
+    if (!st) st = dev_alloc(g, B * sizeof(moex_attn_seq), &g->scratch_bytes, (void **)&g->seqs);
+    if (!st && m->opt.dtype == MOEX_BF16) {
+        st = dev_alloc(g, T * H * 2, &g->scratch_bytes, (void **)&g->h16);
+        if (!st) st = dev_alloc(g, T * H * 2, &g->scratch_bytes, (void **)&g->out16);
+        if (!st) st = dev_alloc(g, T * widest_in * 2, &g->scratch_bytes, &g->x16);
+    }
+    if (!st) st = upload_into(g, g->inv_freq, m->inv_freq, MOEX_F32, d / 2, MOEX_F32);
+    return st;
+}
+
+moex_status model_gpu_load(moex_model *m) {
+    moex_status st = model_gpu_state(m);
+    if (st) return st;
+    model_gpu *g = m->gpu;
+    const moex_config *c = &m->cfg;
+    if ((st = moex_context_stream(m->ctx, &g->stream))) return st;
+    g->flags = m->ctx->device_flags;
+    g->graphs = calloc((size_t)m->opt.max_batch + 1, sizeof *g->graphs);
+    if (!g->graphs) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the graph table");
+    if ((st = upload_embed_head(m)) || (st = upload_layers(m))) return st;
+    if ((st = moex_cuda_kv_cache_create(g->dev.index, c->num_hidden_layers, m->opt.max_batch, m->opt.max_seq,
+                                        c->num_key_value_heads, c->head_dim, &g->cache)))
+        return st;
+    g->kv_bytes = 2 * sizeof(float) * (size_t)c->num_hidden_layers * (size_t)m->opt.max_batch *
+                  (size_t)c->num_key_value_heads * (size_t)m->opt.max_seq * (size_t)c->head_dim;
+    if ((st = moex_cuda_blas_create(g->dev.index, 0, &g->blas))) return st;
+    g->scratch_bytes += g->blas.workspace_bytes;
+    return alloc_scratch(m);
+}
+
+void model_gpu_free(moex_model *m) {
+    model_gpu *g = m ? m->gpu : NULL;
+    if (!g) return;
+    for (int64_t b = 0; g->graphs && b <= m->opt.max_batch; b++) moex_graph_free(g->graphs[b].graph);
+    free(g->graphs);
+    moex_cuda_blas_free(&g->blas);
+    moex_cuda_kv_cache_free(&g->cache);
+    for (int i = 0; i < g->n_allocs; i++) moex_device_free(g->dev, g->allocs[i]);
+    free(g->allocs);
+    free(g->layers);
+    free(g);
+    m->gpu = NULL;
+}
+
+moex_status model_gpu_reset(moex_model *m, int64_t seq) { return moex_cuda_kv_cache_reset(&m->gpu->cache, seq, m->gpu->stream); }
+
+#endif
