@@ -93,4 +93,10 @@ moex_status model_quantize_experts(moex_model *m, model_layer *ly, moex_experts_
 
 moex_status moex_model_step(moex_model *m, const model_step_seq *seqs, int64_t nseq, float *logits);
 
+/* The host side of a step, shared by both devices: the sizes against the load options and
+ * the token ids against the vocabulary checked, attn[nseq] filled, the new tokens stacked
+ * into *tokens (malloc'd, *total of them; the caller frees it). */
+moex_status model_step_inputs(const moex_model *m, const model_step_seq *seqs, int64_t nseq, moex_attn_seq *attn,
+                              int64_t *total, int64_t **tokens);
+
 #endif

@@ -85,12 +85,12 @@ static moex_status moe_block(moex_model *m, const model_layer *ly, int64_t T) {
     return MOEX_OK;
 }
 
-moex_status moex_model_step(moex_model *m, const model_step_seq *seqs, int64_t nseq, float *logits) {
+moex_status model_step_inputs(const moex_model *m, const model_step_seq *seqs, int64_t nseq, moex_attn_seq *attn,
+                              int64_t *total, int64_t **tokens) {
     const moex_config *c = &m->cfg;
-    const int64_t H = c->hidden_size;
-    const int th = m->ctx->options.num_threads;
     int64_t T = 0;
-    moex_attn_seq attn[nseq > 0 ? nseq : 1];
+    *total = 0;
+    *tokens = NULL;
     for (int64_t s = 0; s < nseq; s++) {
         if (seqs[s].past + seqs[s].n_new > m->opt.max_seq)
             return moex_fail(MOEX_ERR_WORKSPACE, "sequence %lld would hold %lld tokens; the model was loaded with max_seq = %lld",
@@ -98,21 +98,35 @@ moex_status moex_model_step(moex_model *m, const model_step_seq *seqs, int64_t n
         if (T + seqs[s].n_new > m->opt.max_tokens)
             return moex_fail(MOEX_ERR_WORKSPACE, "this step has more than max_tokens = %lld tokens",
                              (long long)m->opt.max_tokens);
-        attn[s] = (moex_attn_seq){seqs[s].seq, seqs[s].n_new, seqs[s].past};
         for (int64_t i = 0; i < seqs[s].n_new; i++) {
             int64_t tok = seqs[s].tokens[i];
             if (tok < 0 || tok >= c->vocab_size)
                 return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "token %lld of prompt %lld is %lld, outside [0, %lld)",
                                  (long long)i, (long long)s, (long long)tok, (long long)c->vocab_size);
-            m->positions[T + i] = seqs[s].past + i;
         }
+        attn[s] = (moex_attn_seq){seqs[s].seq, seqs[s].n_new, seqs[s].past};
         T += seqs[s].n_new;
     }
-    int64_t *tok = calloc((size_t)(T > 0 ? T : 1), sizeof *tok);
+    int64_t *tok = malloc((size_t)(T > 0 ? T : 1) * sizeof *tok);
     if (!tok) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory");
     for (int64_t s = 0, t = 0; s < nseq; s++)
         for (int64_t i = 0; i < seqs[s].n_new; i++) tok[t++] = seqs[s].tokens[i];
-    moex_status st = moex_embedding(m->embed, m->embed_dtype, c->vocab_size, H, tok, T, m->x);
+    *total = T;
+    *tokens = tok;
+    return MOEX_OK;
+}
+
+moex_status moex_model_step(moex_model *m, const model_step_seq *seqs, int64_t nseq, float *logits) {
+    const moex_config *c = &m->cfg;
+    const int64_t H = c->hidden_size;
+    const int th = m->ctx->options.num_threads;
+    int64_t T = 0, *tok = NULL;
+    moex_attn_seq attn[nseq > 0 ? nseq : 1];
+    moex_status st = model_step_inputs(m, seqs, nseq, attn, &T, &tok);
+    if (st) return st;
+    for (int64_t s = 0, t = 0; s < nseq; s++)
+        for (int64_t i = 0; i < seqs[s].n_new; i++) m->positions[t++] = seqs[s].past + i;
+    st = moex_embedding(m->embed, m->embed_dtype, c->vocab_size, H, tok, T, m->x);
     free(tok);
     round_act(m, m->x, T * H);
     if (st || (st = rope_tables(m, T))) return st;

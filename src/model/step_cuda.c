@@ -179,30 +179,12 @@ moex_status model_gpu_step(moex_model *m, const model_step_seq *seqs, int64_t ns
     if (nseq < 1 || nseq > m->opt.max_batch)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%lld sequences in a step; the model was loaded for 1 to max_batch = %lld",
                          (long long)nseq, (long long)m->opt.max_batch);
-    int64_t T = 0;
+    int64_t T = 0, *tok = NULL;
     moex_attn_seq attn[nseq];
-    for (int64_t s = 0; s < nseq; s++) {
-        if (seqs[s].past + seqs[s].n_new > m->opt.max_seq)
-            return moex_fail(MOEX_ERR_WORKSPACE, "sequence %lld would hold %lld tokens; the model was loaded with max_seq = %lld",
-                             (long long)s, (long long)(seqs[s].past + seqs[s].n_new), (long long)m->opt.max_seq);
-        if (T + seqs[s].n_new > m->opt.max_tokens)
-            return moex_fail(MOEX_ERR_WORKSPACE, "this step has more than max_tokens = %lld tokens",
-                             (long long)m->opt.max_tokens);
-        for (int64_t i = 0; i < seqs[s].n_new; i++) {
-            int64_t tok = seqs[s].tokens[i];
-            if (tok < 0 || tok >= c->vocab_size)
-                return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "token %lld of prompt %lld is %lld, outside [0, %lld)",
-                                 (long long)i, (long long)s, (long long)tok, (long long)c->vocab_size);
-        }
-        attn[s] = (moex_attn_seq){seqs[s].seq, seqs[s].n_new, seqs[s].past};
-        T += seqs[s].n_new;
-    }
-    int64_t *tok = malloc((size_t)(T > 0 ? T : 1) * sizeof *tok);
-    if (!tok) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory");
-    for (int64_t s = 0, t = 0; s < nseq; s++)
-        for (int64_t i = 0; i < seqs[s].n_new; i++) tok[t++] = seqs[s].tokens[i];
+    moex_status st = model_step_inputs(m, seqs, nseq, attn, &T, &tok);
+    if (st) return st;
     // The previous step was synchronised: the buffers are free to be rewritten.
-    moex_status st = moex_memcpy(g->tokens, g->dev, tok, host, (size_t)T * sizeof *tok);
+    st = moex_memcpy(g->tokens, g->dev, tok, host, (size_t)T * sizeof *tok);
     free(tok);
     if (!st) st = moex_memcpy(g->seqs, g->dev, attn, host, (size_t)nseq * sizeof *attn);
     if (st) return st;
