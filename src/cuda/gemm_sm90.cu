@@ -25,7 +25,12 @@ namespace {
 constexpr int BM = GEMM_TILE_ROWS, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
-constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
+/* GEMM_SMEM_EPILOGUE: after the stages' barriers, a staging area of 16 rows x 64 columns
+ * (rows padded to 72 elements: conflict-free) for each of the 8 consumer warps */
+constexpr int SROW = 72, EPI_OFFSET = STAGES * STAGE_BYTES + 128;
+constexpr int EPI_BYTES = GEMM_SMEM_EPILOGUE ? 8 * 16 * SROW * 2 : 0;
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 128 + EPI_BYTES;
+static_assert(2 * STAGES * 8 <= 128, "barriers");
 /* setmaxnreg: 128 producer + 256 consumer threads share the pool of a block compiled for
  * 168 registers; asking for more than the pool makes setmaxnreg.inc wait forever */
 constexpr int CONSUMER_REGS = GEMM_CONSUMER_REGS, PRODUCER_REGS = (384 * 168 - 256 * CONSUMER_REGS) / 128 / 8 * 8;
@@ -262,6 +267,59 @@ __global__ void __launch_bounds__(THREADS, 1)
          * unrolled epilogue must stay small or instruction fetch stalls the tile loop */
         const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
         const bool silu = plain && L.act == MOEX_ACT_SILU;
+#if GEMM_SMEM_EPILOGUE
+        if (EPI != EPI_GATE_UP_INTERLEAVED) {
+            /* the warp's 16 rows, 64 columns at a time: values into its staging area (thread: rows
+             * lane/4 and +8, columns 8ii + c0, +1), then 16-byte pieces to C, 8 lanes per row */
+            T *stage_w = (T *)(smem + EPI_OFFSET) + ((wg - 1) * 4 + warp) * (16 * SROW);
+            constexpr int CHUNKS = EPI == EPI_GATE_UP_CONCAT ? 2 : 4;
+            const int64_t n_base = tl.n * (EPI == EPI_GATE_UP_CONCAT ? BN / 2 : BN);
+            const int row_base = (wg - 1) * 64 + warp * 16;
+#pragma unroll
+            for (int ch = 0; ch < CHUNKS; ch++) {
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int ii = 0; ii < 8; ii++) {
+                        const int i = 8 * ch + ii;
+                        const int64_t n = n_base + 8 * i + c0;
+                        float v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
+                        if (EPI == EPI_GATE_UP_CONCAT) {
+                            const float u0 = d[4 * (i + 16) + 2 * h], u1 = d[4 * (i + 16) + 2 * h + 1];
+                            if (silu) {
+                                v0 = v0 / (1.0f + __expf(-v0)) * u0;
+                                v1 = v1 / (1.0f + __expf(-v1)) * u1;
+                            } else {
+                                v0 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, v0, u0);
+                                v1 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n + 1, v1, u1);
+                            }
+                        } else if (EPI == EPI_UP_ONLY || !plain) {
+                            v0 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, 0.0f, v0);
+                            v1 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n + 1, 0.0f, v1);
+                        }
+                        store_pair(stage_w + (lane / 4 + 8 * h) * SROW + 8 * ii + c0, v0, v1);
+                    }
+                __syncwarp();
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int idx = q * 32 + lane, row = idx / 8, piece = idx % 8;
+                    const int64_t n = n_base + 64 * ch + 8 * piece;
+                    if (row_base + row < tl.rows && n < p.N) {
+                        const uint4 v = *(const uint4 *)(stage_w + row * SROW + 8 * piece);
+                        T *dst = (T *)p.c + (tl.a_row + row_base + row) * p.N + n;
+                        if (n + 8 <= p.N) {
+                            *(uint4 *)dst = v;
+                        } else {
+                            const T *s = (const T *)&v;
+                            for (int j = 0; j < 8 && n + j < p.N; j++) dst[j] = s[j];
+                        }
+                    }
+                }
+                __syncwarp(); /* the staging area is rewritten by the next chunk */
+            }
+            continue;
+        }
+#endif
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int r = r0 + 8 * h;
