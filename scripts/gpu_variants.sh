@@ -2,8 +2,8 @@
 # gpu_variants.sh OUT_DIR [NAME=CUDA_FLAGS ...] — time build-time variants of the CUDA
 # kernels side by side on one GPU (bench/cuda-notes.md keeps the results).
 #
-# Builds moex once per variant (in build-var-NAME/, in parallel), runs each variant's
-# tests/gpu/test_cuda_backends --quick, then `moex bench --device cuda` for the cases in
+# Builds moex once per variant (in build-var-NAME/, in parallel), runs every variant's
+# tests/gpu/test_cuda_backends (all at once), then `moex bench --device cuda` for the cases in
 # VARIANT_CASES, and writes OUT_DIR/variants.csv (the variant's name, then the bench row)
 # and OUT_DIR/variants.log. Without arguments the variants are the grouped GEMM's:
 #   main        the defaults
@@ -57,7 +57,15 @@ for v in "${VARIANTS[@]}"; do
 done
 wait
 
-echo "== tests (--quick) and bench"
+echo "== tests (the whole test_cuda_backends of every variant at once: correctness only)"
+for v in "${VARIANTS[@]}"; do
+  name=${v%%=*} b="build-var-$name"
+  [ -x "$b/tests/gpu/test_cuda_backends" ] || continue
+  (timeout 240 "$b/tests/gpu/test_cuda_backends" >"$OUT/test_$name.out" 2>&1
+   echo "$name: test exit $? ($(tail -1 "$OUT/test_$name.out"))") &
+done
+wait
+echo "== bench"
 csv="$OUT/variants.csv"
 echo "variant,shape,backend,device,dtype,experts,threads,tokens,graph,ms,gflops,weight_gbps,max_abs_err,gemm_frac,bw_frac" >"$csv"
 for v in "${VARIANTS[@]}"; do
@@ -66,8 +74,6 @@ for v in "${VARIANTS[@]}"; do
     echo "$name: not built (build-var-$name.log):"; tail -5 "build-var-$name.log"
     continue
   fi
-  timeout 120 "$b/tests/gpu/test_cuda_backends" --quick >"$OUT/test_$name.out" 2>&1
-  echo "$name: test exit $? ($(tail -1 "$OUT/test_$name.out"))"
   IFS=, read -ra cases <<<"$CASES"
   for c in "${cases[@]}"; do
     rm -f "$OUT/bench.tmp"
