@@ -254,19 +254,25 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     if (tc) {
         const size_t es = esize(L.wdt);
         void *xa = ws, *hb = ws + align256((size_t)f->P * L.H * es), *y = (char *)hb + align256((size_t)f->P * L.I * es);
-        if ((st = routing_gather(r, f->E, f->P, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], xa, L.wdt,
-                                 L.H, f->stream)))
+        /* GEMM_DIRECT_A builds, hidden rows in the weights' dtype with 16-byte aligned rows: the GEMM
+         * copies them by index; otherwise gather (and convert) them first */
+        const int64_t ld = a->hidden->strides[0];
+        const int direct = GEMM_DIRECT_A && a->hidden->dtype == L.wdt && ((uintptr_t)a->hidden->data & 15) == 0 &&
+                           (ld * (int64_t)es) % 16 == 0;
+        if (!direct && (st = routing_gather(r, f->E, f->P, a->hidden->data, a->hidden->dtype, ld, xa, L.wdt, L.H,
+                                            f->stream)))
             return st;
         const moex_experts_desc *d = a->layer;
         grouped_gemm_args g1, g2;
         memset(&g1, 0, sizeof g1);
-        g1.a = xa, g1.a_rows = f->P, g1.b = d->gate_up.data;
+        g1.a = direct ? a->hidden->data : xa, g1.a_rows = f->P, g1.b = d->gate_up.data;
+        g1.a_rows_of = direct ? r.slot_token : NULL, g1.a_ld = ld;
         g1.rows_per_expert = d->gated ? 2 * L.I : L.I, g1.up_offset = L.I;
         g1.K = L.H, g1.N = L.I, g1.c = hb;
         g1.offsets = r.offsets, g1.mtile_off = r.mtile_off;
         g1.epi = s->epi, g1.L = L, g1.dt = L.wdt;
         g2 = g1;
-        g2.a = hb, g2.b = d->down.data, g2.rows_per_expert = L.H, g2.up_offset = 0;
+        g2.a = hb, g2.a_rows_of = NULL, g2.b = d->down.data, g2.rows_per_expert = L.H, g2.up_offset = 0;
         g2.K = L.I, g2.N = L.H, g2.c = y, g2.epi = EPI_DOWN;
         for (int i = 0; i < launches; i++) {
             g1.e_begin = g2.e_begin = per_expert ? i : 0;

@@ -25,10 +25,23 @@ namespace {
 constexpr int BM = GEMM_TILE_ROWS, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
-constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
+/* GEMM_SMEM_EPILOGUE: after the stages' barriers, a staging area of 16 rows x 64 columns
+ * (rows padded to 72 elements: conflict-free) for each of the 8 consumer warps */
+constexpr int SROW = 72, EPI_OFFSET = STAGES * STAGE_BYTES + 128;
+constexpr int EPI_BYTES = GEMM_SMEM_EPILOGUE ? 8 * 16 * SROW * 2 : 0;
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 128 + EPI_BYTES;
+static_assert(2 * STAGES * 8 <= 128, "barriers");
+/* setmaxnreg: 128 producer + 256 consumer threads share the pool of a block compiled for
+ * 168 registers; asking for more than the pool makes setmaxnreg.inc wait forever */
+constexpr int CONSUMER_REGS = GEMM_CONSUMER_REGS, PRODUCER_REGS = (384 * 168 - 256 * CONSUMER_REGS) / 128 / 8 * 8;
+static_assert(CONSUMER_REGS % 8 == 0 && CONSUMER_REGS >= 168 && CONSUMER_REGS <= 240, "consumer registers");
+static_assert(PRODUCER_REGS >= 24 && 128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * 168, "register pool");
 
 struct gemm_params {
     int64_t K, N, rows_per_expert, up_offset, n_tiles, e_begin, e_end;
+    const void *a;        /* direct mode: the source rows */
+    int64_t a_ld;
+    const int *a_rows_of; /* direct mode when not NULL: the source row of each slot */
     const int *offsets, *mtile_off;
     void *c;
     gemm_epilogue epi;
@@ -66,6 +79,16 @@ __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, uint
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                  ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(col), "r"(row), "r"(smem_addr(bar))
                  : "memory");
+}
+
+/* 16 bytes (or zeros when bytes == 0) from global src into shared dst, asynchronously. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes) : "memory");
+}
+
+/* Arrive on bar once this thread's cp.async copies so far have landed (one of the barrier's arrivals). */
+__device__ __forceinline__ void cp_async_arrive(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
 /* Matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart. */
@@ -155,7 +178,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
-            mbar_init(&full[s], 1);
+            mbar_init(&full[s], GEMM_DIRECT_A && p.a_rows_of ? 1 + 128 : 1); /* direct: each producer thread too */
             mbar_init(&empty[s], CONSUMERS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -164,24 +187,46 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int64_t total = (int64_t)(p.mtile_off[p.e_end] - p.mtile_off[p.e_begin]) * p.n_tiles;
     const int k_blocks = (int)((p.K + BK - 1) / BK);
 
-    if (wg == 0) { /* producer */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (tid != 0) return;
+    if (wg == 0) { /* producer: thread 0 issues the TMA copies; in direct mode all 128 threads copy A rows */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
+        const bool direct = GEMM_DIRECT_A && p.a_rows_of != nullptr;
+        if (!direct && tid != 0) return;
         int stage = 0, phase = 0;
+        const int chunk = tid % 8; /* direct: 16-byte chunk of a 128-byte row slice; rows tid/8 + 16i */
         for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
             const tile tl = find_tile(p, t);
             const int64_t b_row = tl.e * p.rows_per_expert;
+            int src[8]; /* direct: the source row of each of this thread's 8 rows, or -1 */
+            if (direct)
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const int r = tid / 8 + 16 * i;
+                    src[i] = r < tl.rows ? p.a_rows_of[tl.a_row + r] : -1;
+                }
             for (int kb = 0; kb < k_blocks; kb++) {
                 mbar_wait(&empty[stage], phase ^ 1);
                 unsigned char *a = smem + stage * STAGE_BYTES, *b = a + A_BYTES;
-                mbar_expect_tx(&full[stage], STAGE_BYTES);
-                tma_load(a, &map_a, &full[stage], kb * BK, (int)tl.a_row);
-                if (EPI == EPI_GATE_UP_CONCAT) {
-                    tma_load(b, &map_b, &full[stage], kb * BK, (int)(b_row + tl.n * (BN / 2)));
-                    tma_load(b + B_BYTES / 2, &map_b, &full[stage], kb * BK,
-                             (int)(b_row + p.up_offset + tl.n * (BN / 2)));
-                } else {
-                    tma_load(b, &map_b, &full[stage], kb * BK, (int)(b_row + tl.n * BN));
+                if (tid == 0) {
+                    mbar_expect_tx(&full[stage], direct ? B_BYTES : STAGE_BYTES);
+                    if (!direct) tma_load(a, &map_a, &full[stage], kb * BK, (int)tl.a_row);
+                    if (EPI == EPI_GATE_UP_CONCAT) {
+                        tma_load(b, &map_b, &full[stage], kb * BK, (int)(b_row + tl.n * (BN / 2)));
+                        tma_load(b + B_BYTES / 2, &map_b, &full[stage], kb * BK,
+                                 (int)(b_row + p.up_offset + tl.n * (BN / 2)));
+                    } else {
+                        tma_load(b, &map_b, &full[stage], kb * BK, (int)(b_row + tl.n * BN));
+                    }
+                }
+                if (direct) {
+                    const int64_t col = (int64_t)kb * BK + chunk * 8;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const int r = tid / 8 + 16 * i; /* 128-byte swizzle: chunk ^ (row % 8) */
+                        const bool in = src[i] >= 0 && col < p.K;
+                        const char *from = (const char *)p.a + ((int64_t)(in ? src[i] : 0) * p.a_ld + (in ? col : 0)) * 2;
+                        cp_async16(a + r * 128 + ((chunk ^ (r & 7)) * 16), from, in ? 16 : 0);
+                    }
+                    cp_async_arrive(&full[stage]);
                 }
                 if (++stage == STAGES) stage = 0, phase ^= 1;
             }
@@ -190,7 +235,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
 
     /* consumers: warpgroup wg computes rows (wg-1)*64 .. +64 of each tile */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
     const int warp = tid / 32, lane = tid % 32;
     int stage = 0, phase = 0;
     float d[128];
@@ -200,6 +245,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         int prev = -1;
         for (int kb = 0; kb < k_blocks; kb++) {
             mbar_wait(&full[stage], phase);
+            /* rows copied with cp.async went through the generic proxy; wgmma reads through the async one */
+            if (GEMM_DIRECT_A && p.a_rows_of) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             const unsigned char *a = smem + stage * STAGE_BYTES + (wg - 1) * (64 * 128), *b = smem + stage * STAGE_BYTES + A_BYTES;
             wgmma_fence();
 #pragma unroll
@@ -220,6 +267,59 @@ __global__ void __launch_bounds__(THREADS, 1)
          * unrolled epilogue must stay small or instruction fetch stalls the tile loop */
         const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
         const bool silu = plain && L.act == MOEX_ACT_SILU;
+#if GEMM_SMEM_EPILOGUE
+        if (EPI != EPI_GATE_UP_INTERLEAVED) {
+            /* the warp's 16 rows, 64 columns at a time: values into its staging area (thread: rows
+             * lane/4 and +8, columns 8ii + c0, +1), then 16-byte pieces to C, 8 lanes per row */
+            T *stage_w = (T *)(smem + EPI_OFFSET) + ((wg - 1) * 4 + warp) * (16 * SROW);
+            constexpr int CHUNKS = EPI == EPI_GATE_UP_CONCAT ? 2 : 4;
+            const int64_t n_base = tl.n * (EPI == EPI_GATE_UP_CONCAT ? BN / 2 : BN);
+            const int row_base = (wg - 1) * 64 + warp * 16;
+#pragma unroll
+            for (int ch = 0; ch < CHUNKS; ch++) {
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int ii = 0; ii < 8; ii++) {
+                        const int i = 8 * ch + ii;
+                        const int64_t n = n_base + 8 * i + c0;
+                        float v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
+                        if (EPI == EPI_GATE_UP_CONCAT) {
+                            const float u0 = d[4 * (i + 16) + 2 * h], u1 = d[4 * (i + 16) + 2 * h + 1];
+                            if (silu) {
+                                v0 = v0 / (1.0f + __expf(-v0)) * u0;
+                                v1 = v1 / (1.0f + __expf(-v1)) * u1;
+                            } else {
+                                v0 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, v0, u0);
+                                v1 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n + 1, v1, u1);
+                            }
+                        } else if (EPI == EPI_UP_ONLY || !plain) {
+                            v0 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, 0.0f, v0);
+                            v1 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n + 1, 0.0f, v1);
+                        }
+                        store_pair(stage_w + (lane / 4 + 8 * h) * SROW + 8 * ii + c0, v0, v1);
+                    }
+                __syncwarp();
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int idx = q * 32 + lane, row = idx / 8, piece = idx % 8;
+                    const int64_t n = n_base + 64 * ch + 8 * piece;
+                    if (row_base + row < tl.rows && n < p.N) {
+                        const uint4 v = *(const uint4 *)(stage_w + row * SROW + 8 * piece);
+                        T *dst = (T *)p.c + (tl.a_row + row_base + row) * p.N + n;
+                        if (n + 8 <= p.N) {
+                            *(uint4 *)dst = v;
+                        } else {
+                            const T *s = (const T *)&v;
+                            for (int j = 0; j < 8 && n + j < p.N; j++) dst[j] = s[j];
+                        }
+                    }
+                }
+                __syncwarp(); /* the staging area is rewritten by the next chunk */
+            }
+            continue;
+        }
+#endif
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int r = r0 + 8 * h;
@@ -336,11 +436,16 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
     CUtensorMap map_a, map_b;
     const int b_box = g->epi == EPI_GATE_UP_CONCAT ? BN / 2 : BN;
     int64_t E_rows = g->L.E * g->rows_per_expert;
-    moex_status st = make_map(&map_a, g->a, g->a_rows, g->K, BM, g->dt, "A");
+    /* in direct mode map_a is not read (the rows are copied by index); any valid map will do */
+    moex_status st = g->a_rows_of ? make_map(&map_a, g->b, 1, g->K, BM, g->dt, "A (unused)")
+                                  : make_map(&map_a, g->a, g->a_rows, g->K, BM, g->dt, "A");
     if (!st) st = make_map(&map_b, g->b, E_rows, g->K, b_box, g->dt, "B");
     if (st) return st;
     gemm_params p;
     p.K = g->K;
+    p.a = g->a;
+    p.a_ld = g->a_ld;
+    p.a_rows_of = GEMM_DIRECT_A ? g->a_rows_of : nullptr;
     p.N = g->N;
     p.rows_per_expert = g->rows_per_expert;
     p.up_offset = g->up_offset;

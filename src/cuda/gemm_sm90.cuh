@@ -11,6 +11,24 @@
 /* Rows of A per tile: the routing's tile size (routing_build's tile_rows). */
 #define GEMM_TILE_ROWS 128
 
+/* Build-time experiments (bench/cuda-notes.md), both off by default:
+ *   GEMM_DIRECT_A 1: the gate/up GEMM copies hidden rows by index into the swizzled stage
+ *     (cp.async by the 128 producer threads) instead of reading a gathered copy with TMA;
+ *   GEMM_SMEM_EPILOGUE 1: the epilogue (not the interleaved one) writes each warp's 16 x 64
+ *     results into shared memory, then stores whole 16-byte row pieces (full sectors) instead
+ *     of 4-byte pairs eight rows apart;
+ *   GEMM_CONSUMER_REGS: registers per consumer thread (232, or 200 as the direct copy needs);
+ *     the producer gets the rest of the block's pool, (384*168 - 256*consumer) / 128. */
+#ifndef GEMM_SMEM_EPILOGUE
+#define GEMM_SMEM_EPILOGUE 0 /* 1: results staged per warp in shared memory, stored in 16-byte pieces */
+#endif
+#ifndef GEMM_DIRECT_A
+#define GEMM_DIRECT_A 0
+#endif
+#ifndef GEMM_CONSUMER_REGS
+#define GEMM_CONSUMER_REGS (GEMM_DIRECT_A ? 200 : 232)
+#endif
+
 typedef enum gemm_epilogue {
     EPI_DOWN = 0,               /* c = acc + down bias */
     EPI_GATE_UP_CONCAT = 1,     /* c = act(gate + b, up + b); gate rows n, up rows up_offset + n */
@@ -21,6 +39,8 @@ typedef enum gemm_epilogue {
 typedef struct grouped_gemm_args {
     const void *a;             /* A [a_rows, K], rows of expert e at offsets[e] .. offsets[e+1] */
     int64_t a_rows;
+    const int *a_rows_of;      /* NULL, or (GEMM_DIRECT_A) row s of A is a[a_rows_of[s] * a_ld ...] */
+    int64_t a_ld;
     const void *b;             /* B [E * rows_per_expert, K]: expert e's matrix from row e*rows_per_expert */
     int64_t rows_per_expert, up_offset;
     int64_t K, N;              /* N: outputs per row (H for down, I for gate/up) */
