@@ -9,7 +9,7 @@
 #   main        the defaults
 #   regs200     GEMM_CONSUMER_REGS=200 (the register split the direct copy needs)
 #   direct      GEMM_DIRECT_A=1 (hidden rows copied by index; 200 consumer registers)
-#   smemepi     GEMM_SMEM_EPILOGUE=1 (results stored through shared memory in 16-byte pieces)
+#   directepi   GEMM_SMEM_EPILOGUE=0 (results stored straight from the registers)
 # Run scripts/gpu_suite.sh OUT_DIR SUITE_STEPS=none first on a machine without cJSON or
 # pkg-config: the variants reuse the dependencies it makes in build-gpu/deps.
 # Every step is time-limited, so one hung variant cannot take the run with it.
@@ -28,7 +28,7 @@ shift
 cd "$ROOT" || exit 2
 VARIANTS=("$@")
 [ ${#VARIANTS[@]} -eq 0 ] && VARIANTS=("main=" "regs200=-DGEMM_CONSUMER_REGS=200" "direct=-DGEMM_DIRECT_A=1"
-                                    "smemepi=-DGEMM_SMEM_EPILOGUE=1")
+                                    "directepi=-DGEMM_SMEM_EPILOGUE=0")
 CASES=${VARIANT_CASES:-qwen3-30b-a3b:16384,deepseek-v3:16384}
 BACKENDS=${VARIANT_BACKENDS:-grouped_mm}
 RUNS=${VARIANT_RUNS:-10}

@@ -287,8 +287,15 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     f->G.pairs = 0;
     f->G.offsets = r.offsets, f->G.slot_token = r.slot_token;
     f->G.count = per_expert ? 1 : f->E;
+    /* eager launches one expert at a time: too few blocks for the tensor-core kernels' 16-row warps */
+    const int mma = !per_expert && gemv_mma_usable(L, a->hidden->dtype, a->hidden->data, a->hidden->strides[0]);
     for (int i = 0; i < launches; i++) {
         f->G.e_begin = per_expert ? i : 0;
+        if (mma) {
+            if ((st = gemv_mma_gate_up(L, f->G, a->hidden->data, a->hidden->strides[0], h, f->stream))) return st;
+            if ((st = gemv_mma_down(L, f->G, h, y, f->stream))) return st;
+            continue;
+        }
         if ((st = gemv_gate_up(L, f->G, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], h, f->stream)))
             return st;
         if ((st = gemv_down_experts(L, f->G, h, y, f->stream))) return st;

@@ -8,6 +8,8 @@
  *     the larger odd/aligned list) plus T in {1, 2, 7, 64, 300}, a tensor-core
  *     sized case (E=64 H=512 I=384 k=6 T=1500) and an aligned one (E=16 H=256
  *     I=128 k=4 T=512), in f32, f16 and bf16
+ *   - the streamed kernels on tensor cores (bf16/f16, E=40 H=160 I=96 k=2,
+ *     1 to 30 rows per expert)
  *   - the per-expert pointer layout (arrays of device pointers)
  *   - sentinel ids (-1 and E), all-sentinel tokens (exact zeros), T == 0
  *   - output poisoned with NaN bytes before every forward, guard bytes after it
@@ -610,6 +612,22 @@ static void test_large(void) {
     }
 }
 
+/* The streamed kernels on tensor cores (bf16/f16, H and I multiples of 32, k contiguous,
+ * fewer than 16 rows per expert on average): 1 to 30 rows per expert, so every tile
+ * count of gemv_mma.cu runs; fused and per-expert matrices, gated, interleaved, ungated. */
+static void test_streamed_tensor_cores(void) {
+    static const int layouts[] = {0, 5, 9};
+    for (int d = 1; d < 3; d++)
+        for (int l = 0; l < 3; l++) {
+            gcase c = gcase_make(l == 1 ? 37 : 300, 40, 2, 160, 96, FLOAT_DTYPES[d], 7000u + (uint64_t)(d * 3 + l));
+            c.layout = layouts[l];
+            c.act = l == 2 ? MOEX_ACT_GELU : MOEX_ACT_SILU;
+            c.sentinel_prob = 0.05;
+            c.per_expert = l == 0 && d == 1;
+            run_case(&c, 0);
+        }
+}
+
 /* Every token all sentinels: exact zeros everywhere. */
 static void test_all_sentinels(void) {
     for (int d = 0; d < 3; d++) {
@@ -985,6 +1003,7 @@ int main(int argc, char **argv) {
         {"graph_replay", test_graph_replay},
         {"two_contexts", test_two_contexts},
         {"large", test_large},
+        {"streamed_tensor_cores", test_streamed_tensor_cores},
     };
     int failed_tests = 0, n = (int)(sizeof TESTS / sizeof TESTS[0]);
     for (int i = 0; i < n; i++) {
