@@ -8,8 +8,8 @@
  * Shapes: W [N, K] of one expert (rows n_stride apart, k contiguous), x [rows, K]
  * (T, rows x_ld apart), h [P, I] (T), y [P, H] (f32). A warp owns 16 output
  * features n0 .. n0+15 (the mma's M) and an expert's rows in passes of 8*NT (its
- * N, NT tiles of 8); a block of 8 warps covers 128 features; grid.y walks the
- * experts. k advances 32 at a time: lane (g = lane/4, t = lane%4) loads 16 bytes
+ * N, NT tiles of 8); a block of GU_WARPS or DOWN_WARPS warps covers 16 features per
+ * warp; grid.y walks the experts. k advances 32 at a time: lane (g = lane/4, t = lane%4) loads 16 bytes
  * of weight rows g and g+8 and of input row g at k0 + 8t. The two mma steps of
  * the chunk take k0+8t+{0..3} and k0+8t+{4..7} as their logical k 2t..2t+1 and
  * 2t+8..2t+9: the same permutation of k on both operands, so the dot products
@@ -17,7 +17,9 @@
 #include "cuda/gemv.cuh"
 #include "cuda/cuda_check.h"
 
-enum { MWARPS = 8, MFEAT = 16, KCHUNK = 32 };
+/* warps per block: 4 for gate/up (a block streams 64 features x K; smaller blocks leave a
+ * shorter last wave when K is large), 8 for down */
+enum { GU_WARPS = 4, DOWN_WARPS = 8, MFEAT = 16, KCHUNK = 32 };
 
 template <typename T> __device__ __forceinline__ void mma16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                                               uint32_t a3, uint32_t b0, uint32_t b1);
@@ -44,7 +46,15 @@ template <typename T> __device__ __forceinline__ void mma_chunk(float c[4], uint
     mma16816<T>(c, lo.z, hi.z, lo.w, hi.w, x.z, x.w);
 }
 
-__device__ __forceinline__ uint4 ld16(const void *p) { return __ldg((const uint4 *)p); }
+/* Weights are read once: past L1, and the L2 fetches the 256 bytes around each piece (a row's
+ * next chunks), so DRAM sees whole lines although a load instruction covers 64 bytes of a row. */
+__device__ __forceinline__ uint4 ld16(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
 __device__ __forceinline__ uint4 ld16_or_zero(const void *p) { return p ? __ldg((const uint4 *)p) : make_uint4(0, 0, 0, 0); }
 
 /* Expert of group g (pairs = 0) and its rows [*lo, *hi); -1 when empty. */
@@ -99,11 +109,11 @@ __device__ __forceinline__ void gate_up_pass(const layer_view &L, const gemv_gro
 }
 
 template <typename T>
-__global__ void __launch_bounds__(MWARPS * 32, 2) gate_up_mma_kernel(layer_view L, gemv_groups G, const T *x,
+__global__ void __launch_bounds__(GU_WARPS * 32, 4) gate_up_mma_kernel(layer_view L, gemv_groups G, const T *x,
                                                                      int64_t x_ld, T *h) {
     asm volatile("griddepcontrol.launch_dependents;"); /* the down kernel may start its blocks */
     const int lane = threadIdx.x & 31;
-    const int64_t n0 = MFEAT * (blockIdx.x * (int64_t)MWARPS + (threadIdx.x >> 5));
+    const int64_t n0 = MFEAT * (blockIdx.x * (int64_t)GU_WARPS + (threadIdx.x >> 5));
     if (n0 >= L.I) return;
     const int g = lane >> 2;
     /* rows past I (I % 16 != 0) read the last row again and are not stored */
@@ -164,9 +174,9 @@ __device__ __forceinline__ void down_pass(const layer_view &L, const T *h, float
 }
 
 template <typename T>
-__global__ void __launch_bounds__(MWARPS * 32, 2) down_mma_kernel(layer_view L, gemv_groups G, const T *h, float *y) {
+__global__ void __launch_bounds__(DOWN_WARPS * 32, 2) down_mma_kernel(layer_view L, gemv_groups G, const T *h, float *y) {
     const int lane = threadIdx.x & 31;
-    const int64_t n0 = MFEAT * (blockIdx.x * (int64_t)MWARPS + (threadIdx.x >> 5));
+    const int64_t n0 = MFEAT * (blockIdx.x * (int64_t)DOWN_WARPS + (threadIdx.x >> 5));
     if (n0 >= L.H) return;
     const int g = lane >> 2;
     const int64_t nlo = n0 + g < L.H ? n0 + g : L.H - 1, nhi = n0 + g + 8 < L.H ? n0 + g + 8 : L.H - 1;
@@ -202,8 +212,8 @@ __global__ void __launch_bounds__(MWARPS * 32, 2) down_mma_kernel(layer_view L, 
 
 /* ---- launchers ------------------------------------------------------------------- */
 
-static dim3 mma_grid(int64_t features, int64_t groups) {
-    const int64_t per_block = (int64_t)MFEAT * MWARPS;
+static dim3 mma_grid(int64_t features, int64_t groups, int warps) {
+    const int64_t per_block = (int64_t)MFEAT * warps;
     return dim3((unsigned)((features + per_block - 1) / per_block),
                 (unsigned)(groups < 65535 ? (groups > 0 ? groups : 1) : 65535));
 }
@@ -216,12 +226,12 @@ int gemv_mma_usable(const layer_view &L, moex_dtype xdt, const void *x, int64_t 
 
 moex_status gemv_mma_gate_up(const layer_view &L, const gemv_groups &G, const void *x, int64_t x_ld, void *h,
                              cudaStream_t s) {
-    const dim3 grid = mma_grid(L.I, G.count);
+    const dim3 grid = mma_grid(L.I, G.count, GU_WARPS);
     if (L.wdt == MOEX_BF16)
-        gate_up_mma_kernel<__nv_bfloat16><<<grid, MWARPS * 32, 0, s>>>(L, G, (const __nv_bfloat16 *)x, x_ld,
+        gate_up_mma_kernel<__nv_bfloat16><<<grid, GU_WARPS * 32, 0, s>>>(L, G, (const __nv_bfloat16 *)x, x_ld,
                                                                        (__nv_bfloat16 *)h);
     else
-        gate_up_mma_kernel<__half><<<grid, MWARPS * 32, 0, s>>>(L, G, (const __half *)x, x_ld, (__half *)h);
+        gate_up_mma_kernel<__half><<<grid, GU_WARPS * 32, 0, s>>>(L, G, (const __half *)x, x_ld, (__half *)h);
     return MOEX_CUDA_LAUNCHED("gate/up kernel (tensor cores)");
 }
 
@@ -229,8 +239,8 @@ moex_status gemv_mma_down(const layer_view &L, const gemv_groups &G, const void 
     /* a programmatic dependent of the gate/up kernel: its blocks fill the SMs that the gate/up
      * kernel's last wave leaves idle and wait there (griddepcontrol.wait) for h */
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = mma_grid(L.H, G.count);
-    cfg.blockDim = dim3(MWARPS * 32);
+    cfg.gridDim = mma_grid(L.H, G.count, DOWN_WARPS);
+    cfg.blockDim = dim3(DOWN_WARPS * 32);
     cfg.stream = s;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
