@@ -268,7 +268,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
         const bool silu = plain && L.act == MOEX_ACT_SILU;
 #if GEMM_SMEM_EPILOGUE
-        if (EPI != EPI_GATE_UP_INTERLEAVED) {
+        /* a warp whose 16 rows all lie past the expert's last row has nothing to store (small
+         * experts: at 16 rows per tile, 7 of the 8 warps) */
+        if (EPI != EPI_GATE_UP_INTERLEAVED && (wg - 1) * 64 + warp * 16 < tl.rows) {
             /* the warp's 16 rows, 64 columns at a time: values into its staging area (thread: rows
              * lane/4 and +8, columns 8ii + c0, +1), then 16-byte pieces to C, 8 lanes per row */
             T *stage_w = (T *)(smem + EPI_OFFSET) + ((wg - 1) * 4 + warp) * (16 * SROW);
@@ -317,11 +319,11 @@ __global__ void __launch_bounds__(THREADS, 1)
                 }
                 __syncwarp(); /* the staging area is rewritten by the next chunk */
             }
-            continue;
         }
 #endif
+        constexpr bool staged = GEMM_SMEM_EPILOGUE && EPI != EPI_GATE_UP_INTERLEAVED; /* stored above */
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < (staged ? 0 : 2); h++) {
             const int r = r0 + 8 * h;
             if (r >= tl.rows) continue;
             T *crow = (T *)p.c + (tl.a_row + r) * p.N;
