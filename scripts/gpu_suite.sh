@@ -35,7 +35,7 @@
 #                    cJSON/cJSON.c and cJSON/cJSON.h
 #   SUITE_STEPS      the steps to run after the build, comma-separated, from
 #                    test,memcheck,bench,compare,peer (all of them). "none" only builds: on a
-#                    machine that keeps build-gpu/ between sessions, build once with
+#                    machine that keeps build-gpu/ between runs, build once with
 #                    SUITE_STEPS=none, then run the rest (the build is then incremental)
 #   SUITE_FORCE_DEPS 1: make the pkg-config, cJSON and OpenBLAS stand-ins even where the
 #                    real ones are installed (to check that path on any machine)
