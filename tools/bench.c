@@ -89,6 +89,7 @@ typedef struct bench_opts {
     const char *plot_path;
     uint64_t seed;
     int graph;                         /* GRAPH_DEFAULT, GRAPH_OFF, GRAPH_ON or GRAPH_BOTH */
+    int reference;                     /* 1: eager runs as the err reference when not timed */
     const char *backend_max_arg;       /* --backend-max-tokens, parsed after --backends */
     char limit_names[MAX_BACKENDS][NAME_LEN];
     int64_t limit_tokens[MAX_BACKENDS];
@@ -132,6 +133,10 @@ static void print_usage(FILE *f)
           "  --csv FILE        also write the results as CSV (ceilings on line 1)\n"
           "  --plot FILE.svg   also write an SVG plot of time against tokens\n"
           "  --seed S          seed of the weights and routings (default 1)\n"
+          "  --reference MODE  on (default): when eager is not among the backends, run\n"
+          "                    it once per token count as the err column's reference;\n"
+          "                    off: do not (err is left empty; for profilers, whose\n"
+          "                    launch counts should see only the timed backends)\n"
           "  -h, --help        show this text\n"
           "\n"
           "Columns: ms = median time of one forward; GFLOP/s = 6*T*k*H*I/time;\n"
@@ -329,6 +334,17 @@ static int parse_graph(const char *s, bench_opts *o)
     return 0;
 }
 
+static int parse_reference(const char *s, bench_opts *o)
+{
+    if (strcmp(s, "on") == 0)
+        o->reference = 1;
+    else if (strcmp(s, "off") == 0)
+        o->reference = 0;
+    else
+        return usage_error("--reference: \"%s\" is not one of on, off", s);
+    return 0;
+}
+
 /* "eager=4096,batched_mm=512": every NAME registered, every T a positive integer. */
 static int parse_backend_max(const char *s, bench_opts *o)
 {
@@ -419,6 +435,7 @@ static void default_options(bench_opts *o)
     o->runs = DEFAULT_RUNS;
     o->seed = 1;
     o->graph = GRAPH_DEFAULT;
+    o->reference = 1;
 }
 
 /* Apply one recognised option's value. */
@@ -442,6 +459,8 @@ static int apply_option(const char *name, const char *v, bench_opts *o, const ch
         return parse_seed(v, o);
     if (strcmp(name, "--graph") == 0)
         return parse_graph(v, o);
+    if (strcmp(name, "--reference") == 0)
+        return parse_reference(v, o);
     if (strcmp(name, "--backend-max-tokens") == 0) {
         o->backend_max_arg = v; /* checked after the loop, once */
         return 0;
@@ -480,7 +499,7 @@ static int parse_args(int argc, char **argv, bench_opts *o)
     static const char *const names[] = {"--shape",   "--tokens",      "--backends", "--dtype",
                                         "--device",  "--max-experts", "--threads",  "--runs",
                                         "--csv",     "--plot",        "--seed",
-                                        "--graph",   "--backend-max-tokens"};
+                                        "--graph",   "--backend-max-tokens", "--reference"};
     const char *backends = DEFAULT_BACKENDS;
     default_options(o);
     for (int i = 1; i < argc; i++) {
@@ -1215,7 +1234,7 @@ static int build_context(bench_state *st)
         return moex_failed("moex_context_create", s);
     for (int b = 0; b <= o->nbackends; b++) {
         const char *name = b < o->nbackends ? o->backends[b] : "eager";
-        if (b == o->nbackends && st->eager_index >= 0)
+        if (b == o->nbackends && (st->eager_index >= 0 || !o->reference))
             break;
         s = moex_prepare(st->ctx, st->layer, name);
         if (s != MOEX_OK) {
@@ -1384,6 +1403,11 @@ static int max_abs_diff(const bench_state *st, workload *w, int slot, int ref, d
 static int case_errors(const bench_state *st, workload *w, case_result *row)
 {
     int nb = st->o->nbackends, ref = st->eager_index;
+    if (ref < 0 && !st->o->reference) {
+        for (int b = 0; b < nb; b++)
+            row[b].max_abs_err = NAN;
+        return 0;
+    }
     if (ref < 0) { /* eager is not timed: run it once, into the spare slot */
         double unused;
         ref = nb;
@@ -1977,7 +2001,7 @@ static int build_contexts_cuda(bench_state *st)
     void *stream = NULL;
     for (int b = 0; b <= o->nbackends; b++) {
         const char *name = b < o->nbackends ? o->backends[b] : "eager";
-        if (b == o->nbackends && st->eager_index >= 0)
+        if (b == o->nbackends && (st->eager_index >= 0 || !o->reference))
             break;
         int64_t tmax = largest_tokens_for(o, name);
         if (tmax == 0)

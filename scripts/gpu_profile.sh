@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# gpu_profile.sh OUT_DIR — where the time of the CUDA backends goes, kernel by kernel: runs
+# `moex bench --device cuda` under Nsight Compute (ncu) for a few cases and summarises each
+# kernel's duration and the throughputs that bound it (bench/cuda-notes.md keeps the results).
+#
+# Needs build-gpu/moex (scripts/gpu_suite.sh builds it; SUITE_STEPS=none only builds) and
+# ncu (on PATH, or in the CUDA toolkit's or Nsight Compute's usual places). Writes, in OUT_DIR:
+#   profile_<case>.csv  ncu's raw page as CSV (a row per profiled launch, every metric of the
+#                       sections SpeedOfLight, ComputeWorkloadAnalysis, MemoryWorkloadAnalysis
+#                       and WarpStateStats; line 2 has the units)
+#   profile.txt         per case and kernel: launches, median duration, SM / L2 / DRAM
+#                       throughput and the busiest tensor pipe (% of peak), and the three
+#                       largest warp stall reasons (cycles per issued instruction)
+#   profile.log         what ran
+# Every case is time-limited (PROFILE_CASE_S, 150 s), so one slow case cannot take the run.
+#
+# Environment: PROFILE_CASES  shape:tokens:backend,... (qwen3-30b-a3b:16384:grouped_mm,
+#              deepseek-v3:16384:grouped_mm,deepseek-v3:64:grouped_mm,qwen3-30b-a3b:1:batched_mm)
+#              PROFILE_LAUNCHES  most kernel launches profiled per case (200: all of them;
+#                                the medians per kernel take in the two warm-up forwards)
+#              BUILD_DIR (build-gpu)
+set -uo pipefail
+if [ $# -ne 1 ]; then
+  echo "usage: $0 OUT_DIR" >&2
+  exit 2
+fi
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$1" || exit 2
+OUT=$(cd "$1" && pwd)
+cd "$ROOT" || exit 2
+BUILD=${BUILD_DIR:-build-gpu}
+CASES=${PROFILE_CASES:-qwen3-30b-a3b:16384:grouped_mm,deepseek-v3:16384:grouped_mm,deepseek-v3:64:grouped_mm,qwen3-30b-a3b:1:batched_mm}
+LAUNCHES=${PROFILE_LAUNCHES:-200}
+CASE_S=${PROFILE_CASE_S:-150}
+exec > >(tee "$OUT/profile.log") 2>&1
+
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -z "$NCU" ]; then
+  echo "ncu not found"
+  exit 1
+fi
+if [ ! -x "$BUILD/moex" ]; then
+  echo "$BUILD/moex not found: build it first (SUITE_STEPS=none scripts/gpu_suite.sh DIR)"
+  exit 1
+fi
+echo "ncu: $NCU ($("$NCU" --version | tail -1))"
+
+# the experts' kernels only (not the bench's ceilings, weight generation or L2 flush), by
+# function name
+KERNELS='regex:^(grouped_gemm|gate_up|down|gather|reduce|count|scan|scatter)[a-z0-9_]*_kernel$'
+IFS=, read -ra list <<<"$CASES"
+status=0
+for c in "${list[@]}"; do
+  IFS=: read -r shape tokens backend <<<"$c"
+  name="${shape}_${tokens}_${backend}"
+  echo "== $name"
+  # --reference off: no eager run for the err column, so every launch is the backend's
+  timeout --kill-after=10 "$CASE_S" "$NCU" --clock-control none --kernel-name-base function --kernel-name "$KERNELS" \
+    --launch-count "$LAUNCHES" --section SpeedOfLight --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis --section WarpStateStats --csv --page raw \
+    "$BUILD/moex" bench --device cuda --shape "$shape" --tokens "$tokens" --dtype bf16 --backends "$backend" \
+    --graph off --runs 10 --reference off >"$OUT/profile_$name.csv" 2>"$OUT/profile_$name.err"
+  rc=$?
+  echo "$name: ncu exit $rc"
+  [ $rc -ne 0 ] && status=1 && tail -5 "$OUT/profile_$name.err"
+  rm -f "$OUT/profile_$name.err"
+done
+
+python3 - "$OUT" <<'PYEOF' >"$OUT/profile.txt"
+import csv, glob, io, os, re, statistics, sys
+
+out = sys.argv[1]
+COLS = [("SM %", r"^sm__throughput\.avg\.pct_of_peak_sustained_elapsed$"),
+        ("L2 %", r"^lts__throughput\.avg\.pct_of_peak_sustained_elapsed$"),
+        ("DRAM %", r"^(gpu__)?dram__throughput\.avg\.pct_of_peak_sustained_elapsed$"),
+        ("tensor %", r"^sm__pipe_tensor.*cycles_active.*pct_of_peak_sustained_active$")]
+STALL = re.compile(r"^smsp__average_warp_latency_issue_stalled_(\w+)\.ratio$|^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
+
+
+def val(s):
+    try:
+        return float(s.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def short(name):
+    name = name.replace("(anonymous namespace)::", "").replace("void ", "")
+    return name.split("(")[0]
+
+
+for path in sorted(glob.glob(os.path.join(out, "profile_*.csv"))):
+    text = open(path, errors="replace").read()
+    start = text.find('"ID"')  # ncu prints its own lines before the CSV
+    if start < 0:
+        print(f"{os.path.basename(path)}: no CSV\n")
+        continue
+    reader = csv.reader(io.StringIO(text[start:]))
+    header, units = next(reader), next(reader)
+    rows = [r for r in reader if len(r) == len(header)]
+    col = {h: i for i, h in enumerate(header)}
+    kcol, dcol = col.get("Kernel Name"), col.get("gpu__time_duration.sum")
+    if kcol is None or dcol is None:
+        print(f"{os.path.basename(path)}: no kernel name or duration column\n")
+        continue
+    scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}.get(units[dcol], 1.0)
+    groups = {}
+    for r in rows:
+        groups.setdefault(short(r[kcol]), []).append(r)
+    print(os.path.basename(path)[len("profile_"):-4])
+    print(f"  {'kernel':44} {'n':>3} {'ms':>8} " + " ".join(f"{c:>8}" for c, _ in COLS) + "  top stalls")
+    table = []
+    for k, rs in groups.items():
+        dur = statistics.median([(val(r[dcol]) or 0) * scale for r in rs])
+        cells = []
+        for _, pat in COLS:
+            idx = [i for h, i in col.items() if re.match(pat, h)]
+            vals = [max(v for v in (val(r[i]) for i in idx) if v is not None) for r in rs
+                    if any(val(r[i]) is not None for i in idx)]
+            cells.append(f"{statistics.median(vals):8.1f}" if vals else f"{'-':>8}")
+        stalls = []
+        for h, i in col.items():
+            m = STALL.match(h)
+            if m:
+                vs = [val(r[i]) for r in rs if val(r[i]) is not None]
+                if vs:
+                    stalls.append((statistics.median(vs), m.group(1) or m.group(2)))
+        stalls.sort(reverse=True)
+        table.append((dur, f"  {k[:44]:44} {len(rs):3d} {dur:8.3f} " + " ".join(cells) + "  " +
+                      ", ".join(f"{n} {v:.1f}" for v, n in stalls[:3])))
+    for _, line in sorted(table, reverse=True):
+        print(line)
+    print()
+PYEOF
+echo "== summary: $OUT/profile.txt"
+cat "$OUT/profile.txt"
+exit $status
