@@ -10,6 +10,8 @@
 #   regs200     GEMM_CONSUMER_REGS=200 (the register split the direct copy needs)
 #   direct      GEMM_DIRECT_A=1 (hidden rows copied by index; 200 consumer registers)
 #   directepi   GEMM_SMEM_EPILOGUE=0 (results stored straight from the registers)
+# Other switches: GROUPED_TC_MIN_ROWS=N (grouped_mm takes the tensor-core GEMM from N rows per
+# expert on average, 16 by default; with VARIANT_CASES at 64 or 512 tokens).
 # Run scripts/gpu_suite.sh OUT_DIR SUITE_STEPS=none first on a machine without cJSON or
 # pkg-config: the variants reuse the dependencies it makes in build-gpu/deps.
 # Every step is time-limited, so one hung variant cannot take the run with it.

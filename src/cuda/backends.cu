@@ -23,7 +23,10 @@
 
 /* grouped_mm and eager take the tensor-core path when experts average at least
  * this many rows (T*k >= TC_MIN_ROWS * E); below it the weights are streamed. */
-static const int64_t TC_MIN_ROWS = 16;
+#ifndef GROUPED_TC_MIN_ROWS /* a build-time switch for timing the crossover (bench/cuda-notes.md) */
+#define GROUPED_TC_MIN_ROWS 16
+#endif
+static const int64_t TC_MIN_ROWS = GROUPED_TC_MIN_ROWS;
 
 typedef struct cuda_state {
     layer_view L;
