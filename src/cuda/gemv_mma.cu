@@ -9,8 +9,8 @@
  * (T, rows x_ld apart), h [P, I] (T), y [P, H] (f32). A warp owns 16 output
  * features n0 .. n0+15 (the mma's M) and an expert's rows in passes of 8*NT (its
  * N, NT tiles of 8); a block of GU_WARPS or DOWN_WARPS warps covers 16 features per
- * warp; grid.y walks the experts. k advances 32 at a time: lane (g = lane/4, t = lane%4) loads 16 bytes
- * of weight rows g and g+8 and of input row g at k0 + 8t. The two mma steps of
+ * warp; grid.y walks the experts. k advances 32 at a time: lane (g = lane/4,
+ * t = lane%4) loads 16 bytes of weight rows g and g+8 and of input row g at k0 + 8t. The two mma steps of
  * the chunk take k0+8t+{0..3} and k0+8t+{4..7} as their logical k 2t..2t+1 and
  * 2t+8..2t+9: the same permutation of k on both operands, so the dot products
  * are unchanged and every load is a whole 16-byte piece. */
@@ -26,7 +26,7 @@ template <typename T> __device__ __forceinline__ void mma16816(float c[4], uint3
 template <>
 __device__ __forceinline__ void mma16816<__nv_bfloat16>(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                         uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -34,7 +34,7 @@ __device__ __forceinline__ void mma16816<__nv_bfloat16>(float c[4], uint32_t a0,
 template <>
 __device__ __forceinline__ void mma16816<__half>(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                  uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -47,10 +47,12 @@ template <typename T> __device__ __forceinline__ void mma_chunk(float c[4], uint
 }
 
 /* Weights are read once: past L1, and the L2 fetches the 256 bytes around each piece (a row's
- * next chunks), so DRAM sees whole lines although a load instruction covers 64 bytes of a row. */
+ * next chunks), so DRAM sees whole lines although a load instruction covers 64 bytes of a row.
+ * Not volatile (nor the mma's asm): the weights do not change during a kernel, and the compiler
+ * must stay free to issue the loads of the next chunks before the current chunk's mma. */
 __device__ __forceinline__ uint4 ld16(const void *p) {
     uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
