@@ -294,14 +294,13 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     const int mma = !per_expert && gemv_mma_usable(L, a->hidden->dtype, a->hidden->data, a->hidden->strides[0]);
     for (int i = 0; i < launches; i++) {
         f->G.e_begin = per_expert ? i : 0;
-        if (mma) {
-            if ((st = gemv_mma_gate_up(L, f->G, a->hidden->data, a->hidden->strides[0], h, f->stream))) return st;
-            if ((st = gemv_mma_down(L, f->G, h, y, f->stream))) return st;
-            continue;
-        }
-        if ((st = gemv_gate_up(L, f->G, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], h, f->stream)))
+        if (mma)
+            st = gemv_mma_gate_up(L, f->G, a->hidden->data, a->hidden->strides[0], h, f->stream);
+        else
+            st = gemv_gate_up(L, f->G, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], h, f->stream);
+        if (st) return st;
+        if ((st = mma ? gemv_mma_down(L, f->G, h, y, f->stream) : gemv_down_experts(L, f->G, h, y, f->stream)))
             return st;
-        if ((st = gemv_down_experts(L, f->G, h, y, f->stream))) return st;
     }
     return routing_reduce(r.pair_slot, y, MOEX_F32, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0],
                           f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
