@@ -17,7 +17,9 @@
 # Every step is time-limited, so one hung variant cannot take the run with it.
 #
 # Environment: VARIANT_CASES (qwen3-30b-a3b:16384,deepseek-v3:16384), VARIANT_BACKENDS
-# (grouped_mm), VARIANT_RUNS (10), CUDA_ARCH (90a).
+# (grouped_mm), VARIANT_RUNS (10), CUDA_ARCH (90a), VARIANT_TESTS (1; 0 builds and runs no
+# test program: a quicker first look, whose numbers still need the tests of the winner).
+# Five variants at once take several minutes to build (each gets a fifth of the cores).
 set -uo pipefail
 if [ $# -lt 1 ]; then
   echo "usage: $0 OUT_DIR [NAME=CUDA_FLAGS ...]" >&2
@@ -35,6 +37,9 @@ CASES=${VARIANT_CASES:-qwen3-30b-a3b:16384,deepseek-v3:16384}
 BACKENDS=${VARIANT_BACKENDS:-grouped_mm}
 RUNS=${VARIANT_RUNS:-10}
 ARCH=${CUDA_ARCH:-90a}
+TESTS=${VARIANT_TESTS:-1}
+TARGETS=(moex)
+[ "$TESTS" = 1 ] && TARGETS+=(test_cuda_backends)
 LOG="$OUT/variants.log"
 : >"$LOG"
 exec > >(tee -a "$LOG") 2>&1
@@ -49,25 +54,25 @@ fi
 jobs=$(( $(nproc) / ${#VARIANTS[@]} ))
 [ "$jobs" -lt 1 ] && jobs=1
 
-echo "== building ${#VARIANTS[@]} variants ($jobs jobs each)"
+echo "== $(date -u +%H:%M:%S) building ${#VARIANTS[@]} variants ($jobs jobs each)"
 for v in "${VARIANTS[@]}"; do
   name=${v%%=*} flags=${v#*=}
   (timeout 400 cmake -S . -B "build-var-$name" -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON -DMOEX_BUILD_TESTS=OFF \
      -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "-DCMAKE_CUDA_FLAGS=$flags" "${EXTRA[@]}" >"build-var-$name.log" 2>&1 &&
-   timeout 400 cmake --build "build-var-$name" -j"$jobs" --target moex test_cuda_backends >>"build-var-$name.log" 2>&1
+   timeout 400 cmake --build "build-var-$name" -j"$jobs" --target "${TARGETS[@]}" >>"build-var-$name.log" 2>&1
    echo "$name: build exit $?") &
 done
 wait
 
-echo "== tests (the whole test_cuda_backends of every variant at once: correctness only)"
+echo "== $(date -u +%H:%M:%S) tests (the whole test_cuda_backends of every variant at once: correctness only)"
 for v in "${VARIANTS[@]}"; do
   name=${v%%=*} b="build-var-$name"
-  [ -x "$b/tests/gpu/test_cuda_backends" ] || continue
+  [ "$TESTS" = 1 ] && [ -x "$b/tests/gpu/test_cuda_backends" ] || continue
   (timeout 240 "$b/tests/gpu/test_cuda_backends" >"$OUT/test_$name.out" 2>&1
    echo "$name: test exit $? ($(tail -1 "$OUT/test_$name.out"))") &
 done
 wait
-echo "== bench"
+echo "== $(date -u +%H:%M:%S) bench"
 csv="$OUT/variants.csv"
 echo "variant,shape,backend,device,dtype,experts,threads,tokens,graph,ms,gflops,weight_gbps,max_abs_err,gemm_frac,bw_frac" >"$csv"
 for v in "${VARIANTS[@]}"; do
