@@ -153,6 +153,7 @@ typedef struct gcase {
     double sentinel_prob;
     int per_expert;      /* expert_gate/up/down arrays of device pointers */
     int sentinel_rows;   /* token 0 all -1, token 1 all E, token 2 mixed (when T >= 3) */
+    int64_t hot_rows;    /* tokens 0 .. hot_rows-1 also route to expert 0 (one expert with many rows) */
     float limit;
     uint64_t seed;
 } gcase;
@@ -323,6 +324,18 @@ static void apply_sentinel_rows(grun *r) {
         }
 }
 
+/* Tokens 0 .. hot_rows-1 route their first pair to expert 0; a later pair that already chose
+ * expert 0 takes the first pair's old expert instead, so a token's experts stay distinct. */
+static void apply_hot_expert(grun *r) {
+    const gcase *c = &r->c;
+    for (int64_t t = 0; t < c->T && t < c->hot_rows; t++) {
+        const double first = ref_load(r->ids, c->id_dt, t * c->k);
+        for (int64_t j = 1; j < c->k; j++)
+            if (ref_load(r->ids, c->id_dt, t * c->k + j) == 0.0) ref_store(r->ids, c->id_dt, t * c->k + j, first);
+        ref_store(r->ids, c->id_dt, t * c->k, 0.0);
+    }
+}
+
 /* c -> *r; 1 on success (on failure r is freed) */
 static int grun_setup(grun *r, const gcase *c) {
     memset(r, 0, sizeof *r);
@@ -349,6 +362,7 @@ static int grun_setup(grun *r, const gcase *c) {
     ref_rng_seed(&rng, c->seed ^ 0xABCDEFull);
     ref_fill_random(r->hidden, c->dt, c->T * c->H, 1.0, &rng);
     ref_random_routing(&rng, c->T, c->E, c->k, c->id_dt, r->ids, c->w_dt, r->weights, c->sentinel_prob);
+    if (c->hot_rows) apply_hot_expert(r);
     if (c->sentinel_rows) apply_sentinel_rows(r);
     moex_tensor hx = ref_tensor_2d(r->hidden, c->dt, c->T, c->H, c->H);
     moex_tensor hid = ref_tensor_2d(r->ids, c->id_dt, c->T, c->k, c->k);
@@ -614,7 +628,8 @@ static void test_large(void) {
 
 /* The streamed kernels on tensor cores (bf16/f16, H and I multiples of 32, k contiguous,
  * fewer than 16 rows per expert on average): 1 to 30 rows per expert, so every tile
- * count of gemv_mma.cu runs; fused and per-expert matrices, gated, interleaved, ungated. */
+ * count of gemv_mma.cu runs, and one expert with over 70 rows (three passes of up to 32);
+ * fused and per-expert matrices, gated, interleaved, ungated. */
 static void test_streamed_tensor_cores(void) {
     static const int layouts[] = {0, 5, 9};
     for (int d = 1; d < 3; d++)
@@ -624,6 +639,7 @@ static void test_streamed_tensor_cores(void) {
             c.act = l == 2 ? MOEX_ACT_GELU : MOEX_ACT_SILU;
             c.sentinel_prob = 0.05;
             c.per_expert = l == 0 && d == 1;
+            c.hot_rows = l == 1 ? 0 : 70;
             run_case(&c, 0);
         }
 }
