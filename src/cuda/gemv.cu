@@ -40,20 +40,6 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-/* Expert of group g and its rows [*lo, *hi); -1 when the group is empty or a sentinel. */
-__device__ __forceinline__ int64_t group_rows(const gemv_groups &G, int64_t E, int64_t g, int64_t *lo, int64_t *hi) {
-    if (G.pairs) {
-        int64_t e = load_id(G.ids, G.ids64, G.ids_ld, g / G.k, g % G.k);
-        *lo = g, *hi = g + 1;
-        if (e >= 0 && e < E) return e;
-        if (e != -1 && e != E && G.flags && (threadIdx.x & 31) == 0) atomicOr(G.flags, 1 /* MOEX_CUDA_FLAG_BAD_ID */);
-        return -1;
-    }
-    int64_t e = G.e_begin + g;
-    *lo = G.offsets[e], *hi = G.offsets[e + 1];
-    return *hi > *lo ? e : -1;
-}
-
 __device__ __forceinline__ int64_t input_row(const gemv_groups &G, int64_t r) {
     return G.pairs ? r / G.k : (int64_t)G.slot_token[r];
 }
@@ -421,15 +407,9 @@ moex_status gemv_down_pairs(const layer_view &L, const gemv_groups &G, const flo
     int vec = gemv_vectorizable(L, wsize(L.wdt));
     /* launched as a programmatic dependent of the gate/up kernel: its blocks start early,
      * pull their weights into L2 and wait (griddepcontrol.wait) for h */
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((L.H + NF - 1) / NF), (unsigned)(G.T < 65535 ? G.T : 65535));
-    cfg.blockDim = dim3(WARPS * 32);
-    cfg.stream = s;
     cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = dependent_launch(dim3((unsigned)((L.H + NF - 1) / NF), (unsigned)(G.T < 65535 ? G.T : 65535)),
+                                                    dim3(WARPS * 32), s, &attr);
     cudaError_t err;
 #define DOWN_PAIRS(WT)                                                                                               \
     err = vec ? cudaLaunchKernelEx(&cfg, down_pairs_kernel<WT, true>, L, G, h, w, wdt, w_ld, out, odt, out_ld)       \

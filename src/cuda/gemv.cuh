@@ -24,6 +24,32 @@ typedef struct gemv_groups {
     int *flags; /* pairs = 1: bad ids (not in [-1, E]) set MOEX_CUDA_FLAG_BAD_ID here */
 } gemv_groups;
 
+/* Expert of group g and its rows [*lo, *hi); -1 when the group is empty or a sentinel. */
+__device__ __forceinline__ int64_t group_rows(const gemv_groups &G, int64_t E, int64_t g, int64_t *lo, int64_t *hi) {
+    if (G.pairs) {
+        int64_t e = load_id(G.ids, G.ids64, G.ids_ld, g / G.k, g % G.k);
+        *lo = g, *hi = g + 1;
+        if (e >= 0 && e < E) return e;
+        if (e != -1 && e != E && G.flags && (threadIdx.x & 31) == 0) atomicOr(G.flags, 1 /* MOEX_CUDA_FLAG_BAD_ID */);
+        return -1;
+    }
+    int64_t e = G.e_begin + g;
+    *lo = G.offsets[e], *hi = G.offsets[e + 1];
+    return *hi > *lo ? e : -1;
+}
+
+/* Launch configuration of a programmatic dependent of the previous kernel on stream s: its
+ * blocks may start once that kernel's blocks have run griddepcontrol.launch_dependents, and
+ * must run griddepcontrol.wait before reading its results. attr must outlive the launch. */
+static inline cudaLaunchConfig_t dependent_launch(dim3 grid, dim3 block, cudaStream_t s, cudaLaunchAttribute *attr) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.stream = s;
+    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr->val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    return cfg;
+}
+
 /* h[row, n] (f32, [*, I]) = act(gate . x + bias, up . x + bias) for every row of every group. */
 moex_status gemv_gate_up(const layer_view &L, const gemv_groups &G, const void *x, moex_dtype xdt, int64_t x_ld,
                          float *h, cudaStream_t s);

@@ -59,13 +59,6 @@ __device__ __forceinline__ uint4 ld16(const void *p) {
 }
 __device__ __forceinline__ uint4 ld16_or_zero(const void *p) { return p ? __ldg((const uint4 *)p) : make_uint4(0, 0, 0, 0); }
 
-/* Expert of group g (pairs = 0) and its rows [*lo, *hi); -1 when empty. */
-__device__ __forceinline__ int64_t mma_group(const gemv_groups &G, int64_t g, int64_t *lo, int64_t *hi) {
-    const int64_t e = G.e_begin + g;
-    *lo = G.offsets[e], *hi = G.offsets[e + 1];
-    return *hi > *lo ? e : -1;
-}
-
 /* ---- gate/up + activation: h[slot, n] = act(gate_n . x + b, up_n . x + b) ------ */
 
 template <typename T, int NT>
@@ -122,7 +115,7 @@ __global__ void __launch_bounds__(GU_WARPS * 32, 4) gate_up_mma_kernel(layer_vie
     const int64_t nlo = n0 + g < L.I ? n0 + g : L.I - 1, nhi = n0 + g + 8 < L.I ? n0 + g + 8 : L.I - 1;
     for (int64_t grp = blockIdx.y; grp < G.count; grp += gridDim.y) {
         int64_t lo, hi;
-        const int64_t e = mma_group(G, grp, &lo, &hi);
+        const int64_t e = group_rows(G, L.E, grp, &lo, &hi);
         if (e < 0) continue;
         const T *wu = (const T *)proj_base(L.up, e, sizeof(T)), *wg = L.gated ? (const T *)proj_base(L.gate, e, sizeof(T)) : wu;
         const T *ulo = wu + nlo * L.up.n_stride, *uhi = wu + nhi * L.up.n_stride;
@@ -185,7 +178,7 @@ __global__ void __launch_bounds__(DOWN_WARPS * 32, 2) down_mma_kernel(layer_view
     { /* launched as a programmatic dependent of the gate/up kernel: pull the first 512 bytes of
        * this warp's rows of its first expert into L2, then wait for h */
         int64_t lo, hi;
-        const int64_t e = blockIdx.y < G.count ? mma_group(G, blockIdx.y, &lo, &hi) : -1;
+        const int64_t e = blockIdx.y < G.count ? group_rows(G, L.E, blockIdx.y, &lo, &hi) : -1;
         if (e >= 0) {
             const T *w = (const T *)proj_base(L.down, e, sizeof(T));
             const int64_t k = 64 * (lane & 3) < L.I ? 64 * (lane & 3) : 0;
@@ -196,7 +189,7 @@ __global__ void __launch_bounds__(DOWN_WARPS * 32, 2) down_mma_kernel(layer_view
     }
     for (int64_t grp = blockIdx.y; grp < G.count; grp += gridDim.y) {
         int64_t lo, hi;
-        const int64_t e = mma_group(G, grp, &lo, &hi);
+        const int64_t e = group_rows(G, L.E, grp, &lo, &hi);
         if (e < 0) continue;
         const T *w = (const T *)proj_base(L.down, e, sizeof(T));
         const T *wlo = w + nlo * L.down.n_stride, *whi = w + nhi * L.down.n_stride;
@@ -240,15 +233,8 @@ moex_status gemv_mma_gate_up(const layer_view &L, const gemv_groups &G, const vo
 moex_status gemv_mma_down(const layer_view &L, const gemv_groups &G, const void *h, float *y, cudaStream_t s) {
     /* a programmatic dependent of the gate/up kernel: its blocks fill the SMs that the gate/up
      * kernel's last wave leaves idle and wait there (griddepcontrol.wait) for h */
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = mma_grid(L.H, G.count, DOWN_WARPS);
-    cfg.blockDim = dim3(DOWN_WARPS * 32);
-    cfg.stream = s;
     cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = dependent_launch(mma_grid(L.H, G.count, DOWN_WARPS), dim3(DOWN_WARPS * 32), s, &attr);
     const cudaError_t err =
         L.wdt == MOEX_BF16
             ? cudaLaunchKernelEx(&cfg, down_mma_kernel<__nv_bfloat16>, L, G, (const __nv_bfloat16 *)h, y)
