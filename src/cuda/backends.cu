@@ -262,7 +262,7 @@ static moex_status experts_forward(fwd *f, int per_expert) {
         const int64_t ld = a->hidden->strides[0];
         const int direct = GEMM_DIRECT_A && a->hidden->dtype == L.wdt && ((uintptr_t)a->hidden->data & 15) == 0 &&
                            (ld * (int64_t)es) % 16 == 0;
-        if (!direct && (st = routing_gather(r, f->E, f->P, a->hidden->data, a->hidden->dtype, ld, xa, L.wdt, L.H,
+        if (!direct && (st = routing_gather(r, f->T, f->k, a->hidden->data, a->hidden->dtype, ld, xa, L.wdt, L.H,
                                             f->stream)))
             return st;
         const moex_experts_desc *d = a->layer;

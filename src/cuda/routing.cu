@@ -178,38 +178,50 @@ moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int6
     return MOEX_CUDA_LAUNCHED("routing kernels");
 }
 
-/* One warp per slot; 16-byte copies when source and destination agree. */
-__global__ void gather_kernel(const int *offsets_end, const int *slot_token, const void *hidden, moex_dtype hdt,
-                              int64_t ld, void *dst, moex_dtype ddt, int64_t H, int64_t P, int vec) {
+/* One warp per token: its row of hidden is read once and written to the slot of each of its
+ * pairs (k copies; sentinel pairs have none). 16-byte copies when source and destination
+ * agree. Reading per token rather than per slot reads hidden once instead of k times. */
+__global__ void gather_kernel(const int *pair_slot, int64_t T, int64_t k, const void *hidden, moex_dtype hdt,
+                              int64_t ld, void *dst, moex_dtype ddt, int64_t H, int vec) {
     const int lane = threadIdx.x & 31;
-    const int64_t valid = *offsets_end;
-    for (int64_t slot = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; slot < valid;
-         slot += ((int64_t)gridDim.x * blockDim.x) >> 5) {
-        const int64_t t = slot_token[slot];
+    for (int64_t t = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; t < T;
+         t += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+        const int *slots = pair_slot + t * k;
         if (vec) {
             const size_t esz = hdt == MOEX_F32 ? 4 : 2;
             const int64_t n16 = H * (int64_t)esz / 16;
             const uint4 *src = (const uint4 *)((const char *)hidden + t * ld * (int64_t)esz);
-            uint4 *d = (uint4 *)((char *)dst + slot * H * (int64_t)esz);
+            uint4 *d = (uint4 *)dst;
             int64_t i = lane;
             for (; i + 96 < n16; i += 128) { /* four 16-byte loads in flight per lane */
-                uint4 a = src[i], b = src[i + 32], c = src[i + 64], e = src[i + 96];
-                d[i] = a, d[i + 32] = b, d[i + 64] = c, d[i + 96] = e;
+                const uint4 a = src[i], b = src[i + 32], c = src[i + 64], e = src[i + 96];
+                for (int64_t j = 0; j < k; j++) {
+                    const int slot = slots[j];
+                    if (slot < 0) continue;
+                    uint4 *row = d + slot * n16;
+                    row[i] = a, row[i + 32] = b, row[i + 64] = c, row[i + 96] = e;
+                }
             }
-            for (; i < n16; i += 32) d[i] = src[i];
+            for (; i < n16; i += 32) {
+                const uint4 a = src[i];
+                for (int64_t j = 0; j < k; j++)
+                    if (slots[j] >= 0) d[slots[j] * n16 + i] = a;
+            }
         } else {
-            for (int64_t i = lane; i < H; i += 32)
-                store_elem(dst, ddt, slot * H + i, load_elem(hidden, hdt, t * ld + i));
+            for (int64_t i = lane; i < H; i += 32) {
+                const float v = load_elem(hidden, hdt, t * ld + i);
+                for (int64_t j = 0; j < k; j++)
+                    if (slots[j] >= 0) store_elem(dst, ddt, slots[j] * H + i, v);
+            }
         }
     }
 }
 
-moex_status routing_gather(const routing_dev &r, int64_t E, int64_t P, const void *hidden, moex_dtype hdt, int64_t ld,
+moex_status routing_gather(const routing_dev &r, int64_t T, int64_t k, const void *hidden, moex_dtype hdt, int64_t ld,
                            void *dst, moex_dtype dst_dt, int64_t H, cudaStream_t s) {
     const size_t esz = hdt == MOEX_F32 ? 4 : 2;
     int vec = hdt == dst_dt && (H * esz) % 16 == 0 && (ld * esz) % 16 == 0 && ((uintptr_t)hidden % 16) == 0;
-    gather_kernel<<<grid_for(P * 32, 256), 256, 0, s>>>(r.offsets + E, r.slot_token, hidden, hdt, ld, dst, dst_dt,
-                                                         H, P, vec);
+    gather_kernel<<<grid_for(T * 32, 256), 256, 0, s>>>(r.pair_slot, T, k, hidden, hdt, ld, dst, dst_dt, H, vec);
     return MOEX_CUDA_LAUNCHED("gather kernel");
 }
 

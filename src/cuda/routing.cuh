@@ -27,8 +27,9 @@ routing_dev routing_carve(void *ws, int64_t E, int64_t P);
 moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int64_t ids_ld, int64_t T, int64_t k,
                           int64_t E, int tile_rows, int *flags, cudaStream_t s);
 
-/* dst[slot] = hidden[slot_token[slot]] for every valid slot, converted to dst_dt. */
-moex_status routing_gather(const routing_dev &r, int64_t E, int64_t P, const void *hidden, moex_dtype hdt, int64_t ld,
+/* dst[pair_slot[t*k+j]] = hidden[t] for every non-sentinel pair, converted to dst_dt
+ * (each row of hidden read once). */
+moex_status routing_gather(const routing_dev &r, int64_t T, int64_t k, const void *hidden, moex_dtype hdt, int64_t ld,
                            void *dst, moex_dtype dst_dt, int64_t H, cudaStream_t s);
 
 /* out[t] = sum_j w[t,j] * y[pair_slot[t*k+j]] in j order (f32), stored in out's dtype. */
