@@ -8,7 +8,7 @@
 #   profile_<case>.csv  ncu's raw page as CSV (a row per profiled launch, every metric of the
 #                       sections SpeedOfLight, ComputeWorkloadAnalysis, MemoryWorkloadAnalysis
 #                       and WarpStateStats; line 2 has the units)
-#   profile.txt         per case and kernel: launches, median duration, SM / L2 / DRAM
+#   profile.txt         per case and kernel: launches, median duration, SM clock, SM / L2 / DRAM
 #                       throughput and the busiest tensor pipe (% of peak), and the three
 #                       largest warp stall reasons (cycles per issued instruction)
 #   profile.log         what ran
@@ -72,7 +72,7 @@ import csv, glob, io, os, re, statistics, sys
 out = sys.argv[1]
 COLS = [("SM %", r"^sm__throughput\.avg\.pct_of_peak_sustained_elapsed$"),
         ("L2 %", r"^lts__throughput\.avg\.pct_of_peak_sustained_elapsed$"),
-        ("DRAM %", r"^(gpu__)?dram__throughput\.avg\.pct_of_peak_sustained_elapsed$"),
+        ("DRAM %", r"^gpu__dram_throughput\.avg\.pct_of_peak_sustained_elapsed$"),
         ("tensor %", r"^sm__pipe_tensor.*cycles_active.*pct_of_peak_sustained_active$")]
 STALL = re.compile(r"^smsp__average_warp_latency_issue_stalled_(\w+)\.ratio$|^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
 
@@ -103,15 +103,21 @@ for path in sorted(glob.glob(os.path.join(out, "profile_*.csv"))):
     if kcol is None or dcol is None:
         print(f"{os.path.basename(path)}: no kernel name or duration column\n")
         continue
-    scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}.get(units[dcol], 1.0)
+    scale = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0, "second": 1e3,
+             "s": 1e3}.get(units[dcol], 1.0)
+    ccol = col.get("sm__cycles_active.avg")
     groups = {}
     for r in rows:
         groups.setdefault(short(r[kcol]), []).append(r)
     print(os.path.basename(path)[len("profile_"):-4])
-    print(f"  {'kernel':44} {'n':>3} {'ms':>8} " + " ".join(f"{c:>8}" for c, _ in COLS) + "  top stalls")
+    print(f"  {'kernel':44} {'n':>3} {'ms':>8} {'GHz':>5} " + " ".join(f"{c:>8}" for c, _ in COLS) + "  top stalls")
     table = []
     for k, rs in groups.items():
         dur = statistics.median([(val(r[dcol]) or 0) * scale for r in rs])
+        # the SM clock while the kernel ran: active cycles over the duration (power limits lower it)
+        ghz = [val(r[ccol]) / (val(r[dcol]) * scale * 1e6) for r in rs
+               if ccol is not None and val(r[ccol]) and val(r[dcol])]
+        clock = f"{statistics.median(ghz):5.2f}" if ghz else f"{'-':>5}"
         cells = []
         for _, pat in COLS:
             idx = [i for h, i in col.items() if re.match(pat, h)]
@@ -126,7 +132,7 @@ for path in sorted(glob.glob(os.path.join(out, "profile_*.csv"))):
                 if vs:
                     stalls.append((statistics.median(vs), m.group(1) or m.group(2)))
         stalls.sort(reverse=True)
-        table.append((dur, f"  {k[:44]:44} {len(rs):3d} {dur:8.3f} " + " ".join(cells) + "  " +
+        table.append((dur, f"  {k[:44]:44} {len(rs):3d} {dur:8.3f} {clock} " + " ".join(cells) + "  " +
                       ", ".join(f"{n} {v:.1f}" for v, n in stalls[:3])))
     for _, line in sorted(table, reverse=True):
         print(line)

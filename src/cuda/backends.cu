@@ -22,11 +22,18 @@
 #include <stdlib.h>
 
 /* grouped_mm and eager take the tensor-core path when experts average at least
- * this many rows (T*k >= TC_MIN_ROWS * E); below it the weights are streamed. */
-#ifndef GROUPED_TC_MIN_ROWS /* a build-time switch for timing the crossover (bench/cuda-notes.md) */
+ * TC_MIN_ROWS rows (T*k >= TC_MIN_ROWS * E). grouped_mm also takes it from one row per
+ * expert on average when the hidden size is at least TC_LONG_K: each tile's k-loop is then
+ * long enough for the GEMM to stream the weights at about the read rate (deepseek-v3, 64
+ * tokens: 4.73 ms against 5.02 ms streamed; qwen3-30b-a3b, 64 tokens, hidden size 2048: 0.383
+ * against 0.371 ms). Below that the weights are streamed. */
+#ifndef GROUPED_TC_MIN_ROWS /* build-time switches for timing the crossover (bench/cuda-notes.md) */
 #define GROUPED_TC_MIN_ROWS 16
 #endif
-static const int64_t TC_MIN_ROWS = GROUPED_TC_MIN_ROWS;
+#ifndef GROUPED_TC_LONG_K
+#define GROUPED_TC_LONG_K 4096
+#endif
+static const int64_t TC_MIN_ROWS = GROUPED_TC_MIN_ROWS, TC_LONG_K = GROUPED_TC_LONG_K;
 
 typedef struct cuda_state {
     layer_view L;
@@ -252,7 +259,8 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E, GEMM_TILE_ROWS,
                                    a->ctx->device_flags, f->stream);
     if (st) return st;
-    const int tc = s->tc && f->P >= TC_MIN_ROWS * f->E;
+    /* eager's per-expert GEMMs fill too few SMs for the long-k rule */
+    const int tc = s->tc && (f->P >= TC_MIN_ROWS * f->E || (!per_expert && L.H >= TC_LONG_K && f->P >= f->E));
     const int launches = per_expert ? (int)f->E : 1;
     if (tc) {
         const size_t es = esize(L.wdt);

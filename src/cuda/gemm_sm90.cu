@@ -134,6 +134,57 @@ __device__ __noinline__ float epilogue_value(const layer_view &L, gemm_epilogue 
     return activate(L, g + bias_at(L.gate_bias, L.wdt, e, n), u + bias_at(L.up_bias, L.wdt, e, n));
 }
 
+/* Two values as one 32-bit pair of T. */
+__device__ __forceinline__ uint32_t pack_pair(float a, float b, __nv_bfloat16 *) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *(uint32_t *)&v;
+}
+__device__ __forceinline__ uint32_t pack_pair(float a, float b, __half *) {
+    __half2 v = __floats2half2_rn(a, b);
+    return *(uint32_t *)&v;
+}
+
+__device__ __forceinline__ void sts4(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint4 lds16(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+    return v;
+}
+
+/* Staged epilogue, one chunk of 64 columns of a warp's 16 rows: the final values of columns
+ * n_base + 64 ch + 8 ii + c0, +1 (rows lane/4 and lane/4 + 8) into the warp's staging area at
+ * shared address stage_w (16 rows of SROW elements). FAST: SiLU(gate) * up without biases
+ * (gate/up), or the plain sum (down), as straight-line code; otherwise the per-value call. */
+template <typename T, int EPI, bool FAST>
+__device__ __forceinline__ void stage_chunk(const float (&d)[128], int ch, uint32_t stage_w, const layer_view &L,
+                                            int64_t e, int64_t n_base, int lane) {
+    const int c0 = 2 * (lane % 4);
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int ii = 0; ii < 8; ii++) {
+            const int i = 8 * ch + ii;
+            const int64_t n = n_base + 8 * i + c0;
+            float v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
+            if (EPI == EPI_GATE_UP_CONCAT) {
+                const float u0 = d[4 * (i + 16) + 2 * h], u1 = d[4 * (i + 16) + 2 * h + 1];
+                if (FAST) { /* __fdividef: a denominator of inf (v < -88) gives 0, as SiLU does */
+                    v0 = __fdividef(v0, 1.0f + __expf(-v0)) * u0;
+                    v1 = __fdividef(v1, 1.0f + __expf(-v1)) * u1;
+                } else {
+                    v0 = epilogue_value(L, (gemm_epilogue)EPI, e, n, v0, u0);
+                    v1 = epilogue_value(L, (gemm_epilogue)EPI, e, n + 1, v1, u1);
+                }
+            } else if (!FAST) {
+                v0 = epilogue_value(L, (gemm_epilogue)EPI, e, n, 0.0f, v0);
+                v1 = epilogue_value(L, (gemm_epilogue)EPI, e, n + 1, 0.0f, v1);
+            }
+            sts4(stage_w + ((lane / 4 + 8 * h) * SROW + 8 * ii + c0) * 2, pack_pair(v0, v1, (T *)nullptr));
+        }
+}
+
 /* ---- tiles ---------------------------------------------------------------------- */
 
 struct tile {
@@ -271,49 +322,33 @@ __global__ void __launch_bounds__(THREADS, 1)
         /* a warp whose 16 rows all lie past the expert's last row has nothing to store (small
          * experts: at 16 rows per tile, 7 of the 8 warps) */
         if (EPI != EPI_GATE_UP_INTERLEAVED && (wg - 1) * 64 + warp * 16 < tl.rows) {
-            /* the warp's 16 rows, 64 columns at a time: values into its staging area (thread: rows
-             * lane/4 and +8, columns 8ii + c0, +1), then 16-byte pieces to C, 8 lanes per row */
-            T *stage_w = (T *)(smem + EPI_OFFSET) + ((wg - 1) * 4 + warp) * (16 * SROW);
-            constexpr int CHUNKS = EPI == EPI_GATE_UP_CONCAT ? 2 : 4;
-            const int64_t n_base = tl.n * (EPI == EPI_GATE_UP_CONCAT ? BN / 2 : BN);
+            /* the warp's 16 rows, 64 columns at a time: values into its staging area, then
+             * 16-byte pieces to C, 8 lanes per row */
             const int row_base = (wg - 1) * 64 + warp * 16;
+            const uint32_t stage_w = smem_addr(smem + EPI_OFFSET) + ((wg - 1) * 4 + warp) * (16 * SROW * 2);
+            const int64_t n_base = tl.n * (EPI == EPI_GATE_UP_CONCAT ? BN / 2 : BN);
+            /* the common cases (SiLU without biases; down without bias) as straight-line code */
+            const bool fast = EPI == EPI_GATE_UP_CONCAT ? silu : EPI == EPI_DOWN && plain;
+            constexpr int CHUNKS = EPI == EPI_GATE_UP_CONCAT ? 2 : 4;
 #pragma unroll
             for (int ch = 0; ch < CHUNKS; ch++) {
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int ii = 0; ii < 8; ii++) {
-                        const int i = 8 * ch + ii;
-                        const int64_t n = n_base + 8 * i + c0;
-                        float v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
-                        if (EPI == EPI_GATE_UP_CONCAT) {
-                            const float u0 = d[4 * (i + 16) + 2 * h], u1 = d[4 * (i + 16) + 2 * h + 1];
-                            if (silu) {
-                                v0 = v0 / (1.0f + __expf(-v0)) * u0;
-                                v1 = v1 / (1.0f + __expf(-v1)) * u1;
-                            } else {
-                                v0 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, v0, u0);
-                                v1 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n + 1, v1, u1);
-                            }
-                        } else if (EPI == EPI_UP_ONLY || !plain) {
-                            v0 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, 0.0f, v0);
-                            v1 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n + 1, 0.0f, v1);
-                        }
-                        store_pair(stage_w + (lane / 4 + 8 * h) * SROW + 8 * ii + c0, v0, v1);
-                    }
+                if (fast)
+                    stage_chunk<T, EPI, true>(d, ch, stage_w, L, tl.e, n_base, lane);
+                else
+                    stage_chunk<T, EPI, false>(d, ch, stage_w, L, tl.e, n_base, lane);
                 __syncwarp();
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     const int idx = q * 32 + lane, row = idx / 8, piece = idx % 8;
                     const int64_t n = n_base + 64 * ch + 8 * piece;
                     if (row_base + row < tl.rows && n < p.N) {
-                        const uint4 v = *(const uint4 *)(stage_w + row * SROW + 8 * piece);
+                        const uint4 v = lds16(stage_w + (row * SROW + 8 * piece) * 2);
                         T *dst = (T *)p.c + (tl.a_row + row_base + row) * p.N + n;
                         if (n + 8 <= p.N) {
                             *(uint4 *)dst = v;
                         } else {
-                            const T *s = (const T *)&v;
-                            for (int j = 0; j < 8 && n + j < p.N; j++) dst[j] = s[j];
+                            const T *sv = (const T *)&v;
+                            for (int j = 0; j < 8 && n + j < p.N; j++) dst[j] = sv[j];
                         }
                     }
                 }

@@ -624,6 +624,14 @@ static void test_large(void) {
         p.seed += 50u;
         run_case(&p, 0);
     }
+    /* hidden size >= 4096 with 1 to 16 rows per expert: grouped_mm's tensor-core GEMM (the
+     * long-k rule of backends.cu), a last k-block of 8 columns, partial column tiles */
+    for (int d = 1; d < 3; d++) {
+        gcase c = gcase_make(19, 24, 2, 4104, 136, FLOAT_DTYPES[d], 6200u + (uint64_t)d);
+        c.sentinel_prob = 0.05;
+        c.layout = d == 2 ? 5 : 0;
+        run_case(&c, 1);
+    }
 }
 
 /* The streamed kernels on tensor cores (bf16/f16, H and I multiples of 32, k contiguous,
