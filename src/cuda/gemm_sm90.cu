@@ -19,12 +19,10 @@
 #include <cudaTypedefs.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <string.h>
 
 namespace {
 
-constexpr int BM = GEMM_TILE_ROWS, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2, CLUSTER = GEMM_CLUSTER;
-static_assert(CLUSTER == 1 || (CLUSTER == 2 && !GEMM_DIRECT_A), "GEMM_CLUSTER is 1, or 2 without GEMM_DIRECT_A");
+constexpr int BM = GEMM_TILE_ROWS, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
 /* GEMM_SMEM_EPILOGUE: after the stages' barriers, a staging area of 16 rows x 64 columns
@@ -81,33 +79,6 @@ __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, uint
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                  ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(col), "r"(row), "r"(smem_addr(bar))
                  : "memory");
-}
-
-/* The same copy delivered to every block of the cluster in mask (same shared offsets, each
- * block's barrier at bar's offset). */
-__device__ __forceinline__ void tma_load_multicast(void *dst, const CUtensorMap *map, uint64_t *bar, int col, int row,
-                                                   uint16_t mask) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-                 " [%0], [%1, {%2, %3}], [%4], %5;"
-                 ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(col), "r"(row), "r"(smem_addr(bar)), "h"(mask)
-                 : "memory");
-}
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-/* Arrive on the barrier at bar's shared offset in block `cta` of the cluster. */
-__device__ __forceinline__ void mbar_arrive_cta(uint64_t *bar, uint32_t cta) {
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(cta));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 
 /* 16 bytes (or zeros when bytes == 0) from global src into shared dst, asynchronously. */
@@ -187,6 +158,7 @@ __device__ __forceinline__ uint16_t lds2(uint32_t addr) {
     asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr) : "memory");
     return v;
 }
+/* 16 bytes to global memory (a plain store through a generic pointer copied each piece to the stack first) */
 __device__ __forceinline__ void stg16(void *p, uint4 v) {
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
@@ -247,40 +219,17 @@ __device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t) {
     r.e = lo;
     const int64_t local = t - (int64_t)(p.mtile_off[lo] - base) * p.n_tiles;
     const int64_t mt = p.mtile_off[lo + 1] - p.mtile_off[lo];
-    const int64_t m = local % mt;
-    r.n = local / mt;
+    int64_t m, n;
+    if (local <= INT32_MAX) { /* 32-bit division: the 64-bit one is a long subroutine */
+        m = (int64_t)((uint32_t)local % (uint32_t)mt), n = (int64_t)((uint32_t)local / (uint32_t)mt);
+    } else {
+        m = local % mt, n = local / mt;
+    }
+    r.n = n;
     r.a_row = p.offsets[lo] + m * BM;
     const int64_t left = p.offsets[lo + 1] - r.a_row;
     r.rows = (int)(left < BM ? left : BM);
     return r;
-}
-
-/* The tile of this block in pair slot q (GEMM_CLUSTER 2: the blocks of a cluster take tiles
- * 2q and 2q + 1). A block without a tile (odd count, last slot) gets tile 2q with no rows: it
- * loads and multiplies as its peer does and stores nothing. */
-__device__ __forceinline__ tile slot_tile(const gemm_params &p, int64_t q, int64_t total, uint32_t rank) {
-    const int64_t t = CLUSTER * q + rank;
-    tile r = find_tile(p, t < total ? t : CLUSTER * q);
-    if (t >= total) r.rows = 0;
-    return r;
-}
-
-/* GEMM_CLUSTER 2: whether both tiles of slot q have the same expert and column tile, so that the
- * weight tile is one for the pair (mine: this block's tile of the slot). */
-__device__ __forceinline__ bool slot_shared(const gemm_params &p, int64_t q, int64_t total, uint32_t rank,
-                                            const tile &mine) {
-    if (CLUSTER == 1 || CLUSTER * q + 1 >= total) return false;
-    const tile other = find_tile(p, CLUSTER * q + (rank ^ 1));
-    return other.e == mine.e && other.n == mine.n;
-}
-
-/* A consumer warpgroup is done with a stage: every block of the cluster may write into it. */
-__device__ __forceinline__ void release_stage(uint64_t *empty) {
-    if (CLUSTER == 1)
-        mbar_arrive(empty);
-    else
-#pragma unroll
-        for (int c = 0; c < CLUSTER; c++) mbar_arrive_cta(empty, (uint32_t)c);
 }
 
 /* ---- the kernel ------------------------------------------------------------------- */
@@ -293,28 +242,25 @@ __global__ void __launch_bounds__(THREADS, 1)
     unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint64_t *full = (uint64_t *)(smem + STAGES * STAGE_BYTES), *empty = full + STAGES;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    const uint32_t rank = CLUSTER > 1 ? cluster_rank() : 0;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&full[s], GEMM_DIRECT_A && p.a_rows_of ? 1 + 128 : 1); /* direct: each producer thread too */
-            mbar_init(&empty[s], CONSUMERS * CLUSTER);
+            mbar_init(&empty[s], CONSUMERS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    if (CLUSTER > 1) cluster_sync(); /* the peer's barriers exist before anything reaches them */
     const int64_t total = (int64_t)(p.mtile_off[p.e_end] - p.mtile_off[p.e_begin]) * p.n_tiles;
-    const int64_t slots = (total + CLUSTER - 1) / CLUSTER, first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
     const int k_blocks = (int)((p.K + BK - 1) / BK);
 
     if (wg == 0) { /* producer: thread 0 issues the TMA copies; in direct mode all 128 threads copy A rows */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
         const bool direct = GEMM_DIRECT_A && p.a_rows_of != nullptr;
+        if (!direct && tid != 0) return;
         int stage = 0, phase = 0;
         const int chunk = tid % 8; /* direct: 16-byte chunk of a 128-byte row slice; rows tid/8 + 16i */
-        for (int64_t q = first; (direct || tid == 0) && q < slots; q += step) {
-            const tile tl = slot_tile(p, q, total, rank);
-            const bool shared = slot_shared(p, q, total, rank, tl);
+        for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+            const tile tl = find_tile(p, t);
             const int64_t b_row = tl.e * p.rows_per_expert;
             int src[8]; /* direct: the source row of each of this thread's 8 rows, or -1 */
             if (direct)
@@ -329,17 +275,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 if (tid == 0) {
                     mbar_expect_tx(&full[stage], direct ? B_BYTES : STAGE_BYTES);
                     if (!direct) tma_load(a, &map_a, &full[stage], kb * BK, (int)tl.a_row);
-                    if (CLUSTER > 1) { /* halves of 128 weight rows: gate, up (concatenated) or rows h*128.. */
-                        for (int h = 0; h < 2; h++) {
-                            const int64_t row = EPI == EPI_GATE_UP_CONCAT ? b_row + h * p.up_offset + tl.n * (BN / 2)
-                                                                          : b_row + tl.n * BN + h * (BN / 2);
-                            if (!shared)
-                                tma_load(b + h * (B_BYTES / 2), &map_b, &full[stage], kb * BK, (int)row);
-                            else if (h == (int)rank) /* this block's half, for both */
-                                tma_load_multicast(b + h * (B_BYTES / 2), &map_b, &full[stage], kb * BK, (int)row,
-                                                   (uint16_t)((1u << CLUSTER) - 1));
-                        }
-                    } else if (EPI == EPI_GATE_UP_CONCAT) {
+                    if (EPI == EPI_GATE_UP_CONCAT) {
                         tma_load(b, &map_b, &full[stage], kb * BK, (int)(b_row + tl.n * (BN / 2)));
                         tma_load(b + B_BYTES / 2, &map_b, &full[stage], kb * BK,
                                  (int)(b_row + p.up_offset + tl.n * (BN / 2)));
@@ -361,10 +297,6 @@ __global__ void __launch_bounds__(THREADS, 1)
                 if (++stage == STAGES) stage = 0, phase ^= 1;
             }
         }
-        if (CLUSTER > 1) {
-            __syncwarp();
-            cluster_sync(); /* stay until the peer no longer writes into this block */
-        }
         return;
     }
 
@@ -373,8 +305,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int warp = tid / 32, lane = tid % 32;
     int stage = 0, phase = 0;
     float d[128];
-    for (int64_t q = first; q < slots; q += step) {
-        const tile tl = slot_tile(p, q, total, rank);
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
         /* one group of wgmmas stays in flight: the stage of k-block kb-1 is released once kb's are issued */
         int prev = -1;
         for (int kb = 0; kb < k_blocks; kb++) {
@@ -388,12 +319,14 @@ __global__ void __launch_bounds__(THREADS, 1)
                 wgmma_256(d, smem_desc(a + s * 32), smem_desc(b + s * 32), kb > 0 || s > 0, (T *)nullptr);
             wgmma_commit();
             wgmma_wait<1>();
-            if (prev >= 0 && tid == 0) release_stage(&empty[prev]);
+            if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
             prev = stage;
             if (++stage == STAGES) stage = 0, phase ^= 1;
         }
+        /* the tile (needed by the epilogue only) is found while the last k-block multiplies */
+        const tile tl = find_tile(p, t);
         wgmma_wait<0>();
-        if (tid == 0) release_stage(&empty[prev]);
+        if (tid == 0) mbar_arrive(&empty[prev]);
         /* epilogue: thread holds rows r0 and r0 + 8, columns 8i + 2(lane%4) + {0, 1} */
         const int r0 = (wg - 1) * 64 + warp * 16 + lane / 4, c0 = 2 * (lane % 4);
         const layer_view &L = p.L;
@@ -487,7 +420,6 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
         }
     }
-    if (CLUSTER > 1) cluster_sync(); /* stay until the peer no longer writes into this block */
 }
 
 /* ---- host side ----------------------------------------------------------------------- */
@@ -537,26 +469,6 @@ template <typename T, int EPI> static cudaError_t allow_smem(void) {
     return cudaFuncSetAttribute(grouped_gemm_kernel<T, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
 }
 
-/* GEMM_CLUSTER 2: the most blocks whose clusters fit on the device at once (grouped_gemm_init) */
-int cluster_blocks = 0;
-
-template <typename T, int EPI>
-static cudaError_t launch_gemm(int blocks, const CUtensorMap &map_a, const CUtensorMap &map_b, const gemm_params &p,
-                               cudaStream_t s) {
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3((unsigned)blocks);
-    cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = SMEM_BYTES;
-    cfg.stream = s;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = CLUSTER, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = CLUSTER > 1 ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, grouped_gemm_kernel<T, EPI>, map_a, map_b, p);
-}
-
 moex_status grouped_gemm_init(void) {
     pthread_once(&encode_once, find_encode);
     if (encode_status != cudaSuccess) return moex_cuda_status(encode_status, "finding cuTensorMapEncodeTiled");
@@ -568,31 +480,12 @@ moex_status grouped_gemm_init(void) {
     if (!err) err = allow_smem<__half, 1>();
     if (!err) err = allow_smem<__half, 2>();
     if (!err) err = allow_smem<__half, 3>();
-    if (err) return moex_cuda_status(err, "grouped GEMM shared memory size");
-    if (CLUSTER > 1) {
-        cudaLaunchConfig_t cfg;
-        memset(&cfg, 0, sizeof cfg);
-        cfg.gridDim = dim3(CLUSTER);
-        cfg.blockDim = dim3(THREADS);
-        cfg.dynamicSmemBytes = SMEM_BYTES;
-        cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = CLUSTER, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-        int clusters = 0;
-        err = cudaOccupancyMaxActiveClusters(&clusters, grouped_gemm_kernel<__nv_bfloat16, 0>, &cfg);
-        if (err) return moex_cuda_status(err, "cudaOccupancyMaxActiveClusters for the grouped GEMM");
-        if (clusters < 1) return moex_fail(MOEX_ERR_DEVICE, "the grouped GEMM cannot place a cluster of %d blocks", CLUSTER);
-        cluster_blocks = clusters * CLUSTER;
-    }
-    return MOEX_OK;
+    return moex_cuda_status(err, "grouped GEMM shared memory size");
 }
 
 moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s) {
     CUtensorMap map_a, map_b;
-    /* GEMM_CLUSTER 2 loads the weight tile in halves */
-    const int b_box = CLUSTER > 1 || g->epi == EPI_GATE_UP_CONCAT ? BN / 2 : BN;
+    const int b_box = g->epi == EPI_GATE_UP_CONCAT ? BN / 2 : BN;
     int64_t E_rows = g->L.E * g->rows_per_expert;
     /* in direct mode map_a is not read (the rows are copied by index); any valid map will do */
     moex_status st = g->a_rows_of ? make_map(&map_a, g->b, 1, g->K, BM, g->dt, "A (unused)")
@@ -616,10 +509,7 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
     p.c = g->c;
     p.epi = g->epi;
     p.L = g->L;
-    int blocks = num_sms;
-    if (CLUSTER > 1) blocks = num_sms / CLUSTER * CLUSTER < cluster_blocks ? num_sms / CLUSTER * CLUSTER : cluster_blocks;
-    cudaError_t err = cudaSuccess;
-#define LAUNCH(T, EPI) err = launch_gemm<T, EPI>(blocks, map_a, map_b, p, s)
+#define LAUNCH(T, EPI) grouped_gemm_kernel<T, EPI><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p)
 #define LAUNCH_EPI(T)                                                                                                 \
     switch (g->epi) {                                                                                                 \
     case EPI_DOWN: LAUNCH(T, 0); break;                                                                               \
@@ -634,5 +524,5 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
     }
 #undef LAUNCH_EPI
 #undef LAUNCH
-    return moex_cuda_status(err, "grouped GEMM kernel launch");
+    return MOEX_CUDA_LAUNCHED("grouped GEMM kernel");
 }

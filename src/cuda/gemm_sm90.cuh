@@ -18,9 +18,6 @@
  *   GEMM_DIRECT_A 1 (an experiment, off: slower on deepseek-v3): the gate/up GEMM copies
  *     hidden rows by index into the swizzled stage (cp.async by the 128 producer threads)
  *     instead of reading a gathered copy with TMA;
- *   GEMM_CLUSTER 2 (an experiment): blocks run in pairs that take consecutive tiles; when both
- *     tiles share the expert and the column tile, each block loads half of the weight tile and
- *     multicasts it to both (a third less traffic from L2 per tile);
  *   GEMM_CONSUMER_REGS: registers per consumer thread (232, or 200 as the direct copy needs);
  *     the producer gets the rest of the block's pool, (384*168 - 256*consumer) / 128. */
 #ifndef GEMM_SMEM_EPILOGUE
@@ -28,9 +25,6 @@
 #endif
 #ifndef GEMM_DIRECT_A
 #define GEMM_DIRECT_A 0
-#endif
-#ifndef GEMM_CLUSTER
-#define GEMM_CLUSTER 1
 #endif
 #ifndef GEMM_CONSUMER_REGS
 #define GEMM_CONSUMER_REGS (GEMM_DIRECT_A ? 200 : 232)
