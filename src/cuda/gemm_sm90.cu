@@ -158,7 +158,8 @@ __device__ __forceinline__ uint16_t lds2(uint32_t addr) {
     asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr) : "memory");
     return v;
 }
-/* 16 bytes to global memory (a plain store through a generic pointer copied each piece to the stack first) */
+/* 16 bytes to global memory straight from registers (a plain store through the generic pointer
+ * made the compiler copy each piece to the stack first) */
 __device__ __forceinline__ void stg16(void *p, uint4 v) {
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
