@@ -9,7 +9,6 @@
 #   main        the defaults
 #   regs200     GEMM_CONSUMER_REGS=200 (the register split the direct copy needs)
 #   direct      GEMM_DIRECT_A=1 (hidden rows copied by index; 200 consumer registers)
-#   directepi   GEMM_SMEM_EPILOGUE=0 (results stored straight from the registers)
 # Other switches: GROUPED_TC_MIN_ROWS=N (grouped_mm takes the tensor-core GEMM from N rows per
 # expert on average, 16 by default; with VARIANT_CASES at 64 or 512 tokens).
 # Run scripts/gpu_suite.sh OUT_DIR SUITE_STEPS=none first on a machine without cJSON or
@@ -31,8 +30,7 @@ OUT=$(cd "$1" && pwd)
 shift
 cd "$ROOT" || exit 2
 VARIANTS=("$@")
-[ ${#VARIANTS[@]} -eq 0 ] && VARIANTS=("main=" "regs200=-DGEMM_CONSUMER_REGS=200" "direct=-DGEMM_DIRECT_A=1"
-                                    "directepi=-DGEMM_SMEM_EPILOGUE=0")
+[ ${#VARIANTS[@]} -eq 0 ] && VARIANTS=("main=" "regs200=-DGEMM_CONSUMER_REGS=200" "direct=-DGEMM_DIRECT_A=1")
 CASES=${VARIANT_CASES:-qwen3-30b-a3b:16384,deepseek-v3:16384}
 BACKENDS=${VARIANT_BACKENDS:-grouped_mm}
 RUNS=${VARIANT_RUNS:-10}

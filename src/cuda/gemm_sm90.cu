@@ -25,10 +25,10 @@ namespace {
 constexpr int BM = GEMM_TILE_ROWS, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
-/* GEMM_SMEM_EPILOGUE: after the stages' barriers, a staging area of 16 rows x 64 columns
- * (rows padded to 72 elements: conflict-free) for each of the 8 consumer warps */
+/* the epilogue's staging area, after the stages' barriers: 16 rows x 64 columns (rows padded
+ * to 72 elements: conflict-free) for each of the 8 consumer warps */
 constexpr int SROW = 72, EPI_OFFSET = STAGES * STAGE_BYTES + 128;
-constexpr int EPI_BYTES = GEMM_SMEM_EPILOGUE ? 8 * 16 * SROW * 2 : 0;
+constexpr int EPI_BYTES = 8 * 16 * SROW * 2;
 constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 128 + EPI_BYTES;
 static_assert(2 * STAGES * 8 <= 128, "barriers");
 /* setmaxnreg: 128 producer + 256 consumer threads share the pool of a block compiled for
@@ -97,21 +97,27 @@ __device__ __forceinline__ uint64_t smem_desc(const void *p) {
     return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
 
-#define WGMMA_D_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
-#define WGMMA_D_OPS(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#define WGMMA_D_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define WGMMA_D_OPS(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
-/* d[64 x 256] (+)= A[64 x 16] . B[256 x 16]^T, both from shared memory. */
-__device__ __forceinline__ void wgmma_256(float (&d)[128], uint64_t da, uint64_t db, int accumulate, __nv_bfloat16 *) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " WGMMA_D_REGS ", %128, %129, p, 1, 1, 0, 0;\n}\n"
+/* d[64 x 128] (+)= A[64 x 16] . B[128 x 16]^T, both from shared memory. */
+__device__ __forceinline__ void wgmma_128(float (&d)[64], uint64_t da, uint64_t db, int accumulate, __nv_bfloat16 *) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WGMMA_D_REGS ", %64, %65, p, 1, 1, 0, 0;\n}\n"
                  : WGMMA_D_OPS(d)
                  : "l"(da), "l"(db), "r"(accumulate));
 }
-__device__ __forceinline__ void wgmma_256(float (&d)[128], uint64_t da, uint64_t db, int accumulate, __half *) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " WGMMA_D_REGS ", %128, %129, p, 1, 1, 0, 0;\n}\n"
+__device__ __forceinline__ void wgmma_128(float (&d)[64], uint64_t da, uint64_t db, int accumulate, __half *) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WGMMA_D_REGS ", %64, %65, p, 1, 1, 0, 0;\n}\n"
                  : WGMMA_D_OPS(d)
                  : "l"(da), "l"(db), "r"(accumulate));
+}
+
+/* After a wait: the accumulators are redefined here (an empty asm), so that ptxas sees no
+ * later use depending on an earlier wgmma and injects no wait of its own (C7517). */
+__device__ __forceinline__ void fence_acc(float (&d)[64]) {
+    asm volatile("" : WGMMA_D_OPS(d)::"memory");
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -120,10 +126,6 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
-__device__ __forceinline__ void store_pair(__nv_bfloat16 *p, float a, float b) {
-    *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
-}
-__device__ __forceinline__ void store_pair(__half *p, float a, float b) { *(__half2 *)p = __floats2half2_rn(a, b); }
 __device__ __forceinline__ void store_one(__nv_bfloat16 *p, float a) { *p = __float2bfloat16_rn(a); }
 __device__ __forceinline__ void store_one(__half *p, float a) { *p = __float2half_rn(a); }
 
@@ -164,23 +166,30 @@ __device__ __forceinline__ void stg16(void *p, uint4 v) {
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 
-/* Staged epilogue, one chunk of 64 columns of a warp's 16 rows: the final values of columns
- * n_base + 64 ch + 8 ii + c0, +1 (rows lane/4 and lane/4 + 8) into the warp's staging area at
- * shared address stage_w (16 rows of SROW elements). FAST: SiLU(gate) * up without biases
- * (gate/up), or the plain sum (down), as straight-line code; otherwise the per-value call. */
+/* The accumulators of one half (HALF_N = 128 columns of the weight tile) of a warpgroup's 64
+ * rows: thread holds rows lane/4 and lane/4 + 8 of its warp's 16, columns 8i + c0, +1 in
+ * dh[4i + 2h], dh[4i + 2h + 1] (h: the row), c0 = 2 (lane % 4). For the concatenated gate/up
+ * layout the half holds 64 gate columns (i < 8) and the 64 up columns that go with them. */
+constexpr int HALF_N = BN / 2;
+
+/* Staged epilogue, one chunk of 64 output columns of a warp's 16 rows (chunk c of the half;
+ * the gate/up half has one): the final values of columns n0 + 8 ii + c0, +1 into the warp's
+ * staging area at shared address stage_w (16 rows of SROW elements). FAST: SiLU(gate) * up
+ * without biases (gate/up), or the plain sum (down), as straight-line code; otherwise the
+ * per-value call. */
 template <typename T, int EPI, bool FAST>
-__device__ __forceinline__ void stage_chunk(const float (&d)[128], int ch, uint32_t stage_w, const layer_view &L,
-                                            int64_t e, int64_t n_base, int lane) {
+__device__ __forceinline__ void stage_chunk(const float (&dh)[64], int c, uint32_t stage_w, const layer_view &L,
+                                            int64_t e, int64_t n0, int lane) {
     const int c0 = 2 * (lane % 4);
 #pragma unroll
     for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int ii = 0; ii < 8; ii++) {
-            const int i = 8 * ch + ii;
-            const int64_t n = n_base + 8 * i + c0;
-            float v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
+            const int64_t n = n0 + 8 * ii + c0;
+            const int i = EPI == EPI_GATE_UP_CONCAT ? ii : 8 * c + ii;
+            float v0 = dh[4 * i + 2 * h], v1 = dh[4 * i + 2 * h + 1];
             if (EPI == EPI_GATE_UP_CONCAT) {
-                const float u0 = d[4 * (i + 16) + 2 * h], u1 = d[4 * (i + 16) + 2 * h + 1];
+                const float u0 = dh[4 * (i + 8) + 2 * h], u1 = dh[4 * (i + 8) + 2 * h + 1];
                 if (FAST) { /* __fdividef: a denominator of inf (v < -88) gives 0, as SiLU does */
                     v0 = __fdividef(v0, 1.0f + __expf(-v0)) * u0;
                     v1 = __fdividef(v1, 1.0f + __expf(-v1)) * u1;
@@ -233,9 +242,76 @@ __device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t) {
     return r;
 }
 
+/* ---- the epilogue ------------------------------------------------------------------ */
+
+/* The final values of one half (half 0 or 1: weight rows half*128 .. +128 of the tile) of
+ * warpgroup wg's 64 rows of tile tl into C: biases, activation (gate/up), conversion. Staged
+ * through the warp's area of shared memory and stored as 16-byte row pieces, 8 lanes per row;
+ * the interleaved gate/up layout stores its single values directly. A warp whose 16 rows all
+ * lie past the expert's last row stores nothing. */
+template <typename T, int EPI, bool FAST_ONLY>
+__device__ __forceinline__ void epilogue_half(const float (&dh)[64], int half, const tile &tl, const gemm_params &p,
+                                              unsigned char *smem, int wg, int tid) {
+    const int warp = tid / 32, lane = tid % 32;
+    const int row_base = (wg - 1) * 64 + warp * 16;
+    /* FAST_ONLY (the kernels that overlap an epilogue with wgmmas in flight): no call and no
+     * branch that some warps of the warpgroup take and others do not, or ptxas serialises
+     * every wgmma of the kernel (C7518); only the stores are predicated */
+    if (!FAST_ONLY && row_base >= tl.rows) return;
+    const layer_view &L = p.L;
+    const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
+    const bool silu = plain && L.act == MOEX_ACT_SILU;
+    if (EPI == EPI_GATE_UP_INTERLEAVED) { /* columns 2f (gate) and 2f+1 (up): one value per pair */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = row_base + lane / 4 + 8 * h;
+            T *crow = (T *)p.c + (tl.a_row + r) * p.N;
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int64_t n = tl.n * (BN / 2) + half * (HALF_N / 2) + 4 * i + lane % 4;
+                const float g = dh[4 * i + 2 * h], u = dh[4 * i + 2 * h + 1];
+                const float v = silu ? __fdividef(g, 1.0f + __expf(-g)) * u
+                                     : epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, g, u);
+                if (r < tl.rows && n < p.N) store_one(crow + n, v);
+            }
+        }
+        return;
+    }
+    const uint32_t stage_w = smem_addr(smem + EPI_OFFSET) + ((wg - 1) * 4 + warp) * (16 * SROW * 2);
+    /* output columns of this half: 64 (gate/up: gate and up give one column each) or 128 */
+    const int64_t n_half = EPI == EPI_GATE_UP_CONCAT ? tl.n * (BN / 2) + half * (HALF_N / 2) : tl.n * BN + half * HALF_N;
+    const bool fast = FAST_ONLY || (EPI == EPI_GATE_UP_CONCAT ? silu : EPI == EPI_DOWN && plain);
+    constexpr int CHUNKS = EPI == EPI_GATE_UP_CONCAT ? 1 : 2;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; c++) {
+        const int64_t n0 = n_half + 64 * c;
+        if (fast)
+            stage_chunk<T, EPI, true>(dh, c, stage_w, L, tl.e, n0, lane);
+        else if (!FAST_ONLY)
+            stage_chunk<T, EPI, false>(dh, c, stage_w, L, tl.e, n0, lane);
+        __syncwarp();
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int idx = q * 32 + lane, row = idx / 8, piece = idx % 8;
+            const int64_t n = n0 + 8 * piece;
+            if (row_base + row < tl.rows && n < p.N) {
+                const uint32_t src = stage_w + (row * SROW + 8 * piece) * 2;
+                T *dst = (T *)p.c + (tl.a_row + row_base + row) * p.N + n;
+                if (n + 8 <= p.N)
+                    stg16(dst, lds16(src));
+                else /* the last columns of a row (N % 8 != 0) */
+                    for (int j = 0; j < 8 && n + j < p.N; j++) ((uint16_t *)dst)[j] = lds2(src + 2 * j);
+            }
+        }
+        __syncwarp(); /* the staging area is rewritten by the next chunk */
+    }
+}
+
 /* ---- the kernel ------------------------------------------------------------------- */
 
-template <typename T, int EPI>
+/* OVERLAP (down and SiLU gate/up without biases, experts of a tile or more): the second half's
+ * epilogue of each tile runs while the next tile's first k-blocks multiply. */
+template <typename T, int EPI, bool OVERLAP>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                         gemm_params p) {
@@ -276,10 +352,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                 if (tid == 0) {
                     mbar_expect_tx(&full[stage], direct ? B_BYTES : STAGE_BYTES);
                     if (!direct) tma_load(a, &map_a, &full[stage], kb * BK, (int)tl.a_row);
-                    if (EPI == EPI_GATE_UP_CONCAT) {
-                        tma_load(b, &map_b, &full[stage], kb * BK, (int)(b_row + tl.n * (BN / 2)));
-                        tma_load(b + B_BYTES / 2, &map_b, &full[stage], kb * BK,
-                                 (int)(b_row + p.up_offset + tl.n * (BN / 2)));
+                    if (EPI == EPI_GATE_UP_CONCAT) { /* [gate 0-63, up 0-63 | gate 64-127, up 64-127] of the tile */
+                        for (int q = 0; q < 4; q++)
+                            tma_load(b + q * (B_BYTES / 4), &map_b, &full[stage], kb * BK,
+                                     (int)(b_row + (q & 1) * p.up_offset + tl.n * (BN / 2) + (q >> 1) * (BN / 4)));
                     } else {
                         tma_load(b, &map_b, &full[stage], kb * BK, (int)(b_row + tl.n * BN));
                     }
@@ -301,23 +377,69 @@ __global__ void __launch_bounds__(THREADS, 1)
         return;
     }
 
-    /* consumers: warpgroup wg computes rows (wg-1)*64 .. +64 of each tile */
+    /* consumers: warpgroup wg computes rows (wg-1)*64 .. +64 of each tile, as two halves of
+     * 128 weight rows with their own accumulators. OVERLAP: the second half's epilogue of a
+     * tile waits until the next tile's first k-blocks are issued for the first half, so that
+     * it runs while the tensor cores multiply (the stages of those k-blocks are kept until the
+     * second half has read them too). */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
-    const int warp = tid / 32, lane = tid % 32;
     int stage = 0, phase = 0;
-    float d[128];
+    float acc0[64], acc1[64];
+    tile done = {}; /* the previous tile: its second half waits for its epilogue */
+    bool pending = false;
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const unsigned char *a_base = smem + (wg - 1) * (64 * 128), *b_base = smem + A_BYTES;
+        int prev = -1; /* the stage to release once the next group of wgmmas is issued */
+        int kb = 0;
+        if (OVERLAP && pending) {
+            /* the first k-blocks for the first half, then the previous tile's second half out,
+             * then the same k-blocks for the second half */
+            const int lead = k_blocks < STAGES ? k_blocks : STAGES;
+            int s0 = stage, ph0 = phase;
+            for (int j = 0; j < lead; j++) {
+                mbar_wait(&full[stage], phase);
+                if (GEMM_DIRECT_A && p.a_rows_of) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES;
+                wgmma_fence();
+#pragma unroll
+                for (int s = 0; s < BK / 16; s++)
+                    wgmma_128(acc0, smem_desc(a + s * 32), smem_desc(b + s * 32), j > 0 || s > 0, (T *)nullptr);
+                wgmma_commit();
+                if (++stage == STAGES) stage = 0, phase ^= 1;
+            }
+            /* only the lead groups are in flight (at most STAGES): a no-op that tells ptxas the
+             * previous tile's wgmmas are complete, so that it injects no wait of its own */
+            wgmma_wait<STAGES>();
+            epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid);
+            stage = s0, phase = ph0;
+            for (int j = 0; j < lead; j++) {
+                const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES + HALF_N * 128;
+                wgmma_fence();
+#pragma unroll
+                for (int s = 0; s < BK / 16; s++)
+                    wgmma_128(acc1, smem_desc(a + s * 32), smem_desc(b + s * 32), j > 0 || s > 0, (T *)nullptr);
+                wgmma_commit();
+                wgmma_wait<1>();
+                if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
+                prev = stage;
+                if (++stage == STAGES) stage = 0, phase ^= 1;
+            }
+            kb = lead;
+            pending = false;
+        }
         /* one group of wgmmas stays in flight: the stage of k-block kb-1 is released once kb's are issued */
-        int prev = -1;
-        for (int kb = 0; kb < k_blocks; kb++) {
+        for (; kb < k_blocks; kb++) {
             mbar_wait(&full[stage], phase);
             /* rows copied with cp.async went through the generic proxy; wgmma reads through the async one */
             if (GEMM_DIRECT_A && p.a_rows_of) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            const unsigned char *a = smem + stage * STAGE_BYTES + (wg - 1) * (64 * 128), *b = smem + stage * STAGE_BYTES + A_BYTES;
+            const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES;
             wgmma_fence();
 #pragma unroll
-            for (int s = 0; s < BK / 16; s++)
-                wgmma_256(d, smem_desc(a + s * 32), smem_desc(b + s * 32), kb > 0 || s > 0, (T *)nullptr);
+            for (int s = 0; s < BK / 16; s++) {
+                wgmma_128(acc0, smem_desc(a + s * 32), smem_desc(b + s * 32), kb > 0 || s > 0, (T *)nullptr);
+                wgmma_128(acc1, smem_desc(a + s * 32), smem_desc(b + HALF_N * 128 + s * 32), kb > 0 || s > 0,
+                          (T *)nullptr);
+            }
             wgmma_commit();
             wgmma_wait<1>();
             if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
@@ -327,100 +449,18 @@ __global__ void __launch_bounds__(THREADS, 1)
         /* the tile (needed by the epilogue only) is found while the last k-block multiplies */
         const tile tl = find_tile(p, t);
         wgmma_wait<0>();
+        fence_acc(acc0);
+        fence_acc(acc1);
         if (tid == 0) mbar_arrive(&empty[prev]);
-        /* epilogue: thread holds rows r0 and r0 + 8, columns 8i + 2(lane%4) + {0, 1} */
-        const int r0 = (wg - 1) * 64 + warp * 16 + lane / 4, c0 = 2 * (lane % 4);
-        const layer_view &L = p.L;
-        /* common cases inline, the rest through one out-of-line call per value: the
-         * unrolled epilogue must stay small or instruction fetch stalls the tile loop */
-        const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
-        const bool silu = plain && L.act == MOEX_ACT_SILU;
-#if GEMM_SMEM_EPILOGUE
-        /* a warp whose 16 rows all lie past the expert's last row has nothing to store (small
-         * experts: at 16 rows per tile, 7 of the 8 warps) */
-        if (EPI != EPI_GATE_UP_INTERLEAVED && (wg - 1) * 64 + warp * 16 < tl.rows) {
-            /* the warp's 16 rows, 64 columns at a time: values into its staging area, then
-             * 16-byte pieces to C, 8 lanes per row */
-            const int row_base = (wg - 1) * 64 + warp * 16;
-            const uint32_t stage_w = smem_addr(smem + EPI_OFFSET) + ((wg - 1) * 4 + warp) * (16 * SROW * 2);
-            const int64_t n_base = tl.n * (EPI == EPI_GATE_UP_CONCAT ? BN / 2 : BN);
-            /* the common cases (SiLU without biases; down without bias) as straight-line code */
-            const bool fast = EPI == EPI_GATE_UP_CONCAT ? silu : EPI == EPI_DOWN && plain;
-            constexpr int CHUNKS = EPI == EPI_GATE_UP_CONCAT ? 2 : 4;
-#pragma unroll
-            for (int ch = 0; ch < CHUNKS; ch++) {
-                if (fast)
-                    stage_chunk<T, EPI, true>(d, ch, stage_w, L, tl.e, n_base, lane);
-                else
-                    stage_chunk<T, EPI, false>(d, ch, stage_w, L, tl.e, n_base, lane);
-                __syncwarp();
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const int idx = q * 32 + lane, row = idx / 8, piece = idx % 8;
-                    const int64_t n = n_base + 64 * ch + 8 * piece;
-                    if (row_base + row < tl.rows && n < p.N) {
-                        const uint32_t src = stage_w + (row * SROW + 8 * piece) * 2;
-                        T *dst = (T *)p.c + (tl.a_row + row_base + row) * p.N + n;
-                        if (n + 8 <= p.N)
-                            stg16(dst, lds16(src));
-                        else /* the last columns of a row (N % 8 != 0) */
-                            for (int j = 0; j < 8 && n + j < p.N; j++) ((uint16_t *)dst)[j] = lds2(src + 2 * j);
-                    }
-                }
-                __syncwarp(); /* the staging area is rewritten by the next chunk */
-            }
-        }
-#endif
-        constexpr bool staged = GEMM_SMEM_EPILOGUE && EPI != EPI_GATE_UP_INTERLEAVED; /* stored above */
-#pragma unroll
-        for (int h = 0; h < (staged ? 0 : 2); h++) {
-            const int r = r0 + 8 * h;
-            if (r >= tl.rows) continue;
-            T *crow = (T *)p.c + (tl.a_row + r) * p.N;
-            if (EPI == EPI_DOWN || EPI == EPI_UP_ONLY) {
-#pragma unroll
-                for (int i = 0; i < 32; i++) {
-                    const int64_t n = tl.n * BN + 8 * i + c0;
-                    float v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
-                    if (EPI == EPI_UP_ONLY || !plain) {
-                        v0 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, 0.0f, v0);
-                        v1 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n + 1, 0.0f, v1);
-                    }
-                    if (n + 1 < p.N)
-                        store_pair(crow + n, v0, v1);
-                    else if (n < p.N)
-                        store_one(crow + n, v0);
-                }
-            } else if (EPI == EPI_GATE_UP_CONCAT) {
-#pragma unroll
-                for (int i = 0; i < 16; i++) {
-                    const int64_t n = tl.n * (BN / 2) + 8 * i + c0;
-                    float g0 = d[4 * i + 2 * h], g1 = d[4 * i + 2 * h + 1];
-                    float u0 = d[4 * (i + 16) + 2 * h], u1 = d[4 * (i + 16) + 2 * h + 1];
-                    float v0, v1;
-                    if (silu) {
-                        v0 = g0 / (1.0f + __expf(-g0)) * u0;
-                        v1 = g1 / (1.0f + __expf(-g1)) * u1;
-                    } else {
-                        v0 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, g0, u0);
-                        v1 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n + 1, g1, u1);
-                    }
-                    if (n + 1 < p.N)
-                        store_pair(crow + n, v0, v1);
-                    else if (n < p.N)
-                        store_one(crow + n, v0);
-                }
-            } else { /* interleaved: columns 2f (gate) and 2f+1 (up) */
-#pragma unroll
-                for (int i = 0; i < 32; i++) {
-                    const int64_t n = tl.n * (BN / 2) + 4 * i + lane % 4;
-                    const float g = d[4 * i + 2 * h], u = d[4 * i + 2 * h + 1];
-                    const float v = silu ? g / (1.0f + __expf(-g)) * u : epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, g, u);
-                    if (n < p.N) store_one(crow + n, v);
-                }
-            }
+        epilogue_half<T, EPI, OVERLAP>(acc0, 0, tl, p, smem, wg, tid);
+        if (OVERLAP) {
+            done = tl;
+            pending = true;
+        } else {
+            epilogue_half<T, EPI, OVERLAP>(acc1, 1, tl, p, smem, wg, tid);
         }
     }
+    if (OVERLAP && pending) epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid);
 }
 
 /* ---- host side ----------------------------------------------------------------------- */
@@ -466,27 +506,32 @@ int grouped_gemm_usable(moex_dtype dt, const void *b, int64_t K, char *why, size
     return 1;
 }
 
-template <typename T, int EPI> static cudaError_t allow_smem(void) {
-    return cudaFuncSetAttribute(grouped_gemm_kernel<T, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+template <typename T, int EPI, bool OVERLAP> static cudaError_t allow_smem(void) {
+    return cudaFuncSetAttribute(grouped_gemm_kernel<T, EPI, OVERLAP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                SMEM_BYTES);
+}
+
+template <typename T> static cudaError_t allow_smem_all(void) {
+    cudaError_t err = allow_smem<T, EPI_DOWN, false>();
+    if (!err) err = allow_smem<T, EPI_DOWN, true>();
+    if (!err) err = allow_smem<T, EPI_GATE_UP_CONCAT, false>();
+    if (!err) err = allow_smem<T, EPI_GATE_UP_CONCAT, true>();
+    if (!err) err = allow_smem<T, EPI_GATE_UP_INTERLEAVED, false>();
+    if (!err) err = allow_smem<T, EPI_UP_ONLY, false>();
+    return err;
 }
 
 moex_status grouped_gemm_init(void) {
     pthread_once(&encode_once, find_encode);
     if (encode_status != cudaSuccess) return moex_cuda_status(encode_status, "finding cuTensorMapEncodeTiled");
-    cudaError_t err = allow_smem<__nv_bfloat16, 0>();
-    if (!err) err = allow_smem<__nv_bfloat16, 1>();
-    if (!err) err = allow_smem<__nv_bfloat16, 2>();
-    if (!err) err = allow_smem<__nv_bfloat16, 3>();
-    if (!err) err = allow_smem<__half, 0>();
-    if (!err) err = allow_smem<__half, 1>();
-    if (!err) err = allow_smem<__half, 2>();
-    if (!err) err = allow_smem<__half, 3>();
+    cudaError_t err = allow_smem_all<__nv_bfloat16>();
+    if (!err) err = allow_smem_all<__half>();
     return moex_cuda_status(err, "grouped GEMM shared memory size");
 }
 
 moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s) {
     CUtensorMap map_a, map_b;
-    const int b_box = g->epi == EPI_GATE_UP_CONCAT ? BN / 2 : BN;
+    const int b_box = g->epi == EPI_GATE_UP_CONCAT ? BN / 4 : BN; /* gate/up: four boxes of 64 rows */
     int64_t E_rows = g->L.E * g->rows_per_expert;
     /* in direct mode map_a is not read (the rows are copied by index); any valid map will do */
     moex_status st = g->a_rows_of ? make_map(&map_a, g->b, 1, g->K, BM, g->dt, "A (unused)")
@@ -510,13 +555,29 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
     p.c = g->c;
     p.epi = g->epi;
     p.L = g->L;
-#define LAUNCH(T, EPI) grouped_gemm_kernel<T, EPI><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p)
+    /* the overlapped epilogue takes the common cases only (no biases; SiLU for gate/up) and
+     * stages every warp's rows, so it pays for experts of a tile or more on average */
+    const layer_view &L = g->L;
+    const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
+    const bool overlap = plain && (g->epi == EPI_DOWN || (g->epi == EPI_GATE_UP_CONCAT && L.act == MOEX_ACT_SILU)) &&
+                         g->a_rows >= (int64_t)BM * (g->e_end - g->e_begin);
+#define LAUNCH(T, EPI, OVERLAP) grouped_gemm_kernel<T, EPI, OVERLAP><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p)
 #define LAUNCH_EPI(T)                                                                                                 \
     switch (g->epi) {                                                                                                 \
-    case EPI_DOWN: LAUNCH(T, 0); break;                                                                               \
-    case EPI_GATE_UP_CONCAT: LAUNCH(T, 1); break;                                                                     \
-    case EPI_GATE_UP_INTERLEAVED: LAUNCH(T, 2); break;                                                                \
-    case EPI_UP_ONLY: LAUNCH(T, 3); break;                                                                            \
+    case EPI_DOWN:                                                                                                    \
+        if (overlap)                                                                                                  \
+            LAUNCH(T, EPI_DOWN, true);                                                                                \
+        else                                                                                                          \
+            LAUNCH(T, EPI_DOWN, false);                                                                               \
+        break;                                                                                                        \
+    case EPI_GATE_UP_CONCAT:                                                                                          \
+        if (overlap)                                                                                                  \
+            LAUNCH(T, EPI_GATE_UP_CONCAT, true);                                                                      \
+        else                                                                                                          \
+            LAUNCH(T, EPI_GATE_UP_CONCAT, false);                                                                     \
+        break;                                                                                                        \
+    case EPI_GATE_UP_INTERLEAVED: LAUNCH(T, EPI_GATE_UP_INTERLEAVED, false); break;                                   \
+    case EPI_UP_ONLY: LAUNCH(T, EPI_UP_ONLY, false); break;                                                           \
     }
     if (g->dt == MOEX_BF16) {
         LAUNCH_EPI(__nv_bfloat16)

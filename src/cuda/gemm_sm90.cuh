@@ -12,17 +12,11 @@
 #define GEMM_TILE_ROWS 128
 
 /* Build-time switches (bench/cuda-notes.md has the timings of each):
- *   GEMM_SMEM_EPILOGUE 1 (the default): the epilogue (not the interleaved one) writes each
- *     warp's 16 x 64 results into shared memory, then stores whole 16-byte row pieces (full
- *     sectors) instead of 4-byte pairs eight rows apart; 0: the direct stores;
  *   GEMM_DIRECT_A 1 (an experiment, off: slower on deepseek-v3): the gate/up GEMM copies
  *     hidden rows by index into the swizzled stage (cp.async by the 128 producer threads)
  *     instead of reading a gathered copy with TMA;
  *   GEMM_CONSUMER_REGS: registers per consumer thread (232, or 200 as the direct copy needs);
  *     the producer gets the rest of the block's pool, (384*168 - 256*consumer) / 128. */
-#ifndef GEMM_SMEM_EPILOGUE
-#define GEMM_SMEM_EPILOGUE 1 /* results staged per warp in shared memory, stored in 16-byte pieces */
-#endif
 #ifndef GEMM_DIRECT_A
 #define GEMM_DIRECT_A 0
 #endif

@@ -624,6 +624,13 @@ static void test_large(void) {
         p.seed += 50u;
         run_case(&p, 0);
     }
+    /* the GEMM's overlapped epilogue (SiLU, no biases, over 128 rows per expert), with fewer
+     * k-blocks than stages (H = 136: 3; I = 72: 2) and several tiles per block */
+    for (int d = 1; d < 3; d++) {
+        gcase c = gcase_make(2001, 8, 2, 136, 72, FLOAT_DTYPES[d], 6300u + (uint64_t)d);
+        c.sentinel_prob = 0.03;
+        run_case(&c, 1);
+    }
     /* hidden size >= 4096 with 1 to 16 rows per expert: grouped_mm's tensor-core GEMM (the
      * long-k rule of backends.cu), a last k-block of 8 columns, partial column tiles */
     for (int d = 1; d < 3; d++) {
