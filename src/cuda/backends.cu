@@ -33,7 +33,16 @@
 #ifndef GROUPED_TC_LONG_K
 #define GROUPED_TC_LONG_K 4096
 #endif
-static const int64_t TC_MIN_ROWS = GROUPED_TC_MIN_ROWS, TC_LONG_K = GROUPED_TC_LONG_K;
+/* The tensor-core GEMMs take tiles of GEMM_NARROW_ROWS (64) rows when experts average at most
+ * TC_NARROW_AVG rows and the gate/up layout is concatenated: a 128-row tile of such experts is
+ * mostly empty rows, which the tensor cores would multiply all the same (deepseek-v3, 64 tokens:
+ * 4.59 against 4.81 ms; 512 tokens: 5.40 against 5.56; qwen3-30b-a3b, 512 tokens: 0.384 against
+ * 0.399; the same run, bench/results/2026-11-30_cuda-h200_gemm-variants-4.csv). */
+#ifndef GROUPED_TC_NARROW_AVG
+#define GROUPED_TC_NARROW_AVG 32
+#endif
+static const int64_t TC_MIN_ROWS = GROUPED_TC_MIN_ROWS, TC_LONG_K = GROUPED_TC_LONG_K,
+                     TC_NARROW_AVG = GROUPED_TC_NARROW_AVG;
 
 typedef struct cuda_state {
     layer_view L;
@@ -256,11 +265,13 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     char *ws = (char *)a->workspace;
     routing_dev r = routing_carve(ws, f->E, f->P);
     ws += align256(routing_bytes(f->E, f->P));
-    moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E, GEMM_TILE_ROWS,
-                                   a->ctx->device_flags, f->stream);
-    if (st) return st;
     /* eager's per-expert GEMMs fill too few SMs for the long-k rule */
     const int tc = s->tc && (f->P >= TC_MIN_ROWS * f->E || (!per_expert && L.H >= TC_LONG_K && f->P >= f->E));
+    /* narrow tiles for experts of few rows: the routing counts tiles of their size */
+    const int narrow = tc && !GEMM_DIRECT_A && s->epi == EPI_GATE_UP_CONCAT && f->P <= TC_NARROW_AVG * f->E;
+    moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E,
+                                   narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS, a->ctx->device_flags, f->stream);
+    if (st) return st;
     const int launches = per_expert ? (int)f->E : 1;
     if (tc) {
         const size_t es = esize(L.wdt);
@@ -281,7 +292,7 @@ static moex_status experts_forward(fwd *f, int per_expert) {
         g1.rows_per_expert = d->gated ? 2 * L.I : L.I, g1.up_offset = L.I;
         g1.K = L.H, g1.N = L.I, g1.c = hb;
         g1.offsets = r.offsets, g1.mtile_off = r.mtile_off;
-        g1.epi = s->epi, g1.L = L, g1.dt = L.wdt;
+        g1.epi = s->epi, g1.L = L, g1.dt = L.wdt, g1.narrow = narrow;
         g2 = g1;
         g2.a = hb, g2.a_rows_of = NULL, g2.b = d->down.data, g2.rows_per_expert = L.H, g2.up_offset = 0;
         g2.K = L.I, g2.N = L.H, g2.c = y, g2.epi = EPI_DOWN;

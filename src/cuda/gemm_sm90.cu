@@ -22,7 +22,7 @@
 
 namespace {
 
-constexpr int BM = GEMM_TILE_ROWS, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+constexpr int BM = GEMM_TILE_ROWS, NARROW_ROWS = GEMM_NARROW_ROWS, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
 /* the epilogue's staging area, after the stages' barriers: 16 rows x 64 columns (rows padded
@@ -212,8 +212,8 @@ struct tile {
     int rows; /* valid rows of A in this tile */
 };
 
-/* Tile t of the list: experts in order, row tiles fastest within an expert. */
-__device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t) {
+/* Tile t of the list (row tiles of TM rows): experts in order, row tiles fastest within an expert. */
+template <int TM> __device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t) {
     const int base = p.mtile_off[p.e_begin];
     int64_t lo = p.e_begin, hi = p.e_end - 1; /* last e with (mtile_off[e] - base) * n_tiles <= t */
     while (lo < hi) {
@@ -236,9 +236,9 @@ __device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t) {
         m = local % mt, n = local / mt;
     }
     r.n = n;
-    r.a_row = p.offsets[lo] + m * BM;
+    r.a_row = p.offsets[lo] + m * TM;
     const int64_t left = p.offsets[lo + 1] - r.a_row;
-    r.rows = (int)(left < BM ? left : BM);
+    r.rows = (int)(left < TM ? left : TM);
     return r;
 }
 
@@ -251,9 +251,9 @@ __device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t) {
  * lie past the expert's last row stores nothing. */
 template <typename T, int EPI, bool FAST_ONLY>
 __device__ __forceinline__ void epilogue_half(const float (&dh)[64], int half, const tile &tl, const gemm_params &p,
-                                              unsigned char *smem, int wg, int tid) {
+                                              unsigned char *smem, int wg, int tid, int row0) {
     const int warp = tid / 32, lane = tid % 32;
-    const int row_base = (wg - 1) * 64 + warp * 16;
+    const int row_base = row0 + warp * 16;
     /* FAST_ONLY (the kernels that overlap an epilogue with wgmmas in flight): no call and no
      * branch that some warps of the warpgroup take and others do not, or ptxas serialises
      * every wgmma of the kernel (C7518); only the stores are predicated */
@@ -310,8 +310,10 @@ __device__ __forceinline__ void epilogue_half(const float (&dh)[64], int half, c
 /* ---- the kernel ------------------------------------------------------------------- */
 
 /* OVERLAP (down and SiLU gate/up without biases, experts of a tile or more): the second half's
- * epilogue of each tile runs while the next tile's first k-blocks multiply. */
-template <typename T, int EPI, bool OVERLAP>
+ * epilogue of each tile runs while the next tile's first k-blocks multiply. NARROW (experts of
+ * few rows; not with OVERLAP): tiles of NARROW_ROWS rows, and warpgroup w multiplies all of them
+ * by half w-1 of the weight tile, so no warpgroup multiplies a block of empty rows. */
+template <typename T, int EPI, bool OVERLAP, bool NARROW>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                         gemm_params p) {
@@ -337,7 +339,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         int stage = 0, phase = 0;
         const int chunk = tid % 8; /* direct: 16-byte chunk of a 128-byte row slice; rows tid/8 + 16i */
         for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-            const tile tl = find_tile(p, t);
+            const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
             const int64_t b_row = tl.e * p.rows_per_expert;
             int src[8]; /* direct: the source row of each of this thread's 8 rows, or -1 */
             if (direct)
@@ -350,7 +352,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 mbar_wait(&empty[stage], phase ^ 1);
                 unsigned char *a = smem + stage * STAGE_BYTES, *b = a + A_BYTES;
                 if (tid == 0) {
-                    mbar_expect_tx(&full[stage], direct ? B_BYTES : STAGE_BYTES);
+                    mbar_expect_tx(&full[stage], direct ? B_BYTES : (NARROW ? NARROW_ROWS * BK * 2 : A_BYTES) + B_BYTES);
                     if (!direct) tma_load(a, &map_a, &full[stage], kb * BK, (int)tl.a_row);
                     if (EPI == EPI_GATE_UP_CONCAT) { /* [gate 0-63, up 0-63 | gate 64-127, up 64-127] of the tile */
                         for (int q = 0; q < 4; q++)
@@ -410,7 +412,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             /* only the lead groups are in flight (at most STAGES): a no-op that tells ptxas the
              * previous tile's wgmmas are complete, so that it injects no wait of its own */
             wgmma_wait<STAGES>();
-            epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid);
+            epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid, (wg - 1) * 64);
             stage = s0, phase = ph0;
             for (int j = 0; j < lead; j++) {
                 const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES + HALF_N * 128;
@@ -434,6 +436,12 @@ __global__ void __launch_bounds__(THREADS, 1)
             if (GEMM_DIRECT_A && p.a_rows_of) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES;
             wgmma_fence();
+            if (NARROW) {
+                const unsigned char *an = smem + stage * STAGE_BYTES, *bn = b + (wg - 1) * (HALF_N * 128);
+#pragma unroll
+                for (int s = 0; s < BK / 16; s++)
+                    wgmma_128(acc0, smem_desc(an + s * 32), smem_desc(bn + s * 32), kb > 0 || s > 0, (T *)nullptr);
+            } else
 #pragma unroll
             for (int s = 0; s < BK / 16; s++) {
                 wgmma_128(acc0, smem_desc(a + s * 32), smem_desc(b + s * 32), kb > 0 || s > 0, (T *)nullptr);
@@ -447,20 +455,24 @@ __global__ void __launch_bounds__(THREADS, 1)
             if (++stage == STAGES) stage = 0, phase ^= 1;
         }
         /* the tile (needed by the epilogue only) is found while the last k-block multiplies */
-        const tile tl = find_tile(p, t);
+        const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
         wgmma_wait<0>();
         fence_acc(acc0);
-        fence_acc(acc1);
+        if (!NARROW) fence_acc(acc1);
         if (tid == 0) mbar_arrive(&empty[prev]);
-        epilogue_half<T, EPI, OVERLAP>(acc0, 0, tl, p, smem, wg, tid);
+        if (NARROW) { /* the warpgroup's half of the tile's 64 rows */
+            epilogue_half<T, EPI, false>(acc0, wg - 1, tl, p, smem, wg, tid, 0);
+            continue;
+        }
+        epilogue_half<T, EPI, OVERLAP>(acc0, 0, tl, p, smem, wg, tid, (wg - 1) * 64);
         if (OVERLAP) {
             done = tl;
             pending = true;
         } else {
-            epilogue_half<T, EPI, OVERLAP>(acc1, 1, tl, p, smem, wg, tid);
+            epilogue_half<T, EPI, OVERLAP>(acc1, 1, tl, p, smem, wg, tid, (wg - 1) * 64);
         }
     }
-    if (OVERLAP && pending) epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid);
+    if (OVERLAP && pending) epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid, (wg - 1) * 64);
 }
 
 /* ---- host side ----------------------------------------------------------------------- */
@@ -506,16 +518,18 @@ int grouped_gemm_usable(moex_dtype dt, const void *b, int64_t K, char *why, size
     return 1;
 }
 
-template <typename T, int EPI, bool OVERLAP> static cudaError_t allow_smem(void) {
-    return cudaFuncSetAttribute(grouped_gemm_kernel<T, EPI, OVERLAP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                SMEM_BYTES);
+template <typename T, int EPI, bool OVERLAP, bool NARROW = false> static cudaError_t allow_smem(void) {
+    return cudaFuncSetAttribute(grouped_gemm_kernel<T, EPI, OVERLAP, NARROW>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
 }
 
 template <typename T> static cudaError_t allow_smem_all(void) {
     cudaError_t err = allow_smem<T, EPI_DOWN, false>();
     if (!err) err = allow_smem<T, EPI_DOWN, true>();
+    if (!err) err = allow_smem<T, EPI_DOWN, false, true>();
     if (!err) err = allow_smem<T, EPI_GATE_UP_CONCAT, false>();
     if (!err) err = allow_smem<T, EPI_GATE_UP_CONCAT, true>();
+    if (!err) err = allow_smem<T, EPI_GATE_UP_CONCAT, false, true>();
     if (!err) err = allow_smem<T, EPI_GATE_UP_INTERLEAVED, false>();
     if (!err) err = allow_smem<T, EPI_UP_ONLY, false>();
     return err;
@@ -534,8 +548,11 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
     const int b_box = g->epi == EPI_GATE_UP_CONCAT ? BN / 4 : BN; /* gate/up: four boxes of 64 rows */
     int64_t E_rows = g->L.E * g->rows_per_expert;
     /* in direct mode map_a is not read (the rows are copied by index); any valid map will do */
+    const bool narrow = g->narrow && (g->epi == EPI_DOWN || g->epi == EPI_GATE_UP_CONCAT) && !g->a_rows_of;
+    if (g->narrow && !narrow)
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: narrow tiles need the down or concatenated gate/up epilogue");
     moex_status st = g->a_rows_of ? make_map(&map_a, g->b, 1, g->K, BM, g->dt, "A (unused)")
-                                  : make_map(&map_a, g->a, g->a_rows, g->K, BM, g->dt, "A");
+                                  : make_map(&map_a, g->a, g->a_rows, g->K, narrow ? NARROW_ROWS : BM, g->dt, "A");
     if (!st) st = make_map(&map_b, g->b, E_rows, g->K, b_box, g->dt, "B");
     if (st) return st;
     gemm_params p;
@@ -559,19 +576,24 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
      * stages every warp's rows, so it pays for experts of a tile or more on average */
     const layer_view &L = g->L;
     const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
-    const bool overlap = plain && (g->epi == EPI_DOWN || (g->epi == EPI_GATE_UP_CONCAT && L.act == MOEX_ACT_SILU)) &&
+    const bool overlap = !narrow && plain && (g->epi == EPI_DOWN || (g->epi == EPI_GATE_UP_CONCAT && L.act == MOEX_ACT_SILU)) &&
                          g->a_rows >= (int64_t)BM * (g->e_end - g->e_begin);
-#define LAUNCH(T, EPI, OVERLAP) grouped_gemm_kernel<T, EPI, OVERLAP><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p)
+#define LAUNCH(T, EPI, OVERLAP) grouped_gemm_kernel<T, EPI, OVERLAP, false><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p)
+#define LAUNCH_NARROW(T, EPI) grouped_gemm_kernel<T, EPI, false, true><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p)
 #define LAUNCH_EPI(T)                                                                                                 \
     switch (g->epi) {                                                                                                 \
     case EPI_DOWN:                                                                                                    \
-        if (overlap)                                                                                                  \
+        if (narrow)                                                                                                   \
+            LAUNCH_NARROW(T, EPI_DOWN);                                                                               \
+        else if (overlap)                                                                                                \
             LAUNCH(T, EPI_DOWN, true);                                                                                \
         else                                                                                                          \
             LAUNCH(T, EPI_DOWN, false);                                                                               \
         break;                                                                                                        \
     case EPI_GATE_UP_CONCAT:                                                                                          \
-        if (overlap)                                                                                                  \
+        if (narrow)                                                                                                   \
+            LAUNCH_NARROW(T, EPI_GATE_UP_CONCAT);                                                                     \
+        else if (overlap)                                                                                                \
             LAUNCH(T, EPI_GATE_UP_CONCAT, true);                                                                      \
         else                                                                                                          \
             LAUNCH(T, EPI_GATE_UP_CONCAT, false);                                                                     \
@@ -585,6 +607,7 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
         LAUNCH_EPI(__half)
     }
 #undef LAUNCH_EPI
+#undef LAUNCH_NARROW
 #undef LAUNCH
     return MOEX_CUDA_LAUNCHED("grouped GEMM kernel");
 }

@@ -8,8 +8,10 @@
 #include "core/internal.h"
 #include <cuda_runtime.h>
 
-/* Rows of A per tile: the routing's tile size (routing_build's tile_rows). */
+/* Rows of A per tile: the routing's tile size (routing_build's tile_rows); GEMM_NARROW_ROWS
+ * with grouped_gemm_args.narrow. */
 #define GEMM_TILE_ROWS 128
+#define GEMM_NARROW_ROWS 64
 
 /* Build-time switches (bench/cuda-notes.md has the timings of each):
  *   GEMM_DIRECT_A 1 (an experiment, off: slower on deepseek-v3): the gate/up GEMM copies
@@ -45,6 +47,8 @@ typedef struct grouped_gemm_args {
     gemm_epilogue epi;
     layer_view L;              /* activation and biases */
     moex_dtype dt;             /* bf16 or f16: A, B and C */
+    int narrow;                /* tiles of GEMM_NARROW_ROWS rows (the routing's tile_rows): for experts of few
+                                  rows; down and concatenated gate/up epilogues, A read with TMA */
 } grouped_gemm_args;
 
 /* 1 if the tensor-core path can take a layer with these matrices (strides,

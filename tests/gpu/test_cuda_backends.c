@@ -639,6 +639,26 @@ static void test_large(void) {
         c.layout = d == 2 ? 5 : 0;
         run_case(&c, 1);
     }
+    /* 16 to 32 rows per expert on average: grouped_mm's GEMMs on narrow tiles (64 rows, each
+     * warpgroup one half of the weight tile), one expert with a few hundred rows (several row
+     * tiles), sentinels, partial column tiles */
+    for (int d = 1; d < 3; d++) {
+        gcase c = gcase_make(333, 40, 3, 264, 200, FLOAT_DTYPES[d], 6250u + (uint64_t)d);
+        c.sentinel_prob = 0.03;
+        c.hot_rows = 300;
+        run_case(&c, 1);
+    }
+    /* decode sizes: qwen3-30b-a3b's experts at one token; 3 tokens with sentinels (one token all
+     * -1, one all E), biases and interleaved gate/up */
+    gcase q = gcase_make(1, 16, 8, 2048, 768, MOEX_BF16, 6300u);
+    run_case(&q, 1);
+    gcase m = gcase_make(3, 10, 4, 1000, 520, MOEX_F16, 6301u);
+    m.sentinel_prob = 0.2;
+    m.layout = 5;
+    m.act = MOEX_ACT_GPTOSS_CLAMP;
+    m.limit = 1.5f;
+    m.sentinel_rows = 1;
+    run_case(&m, 1);
 }
 
 /* The streamed kernels on tensor cores (bf16/f16, H and I multiples of 32, k contiguous,
