@@ -19,7 +19,9 @@
 # OUT_DIR (at most 8 files in all). Exit status: 0 if every step passed.
 #
 # Environment (all optional):
-#   SUITE_BUDGET_S   wall-clock budget of the whole suite in seconds (530)
+#   SUITE_BUDGET_S   wall-clock budget of the whole suite in seconds (570; the compiled peer
+#                    gets what the other steps leave: on an H200 it needed about 140 s for
+#                    qwen3-30b-a3b and more than 141 s for deepseek-v3)
 #   BUILD_DIR        build directory (build-gpu)
 #   CUDA_ARCH        CMAKE_CUDA_ARCHITECTURES (90a)
 #   QWEN_TOKENS      token counts for qwen3-30b-a3b (1,8,64,512,4096,16384)
@@ -50,7 +52,7 @@ mkdir -p "$1" || exit 2
 OUT=$(cd "$1" && pwd)
 cd "$ROOT" || exit 2
 
-BUDGET=${SUITE_BUDGET_S:-530}
+BUDGET=${SUITE_BUDGET_S:-570}
 BUILD=${BUILD_DIR:-build-gpu}
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
 CUDA_ARCH=${CUDA_ARCH:-90a}
