@@ -3,7 +3,9 @@
  * registers, the experts' epilogue applied straight from the registers.
  *
  * Tile: 128 rows of A (two consumer warpgroups of 64 rows) x 256 columns of
- * B (the gate/up epilogues take 128 gate and 128 up columns), k-blocks of 64.
+ * B (the gate/up epilogues take 128 gate and 128 up columns), k-blocks of 64;
+ * each warpgroup accumulates two halves of 128 columns. Narrow tiles (experts
+ * of few rows): 64 rows of A, warpgroup w taking all of them by half w-1 of B.
  * One producer warp issues the copies; a ring of STAGES buffers with a full
  * and an empty mbarrier each. The grid is persistent: block b takes tiles
  * b, b + grid, ...; the tile list (expert, row tile, column tile) is derived
@@ -436,17 +438,18 @@ __global__ void __launch_bounds__(THREADS, 1)
             if (GEMM_DIRECT_A && p.a_rows_of) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES;
             wgmma_fence();
-            if (NARROW) {
+            if (NARROW) { /* all 64 rows of the tile by the warpgroup's half of the weight tile */
                 const unsigned char *an = smem + stage * STAGE_BYTES, *bn = b + (wg - 1) * (HALF_N * 128);
 #pragma unroll
                 for (int s = 0; s < BK / 16; s++)
                     wgmma_128(acc0, smem_desc(an + s * 32), smem_desc(bn + s * 32), kb > 0 || s > 0, (T *)nullptr);
-            } else
+            } else {
 #pragma unroll
-            for (int s = 0; s < BK / 16; s++) {
-                wgmma_128(acc0, smem_desc(a + s * 32), smem_desc(b + s * 32), kb > 0 || s > 0, (T *)nullptr);
-                wgmma_128(acc1, smem_desc(a + s * 32), smem_desc(b + HALF_N * 128 + s * 32), kb > 0 || s > 0,
-                          (T *)nullptr);
+                for (int s = 0; s < BK / 16; s++) {
+                    wgmma_128(acc0, smem_desc(a + s * 32), smem_desc(b + s * 32), kb > 0 || s > 0, (T *)nullptr);
+                    wgmma_128(acc1, smem_desc(a + s * 32), smem_desc(b + HALF_N * 128 + s * 32), kb > 0 || s > 0,
+                              (T *)nullptr);
+                }
             }
             wgmma_commit();
             wgmma_wait<1>();
