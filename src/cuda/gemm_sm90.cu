@@ -546,6 +546,38 @@ moex_status grouped_gemm_init(void) {
     return moex_cuda_status(err, "grouped GEMM shared memory size");
 }
 
+/* The kernel of one (dtype, epilogue): narrow tiles, the overlapped epilogue or the plain one
+ * (only down and concatenated gate/up have the first two). */
+template <typename T, int EPI>
+static void launch_kernel(bool narrow, bool overlap, int num_sms, cudaStream_t s, const CUtensorMap &map_a,
+                          const CUtensorMap &map_b, const gemm_params &p) {
+    constexpr bool variants = EPI == EPI_DOWN || EPI == EPI_GATE_UP_CONCAT;
+    if constexpr (variants) {
+        if (narrow) {
+            grouped_gemm_kernel<T, EPI, false, true><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p);
+            return;
+        }
+        if (overlap) {
+            grouped_gemm_kernel<T, EPI, true, false><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p);
+            return;
+        }
+    }
+    grouped_gemm_kernel<T, EPI, false, false><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p);
+}
+
+template <typename T>
+static void launch_epi(gemm_epilogue epi, bool narrow, bool overlap, int num_sms, cudaStream_t s,
+                       const CUtensorMap &map_a, const CUtensorMap &map_b, const gemm_params &p) {
+    switch (epi) {
+    case EPI_DOWN: launch_kernel<T, EPI_DOWN>(narrow, overlap, num_sms, s, map_a, map_b, p); break;
+    case EPI_GATE_UP_CONCAT: launch_kernel<T, EPI_GATE_UP_CONCAT>(narrow, overlap, num_sms, s, map_a, map_b, p); break;
+    case EPI_GATE_UP_INTERLEAVED:
+        launch_kernel<T, EPI_GATE_UP_INTERLEAVED>(narrow, overlap, num_sms, s, map_a, map_b, p);
+        break;
+    case EPI_UP_ONLY: launch_kernel<T, EPI_UP_ONLY>(narrow, overlap, num_sms, s, map_a, map_b, p); break;
+    }
+}
+
 moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s) {
     CUtensorMap map_a, map_b;
     const int b_box = g->epi == EPI_GATE_UP_CONCAT ? BN / 4 : BN; /* gate/up: four boxes of 64 rows */
@@ -581,36 +613,9 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
     const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
     const bool overlap = !narrow && plain && (g->epi == EPI_DOWN || (g->epi == EPI_GATE_UP_CONCAT && L.act == MOEX_ACT_SILU)) &&
                          g->a_rows >= (int64_t)BM * (g->e_end - g->e_begin);
-#define LAUNCH(T, EPI, OVERLAP) grouped_gemm_kernel<T, EPI, OVERLAP, false><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p)
-#define LAUNCH_NARROW(T, EPI) grouped_gemm_kernel<T, EPI, false, true><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p)
-#define LAUNCH_EPI(T)                                                                                                 \
-    switch (g->epi) {                                                                                                 \
-    case EPI_DOWN:                                                                                                    \
-        if (narrow)                                                                                                   \
-            LAUNCH_NARROW(T, EPI_DOWN);                                                                               \
-        else if (overlap)                                                                                                \
-            LAUNCH(T, EPI_DOWN, true);                                                                                \
-        else                                                                                                          \
-            LAUNCH(T, EPI_DOWN, false);                                                                               \
-        break;                                                                                                        \
-    case EPI_GATE_UP_CONCAT:                                                                                          \
-        if (narrow)                                                                                                   \
-            LAUNCH_NARROW(T, EPI_GATE_UP_CONCAT);                                                                     \
-        else if (overlap)                                                                                                \
-            LAUNCH(T, EPI_GATE_UP_CONCAT, true);                                                                      \
-        else                                                                                                          \
-            LAUNCH(T, EPI_GATE_UP_CONCAT, false);                                                                     \
-        break;                                                                                                        \
-    case EPI_GATE_UP_INTERLEAVED: LAUNCH(T, EPI_GATE_UP_INTERLEAVED, false); break;                                   \
-    case EPI_UP_ONLY: LAUNCH(T, EPI_UP_ONLY, false); break;                                                           \
-    }
-    if (g->dt == MOEX_BF16) {
-        LAUNCH_EPI(__nv_bfloat16)
-    } else {
-        LAUNCH_EPI(__half)
-    }
-#undef LAUNCH_EPI
-#undef LAUNCH_NARROW
-#undef LAUNCH
+    if (g->dt == MOEX_BF16)
+        launch_epi<__nv_bfloat16>(g->epi, narrow, overlap, num_sms, s, map_a, map_b, p);
+    else
+        launch_epi<__half>(g->epi, narrow, overlap, num_sms, s, map_a, map_b, p);
     return MOEX_CUDA_LAUNCHED("grouped GEMM kernel");
 }
