@@ -8,12 +8,15 @@
 #      tests/gpu/test_cuda_model (whole models, GPU against CPU), then a quick
 #      subset of the first two under compute-sanitizer memcheck;
 #   4. runs `moex bench --device cuda` (bf16; eager, batched_mm, grouped_mm;
-#      CUDA graphs off and on) for qwen3-30b-a3b and deepseek-v3;
+#      CUDA graphs off and on) for qwen3-30b-a3b and deepseek-v3, then again
+#      with --cache warm at the peer's token counts (no L2 flush, one routing
+#      repeated: the way the peer script times), both shapes in one CSV;
 #   5. runs scripts/tf_generate_compare.py (whole-model generation, transformers
 #      beside moex generate --device cuda on a random qwen3-30b-a3b-shaped
 #      checkpoint written under the build directory), when torch is there;
 #   6. runs the peer benchmark (peer-run/tf_experts_bench.py, transformers'
-#      own backends) plain and under torch.compile, when torch is there;
+#      own backends) plain and under torch.compile, when torch is there, into one
+#      CSV (its column `compiled` tells the two apart);
 #   7. prints a summary.
 # Everything is logged to OUT_DIR/suite.log; results are CSV/SVG files in
 # OUT_DIR (at most 8 files in all). Exit status: 0 if every step passed.
@@ -358,6 +361,16 @@ decoder_memcheck_step() {
   "$SANITIZER" --tool memcheck --error-exitcode 3 "$DECODER_TEST" --quick 2>&1 |
     tee "$BUILD/memcheck_decoder.out"
 }
+bench_warm() { # both shapes at the peer's token counts, warm cache, into one CSV
+  local f="$OUT/moex_warm_bf16_cuda_${GPU_TAG}_${DATE}.csv" t="$BUILD/bench_warm.csv" shape
+  : >"$f"
+  for shape in qwen3-30b-a3b deepseek-v3; do
+    "$MOEX" bench --device cuda --shape "$shape" --tokens "$PEER_TOKENS" --dtype bf16 \
+      --backends batched_mm,grouped_mm --graph both --backend-max-tokens batched_mm=512 \
+      --runs "$BENCH_RUNS" --cache warm --reference off --csv "$t" || return 1
+    cat "$t" >>"$f"
+  done
+}
 bench_shape() { # shape tokens
   local base="$OUT/moex_${1}_bf16_cuda_${GPU_TAG}_${DATE}"
   "$MOEX" bench --device cuda --shape "$1" --tokens "$2" --dtype bf16 \
@@ -379,7 +392,7 @@ DECODER_TEST="$BUILD/tests/gpu/test_cuda_decoder"
 MODEL_TEST="$BUILD/tests/gpu/test_cuda_model"
 PEER="$ROOT/peer-run/tf_experts_bench.py"
 export ROOT BUILD CUDA_ARCH OUT GPU_TAG DATE BENCH_LIMITS BENCH_RUNS PEER_TOKENS MOEX TEST DECODER_TEST MODEL_TEST PEER
-export -f build_step test_step decoder_test_step model_test_step memcheck_step decoder_memcheck_step bench_shape compare_step peer_run
+export -f build_step test_step decoder_test_step model_test_step memcheck_step decoder_memcheck_step bench_shape bench_warm compare_step peer_run
 if run_step build 300 build_step "${CMAKE_EXTRA[@]}"; then
   BUILD_OK=1
 fi
@@ -415,6 +428,7 @@ if ! want bench; then
 elif [ $BUILD_OK -eq 1 ] && [ -x "$MOEX" ]; then
   run_step "bench qwen3-30b-a3b" 120 bench_shape qwen3-30b-a3b "$QWEN_TOKENS"
   run_step "bench deepseek-v3" 180 bench_shape deepseek-v3 "$DEEPSEEK_TOKENS"
+  run_step "bench warm cache (the peer's token counts)" 120 bench_warm
 else
   record "moex bench" "not run" 0 "build failed"
 fi
@@ -434,26 +448,22 @@ if ! want peer; then
   :
 elif [ -f "$PEER" ] && python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
-  PEER_PLAIN="$OUT/peer_transformers_plain_${GPU_TAG}_${DATE}.csv"
-  PEER_COMP="$OUT/peer_transformers_compiled_${GPU_TAG}_${DATE}.csv"
-  : >"$PEER_PLAIN"
-  run_step "peer (plain)" 120 peer_run 0 qwen3-30b-a3b,deepseek-v3 "$PEER_PLAIN"
-  cat "$PEER_PLAIN"
+  PEER_CSV="$OUT/peer_transformers_${GPU_TAG}_${DATE}.csv" # plain, then compiled
+  : >"$PEER_CSV"
+  run_step "peer (plain)" 120 peer_run 0 qwen3-30b-a3b,deepseek-v3 "$PEER_CSV"
   if [ "$PEER_COMPILE" = 1 ]; then
     # max-autotune compiles are slow: each shape gets half of the time left (the second
     # also what the first left over); rows are written as they finish, so a timeout
     # still leaves the cases done so far. A process's output starts with its own
     # CEILING and header lines.
-    : >"$PEER_COMP"
     n=2
     for shape in qwen3-30b-a3b deepseek-v3; do
       share=$(( ($(left) - RESERVE - MEMCHECK_RESERVE) / n ))
       n=$((n - 1))
       toks=$PEER_COMPILED_TOKENS_QWEN
       [ "$shape" = deepseek-v3 ] && toks=$PEER_COMPILED_TOKENS_DEEPSEEK
-      run_step "peer compiled $shape (max-autotune-no-cudagraphs)" "$share" peer_run 1 "$shape" "$PEER_COMP" "$toks"
+      run_step "peer compiled $shape (max-autotune-no-cudagraphs)" "$share" peer_run 1 "$shape" "$PEER_CSV" "$toks"
     done
-    cat "$PEER_COMP"
   fi
 else
   say "peer skipped: $PEER missing, or python3 without torch/transformers/CUDA"
@@ -500,7 +510,7 @@ for f in "$OUT"/moex_*_cuda_*.csv; do
   echo "$(basename "$f"):"
   grep '^# ceiling' "$f"
   # shape,backend,device,dtype,experts,threads,tokens,graph,ms,gflops,weight_gbps,max_abs_err,gemm_frac,bw_frac
-  awk -F, '!/^#/ && $1 != "shape" { printf "  %-11s graph=%s T=%-6s %10s ms  %8s GB/s  gemm_frac %-8s bw_frac %s\n", $2, $8, $7, $9, $11, $13, $14 }' "$f"
+  awk -F, '!/^#/ && $1 != "shape" { printf "  %-13s %-11s graph=%s T=%-6s %10s ms  %8s GB/s  gemm_frac %-8s bw_frac %s\n", $1, $2, $8, $7, $9, $11, $13, $14 }' "$f"
 done
 for f in "$OUT"/peer_*.csv; do
   [ -f "$f" ] || continue

@@ -90,6 +90,7 @@ typedef struct bench_opts {
     uint64_t seed;
     int graph;                         /* GRAPH_DEFAULT, GRAPH_OFF, GRAPH_ON or GRAPH_BOTH */
     int reference;                     /* 1: eager runs as the err reference when not timed */
+    int warm;                          /* --cache warm: no cache flush, one routing for every run */
     const char *backend_max_arg;       /* --backend-max-tokens, parsed after --backends */
     char limit_names[MAX_BACKENDS][NAME_LEN];
     int64_t limit_tokens[MAX_BACKENDS];
@@ -133,6 +134,12 @@ static void print_usage(FILE *f)
           "  --csv FILE        also write the results as CSV (ceilings on line 1)\n"
           "  --plot FILE.svg   also write an SVG plot of time against tokens\n"
           "  --seed S          seed of the weights and routings (default 1)\n"
+          "  --cache MODE      flushed (default): the last-level cache (L2 on cuda) is\n"
+          "                    flushed before every timed forward and every run has its\n"
+          "                    own routing; warm: no flush, and every run repeats the\n"
+          "                    first timed run's routing and inputs, so the weights of\n"
+          "                    its experts may still be cached (a loop timing one\n"
+          "                    forward again and again measures this)\n"
           "  --reference MODE  on (default): when eager is not among the backends, run\n"
           "                    it once per token count as the err column's reference;\n"
           "                    off: do not (err is left empty; for profilers, whose\n"
@@ -334,6 +341,17 @@ static int parse_graph(const char *s, bench_opts *o)
     return 0;
 }
 
+static int parse_cache(const char *s, bench_opts *o)
+{
+    if (strcmp(s, "flushed") == 0)
+        o->warm = 0;
+    else if (strcmp(s, "warm") == 0)
+        o->warm = 1;
+    else
+        return usage_error("--cache: \"%s\" is not one of flushed, warm", s);
+    return 0;
+}
+
 static int parse_reference(const char *s, bench_opts *o)
 {
     if (strcmp(s, "on") == 0)
@@ -461,6 +479,8 @@ static int apply_option(const char *name, const char *v, bench_opts *o, const ch
         return parse_graph(v, o);
     if (strcmp(name, "--reference") == 0)
         return parse_reference(v, o);
+    if (strcmp(name, "--cache") == 0)
+        return parse_cache(v, o);
     if (strcmp(name, "--backend-max-tokens") == 0) {
         o->backend_max_arg = v; /* checked after the loop, once */
         return 0;
@@ -499,7 +519,8 @@ static int parse_args(int argc, char **argv, bench_opts *o)
     static const char *const names[] = {"--shape",   "--tokens",      "--backends", "--dtype",
                                         "--device",  "--max-experts", "--threads",  "--runs",
                                         "--csv",     "--plot",        "--seed",
-                                        "--graph",   "--backend-max-tokens", "--reference"};
+                                        "--graph",   "--backend-max-tokens", "--reference",
+                                        "--cache"};
     const char *backends = DEFAULT_BACKENDS;
     default_options(o);
     for (int i = 1; i < argc; i++) {
@@ -1068,6 +1089,9 @@ static void print_banner(const bench_state *st)
     printf("cpu: %s, %d cores, moex %s kernels; threads=%d  runs=%d (+%d warm-up)  seed=%llu\n",
            st->cpu_model, st->cpu.cpu_cores, st->cpu.cpu_avx2 ? "avx2" : "portable", st->threads,
            o->runs, WARMUP_RUNS, (unsigned long long)o->seed);
+    printf("timing: %s\n", o->warm ? "no cache flush; every run repeats one routing (--cache warm)"
+                                    : "the last-level cache flushed before every forward; a fresh "
+                                      "routing every run");
 }
 
 static int cpu_has_avx2(void)
@@ -1363,8 +1387,10 @@ static int forward(const bench_state *st, workload *w, const char *name, int r, 
     moex_tensor x, ids, wt, out;
     if (views(st, w, r, slot, &x, &ids, &wt, &out))
         return EXIT_RUNTIME;
-    volatile float sink = flush_caches(st);
-    (void)sink;
+    if (!st->o->warm) {
+        volatile float sink = flush_caches(st);
+        (void)sink;
+    }
     double t0 = now_s();
     moex_status s = moex_experts_forward(st->ctx, st->layer, name, &x, &ids, &wt, &out);
     *sec = now_s() - t0;
@@ -1430,8 +1456,15 @@ static void progress(const bench_state *st, int ti, int b)
 /*
  * Interleaved runs: run r times every backend on routing r, the first one
  * rotating with r so that no backend always follows another's use of the
- * same experts. The last-level cache is flushed before every forward.
+ * same experts. The last-level cache is flushed before every forward
+ * (--cache warm: not flushed, and every run takes the routing of run WARMUP_RUNS).
  */
+/* The routing (and inputs) that run r uses: its own, or under --cache warm the first timed one. */
+static int timed_routing(const bench_opts *o, int r)
+{
+    return o->warm ? WARMUP_RUNS : r;
+}
+
 static int time_cases(const bench_state *st, int ti, workload *w)
 {
     const bench_opts *o = st->o;
@@ -1442,7 +1475,7 @@ static int time_cases(const bench_state *st, int ti, workload *w)
             double sec;
             if (r == 0)
                 progress(st, ti, b);
-            if (forward(st, w, o->backends[b], r, b, &sec))
+            if (forward(st, w, o->backends[b], timed_routing(o, r), b, &sec))
                 return EXIT_RUNTIME;
             if (r >= WARMUP_RUNS)
                 w->times[b * o->runs + (r - WARMUP_RUNS)] = sec;
@@ -1458,7 +1491,7 @@ static void finish_row(const bench_state *st, const workload *w, int b, case_res
     const bench_opts *o = st->o;
     double unique = 0.0;
     for (int r = WARMUP_RUNS; r < w->count; r++)
-        unique += w->unique[r];
+        unique += w->unique[timed_routing(o, r)];
     unique /= o->runs;
     double sec = median(&w->times[b * o->runs], o->runs);
     row->ms = 1e3 * sec;
@@ -1622,10 +1655,12 @@ static void csv_comments(FILE *f, const bench_state *st)
     fprintf(f, "# machine=%s date=%s moex=%s experts=%lld\n", host, date, moex_version(),
             (long long)st->experts);
     fprintf(f, "# cpu=\"%s\" avx2=%d shape=%s hidden=%lld intermediate=%lld num_experts=%lld "
-               "top_k=%lld runs=%d warmup=%d seed=%llu ceilings_low=%d other_cpu_share=%.3f\n",
+               "top_k=%lld runs=%d warmup=%d seed=%llu ceilings_low=%d other_cpu_share=%.3f "
+               "cache=%s\n",
             st->cpu_model, st->cpu.cpu_avx2, o->shape->name, (long long)st->hidden,
             (long long)st->intermediate, (long long)o->shape->experts, (long long)st->top_k,
-            o->runs, WARMUP_RUNS, (unsigned long long)o->seed, st->ceilings_low, st->other_share);
+            o->runs, WARMUP_RUNS, (unsigned long long)o->seed, st->ceilings_low, st->other_share,
+            o->warm ? "warm_one_routing" : "flushed");
 }
 
 /* The GPU run's comment lines: its ceilings first (line 1), then machine and case. */
@@ -1651,11 +1686,12 @@ static void csv_comments_cuda(FILE *f, const bench_state *st)
             (long long)st->experts);
     fprintf(f, "# gpu=\"%s\" device=cuda:%d cc=%d.%d host_cpu=\"%s\" shape=%s hidden=%lld "
                "intermediate=%lld num_experts=%lld top_k=%lld runs=%d warmup=%d seed=%llu "
-               "ceilings_low=%d other_cpu_share=%.3f timing=cuda_events_after_l2_flush\n",
+               "ceilings_low=%d other_cpu_share=%.3f timing=%s\n",
             gpu, o->device.index, st->gpu.cc_major, st->gpu.cc_minor, st->cpu_model, o->shape->name,
             (long long)st->hidden, (long long)st->intermediate, (long long)o->shape->experts,
             (long long)st->top_k, o->runs, WARMUP_RUNS, (unsigned long long)o->seed,
-            st->ceilings_low, st->other_share);
+            st->ceilings_low, st->other_share,
+            o->warm ? "cuda_events_warm_l2_one_routing" : "cuda_events_after_l2_flush");
     for (int i = 0; i < o->nlimits; i++)
         fprintf(f, "# limit %s tokens<=%lld (rows above it: ms=nan)\n", o->limit_names[i],
                 (long long)o->limit_tokens[i]);
@@ -1728,10 +1764,10 @@ static int write_svg(FILE *f, const bench_state *st)
         snprintf(title, sizeof title, "%s, %s, %d thread%s: time of one experts forward", o->shape->name, labels,
                  st->threads, st->threads == 1 ? "" : "s");
     snprintf(subtitle, sizeof subtitle,
-             "H=%lld I=%lld, %lld of %lld experts, top-%lld; median of %d runs, fresh routing "
-             "each; moex %s",
+             "H=%lld I=%lld, %lld of %lld experts, top-%lld; median of %d runs, %s; moex %s",
              (long long)st->hidden, (long long)st->intermediate, (long long)st->experts,
-             (long long)o->shape->experts, (long long)st->top_k, o->runs, moex_version());
+             (long long)o->shape->experts, (long long)st->top_k, o->runs,
+             o->warm ? "one routing, warm cache" : "fresh routing each, cache flushed", moex_version());
     svg_plot p = {title, subtitle, "tokens (T)", "time (ms)", ns, series};
     return svg_plot_write(f, &p);
 }
@@ -1850,8 +1886,9 @@ static void print_banner_cuda(const bench_state *st)
            o->device.index, st->gpu.name, st->gpu.cc_major, st->gpu.cc_minor, st->cpu_model,
            o->runs, WARMUP_RUNS, (unsigned long long)o->seed,
            o->graph == GRAPH_BOTH ? "off and on" : o->graph == GRAPH_ON ? "on" : "off");
-    printf("timing: CUDA events around each forward (or graph replay) queued on an idle stream "
-           "after an L2 flush; a fresh routing every run\n");
+    printf("timing: CUDA events around each forward (or graph replay) queued on an idle stream %s\n",
+           o->warm ? "without an L2 flush; every run repeats one routing (--cache warm)"
+                   : "after an L2 flush; a fresh routing every run");
     for (int i = 0; i < o->nlimits; i++)
         printf("limit: %s only at T <= %lld\n", o->limit_names[i], (long long)o->limit_tokens[i]);
 }
@@ -2183,8 +2220,13 @@ static int forward_cuda(const bench_state *st, workload *w, int v, int r, int sl
         return EXIT_RUNTIME;
     if (!g && views_cuda(st, w, r, slot, &x, &ids, &wt, &out))
         return EXIT_RUNTIME;
-    if (bench_cuda_flush_l2(st->timer, err, sizeof err) != 0 ||
-        bench_cuda_timer_start(st->timer, err, sizeof err) != 0)
+    if (o->warm) { /* no flush; the stream idle all the same (graph inputs are copied on it) */
+        moex_status idle = moex_context_synchronize(ctx);
+        if (idle != MOEX_OK)
+            return moex_failed("moex_context_synchronize (before the timed forward)", idle);
+    } else if (bench_cuda_flush_l2(st->timer, err, sizeof err) != 0)
+        return cuda_tool_failed(err);
+    if (bench_cuda_timer_start(st->timer, err, sizeof err) != 0)
         return cuda_tool_failed(err);
     moex_status s = g ? moex_graph_launch(w->graphs[b], ctx)
                       : moex_experts_forward(ctx, st->layer, backend, &x, &ids, &wt, &out);
@@ -2263,7 +2305,7 @@ static int time_cases_cuda(const bench_state *st, int ti, workload *w)
                 fprintf(stderr, "[%d/%d] %s T=%lld %s ...\n", ti * nv + v + 1, o->ntokens * nv,
                         o->shape->name, (long long)o->tokens[ti],
                         variant_name(st, v, name, sizeof name));
-            if (forward_cuda(st, w, v, r, v, &sec))
+            if (forward_cuda(st, w, v, timed_routing(o, r), v, &sec))
                 return EXIT_RUNTIME;
             if (r >= WARMUP_RUNS && w->state[v] == CASE_RAN)
                 w->times[v * o->runs + (r - WARMUP_RUNS)] = sec;
