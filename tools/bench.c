@@ -1453,18 +1453,18 @@ static void progress(const bench_state *st, int ti, int b)
             o->ntokens * o->nbackends, o->shape->name, (long long)o->tokens[ti], o->backends[b]);
 }
 
-/*
- * Interleaved runs: run r times every backend on routing r, the first one
- * rotating with r so that no backend always follows another's use of the
- * same experts. The last-level cache is flushed before every forward
- * (--cache warm: not flushed, and every run takes the routing of run WARMUP_RUNS).
- */
 /* The routing (and inputs) that run r uses: its own, or under --cache warm the first timed one. */
 static int timed_routing(const bench_opts *o, int r)
 {
     return o->warm ? WARMUP_RUNS : r;
 }
 
+/*
+ * Interleaved runs: run r times every backend on routing r, the first one
+ * rotating with r so that no backend always follows another's use of the
+ * same experts. The last-level cache is flushed before every forward
+ * (--cache warm: not flushed, and every run takes the routing of run WARMUP_RUNS).
+ */
 static int time_cases(const bench_state *st, int ti, workload *w)
 {
     const bench_opts *o = st->o;
