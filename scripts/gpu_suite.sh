@@ -17,7 +17,7 @@
 #   6. runs the peer benchmark (peer-run/tf_experts_bench.py, transformers'
 #      own backends) plain and under torch.compile, when torch is there, into one
 #      CSV (its column `compiled` tells the two apart);
-#   7. prints a summary.
+#   7. prints a summary, with moex beside the peer case by case (scripts/peer_compare.py).
 # Everything is logged to OUT_DIR/suite.log; results are CSV/SVG files in
 # OUT_DIR (at most 8 files in all). Exit status: 0 if every step passed.
 #
@@ -518,6 +518,11 @@ for f in "$OUT"/peer_*.csv; do
   echo "$(basename "$f"):"
   grep -v '^shape,' "$f" | sed 's/^/  /'
 done
+if [ -n "${PEER_CSV:-}" ] && [ -s "$PEER_CSV" ] && ls "$OUT"/moex_*_cuda_*.csv >/dev/null 2>&1; then
+  echo
+  echo "moex beside the peer (x = peer ms / moex ms):"
+  python3 "$ROOT/scripts/peer_compare.py" "$OUT"/moex_*_cuda_*.csv --peer "$PEER_CSV" || true
+fi
 echo
 echo "files in $OUT:"
 ls -la "$OUT"
