@@ -341,26 +341,29 @@ static int parse_graph(const char *s, bench_opts *o)
     return 0;
 }
 
+/* An option with two values: *is_b = 0 for a, 1 for b; anything else is refused by name. */
+static int parse_either(const char *opt, const char *s, const char *a, const char *b, int *is_b)
+{
+    if (strcmp(s, a) == 0)
+        *is_b = 0;
+    else if (strcmp(s, b) == 0)
+        *is_b = 1;
+    else
+        return usage_error("%s: \"%s\" is not one of %s, %s", opt, s, a, b);
+    return 0;
+}
+
 static int parse_cache(const char *s, bench_opts *o)
 {
-    if (strcmp(s, "flushed") == 0)
-        o->warm = 0;
-    else if (strcmp(s, "warm") == 0)
-        o->warm = 1;
-    else
-        return usage_error("--cache: \"%s\" is not one of flushed, warm", s);
-    return 0;
+    return parse_either("--cache", s, "flushed", "warm", &o->warm);
 }
 
 static int parse_reference(const char *s, bench_opts *o)
 {
-    if (strcmp(s, "on") == 0)
-        o->reference = 1;
-    else if (strcmp(s, "off") == 0)
-        o->reference = 0;
-    else
-        return usage_error("--reference: \"%s\" is not one of on, off", s);
-    return 0;
+    int off = 0, rc = parse_either("--reference", s, "on", "off", &off);
+    if (!rc)
+        o->reference = !off;
+    return rc;
 }
 
 /* "eager=4096,batched_mm=512": every NAME registered, every T a positive integer. */
