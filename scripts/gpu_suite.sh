@@ -509,8 +509,8 @@ for f in "$OUT"/moex_*_cuda_*.csv; do
   echo
   echo "$(basename "$f"):"
   grep '^# ceiling' "$f"
-  # shape,backend,device,dtype,experts,threads,tokens,graph,ms,gflops,weight_gbps,max_abs_err,gemm_frac,bw_frac
-  awk -F, '!/^#/ && $1 != "shape" { printf "  %-13s %-11s graph=%s T=%-6s %10s ms  %8s GB/s  gemm_frac %-8s bw_frac %s\n", $1, $2, $8, $7, $9, $11, $13, $14 }' "$f"
+  # shape,backend,device,dtype,experts,threads,tokens,graph,ms,gflops,weight_gbps,max_abs_err,gemm_frac,bw_frac,read_floor_ms,floor_frac
+  awk -F, '!/^#/ && $1 != "shape" { printf "  %-13s %-11s graph=%s T=%-6s %10s ms  %8s GB/s  gemm_frac %-8s bw_frac %-8s floor_frac %s\n", $1, $2, $8, $7, $9, $11, $13, $14, $16 }' "$f"
 done
 for f in "$OUT"/peer_*.csv; do
   [ -f "$f" ] || continue

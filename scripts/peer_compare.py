@@ -5,7 +5,10 @@ moex beside the peer, case by case, from one run's files: for every (shape, toke
 that both timed, moex's fastest row (backend, graph capture) against the peer's
 fastest backend other than eager, plain and compiled (column `compiled` of the peer
 script's CSV), as times and ratios (peer time / moex time: above 1, moex is faster),
-and moex's row as fractions of its run's ceilings. Rows of a warm-cache moex CSV
+and moex's row as fractions of its run's ceilings. Where the CSV has the read floor
+(cuda: one kernel reading the distinct experts' weights once, timed like the forward),
+"floor ms" is it and "max x" is the peer's best time over it: the largest ratio any
+forward that reads its weights from memory could show in that run. Rows of a warm-cache moex CSV
 (`--cache warm`, comment `timing=cuda_events_warm_l2_one_routing`) are labelled
 "warm"; the peer script itself neither flushes L2 nor changes the routing.
 Standard library only.
@@ -45,6 +48,14 @@ def read_moex(path):
     return best
 
 
+def fnum(v):
+    """float of a CSV cell; NaN when absent or empty."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
 def read_peer(path):
     """(shape, tokens, compiled) -> (ms, backend), the fastest backend other than eager."""
     best = {}
@@ -78,7 +89,8 @@ def main():
     except OSError as e:
         sys.exit(f"peer_compare.py: {a.peer}: {e.strerror}")
     print(f"{'shape':<14} {'T':>6} {'cache':<8} {'moex ms':>9} {'moex best':<16} "
-          f"{'peer plain':>18} {'x':>6} {'peer compiled':>22} {'x':>6} {'gemm_frac':>9} {'bw_frac':>8}")
+          f"{'peer plain':>18} {'x':>6} {'peer compiled':>22} {'x':>6} {'gemm_frac':>9} {'bw_frac':>8} "
+          f"{'floor ms':>9} {'max x':>6}")
     shown = 0
     for (shape, tokens, cache) in sorted(moex, key=lambda k: (k[0], k[1], k[2])):
         plain, comp = peer.get((shape, tokens, 0)), peer.get((shape, tokens, 1))
@@ -93,8 +105,12 @@ def main():
                 return f"{'-':>{width}} {'-':>6}"
             return f"{p[0]:>{width - 12}.4f} {p[1]:<11} {p[0] / ms:>6.2f}"
 
+        floor = fnum(r.get("read_floor_ms"))
+        peer_best = min(p[0] for p in (plain, comp) if p)
+        floor_cells = (f"{floor:>9.4f} {peer_best / floor:>6.2f}" if floor == floor and floor > 0
+                       else f"{'-':>9} {'-':>6}")
         print(f"{shape:<14} {tokens:>6} {cache:<8} {ms:>9.4f} {who:<16} {cell(plain, 18)} "
-              f"{cell(comp, 22)} {float(r['gemm_frac']):>9.3f} {float(r['bw_frac']):>8.3f}")
+              f"{cell(comp, 22)} {float(r['gemm_frac']):>9.3f} {float(r['bw_frac']):>8.3f} {floor_cells}")
         shown += 1
     if not shown:
         sys.exit("peer_compare.py: no case timed by both")

@@ -149,7 +149,8 @@ static void print_usage(FILE *f)
           "Columns: ms = median time of one forward; GFLOP/s = 6*T*k*H*I/time;\n"
           "GB/s = unique experts hit * bytes per expert / time; err = max |out - eager|\n"
           "on the first timed routing; gemm_frac and bw_frac = GFLOP/s and GB/s over\n"
-          "the ceilings.\n"
+          "the ceilings; cuda: read_floor_ms = one kernel reading the weights of the\n"
+          "distinct experts hit once (timed like the forward), floor_frac = it over ms.\n"
           "Exit status: 0 ok, 1 runtime failure, 2 usage error.\n",
           f);
 }
@@ -813,6 +814,7 @@ static double other_cpu_share(cpu_sample a, cpu_sample b)
 
 typedef struct case_result {
     double ms, gflops, weight_gbps, max_abs_err, gemm_frac, bw_frac;
+    double read_floor_ms, floor_frac; /* cuda: the token count's read floor, and it over ms; else NaN */
     int state; /* CASE_RAN, or why not (cuda only) */
 } case_result;
 
@@ -1489,19 +1491,26 @@ static int time_cases(const bench_state *st, int ti, workload *w)
     return 0;
 }
 
-static void finish_row(const bench_state *st, const workload *w, int b, case_result *row)
+/* Distinct experts hit, averaged over the timed runs. */
+static double mean_unique(const bench_opts *o, const workload *w)
 {
-    const bench_opts *o = st->o;
     double unique = 0.0;
     for (int r = WARMUP_RUNS; r < w->count; r++)
         unique += w->unique[timed_routing(o, r)];
-    unique /= o->runs;
+    return unique / o->runs;
+}
+
+static void finish_row(const bench_state *st, const workload *w, int b, case_result *row)
+{
+    const bench_opts *o = st->o;
+    double unique = mean_unique(o, w);
     double sec = median(&w->times[b * o->runs], o->runs);
     row->ms = 1e3 * sec;
     row->gflops = (double)w->tokens * st->top_k * st->flops_per_pair / sec / 1e9;
     row->weight_gbps = unique * st->bytes_per_expert / sec / 1e9;
     row->gemm_frac = row->gflops / st->gemm_gflops; /* NaN without ceilings */
     row->bw_frac = row->weight_gbps / st->read_gbps;
+    row->read_floor_ms = row->floor_frac = NAN;
 }
 
 /* ------------------------------------------------------------------ table */
@@ -1527,9 +1536,9 @@ static void print_table_header(const bench_state *st)
     const bench_opts *o = st->o;
     table_widths tw = widths(o);
     if (st->cuda)
-        printf("\n%-*s  %-*s  %5s  %6s  %10s  %9s  %8s  %9s  %9s  %7s\n", tw.shape, "shape",
+        printf("\n%-*s  %-*s  %5s  %6s  %10s  %9s  %8s  %9s  %9s  %7s  %10s\n", tw.shape, "shape",
                tw.backend, "backend", "graph", "T", "ms", "GFLOP/s", "GB/s", "err", "gemm_frac",
-               "bw_frac");
+               "bw_frac", "floor_frac");
     else
         printf("\n%-*s  %-*s  %6s  %10s  %9s  %8s  %9s  %9s  %7s\n", tw.shape, "shape", tw.backend,
                "backend", "T", "ms", "GFLOP/s", "GB/s", "err", "gemm_frac", "bw_frac");
@@ -1572,9 +1581,14 @@ static void print_row(const bench_state *st, int64_t T, int v, const case_result
     }
     print_fraction(r->gemm_frac);
     if (isfinite(r->bw_frac))
-        printf("  %7.3f\n", r->bw_frac);
+        printf("  %7.3f", r->bw_frac);
     else
-        printf("  %7s\n", "-");
+        printf("  %7s", "-");
+    if (st->cuda && isfinite(r->floor_frac))
+        printf("  %10.3f", r->floor_frac);
+    else if (st->cuda)
+        printf("  %10s", "-");
+    printf("\n");
     fflush(stdout);
 }
 
@@ -1683,7 +1697,8 @@ static void csv_comments_cuda(FILE *f, const bench_state *st)
         if (*p == '"' || *p == ',')
             *p = ' ';
     fprintf(f, "# ceiling gemm_bf16_tflops=%.2f gemm_fp8_tflops=%.2f read_gbps=%.2f "
-               "(gemm_frac = GFLOP/s over the bf16 GEMM, bw_frac = GB/s over the read)\n",
+               "(gemm_frac = GFLOP/s over the bf16 GEMM, bw_frac = GB/s over the read, floor_frac = "
+               "read_floor_ms over ms)\n",
             st->gpu_bf16_tflops, st->gpu_fp8_tflops, st->gpu_read_gbps);
     fprintf(f, "# machine=%s date=%s moex=%s experts=%lld\n", host, date, moex_version(),
             (long long)st->experts);
@@ -1708,7 +1723,7 @@ static int write_csv(FILE *f, const bench_state *st)
         fprintf(f, "# pass dtype=%s ceiling gemm_gflops=%.2f read_gbps=%.2f other_cpu_share=%.3f\n",
                 weight_label(s->o), s->gemm_gflops, s->read_gbps, s->other_share);
     fputs("shape,backend,device,dtype,experts,threads,tokens,graph,ms,gflops,weight_gbps,"
-          "max_abs_err,gemm_frac,bw_frac\n",
+          "max_abs_err,gemm_frac,bw_frac,read_floor_ms,floor_frac\n",
           f);
     int nv = nvariants(st);
     for (const bench_state *s = st; s; s = s->next)
@@ -1725,6 +1740,8 @@ static int write_csv(FILE *f, const bench_state *st)
             csv_number(f, r->max_abs_err);
             csv_number(f, r->gemm_frac);
             csv_number(f, r->bw_frac);
+            csv_number(f, r->read_floor_ms);
+            csv_number(f, r->floor_frac);
             fputc('\n', f);
         }
     }
@@ -2319,6 +2336,25 @@ static int time_cases_cuda(const bench_state *st, int ti, workload *w)
     return 0;
 }
 
+/*
+ * The read floor of one token count: one kernel reading, once, as many bytes as the forward
+ * must (the gate/up and down weights of the mean number of distinct experts hit, taken from
+ * the weights themselves), timed like the runs (after an L2 flush, or warm). At small token
+ * counts it is well below the 4 GiB read ceiling's rate: the launch and the ramp of one short
+ * kernel are part of it, as they are of every forward.
+ */
+static int read_floor_cuda(const bench_state *st, const workload *w, double *ms)
+{
+    double unique = mean_unique(st->o, w);
+    double gu = unique * 2.0 * st->intermediate * st->hidden, dn = unique * st->hidden * st->intermediate;
+    size_t gu_bytes = ((size_t)gu * st->esize) & ~(size_t)15, dn_bytes = ((size_t)dn * st->esize) & ~(size_t)15;
+    char err[512];
+    if (bench_cuda_read_floor(st->timer, st->d_gate_up, gu_bytes, st->d_down, dn_bytes, !st->o->warm, ms, err,
+                              sizeof err))
+        return cuda_tool_failed(err);
+    return 0;
+}
+
 static int run_tokens_cuda(bench_state *st, int ti)
 {
     const bench_opts *o = st->o;
@@ -2326,19 +2362,24 @@ static int run_tokens_cuda(bench_state *st, int ti)
     workload w;
     memset(&w, 0, sizeof w);
     int rc = make_workload_cuda(st, o->tokens[ti], &w);
+    double floor_ms = NAN;
     if (!rc) {
         plan_variants_cuda(st, &w);
         rc = time_cases_cuda(st, ti, &w);
     }
+    if (!rc)
+        rc = read_floor_cuda(st, &w, &floor_ms);
     for (int v = 0; !rc && v < nv; v++) {
         case_result *row = &st->results[ti * nv + v];
         double err = row->max_abs_err;
         if (w.state[v] == CASE_RAN) {
             finish_row(st, &w, v, row);
             row->max_abs_err = err;
+            row->read_floor_ms = floor_ms;
+            row->floor_frac = floor_ms / row->ms;
         } else {
             row->ms = row->gflops = row->weight_gbps = row->max_abs_err = NAN;
-            row->gemm_frac = row->bw_frac = NAN;
+            row->gemm_frac = row->bw_frac = row->read_floor_ms = row->floor_frac = NAN;
         }
         row->state = w.state[v];
         print_row(st, o->tokens[ti], v, row);

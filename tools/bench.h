@@ -106,6 +106,13 @@ int bench_cuda_flush_l2(bench_cuda_timer *t, char *err, size_t err_size);
 int bench_cuda_timer_start(bench_cuda_timer *t, char *err, size_t err_size);
 /** Record the stop event, wait for it, and give the milliseconds since the start event. */
 int bench_cuda_timer_stop(bench_cuda_timer *t, double *ms, char *err, size_t err_size);
+/**
+ * The read floor of one case: one launch of the read kernel over a[0, a_bytes) and then
+ * b[0, b_bytes) (multiples of 16), on the timer's stream, L2 flushed before each run when
+ * flush is 1. Warm-up, then the median ms of 11 runs.
+ */
+int bench_cuda_read_floor(bench_cuda_timer *t, const void *a, size_t a_bytes, const void *b, size_t b_bytes,
+                          int flush, double *ms, char *err, size_t err_size);
 /** Free and total device memory in bytes (cudaMemGetInfo). */
 int bench_cuda_memory(int device, double *free_bytes, double *total_bytes, char *err, size_t err_size);
 

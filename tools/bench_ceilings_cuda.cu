@@ -104,19 +104,25 @@ typedef struct timed_op {
     cudaStream_t stream;
 } timed_op;
 
-__global__ static void read_sum(const uint4 *__restrict__ p, size_t n, unsigned int *sink)
+/* Sums the 16-byte words of a[0, na) and then b[0, nb) with a grid-stride loop (nb = 0: one range). */
+__global__ static void read_sum(const uint4 *__restrict__ a, size_t na, const uint4 *__restrict__ b, size_t nb,
+                                unsigned int *sink)
 {
     unsigned int acc = 0;
     size_t stride = (size_t)gridDim.x * blockDim.x;
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    for (; i + 3 * stride < n; i += 4 * stride) { /* four independent loads in flight */
-        uint4 v0 = p[i], v1 = p[i + stride], v2 = p[i + 2 * stride], v3 = p[i + 3 * stride];
-        acc += (v0.x ^ v0.y ^ v0.z ^ v0.w) + (v1.x ^ v1.y ^ v1.z ^ v1.w) + (v2.x ^ v2.y ^ v2.z ^ v2.w) +
-               (v3.x ^ v3.y ^ v3.z ^ v3.w);
-    }
-    for (; i < n; i += stride) {
-        uint4 v = p[i];
-        acc += v.x ^ v.y ^ v.z ^ v.w;
+    for (int part = 0; part < 2; part++) {
+        const uint4 *p = part ? b : a;
+        size_t n = part ? nb : na;
+        size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+        for (; i + 3 * stride < n; i += 4 * stride) { /* four independent loads in flight */
+            uint4 v0 = p[i], v1 = p[i + stride], v2 = p[i + 2 * stride], v3 = p[i + 3 * stride];
+            acc += (v0.x ^ v0.y ^ v0.z ^ v0.w) + (v1.x ^ v1.y ^ v1.z ^ v1.w) + (v2.x ^ v2.y ^ v2.z ^ v2.w) +
+                   (v3.x ^ v3.y ^ v3.z ^ v3.w);
+        }
+        for (; i < n; i += stride) {
+            uint4 v = p[i];
+            acc += v.x ^ v.y ^ v.z ^ v.w;
+        }
     }
     if (acc == 0x9E3779B9u) /* practically never: keeps the loads without a store per thread */
         atomicAdd(sink, acc);
@@ -147,7 +153,7 @@ static cudaError_t op_launch(timed_op *op, char *err, size_t err_size)
         }
         return cudaSuccess;
     }
-    read_sum<<<op->read_blocks, 256, 0, op->stream>>>(op->read_src, op->read_n, op->read_sink);
+    read_sum<<<op->read_blocks, 256, 0, op->stream>>>(op->read_src, op->read_n, NULL, 0, op->read_sink);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         snprintf(err, err_size, "read kernel launch: %s", cudaGetErrorString(e));
@@ -350,7 +356,8 @@ struct bench_cuda_timer {
     cudaStream_t stream; /* borrowed: the moex context's */
     cudaEvent_t start, stop;
     void *flush;         /* FLUSH_BYTES, written between timed runs to evict L2 */
-    int device;
+    unsigned int *sink;  /* the read floor's never-taken store */
+    int device, sms;
 };
 
 extern "C" int bench_cuda_timer_create(int device, void *stream, bench_cuda_timer **out, char *err,
@@ -367,6 +374,9 @@ extern "C" int bench_cuda_timer_create(int device, void *stream, bench_cuda_time
     CUDA_TRY(cudaEventCreate(&t->start), "cudaEventCreate");
     CUDA_TRY(cudaEventCreate(&t->stop), "cudaEventCreate");
     CUDA_TRY(cudaMalloc(&t->flush, FLUSH_BYTES), "cudaMalloc (L2 flush buffer, 512 MiB)");
+    CUDA_TRY(cudaMalloc((void **)&t->sink, sizeof *t->sink), "cudaMalloc");
+    CUDA_TRY(cudaMemset(t->sink, 0, sizeof *t->sink), "cudaMemset");
+    CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
     *out = t;
     return 0;
 fail:
@@ -383,6 +393,7 @@ extern "C" void bench_cuda_timer_free(bench_cuda_timer *t)
     if (t->stop)
         cudaEventDestroy(t->stop);
     cudaFree(t->flush);
+    cudaFree(t->sink);
     free(t);
 }
 
@@ -412,6 +423,29 @@ extern "C" int bench_cuda_timer_stop(bench_cuda_timer *t, double *ms, char *err,
     CUDA_TRY(cudaEventSynchronize(t->stop), "cudaEventSynchronize (the timed forward)");
     CUDA_TRY(cudaEventElapsedTime(&f, t->start, t->stop), "cudaEventElapsedTime");
     *ms = f;
+    return 0;
+fail:
+    return -1;
+}
+
+extern "C" int bench_cuda_read_floor(bench_cuda_timer *t, const void *a, size_t a_bytes, const void *b,
+                                     size_t b_bytes, int flush, double *ms_out, char *err, size_t err_size)
+{
+    double times[CEILING_REPS];
+    for (int r = -1; r < CEILING_REPS; r++) { /* r = -1: warm-up */
+        double ms = 0.0;
+        if ((flush && bench_cuda_flush_l2(t, err, err_size)) || bench_cuda_timer_start(t, err, err_size))
+            return -1;
+        read_sum<<<(t->sms > 0 ? t->sms : 132) * 8, 256, 0, t->stream>>>((const uint4 *)a, a_bytes / sizeof(uint4),
+                                                                       (const uint4 *)b, b_bytes / sizeof(uint4),
+                                                                       t->sink);
+        CUDA_TRY(cudaGetLastError(), "read-floor kernel launch");
+        if (bench_cuda_timer_stop(t, &ms, err, err_size))
+            return -1;
+        if (r >= 0)
+            times[r] = ms;
+    }
+    *ms_out = median(times, CEILING_REPS);
     return 0;
 fail:
     return -1;
