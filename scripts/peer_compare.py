@@ -7,8 +7,8 @@ fastest backend other than eager, plain and compiled (column `compiled` of the p
 script's CSV), as times and ratios (peer time / moex time: above 1, moex is faster),
 and moex's row as fractions of its run's ceilings. Where the CSV has the read floor
 (cuda: one kernel reading the distinct experts' weights once, timed like the forward),
-"floor ms" is it and "max x" is the peer's best time over it: the largest ratio any
-forward that reads its weights from memory could show in that run. Rows of a warm-cache moex CSV
+"floor ms" is it and "max x" is the peer's best time over it: the ratio a forward
+would show if it cost no more than reading its weights. Rows of a warm-cache moex CSV
 (`--cache warm`, comment `timing=cuda_events_warm_l2_one_routing`) are labelled
 "warm"; the peer script itself neither flushes L2 nor changes the routing.
 Standard library only.
