@@ -1545,12 +1545,13 @@ static void print_table_header(const bench_state *st)
     fflush(stdout);
 }
 
-static void print_fraction(double v)
+/* One column of a row: v in `width` characters, or "-" when not finite. */
+static void print_fraction(double v, int width)
 {
     if (isfinite(v))
-        printf("  %9.3f", v);
+        printf("  %*.3f", width, v);
     else
-        printf("  %9s", "-");
+        printf("  %*s", width, "-");
 }
 
 static const char *case_state_text(int state)
@@ -1579,15 +1580,10 @@ static void print_row(const bench_state *st, int64_t T, int v, const case_result
                tw.backend, o->backends[b], (long long)T, r->ms, r->gflops, r->weight_gbps,
                r->max_abs_err);
     }
-    print_fraction(r->gemm_frac);
-    if (isfinite(r->bw_frac))
-        printf("  %7.3f", r->bw_frac);
-    else
-        printf("  %7s", "-");
-    if (st->cuda && isfinite(r->floor_frac))
-        printf("  %10.3f", r->floor_frac);
-    else if (st->cuda)
-        printf("  %10s", "-");
+    print_fraction(r->gemm_frac, 9);
+    print_fraction(r->bw_frac, 7);
+    if (st->cuda)
+        print_fraction(r->floor_frac, 10);
     printf("\n");
     fflush(stdout);
 }
