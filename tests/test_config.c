@@ -100,15 +100,22 @@ static void test_qwen2_moe(void **state) {
     moex_config_free(&c);
 
     /* qkv_bias (transformers 5 spelling) turns it off; decoder_sparse_step and mlp_only_layers */
-    c = parse_ok("{\"model_type\":\"qwen2_moe\",\"vocab_size\":8,\"hidden_size\":8,\"num_hidden_layers\":4,"
-                 "\"num_attention_heads\":2,\"qkv_bias\":false,\"decoder_sparse_step\":2,\"mlp_only_layers\":[0,3]}");
+    c = parse_ok("{\"model_type\":\"qwen2_moe\",\"vocab_size\":8,\"hidden_size\":256,\"num_hidden_layers\":4,"
+                 "\"num_attention_heads\":32,\"qkv_bias\":false,\"decoder_sparse_step\":2,\"mlp_only_layers\":[0,3]}");
     assert_int_equal(c.attention_bias, 0);
     assert_int_equal(c.decoder_sparse_step, 2);
     assert_int_equal(c.n_mlp_only_layers, 2);
     assert_int_equal(c.mlp_only_layers[0], 0);
     assert_int_equal(c.mlp_only_layers[1], 3);
-    assert_int_equal(c.num_key_value_heads, 2); /* default = heads */
-    assert_int_equal(c.head_dim, 4);            /* default = hidden / heads */
+    /* absent keys take Qwen2MoeConfig's defaults */
+    assert_int_equal(c.num_key_value_heads, 16);
+    assert_int_equal(c.num_experts, 60);
+    assert_int_equal(c.num_experts_per_tok, 4);
+    assert_int_equal(c.moe_intermediate_size, 1408);
+    assert_int_equal(c.shared_expert_intermediate_size, 5632);
+    assert_int_equal(c.intermediate_size, 5632);
+    assert_int_equal(c.o_proj_bias, 0);
+    assert_int_equal(c.head_dim, 8); /* default = hidden / heads: 256 / 32 */
     moex_config_free(&c);
     moex_config_free(NULL);
 }
@@ -140,9 +147,16 @@ static void test_qwen3_moe(void **state) {
 
     /* without norm_topk_prob a qwen3_moe config does not renormalise (transformers' default) */
     c = parse_ok("{\"model_type\":\"qwen3_moe\",\"vocab_size\":8,\"hidden_size\":8,\"num_hidden_layers\":1,"
-                 "\"num_attention_heads\":2}");
+                 "\"num_attention_heads\":8}");
     assert_int_equal(c.norm_topk_prob, 0);
     assert_int_equal(c.attention_bias, 0);
+    /* Qwen3MoeConfig's defaults for the absent keys */
+    assert_int_equal(c.num_key_value_heads, 4);
+    assert_int_equal(c.num_experts, 128);
+    assert_int_equal(c.num_experts_per_tok, 8);
+    assert_int_equal(c.moe_intermediate_size, 768);
+    assert_int_equal(c.intermediate_size, 6144);
+    assert_int_equal(c.shared_expert_intermediate_size, 0);
     assert_true(c.rope.theta == 10000.0);
     assert_int_equal(c.n_eos, 0);
     assert_int_equal(c.bos_token_id, -1);
@@ -220,7 +234,8 @@ static void test_qwen3_vl_moe(void **state) {
 
     /* tie from text_config when the top level is silent; qwen3_vl_moe default theta 500000 */
     c = parse_ok("{\"model_type\":\"qwen3_vl_moe\",\"text_config\":{\"vocab_size\":8,\"hidden_size\":8,"
-                 "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"tie_word_embeddings\":true}}");
+                 "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"num_key_value_heads\":1,"
+                 "\"tie_word_embeddings\":true}}");
     assert_int_equal(c.tie_word_embeddings, 1);
     assert_true(c.rope.theta == 500000.0);
     assert_int_equal(c.n_sub_configs, 1);
@@ -239,7 +254,7 @@ static void test_qwen3_vl_moe(void **state) {
 /* aliases, rope, tokens, sub-configs, quantization                          */
 /* ------------------------------------------------------------------------ */
 
-#define BASE "\"vocab_size\":8,\"hidden_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":2"
+#define BASE "\"vocab_size\":8,\"hidden_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":2,\"num_key_value_heads\":2"
 
 /* num_experts / num_local_experts / n_routed_experts, num_experts_per_tok / experts_per_token. */
 static void test_aliases(void **state) {
@@ -265,9 +280,19 @@ static void test_aliases(void **state) {
     moex_config_free(&c);
     parse_bad("aliases disagree", "{" BASE ",\"num_experts\":8,\"num_local_experts\":4}", "num_experts = 8",
               "num_local_experts = 4");
-    /* attention_bias wins over qkv_bias */
+    /* each family's own key: Qwen2MoeAttention reads qkv_bias only (never on o_proj), the Qwen3
+     * attentions attention_bias (on o_proj too), Mixtral's has no biases */
     c = parse_ok("{\"model_type\":\"qwen2_moe\"," BASE ",\"attention_bias\":false,\"qkv_bias\":true}");
+    assert_int_equal(c.attention_bias, 1);
+    assert_int_equal(c.o_proj_bias, 0);
+    moex_config_free(&c);
+    c = parse_ok("{\"model_type\":\"qwen3_moe\"," BASE ",\"attention_bias\":true,\"qkv_bias\":false}");
+    assert_int_equal(c.attention_bias, 1);
+    assert_int_equal(c.o_proj_bias, 1);
+    moex_config_free(&c);
+    c = parse_ok("{\"model_type\":\"mixtral\"," BASE ",\"attention_bias\":true,\"qkv_bias\":true}");
     assert_int_equal(c.attention_bias, 0);
+    assert_int_equal(c.o_proj_bias, 0);
     moex_config_free(&c);
     /* a repeated key: the last one counts, as in Python */
     c = parse_ok("{" BASE ",\"num_experts\":4,\"num_experts\":6}");

@@ -297,6 +297,7 @@ static void test_chunked_prefill(void **state) {
     moex_model_options mo = moex_model_default_options();
     mo.max_seq = 32;
     mo.max_tokens = 4;
+    mo.max_batch = 2;
     moex_model *m = NULL;
     assert_int_equal(moex_model_load(MOEX_FIXTURES "/qwen3_moe", &mo, &m), MOEX_OK);
     moex_generate_options go = moex_generate_default_options();

@@ -23,6 +23,23 @@ typedef struct jobj {
 
 typedef enum family { FAM_OTHER, FAM_QWEN2_MOE, FAM_QWEN3_MOE, FAM_MIXTRAL, FAM_QWEN3_VL_MOE } family;
 
+/* What an absent key means: the defaults of transformers' config class of each family
+ * (Qwen2MoeConfig, Qwen3MoeConfig, MixtralConfig, Qwen3VLMoeTextConfig). kv_heads 0 means
+ * num_attention_heads. */
+typedef struct family_defaults {
+    int64_t kv_heads, experts, top_k, intermediate, moe_intermediate, shared_intermediate;
+    double theta;
+    int64_t bos, eos; /* -1: none */
+} family_defaults;
+
+static const family_defaults DEFAULTS[] = {
+    [FAM_OTHER] = {0, 0, 0, 0, 0, 0, 10000.0, -1, -1},
+    [FAM_QWEN2_MOE] = {16, 60, 4, 5632, 1408, 5632, 10000.0, -1, -1},
+    [FAM_QWEN3_MOE] = {4, 128, 8, 6144, 768, 0, 10000.0, -1, -1},
+    [FAM_MIXTRAL] = {8, 8, 2, 14336, 0, 0, 1000000.0, 1, 2},
+    [FAM_QWEN3_VL_MOE] = {16, 60, 4, 5632, 1408, 0, 500000.0, -1, -1},
+};
+
 /* ---- typed getters ------------------------------------------------------ */
 
 /* "a string", "an array", ... for messages. */
@@ -231,7 +248,7 @@ static moex_status parse_rope(jobj t, const char *rkey, const cJSON *r, family f
     moex_status st = get_str(j, "rope_type", rp->type, sizeof rp->type, &f);
     if (st == MOEX_OK && !f) st = get_str(j, "type", rp->type, sizeof rp->type, &f);
     if (st == MOEX_OK && !f) strcpy(rp->type, "default");
-    rp->theta = fam == FAM_QWEN3_VL_MOE ? 500000.0 : 10000.0;
+    rp->theta = DEFAULTS[fam].theta;
     snprintf(rp->source, sizeof rp->source, "%s", rkey ? rkey : "none");
     int have_theta = 0;
     if (st == MOEX_OK) st = get_num(j, "rope_theta", 1, &rp->theta, &have_theta);
@@ -344,10 +361,74 @@ static moex_status quantization(jobj root, moex_config *c) {
     return MOEX_OK;
 }
 
+/* Which layers attend through a sliding window, as transformers derives it:
+ *   qwen2_moe    window = sliding_window (default 4096) if use_sliding_window else 0; the layers
+ *                from layer_types, or (when absent) the even layers below max_window_layers
+ *                (default 28) when use_sliding_window
+ *   qwen3_moe    every layer, window sliding_window, when use_sliding_window
+ *   mixtral      every layer when sliding_window is not null
+ *   qwen3_vl_moe none (its text config clears sliding_window)
+ * Needs num_hidden_layers. */
+static moex_status sliding(jobj t, family fam, moex_config *c) {
+    int use = 0, f_win = 0, f_types = 0;
+    int64_t win = fam == FAM_QWEN2_MOE || fam == FAM_QWEN3_MOE ? 4096 : 0, max_window = 28;
+    moex_status st = get_bool(t, "use_sliding_window", &use, NULL);
+    if (st == MOEX_OK) st = get_int(t, "sliding_window", INT64_MIN / 2, INT_MAXV, &win, &f_win);
+    if (st == MOEX_OK) st = get_int(t, "max_window_layers", INT64_MIN / 2, INT_MAXV, &max_window, NULL);
+    if (st != MOEX_OK) return st;
+    const cJSON *types = fam == FAM_QWEN2_MOE ? jget(t, "layer_types") : NULL;
+    c->first_sliding_layer = -1;
+    if (types) {
+        if (!cJSON_IsArray(types)) return type_error(t, "layer_types", types, "a list of strings");
+        int n = cJSON_GetArraySize(types), k = 0;
+        if (n != c->num_hidden_layers)
+            return moex_fail(MOEX_ERR_FORMAT, "%s: %slayer_types has %d entries, num_hidden_layers is %lld", t.what,
+                             t.pfx, n, (long long)c->num_hidden_layers);
+        for (const cJSON *e = types->child; e; e = e->next, k++) {
+            int sl = cJSON_IsString(e) && strcmp(e->valuestring, "sliding_attention") == 0;
+            if (!sl && !(cJSON_IsString(e) && strcmp(e->valuestring, "full_attention") == 0)) {
+                char name[48];
+                snprintf(name, sizeof name, "layer_types[%d]", k);
+                if (!cJSON_IsString(e)) return type_error(t, name, e, "\"full_attention\" or \"sliding_attention\"");
+                return moex_fail(MOEX_ERR_FORMAT, "%s: %s%s = \"%.40s\" is not \"full_attention\" or "
+                                 "\"sliding_attention\"", t.what, t.pfx, name, e->valuestring);
+            }
+            if (sl && c->n_sliding_layers++ == 0) c->first_sliding_layer = k;
+        }
+        f_types = 1;
+    }
+    switch (fam) {
+    case FAM_QWEN2_MOE:
+        if (!f_types && use)
+            for (int64_t i = 0; i < c->num_hidden_layers; i += 2)
+                if (i < max_window && c->n_sliding_layers++ == 0) c->first_sliding_layer = i;
+        win = use ? win : 0;
+        break;
+    case FAM_QWEN3_MOE:
+    case FAM_MIXTRAL:
+        if ((fam == FAM_QWEN3_MOE && use) || (fam == FAM_MIXTRAL && f_win)) {
+            c->n_sliding_layers = (int)(c->num_hidden_layers < INT32_MAX ? c->num_hidden_layers : INT32_MAX);
+            c->first_sliding_layer = 0;
+        }
+        break;
+    default: break;
+    }
+    c->sliding_window = c->n_sliding_layers ? (win > 0 ? win : -1) : 0;
+    snprintf(c->sliding_source, sizeof c->sliding_source, "%s%s", t.pfx,
+             fam == FAM_MIXTRAL ? "sliding_window" : f_types ? "layer_types" : "use_sliding_window");
+    return MOEX_OK;
+}
+
 /* Sizes, heads and the MoE fields of the text parameters t. */
 static moex_status text_sizes(jobj t, family fam, moex_config *c) {
     static const char *const experts[] = {"num_experts", "num_local_experts", "n_routed_experts", NULL};
     static const char *const topk[] = {"num_experts_per_tok", "experts_per_token", NULL};
+    const family_defaults *fd = &DEFAULTS[fam];
+    c->intermediate_size = fd->intermediate;
+    c->moe_intermediate_size = fd->moe_intermediate;
+    c->shared_expert_intermediate_size = fd->shared_intermediate;
+    c->num_experts = fd->experts;
+    c->num_experts_per_tok = fd->top_k;
     moex_status st = need_int(t, "vocab_size", 1, INT_MAXV, &c->vocab_size);
     if (st == MOEX_OK) st = need_int(t, "hidden_size", 1, INT_MAXV, &c->hidden_size);
     if (st == MOEX_OK) st = need_int(t, "num_hidden_layers", 1, INT_MAXV, &c->num_hidden_layers);
@@ -364,10 +445,11 @@ static moex_status text_sizes(jobj t, family fam, moex_config *c) {
     if (st == MOEX_OK) st = get_int_alias(t, topk, 0, INT_MAXV, &c->num_experts_per_tok, NULL);
     if (st == MOEX_OK) st = get_int(t, "decoder_sparse_step", 1, INT_MAXV, &c->decoder_sparse_step, NULL);
     if (st != MOEX_OK) return st;
-    if (!f_kv) c->num_key_value_heads = c->num_attention_heads;
+    if (!f_kv) c->num_key_value_heads = fd->kv_heads ? fd->kv_heads : c->num_attention_heads;
     if (c->num_attention_heads % c->num_key_value_heads != 0)
-        return moex_fail(MOEX_ERR_FORMAT, "%s: %snum_key_value_heads = %lld does not divide num_attention_heads = %lld",
-                         t.what, t.pfx, (long long)c->num_key_value_heads, (long long)c->num_attention_heads);
+        return moex_fail(MOEX_ERR_FORMAT, "%s: %snum_key_value_heads = %lld%s does not divide num_attention_heads = %lld",
+                         t.what, t.pfx, (long long)c->num_key_value_heads,
+                         f_kv ? "" : " (absent: the family's default)", (long long)c->num_attention_heads);
     if (!f_hd) {
         if (c->hidden_size % c->num_attention_heads != 0)
             return moex_fail(MOEX_ERR_FORMAT,
@@ -392,16 +474,22 @@ static moex_status text_rest(jobj root, jobj t, family fam, moex_config *c) {
     moex_status st = get_num(t, "rms_norm_eps", 1, &c->rms_norm_eps, NULL);
     strcpy(c->hidden_act, "silu");
     if (st == MOEX_OK) st = get_str(t, "hidden_act", c->hidden_act, sizeof c->hidden_act, NULL);
-    int f = 0, v = 0;
-    c->attention_bias = fam == FAM_QWEN2_MOE;
-    if (st == MOEX_OK) st = get_bool(t, "attention_bias", &v, &f);
-    if (st == MOEX_OK && f) c->attention_bias = v;
-    if (st == MOEX_OK && !f) st = get_bool(t, "qkv_bias", &c->attention_bias, NULL);
+    int f = 0;
+    /* the attention biases as each family's attention reads them: Qwen2Moe's q/k/v from qkv_bias
+     * (o never), the Qwen3 families' q/k/v/o from attention_bias, Mixtral's none */
+    c->attention_bias = fam == FAM_QWEN2_MOE || fam == FAM_OTHER;
+    if (st == MOEX_OK && fam == FAM_QWEN2_MOE) st = get_bool(t, "qkv_bias", &c->attention_bias, NULL);
+    if (st == MOEX_OK && (fam == FAM_QWEN3_MOE || fam == FAM_QWEN3_VL_MOE))
+        st = get_bool(t, "attention_bias", &c->attention_bias, NULL);
+    c->o_proj_bias = (fam == FAM_QWEN3_MOE || fam == FAM_QWEN3_VL_MOE) && c->attention_bias;
+    if (st == MOEX_OK) st = sliding(t, fam, c);
     if (st == MOEX_OK) st = get_bool(root, "tie_word_embeddings", &c->tie_word_embeddings, &f);
     if (st == MOEX_OK && !f && t.o != root.o) st = get_bool(t, "tie_word_embeddings", &c->tie_word_embeddings, NULL);
     if (st == MOEX_OK) st = rope_section(t, fam, c);
     if (st == MOEX_OK) st = mlp_only(t, c);
-    /* tokens: the top level first, then the text config over it */
+    /* tokens: the family's defaults, the top level, then the text config over it */
+    c->bos_token_id = DEFAULTS[fam].bos;
+    if (DEFAULTS[fam].eos >= 0) c->n_eos = 1, c->eos_token_ids[0] = DEFAULTS[fam].eos;
     if (st == MOEX_OK && t.o != root.o) st = special_tokens(root, c);
     if (st == MOEX_OK) st = special_tokens(t, c);
     c->routed_scaling_factor = 1.0;

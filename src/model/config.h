@@ -4,7 +4,8 @@
  *
  * The text parameters come from "text_config" when the file has one (e.g.
  * qwen3_vl_moe), else from the top level. Unknown keys are ignored; JSON null
- * counts as absent; a known key of the wrong JSON type, a non-integral or
+ * counts as absent; an absent key takes the default of transformers' config class
+ * for the family (qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe's text config); a known key of the wrong JSON type, a non-integral or
  * out-of-range integer, or a missing required key (vocab_size, hidden_size,
  * num_hidden_layers, num_attention_heads) is MOEX_ERR_FORMAT with a message
  * naming the key (e.g. "config: text_config.hidden_size = 1.5 is not an
@@ -53,10 +54,10 @@ typedef struct moex_config {
     /* text parameters; 0 = absent for the optional sizes */
     int64_t vocab_size, hidden_size, num_hidden_layers, num_attention_heads;   /* required */
     int64_t intermediate_size, moe_intermediate_size, shared_expert_intermediate_size;
-    int64_t num_key_value_heads;  /* default num_attention_heads */
+    int64_t num_key_value_heads;  /* family default (transformers' config class), else num_attention_heads */
     int64_t head_dim;             /* default hidden_size / num_attention_heads */
-    int64_t num_experts;          /* num_experts | num_local_experts | n_routed_experts; 0 = dense */
-    int64_t num_experts_per_tok;  /* num_experts_per_tok | experts_per_token */
+    int64_t num_experts;          /* num_experts | num_local_experts | n_routed_experts; family default; 0 = dense */
+    int64_t num_experts_per_tok;  /* num_experts_per_tok | experts_per_token; family default */
     int norm_topk_prob;           /* family default: qwen2_moe, qwen3_moe 0; mixtral, qwen3_vl_moe always 1 */
     int64_t decoder_sparse_step;  /* default 1 */
     int n_mlp_only_layers;
@@ -64,9 +65,18 @@ typedef struct moex_config {
     double rms_norm_eps;          /* default 1e-6 (mixtral 1e-5) */
     int64_t max_position_embeddings;
     int tie_word_embeddings;      /* top level, else text_config, else 0 */
-    int attention_bias;           /* attention_bias | qkv_bias; default 1 for qwen2_moe, else 0 */
+    int attention_bias;           /* biases on q, k, v: qwen2_moe qkv_bias (default 1); qwen3 families
+                                     attention_bias (default 0, also on o); mixtral none */
+    int o_proj_bias;              /* bias on o_proj too (qwen3 families with attention_bias) */
     char hidden_act[MOEX_CONFIG_NAME_LEN];  /* default "silu" */
     moex_rope_config rope;
+    /* sliding-window attention as transformers derives it per family (use_sliding_window,
+     * sliding_window, max_window_layers, layer_types): the window of the layers that use
+     * one (0 when none does, -1 when such a layer has no usable window) */
+    int n_sliding_layers;         /* layers with sliding-window attention */
+    int64_t first_sliding_layer;  /* the first of them, -1 when none */
+    int64_t sliding_window;
+    char sliding_source[96];      /* the keys that asked for it, for messages */
 
     /* special tokens (generation_config.json overrides); -1 = none */
     int n_eos;

@@ -31,6 +31,13 @@
 /* Linear layers and embeddings                                              */
 /* ------------------------------------------------------------------------ */
 
+/** A weight vector (a norm's scale) as loaded: data [n] of dtype. The dtype travels
+ *  with the data, so that two vectors of one layer can differ. */
+typedef struct moex_vec_w {
+    const void *data; /**< [n], or NULL when the model has no such weight */
+    moex_dtype dtype; /**< f32, f16 or bf16 */
+} moex_vec_w;
+
 /** An nn.Linear: weight [N, K] row-major (as stored in the checkpoint), optional bias [N]. */
 typedef struct moex_linear_w {
     const void *weight;    /**< [out_features, in_features], dtype; aligned to its element size */

@@ -84,9 +84,11 @@ static moex_status upload_mlp(moex_model *m, const moex_mlp_w *w, moex_mlp_w *ou
     return st;
 }
 
-static moex_status upload_vec(moex_model *m, const void *src, moex_dtype dt, int64_t n, const void **out) {
-    *out = NULL;
-    return src ? upload(m->gpu, src, dt, (size_t)n, dt, out) : MOEX_OK;
+// A device copy of the n values of v, in their own dtype (the kernels decode them).
+static moex_status upload_vec(moex_model *m, moex_vec_w v, int64_t n, moex_vec_w *out) {
+    out->data = NULL;
+    out->dtype = v.dtype;
+    return v.data ? upload(m->gpu, v.data, v.dtype, (size_t)n, v.dtype, &out->data) : MOEX_OK;
 }
 
 // The device state object, made at the first upload.
@@ -158,10 +160,10 @@ static moex_status upload_layers(moex_model *m) {
     for (int64_t L = 0; L < c->num_hidden_layers; L++) {
         const model_layer *ly = &m->layers[L];
         gpu_layer *gl = &g->layers[L];
-        moex_status st = upload_vec(m, ly->in_norm, ly->norm_dtype, c->hidden_size, &gl->in_norm);
-        if (!st) st = upload_vec(m, ly->post_norm, ly->norm_dtype, c->hidden_size, &gl->post_norm);
-        if (!st) st = upload_vec(m, ly->q_norm, ly->q_norm_dtype, c->head_dim, &gl->q_norm);
-        if (!st) st = upload_vec(m, ly->k_norm, ly->k_norm_dtype, c->head_dim, &gl->k_norm);
+        moex_status st = upload_vec(m, ly->in_norm, c->hidden_size, &gl->in_norm);
+        if (!st) st = upload_vec(m, ly->post_norm, c->hidden_size, &gl->post_norm);
+        if (!st) st = upload_vec(m, ly->q_norm, c->head_dim, &gl->q_norm);
+        if (!st) st = upload_vec(m, ly->k_norm, c->head_dim, &gl->k_norm);
         if (!st) st = upload_linear(m, &ly->q, &gl->q);
         if (!st) st = upload_linear(m, &ly->k, &gl->k);
         if (!st) st = upload_linear(m, &ly->v, &gl->v);
@@ -183,7 +185,7 @@ static moex_status upload_embed_head(moex_model *m) {
     moex_status st = upload(g, m->embed, m->embed_dtype, (size_t)(c->vocab_size * c->hidden_size), dt, &g->embed);
     if (st) return st;
     g->embed_dtype = dt;
-    if ((st = upload_vec(m, m->final_norm, m->final_norm_dtype, c->hidden_size, &g->final_norm))) return st;
+    if ((st = upload_vec(m, m->final_norm, c->hidden_size, &g->final_norm))) return st;
     if (c->tie_word_embeddings) {
         g->lm_head = (moex_linear_w){g->embed, dt, c->vocab_size, c->hidden_size, NULL, MOEX_F32};
         return MOEX_OK;

@@ -62,9 +62,10 @@ static moex_status get(moex_model *m, const char *name, int ndim, const int64_t 
     return MOEX_OK;
 }
 
-static moex_status get_vec(moex_model *m, const char *name, int64_t n, const void **data, moex_dtype *dt) {
+// The vector `name` of n values, with its own dtype.
+static moex_status get_vec(moex_model *m, const char *name, int64_t n, moex_vec_w *v) {
     int64_t s[1] = {n};
-    return get(m, name, 1, s, data, dt);
+    return get(m, name, 1, s, &v->data, &v->dtype);
 }
 
 // nn.Linear weight `base.weight` [out, in] (+ `base.bias` when with_bias).
@@ -80,7 +81,8 @@ static moex_status get_linear(moex_model *m, const char *base, int64_t out, int6
     w->in_features = in;
     if (with_bias) {
         snprintf(name, sizeof name, "%s.bias", base);
-        if ((st = get_vec(m, name, out, &w->bias, &w->bias_dtype))) return st;
+        int64_t bs[1] = {out};
+        if ((st = get(m, name, 1, bs, &w->bias, &w->bias_dtype))) return st;
     }
     return MOEX_OK;
 }
@@ -99,6 +101,15 @@ static moex_status get_mlp(moex_model *m, const char *base, int64_t H, int64_t I
 }
 
 /* ---- experts -------------------------------------------------------------- */
+
+// The stored dtype of tensor `name` must be that of tensor `first` (the layer's first
+// experts matrix): one layer's experts share one dtype, and each tensor is read in its own.
+static moex_status same_dtype(const moex_model *m, const char *name, const char *first) {
+    const moex_ckpt_tensor *t = moex_checkpoint_find(m->ckpt, name), *f = moex_checkpoint_find(m->ckpt, first);
+    if (!t || !f || t->dtype == f->dtype) return MOEX_OK; /* a missing tensor is reported by name where it is read */
+    return moex_fail(MOEX_ERR_FORMAT, "tensor %s has dtype %s, but %s has %s: the experts matrices of a layer must share "
+                     "one dtype", name, moex_st_dtype_name(t->dtype), first, moex_st_dtype_name(f->dtype));
+}
 
 // An e4m3 weight `name` of shape [E,] N, K kept quantized: its codes in place and its scale grid.
 static moex_status get_fp8(moex_model *m, const char *name, int64_t E, int64_t N, int64_t K, moex_tensor *codes,
@@ -188,10 +199,11 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
         if (H == 2 * I && down && down->ndim == 3) transposed = down->shape[1] == I && down->shape[2] == H && H != I;
         int64_t gs[3] = {E, transposed ? H : 2 * I, transposed ? 2 * I : H};
         int64_t ds[3] = {E, transposed ? I : H, transposed ? H : I};
-        snprintf(name, sizeof name, "%s.experts.gate_up_proj", moe);
-        if ((st = get(m, name, 3, gs, &gu, &gdt))) return st;
+        char gname[256];
+        snprintf(gname, sizeof gname, "%s.experts.gate_up_proj", moe);
+        if ((st = get(m, gname, 3, gs, &gu, &gdt))) return st;
         snprintf(name, sizeof name, "%s.experts.down_proj", moe);
-        if ((st = get(m, name, 3, ds, &dn, &ddt))) return st;
+        if ((st = same_dtype(m, name, gname)) || (st = get(m, name, 3, ds, &dn, &ddt))) return st;
         d.transposed = transposed;
         moex_tensor_init(&d.gate_up, (void *)gu, gdt, 3, gs);
         moex_tensor_init(&d.down, (void *)dn, ddt, 3, ds);
@@ -208,24 +220,21 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
             if ((st = load_per_expert_fp8(m, ly, moe, names, &d))) return st;
             return moex_layer_create(&d, &ly->experts);
         }
-        int64_t in_s[2] = {I, H}, out_s[2] = {H, I};
-        moex_dtype dt = MOEX_F32, first = MOEX_F32;
-        for (int64_t e = 0; e < E; e++) {
-            snprintf(name, sizeof name, "%s.experts.%lld.%s.weight", moe, (long long)e, gate_name);
-            if ((st = get(m, name, 2, in_s, &ly->expert_ptrs[e], &dt))) return st;
-            if (e == 0) first = dt;
-            snprintf(name, sizeof name, "%s.experts.%lld.%s.weight", moe, (long long)e, up_name);
-            if ((st = get(m, name, 2, in_s, &ly->expert_ptrs[E + e], &dt))) return st;
-            snprintf(name, sizeof name, "%s.experts.%lld.%s.weight", moe, (long long)e, down_name);
-            if ((st = get(m, name, 2, out_s, &ly->expert_ptrs[2 * E + e], &dt))) return st;
-            if (dt != first)
-                return moex_fail(MOEX_ERR_FORMAT, "expert %lld of %s has dtype %s, expert 0 has %s", (long long)e, moe,
-                                 moex_dtype_name(dt), moex_dtype_name(first));
-        }
+        const char *names[3] = {gate_name, up_name, down_name};
+        const int64_t shapes[3][2] = {{I, H}, {I, H}, {H, I}};
+        char first[256] = "";
+        moex_dtype dt = MOEX_F32;
+        for (int64_t e = 0; e < E; e++)
+            for (int i = 0; i < 3; i++) { /* every matrix: its shape (get) and the one dtype of the layer */
+                snprintf(name, sizeof name, "%s.experts.%lld.%s.weight", moe, (long long)e, names[i]);
+                if (first[0] && (st = same_dtype(m, name, first))) return st;
+                if ((st = get(m, name, 2, shapes[i], &ly->expert_ptrs[i * E + e], &dt))) return st;
+                if (!first[0]) snprintf(first, sizeof first, "%s", name);
+            }
         d.expert_gate = ly->expert_ptrs;
         d.expert_up = ly->expert_ptrs + E;
         d.expert_down = ly->expert_ptrs + 2 * E;
-        d.expert_dtype = first;
+        d.expert_dtype = dt;
         d.expert_device.kind = MOEX_DEVICE_CPU;
     }
     if (m->opt.quantize && (st = model_quantize_experts(m, ly, &d))) return st;
@@ -252,21 +261,21 @@ static moex_status load_layer(moex_model *m, int64_t L, model_layer *ly) {
     snprintf(base, sizeof base, "%slayers.%lld", m->prefix, (long long)L);
     moex_status st;
     snprintf(name, sizeof name, "%s.input_layernorm.weight", base);
-    if ((st = get_vec(m, name, H, &ly->in_norm, &ly->norm_dtype))) return st;
+    if ((st = get_vec(m, name, H, &ly->in_norm))) return st;
     snprintf(name, sizeof name, "%s.post_attention_layernorm.weight", base);
-    if ((st = get_vec(m, name, H, &ly->post_norm, &ly->norm_dtype))) return st;
+    if ((st = get_vec(m, name, H, &ly->post_norm))) return st;
     const char *proj[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
     moex_linear_w *w[4] = {&ly->q, &ly->k, &ly->v, &ly->o};
     const int64_t outs[4] = {nh * d, nkv * d, nkv * d, H}, ins[4] = {H, H, H, nh * d};
     for (int i = 0; i < 4; i++) {
         snprintf(name, sizeof name, "%s.self_attn.%s", base, proj[i]);
-        if ((st = get_linear(m, name, outs[i], ins[i], c->attention_bias && i < 3, w[i]))) return st;
+        if ((st = get_linear(m, name, outs[i], ins[i], i < 3 ? c->attention_bias : c->o_proj_bias, w[i]))) return st;
     }
     if (qwen3) {
         snprintf(name, sizeof name, "%s.self_attn.q_norm.weight", base);
-        if ((st = get_vec(m, name, d, &ly->q_norm, &ly->q_norm_dtype))) return st;
+        if ((st = get_vec(m, name, d, &ly->q_norm))) return st;
         snprintf(name, sizeof name, "%s.self_attn.k_norm.weight", base);
-        if ((st = get_vec(m, name, d, &ly->k_norm, &ly->k_norm_dtype))) return st;
+        if ((st = get_vec(m, name, d, &ly->k_norm))) return st;
     }
     char moe[200];
     snprintf(moe, sizeof moe, "%s.%s", base, mixtral ? "block_sparse_moe" : "mlp");
@@ -297,6 +306,62 @@ static moex_status check_family(const moex_config *c) {
                      c->model_type);
 }
 
+// Every config key the loader reads is honoured as transformers defines it for the family, or
+// refused here by name. (Keys the family's transformers model does not read, such as DeepSeek's
+// router fields in a qwen3_moe config, are ignored as transformers ignores them.)
+static moex_status check_config(moex_model *m, const char *dir) {
+    moex_config *c = &m->cfg;
+    const char *pfx = c->text_from_sub_config ? "text_config." : "";
+    const char *sep = dir[0] && dir[strlen(dir) - 1] != '/' ? "/" : "";
+    if (strcmp(c->hidden_act, "silu") && strcmp(c->hidden_act, "swish"))
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %shidden_act = \"%s\" is not supported: moex runs the "
+                         "silu experts and MLPs of %s", dir, sep, pfx, c->hidden_act, c->model_type);
+    if (strcmp(c->rope.type, "default"))
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %s%s has rope type \"%s\"; moex implements the default "
+                         "rope only", dir, sep, pfx, c->rope.source, c->rope.type);
+    if (c->rope.partial_rotary_factor != 1.0)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %spartial_rotary_factor = %g is not supported (moex "
+                         "rotates whole heads: 1.0)", dir, sep, pfx, c->rope.partial_rotary_factor);
+    if (strcmp(c->model_type, "qwen3_vl_moe")) {
+        c->rope.n_mrope_section = 0; /* only qwen3_vl_moe's rotary embedding reads mrope_section */
+    } else if (c->rope.n_mrope_section) {
+        const int64_t *ms = c->rope.mrope_section;
+        if (c->rope.n_mrope_section != 3 || ms[0] + ms[1] + ms[2] != c->head_dim / 2)
+            return moex_fail(MOEX_ERR_FORMAT, "%s%sconfig.json: %s%s.mrope_section has %d entries summing to %lld; it "
+                             "needs 3 (t, h, w) summing to head_dim / 2 = %lld", dir, sep, pfx, c->rope.source,
+                             c->rope.n_mrope_section, (long long)(ms[0] + (c->rope.n_mrope_section > 1 ? ms[1] : 0) +
+                                                              (c->rope.n_mrope_section > 2 ? ms[2] : 0)),
+                             (long long)(c->head_dim / 2));
+    }
+    if (c->n_sliding_layers && (c->sliding_window < 1 || m->opt.max_seq > c->sliding_window)) {
+        if (c->sliding_window < 1)
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %s gives layer %lld sliding-window attention with "
+                             "no usable sliding_window", dir, sep, c->sliding_source, (long long)c->first_sliding_layer);
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %s gives %d layer(s) (the first: %lld) sliding-window "
+                         "attention over the last %lld positions; moex has no sliding-window attention, so it runs "
+                         "these only where the window never binds: max_seq = %lld must be <= %lld", dir, sep,
+                         c->sliding_source, c->n_sliding_layers, (long long)c->first_sliding_layer,
+                         (long long)c->sliding_window, (long long)m->opt.max_seq, (long long)c->sliding_window);
+    }
+    if (c->num_experts > 0 && c->num_experts_per_tok < 1)
+        return moex_fail(MOEX_ERR_FORMAT, "%s%sconfig.json: %snum_experts_per_tok = %lld; a model with %lld experts "
+                         "routes each token to at least one", dir, sep, pfx, (long long)c->num_experts_per_tok,
+                         (long long)c->num_experts);
+    return MOEX_OK;
+}
+
+// Before the layer table is allocated: a checkpoint of num_hidden_layers layers holds its last one,
+// and at least that many tensors.
+static moex_status check_layer_count(const moex_model *m, const char *dir) {
+    const int64_t L = m->cfg.num_hidden_layers;
+    char name[160];
+    snprintf(name, sizeof name, "%slayers.%lld.input_layernorm.weight", m->prefix, (long long)(L - 1));
+    if ((uint64_t)L <= moex_checkpoint_count(m->ckpt) && moex_checkpoint_find(m->ckpt, name)) return MOEX_OK;
+    return moex_fail(MOEX_ERR_NOT_FOUND, "%s%sconfig.json: %snum_hidden_layers = %lld, but the checkpoint has no tensor %s",
+                     dir, dir[0] && dir[strlen(dir) - 1] != '/' ? "/" : "", m->cfg.text_from_sub_config ? "text_config." : "",
+                     (long long)L, name);
+}
+
 static moex_status check_options(const moex_model_options *o) {
     if (o->device.kind != MOEX_DEVICE_CPU && o->device.kind != MOEX_DEVICE_CUDA)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "device kind %d is not a moex_device_kind", (int)o->device.kind);
@@ -323,6 +388,9 @@ static moex_status check_options(const moex_model_options *o) {
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
                          "max_batch = %lld, max_seq = %lld, max_tokens = %lld: need 1..4096, 1..2^24 and 1..2^24",
                          (long long)o->max_batch, (long long)o->max_seq, (long long)o->max_tokens);
+    if (o->max_tokens < o->max_batch)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "max_tokens = %lld is less than max_batch = %lld: a decode step of "
+                         "max_batch sequences feeds max_batch tokens", (long long)o->max_tokens, (long long)o->max_batch);
     return MOEX_OK;
 }
 
@@ -376,7 +444,7 @@ static moex_status prepare_experts(moex_model *m) {
 
 static moex_status load(moex_model *m, const char *dir) {
     moex_status st = moex_config_load(dir, &m->cfg);
-    if (st || (st = check_family(&m->cfg)) || (st = model_quant_setup(m))) return st;
+    if (st || (st = check_family(&m->cfg)) || (st = check_config(m, dir)) || (st = model_quant_setup(m))) return st;
     if (m->opt.device.kind == MOEX_DEVICE_CUDA && m->quant.on && !m->opt.dequantize)
         return moex_fail(MOEX_ERR_UNSUPPORTED, "this checkpoint's experts are FP8: quantized experts run on the cpu only "
                          "in this version of moex; load it with dequantize = 1 (--dequantize) to run on cuda");
@@ -396,12 +464,13 @@ static moex_status load(moex_model *m, const char *dir) {
     snprintf(name, sizeof name, "%sembed_tokens.weight", m->prefix);
     if ((st = get(m, name, 2, vh, &m->embed, &m->embed_dtype))) return st;
     snprintf(name, sizeof name, "%snorm.weight", m->prefix);
-    if ((st = get_vec(m, name, c->hidden_size, &m->final_norm, &m->final_norm_dtype))) return st;
+    if ((st = get_vec(m, name, c->hidden_size, &m->final_norm))) return st;
     if (c->tie_word_embeddings) {
         m->lm_head = (moex_linear_w){m->embed, m->embed_dtype, c->vocab_size, c->hidden_size, NULL, MOEX_F32};
     } else if ((st = get_linear(m, "lm_head", c->vocab_size, c->hidden_size, 0, &m->lm_head))) {
         return st;
     }
+    if ((st = check_layer_count(m, dir))) return st;
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     if (!m->layers) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for %lld layers", (long long)c->num_hidden_layers);
     for (int64_t L = 0; L < c->num_hidden_layers; L++)

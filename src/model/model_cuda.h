@@ -28,7 +28,7 @@ struct model_step_seq;
 
 /* The device copies of one layer's weights (device pointers in host structs). */
 typedef struct gpu_layer {
-    const void *in_norm, *post_norm, *q_norm, *k_norm;
+    moex_vec_w in_norm, post_norm, q_norm, k_norm;
     moex_linear_w q, k, v, o, router, shared_gate;
     moex_mlp_w dense, shared;
 } gpu_layer;
@@ -46,7 +46,7 @@ typedef struct model_gpu {
     gpu_layer *layers;
     const void *embed; /* [V, H]; also the lm_head's weight when tied */
     moex_dtype embed_dtype;
-    const void *final_norm;
+    moex_vec_w final_norm;
     moex_linear_w lm_head;
     float *inv_freq;
 #if MOEX_HAVE_CUDA

@@ -11,9 +11,8 @@
 #include "model/safetensors.h"
 
 typedef struct model_layer {
-    const void *in_norm, *post_norm; /* [H] */
-    const void *q_norm, *k_norm;     /* [head_dim] (qwen3 families) or NULL */
-    moex_dtype norm_dtype, q_norm_dtype, k_norm_dtype;
+    moex_vec_w in_norm, post_norm;   /* [H] */
+    moex_vec_w q_norm, k_norm;       /* [head_dim] (qwen3 families); data NULL otherwise */
     moex_linear_w q, k, v, o;
     int is_moe;
     moex_linear_w router;            /* [E, H] */
@@ -41,8 +40,7 @@ struct moex_model {
     char prefix[64];                 /* "model." or "model.language_model." */
     const void *embed;               /* [V, H] */
     moex_dtype embed_dtype;
-    const void *final_norm;
-    moex_dtype final_norm_dtype;
+    moex_vec_w final_norm;           /* [H] */
     moex_linear_w lm_head;
     model_layer *layers;
     int64_t n_moe;

@@ -29,7 +29,7 @@ static moex_status attention_block(moex_model *m, const model_layer *ly, int64_t
     const moex_config *c = &m->cfg;
     const int64_t H = c->hidden_size, d = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int th = m->ctx->options.num_threads;
-    moex_status st = moex_rmsnorm(m->x, T, H, ly->in_norm, ly->norm_dtype, c->rms_norm_eps, m->h);
+    moex_status st = moex_rmsnorm(m->x, T, H, ly->in_norm.data, ly->in_norm.dtype, c->rms_norm_eps, m->h);
     round_act(m, m->h, T * H);
     if (st || (st = moex_linear(&ly->q, m->h, T, m->q, th)) || (st = moex_linear(&ly->k, m->h, T, m->k, th)) ||
         (st = moex_linear(&ly->v, m->h, T, m->v, th)))
@@ -37,9 +37,9 @@ static moex_status attention_block(moex_model *m, const model_layer *ly, int64_t
     round_act(m, m->q, T * nh * d);
     round_act(m, m->k, T * nkv * d);
     round_act(m, m->v, T * nkv * d);
-    if (ly->q_norm) {
-        if ((st = moex_rmsnorm_heads(m->q, T, nh, d, ly->q_norm, ly->q_norm_dtype, c->rms_norm_eps, m->q)) ||
-            (st = moex_rmsnorm_heads(m->k, T, nkv, d, ly->k_norm, ly->k_norm_dtype, c->rms_norm_eps, m->k)))
+    if (ly->q_norm.data) {
+        if ((st = moex_rmsnorm_heads(m->q, T, nh, d, ly->q_norm.data, ly->q_norm.dtype, c->rms_norm_eps, m->q)) ||
+            (st = moex_rmsnorm_heads(m->k, T, nkv, d, ly->k_norm.data, ly->k_norm.dtype, c->rms_norm_eps, m->k)))
             return st;
     }
     if ((st = moex_rope_apply(m->q, T, nh, d, m->cos, m->sin)) || (st = moex_rope_apply(m->k, T, nkv, d, m->cos, m->sin)))
@@ -133,7 +133,7 @@ moex_status moex_model_step(moex_model *m, const model_step_seq *seqs, int64_t n
     for (int64_t L = 0; L < c->num_hidden_layers; L++) {
         const model_layer *ly = &m->layers[L];
         if ((st = attention_block(m, ly, L, attn, nseq, T))) return st;
-        if ((st = moex_rmsnorm(m->x, T, H, ly->post_norm, ly->norm_dtype, c->rms_norm_eps, m->h))) return st;
+        if ((st = moex_rmsnorm(m->x, T, H, ly->post_norm.data, ly->post_norm.dtype, c->rms_norm_eps, m->h))) return st;
         round_act(m, m->h, T * H);
         st = ly->is_moe ? moe_block(m, ly, T) : moex_gated_mlp(&ly->dense, m->h, T, m->mlp, th);
         if (st) return st;
@@ -146,7 +146,7 @@ moex_status moex_model_step(moex_model *m, const model_step_seq *seqs, int64_t n
         t += seqs[s].n_new;
         memcpy(m->h + s * H, m->x + (t - 1) * H, sizeof(float) * (size_t)H);
     }
-    if ((st = moex_rmsnorm(m->h, nseq, H, m->final_norm, m->final_norm_dtype, c->rms_norm_eps, m->tmp))) return st;
+    if ((st = moex_rmsnorm(m->h, nseq, H, m->final_norm.data, m->final_norm.dtype, c->rms_norm_eps, m->tmp))) return st;
     round_act(m, m->tmp, nseq * H);
     if ((st = moex_linear(&m->lm_head, m->tmp, nseq, logits, th))) return st;
     round_act(m, logits, nseq * c->vocab_size);

@@ -40,7 +40,7 @@ static moex_status attention_block(moex_model *m, const gpu_layer *ly, int64_t L
     model_gpu *g = m->gpu;
     void *s = g->stream;
     const int64_t H = c->hidden_size, d = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
-    moex_status st = moex_cuda_rmsnorm(g->x, T, H, ly->in_norm, m->layers[L].norm_dtype, c->rms_norm_eps, g->h, s);
+    moex_status st = moex_cuda_rmsnorm(g->x, T, H, ly->in_norm.data, ly->in_norm.dtype, c->rms_norm_eps, g->h, s);
     if (!st) st = R(m, g->h, T * H);
     if (!st) st = linear(m, &ly->q, g->h, T, g->q);
     if (!st) st = linear(m, &ly->k, g->h, T, g->k);
@@ -48,10 +48,10 @@ static moex_status attention_block(moex_model *m, const gpu_layer *ly, int64_t L
     if (!st) st = R(m, g->q, T * nh * d);
     if (!st) st = R(m, g->k, T * nkv * d);
     if (!st) st = R(m, g->v, T * nkv * d);
-    if (!st && ly->q_norm) {
-        st = moex_cuda_rmsnorm_heads(g->q, T, nh, d, ly->q_norm, m->layers[L].q_norm_dtype, c->rms_norm_eps, g->q, s);
+    if (!st && ly->q_norm.data) {
+        st = moex_cuda_rmsnorm_heads(g->q, T, nh, d, ly->q_norm.data, ly->q_norm.dtype, c->rms_norm_eps, g->q, s);
         if (!st)
-            st = moex_cuda_rmsnorm_heads(g->k, T, nkv, d, ly->k_norm, m->layers[L].k_norm_dtype, c->rms_norm_eps, g->k, s);
+            st = moex_cuda_rmsnorm_heads(g->k, T, nkv, d, ly->k_norm.data, ly->k_norm.dtype, c->rms_norm_eps, g->k, s);
     }
     if (!st) st = moex_cuda_rope_apply(g->q, T, nh, d, g->cos, g->sin, s);
     if (!st) st = moex_cuda_rope_apply(g->k, T, nkv, d, g->cos, g->sin, s);
@@ -129,7 +129,7 @@ static moex_status queue_step(moex_model *m, int64_t nseq, int64_t T) {
         const model_layer *ly = &m->layers[L];
         const gpu_layer *gl = &g->layers[L];
         st = attention_block(m, gl, L, nseq, T);
-        if (!st) st = moex_cuda_rmsnorm(g->x, T, H, gl->post_norm, ly->norm_dtype, c->rms_norm_eps, g->h, s);
+        if (!st) st = moex_cuda_rmsnorm(g->x, T, H, gl->post_norm.data, gl->post_norm.dtype, c->rms_norm_eps, g->h, s);
         if (!st) st = R(m, g->h, T * H);
         if (!st) st = ly->is_moe ? moe_block(m, ly, gl, T) : gated_mlp(m, &gl->dense, g->h, T, g->mlp);
         if (!st) st = R(m, g->mlp, T * H);
@@ -137,7 +137,7 @@ static moex_status queue_step(moex_model *m, int64_t nseq, int64_t T) {
         if (!st) st = R(m, g->x, T * H);
     }
     if (!st) st = moex_cuda_gather_last_rows(g->x, H, g->seqs, nseq, g->last, s);
-    if (!st) st = moex_cuda_rmsnorm(g->last, nseq, H, g->final_norm, m->final_norm_dtype, c->rms_norm_eps, g->normed, s);
+    if (!st) st = moex_cuda_rmsnorm(g->last, nseq, H, g->final_norm.data, g->final_norm.dtype, c->rms_norm_eps, g->normed, s);
     if (!st) st = R(m, g->normed, nseq * H);
     if (!st) st = linear(m, &g->lm_head, g->normed, nseq, g->logits);
     if (!st) st = R(m, g->logits, nseq * V);
