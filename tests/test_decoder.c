@@ -925,9 +925,13 @@ static void test_greedy(void **state) {
     const float b[3] = {-INFINITY, -INFINITY, -INFINITY};
     assert_int_equal(moex_sample_greedy(b, 3, &tok), MOEX_OK);
     assert_int_equal(tok, 0);
-    const float c[4] = {1, 5, NAN, 9};
-    assert_int_equal(moex_sample_greedy(c, 4, &tok), MOEX_OK);
-    assert_int_equal(tok, 2); /* torch.argmax: NaN is the maximum */
+    /* a NaN logit: no token is meaningful, an error names it and *token is left alone */
+    const float c[4] = {1, 5, NAN, 9}, all_nan[2] = {NAN, NAN};
+    tok = -7;
+    expect_fail(moex_sample_greedy(c, 4, &tok), MOEX_ERR_INVALID_ARGUMENT, "logits[2] is NaN", NULL, "greedy NaN");
+    expect_fail(moex_sample_greedy(all_nan, 2, &tok), MOEX_ERR_INVALID_ARGUMENT, "logits[0] is NaN", NULL,
+                "greedy all NaN");
+    assert_int_equal(tok, -7);
     const float d[5] = {-1, 0.5f, 7, 7, 7};
     assert_int_equal(moex_sample_greedy(d, 5, &tok), MOEX_OK);
     assert_int_equal(tok, 2);

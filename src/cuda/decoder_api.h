@@ -184,7 +184,7 @@ moex_status moex_cuda_positions(const moex_attn_seq *seqs, int64_t nseq, int64_t
 
 /* ---- greedy (decoder_argmax.cu) -------------------------------------------- */
 
-/** moex_sample_greedy per row: the first maximum; a NaN counts as the largest (the first NaN wins). */
+/** moex_sample_greedy per row: the first maximum; a row with a NaN gets -1 - (its first NaN's index). */
 // logits: [rows, V] -> tokens: [rows] int64
 moex_status moex_cuda_argmax(const float *logits, int64_t rows, int64_t V, int64_t *tokens, void *stream);
 

@@ -1,6 +1,7 @@
 /* decoder_argmax.cu — greedy decoding on the device: the index of each row's
  * largest logit, as model/sampling.c's moex_sample_greedy (torch.argmax): the
- * first maximum, and a NaN counts as the largest (the first NaN wins). */
+ * first maximum. A row with a NaN gets -1 - (the index of its first NaN), which
+ * the host turns into the error moex_sample_greedy reports. */
 #include "cuda/decoder_kernels.cuh"
 
 /* Does (va, ia) win over (vb, ib)? NaNs first, then larger values, then the lower index. */
@@ -34,7 +35,7 @@ __global__ void argmax_kernel(const float *logits, int64_t rows, int64_t V, int6
         if (threadIdx.x == 0) {
             for (int w = 1; w < warps; w++)
                 if (argmax_before(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
-            tokens[r] = bi < 0 ? 0 : bi;
+            tokens[r] = bi < 0 ? 0 : bv != bv ? -1 - bi : bi; /* a NaN row: -1 - its first NaN */
         }
         __syncthreads();
     }

@@ -3,7 +3,7 @@
 #include "model/safetensors.h"
 #include "core/internal.h"
 
-#include <cjson/cJSON.h>
+#include "model/json.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -158,10 +158,12 @@ static moex_status open_sharded(moex_checkpoint *c, const char *dir, const char 
     moex_status st = moex_read_file(ipath, MAX_INDEX_BYTES, &text, &len, NULL);
     if (st != MOEX_OK) return st;
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    int oom = 0;
+    cJSON *root = moex_json_parse(text, len, &end, &oom);
     if (!root) {
         size_t at = end && end >= text ? (size_t)(end - text) : 0;
         free(text);
+        if (oom) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "%s: out of memory parsing the index", ipath);
         return moex_fail(MOEX_ERR_FORMAT, "%s: not valid JSON (error near byte %zu)", ipath, at);
     }
     const cJSON *wm = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;

@@ -2,7 +2,7 @@
 #include "model/config.h"
 #include "core/internal.h"
 
-#include <cjson/cJSON.h>
+#include "model/json.h"
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -512,10 +512,12 @@ static moex_status parse_json(const char *json, size_t len, const char *what, cJ
     if (len) memcpy(text, json, len);
     text[len] = '\0';
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    int oom = 0;
+    cJSON *root = moex_json_parse(text, len, &end, &oom);
     if (!root) {
         size_t at = end && end >= text ? (size_t)(end - text) : 0;
         free(text);
+        if (oom) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "%s: out of memory parsing %zu bytes of JSON", what, len);
         return moex_fail(MOEX_ERR_FORMAT, "%s: not valid JSON (error near byte %zu of %zu)", what, at, len);
     }
     for (const char *p = end; p < text + len; p++)

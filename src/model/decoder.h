@@ -282,8 +282,9 @@ typedef struct moex_sampling {
 moex_sampling moex_sampling_default(void);
 
 /**
- * Greedy: the index of the largest logit; ties go to the lower index and a
- * NaN counts as the largest (torch.argmax returns the first maximum).
+ * Greedy: the index of the largest logit; ties go to the lower index (torch.argmax
+ * returns the first maximum). A NaN logit is MOEX_ERR_INVALID_ARGUMENT naming its
+ * index, as in moex_sample: no token means anything then.
  */
 // logits: [V] -> *token
 moex_status moex_sample_greedy(const float *logits, int64_t V, int64_t *token);

@@ -1,7 +1,7 @@
 /* experts_map.c — the per-sub-config backend map of a model (see experts_map.h). */
 #include "model/experts_map.h"
 #include "experts/experts_internal.h"
-#include <cjson/cJSON.h>
+#include "model/json.h"
 #include <stdio.h>
 
 static const char *const LOAD_ONLY = "deepgemm_megamoe";
@@ -72,7 +72,16 @@ moex_status moex_experts_map_apply(moex_experts_map *m, const char *spec, int at
         *m = v;
         return MOEX_OK;
     }
-    cJSON *root = cJSON_Parse(spec);
+    const char *end = NULL;
+    int oom = 0;
+    cJSON *root = moex_json_parse(spec, strlen(spec), &end, &oom);
+    if (!root && oom) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory parsing the experts map");
+    while (root && end && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+    if (root && end && *end) {
+        cJSON_Delete(root);
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "experts map: unexpected text after the JSON object, at byte %zu: "
+                         "%.40s", (size_t)(end - spec), end);
+    }
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
@@ -112,15 +121,42 @@ moex_status moex_experts_map_apply(moex_experts_map *m, const char *spec, int at
     return MOEX_OK;
 }
 
+// s as the body of a JSON string (quotes, backslashes and control characters escaped) at
+// out + len when it fits in size; returns the new length either way.
+static size_t json_string(char *out, size_t size, size_t len, const char *s) {
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        char esc[8];
+        int n;
+        if (*p == '"' || *p == '\\') n = snprintf(esc, sizeof esc, "\\%c", *p);
+        else if (*p < 0x20) n = snprintf(esc, sizeof esc, "\\u%04x", *p);
+        else esc[0] = (char)*p, esc[1] = 0, n = 1;
+        if (len + (size_t)n < size) memcpy(out + len, esc, (size_t)n);
+        len += (size_t)n;
+    }
+    return len;
+}
+
 moex_status moex_experts_map_to_json(const moex_experts_map *m, char *buf, size_t size) {
     if (!m || !buf || size == 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_experts_map_to_json: null argument");
-    size_t need = 3; /* "{", "}", NUL */
-    for (int i = 0; i < m->n; i++) need += strlen(m->keys[i]) + strlen(m->names[i]) + (i ? 8 : 6);
-    if (need > size) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "experts map needs %zu bytes, buffer has %zu", need, size);
-    size_t len = (size_t)snprintf(buf, size, "{");
-    for (int i = 0; i < m->n; i++)
-        len += (size_t)snprintf(buf + len, size - len, "%s\"%s\": \"%s\"", i ? ", " : "", m->keys[i], m->names[i]);
-    snprintf(buf + len, size - len, "}");
+    size_t len = 0;
+    for (int pass = 0; pass < 2; pass++) { /* the length first, so that nothing is written when it does not fit */
+        char *out = pass ? buf : NULL;
+        const size_t room = pass ? size : 0;
+        len = 0;
+        for (int i = 0; i < m->n; i++) {
+            const char *open = i ? ", \"" : "{\"";
+            if (out) memcpy(out + len, open, strlen(open));
+            len = json_string(out, room, len + strlen(open), m->keys[i]);
+            if (out) memcpy(out + len, "\": \"", 4);
+            len = json_string(out, room, len + 4, m->names[i]);
+            if (out) out[len] = '"';
+            len++;
+        }
+        if (out) memcpy(out + len, "}", 2);
+        len += 2; /* "}" and the NUL */
+        if (!pass && len > size)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "experts map needs %zu bytes, buffer has %zu", len, size);
+    }
     return MOEX_OK;
 }
 

@@ -88,6 +88,10 @@ static moex_status decode_step(gen_state *s, const model_step_seq *seqs, const i
     const int greedy = !(s->o->temperature > 0);
     moex_status st = model_gpu_step(m, seqs, k, greedy ? NULL : s->logits, greedy ? s->tokens : NULL, s->o->cuda_graph);
     if (st || !greedy) return st ? st : pick(s, rows, k);
+    for (int64_t r = 0; r < k; r++) /* the device marks a row with a NaN logit as -1 - its index */
+        if (s->tokens[r] < 0)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sample_greedy: logits[%lld] is NaN (prompt %lld)",
+                             (long long)(-1 - s->tokens[r]), (long long)rows[r]);
     for (int64_t r = 0; r < k; r++) accept(s, rows[r], s->tokens[r]);
     return MOEX_OK;
 }

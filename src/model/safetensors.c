@@ -2,7 +2,7 @@
 #include "model/safetensors.h"
 #include "core/internal.h"
 
-#include <cjson/cJSON.h>
+#include "model/json.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -389,10 +389,13 @@ moex_status moex_safetensors_parse(const uint8_t *buf, size_t size, const char *
     memcpy(text, h, (size_t)hlen);
     text[hlen] = '\0';
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, (size_t)hlen, &end, 0);
+    int oom = 0;
+    cJSON *root = moex_json_parse(text, (size_t)hlen, &end, &oom);
     if (!root) {
         size_t at = end && end >= text ? (size_t)(end - text) : 0;
         free(text);
+        if (oom) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "%s: out of memory parsing the %llu-byte header", what,
+                                  (unsigned long long)hlen);
         return moex_fail(MOEX_ERR_FORMAT, "%s: header is not valid JSON (error near byte %zu of %llu)", what, at,
                          (unsigned long long)hlen);
     }

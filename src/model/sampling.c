@@ -45,22 +45,25 @@ moex_sampling moex_sampling_default(void) {
 
 /* ---- greedy ------------------------------------------------------------------ */
 
-// logits: [V] -> index of the first maximum (a NaN counts as the maximum, as in torch.argmax)
+// logits: [V] -> index of the first maximum, or -1 - i for the first NaN at i
 static int64_t argmax(const float *x, int64_t V) {
     int64_t best = 0;
     for (int64_t i = 0; i < V; i++) {
-        if (x[i] != x[i]) return i;
+        if (x[i] != x[i]) return -1 - i;
         if (x[i] > x[best]) best = i;
     }
     return best;
 }
 
-// logits: [V] -> *token
+// logits: [V] -> *token; a NaN logit is an error (no token is meaningful then), as in moex_sample
 moex_status moex_sample_greedy(const float *logits, int64_t V, int64_t *token) {
     if (V < 1) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sample_greedy: V = %lld must be >= 1", (long long)V);
     if (!logits || !token)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sample_greedy: %s is NULL", !logits ? "logits" : "token");
-    *token = argmax(logits, V);
+    const int64_t best = argmax(logits, V);
+    if (best < 0)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sample_greedy: logits[%lld] is NaN", (long long)(-1 - best));
+    *token = best;
     return MOEX_OK;
 }
 
