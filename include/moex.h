@@ -674,6 +674,22 @@ moex_model_options moex_model_default_options(void);
  * in a dtype the kernels read (f32, f16, bf16) are used in place from the
  * mapping. Fails naming an unknown model_type (with the list) or a missing tensor.
  *
+ * Every tensor is checked by name: its shape, its dtype (each weight is read in
+ * its own dtype; the experts matrices of one layer must share one) and its size
+ * against the file. Every config.json key the family's transformers model reads
+ * is honoured as transformers defines it (an absent key takes the default of the
+ * family's config class) or refused by name: hidden_act other than silu, a rope
+ * type other than default, partial_rotary_factor != 1, and sliding-window
+ * attention where the window could bind (max_seq above it) are MOEX_ERR_UNSUPPORTED.
+ * config.json and generation_config.json must be regular files. max_tokens must
+ * be at least max_batch (a decode step of max_batch sequences).
+ *
+ * The checkpoint's files stay mapped while the model lives and must not change:
+ * moex_generate() checks on the cpu that each is as loaded (size, modification and
+ * change time) and fails with MOEX_ERR_IO naming the file if not; a file written or
+ * truncated while a call runs is not detected (truncation faults, SIGBUS). A file
+ * replaced by rename is harmless: the model keeps the one it mapped.
+ *
  * Pre-quantized FP8 checkpoints (config.json's quantization_config with
  * quant_method "fp8", fmt "e4m3", weight_block_size, scale_fmt "float" or
  * "ue8m0", activation_scheme, modules_to_not_convert) load with no option:
@@ -758,7 +774,9 @@ typedef struct moex_generation {
  * of at most max_tokens tokens (a longer prompt goes in pieces), then decode
  * one token per unfinished prompt per step. The decode-step switch of
  * SPEC R3 applies to the decode steps (CUDA only) and the backends in force
- * are restored when it returns, also on error.
+ * are restored when it returns, also on error. On the cpu it first checks that
+ * the checkpoint's files are unchanged since load (moex_model_load()). A NaN
+ * logit where a token is chosen fails (MOEX_ERR_INVALID_ARGUMENT, naming its index).
  */
 moex_status moex_generate(moex_model *model, int n, const int32_t *const *prompts, const int64_t *prompt_lens,
                           const moex_generate_options *options, moex_generation **out);

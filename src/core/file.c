@@ -1,15 +1,35 @@
 /* file.c — reading a whole small file (configs, checkpoint indexes). */
 #include "core/internal.h"
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 moex_status moex_read_file(const char *path, size_t limit, char **buf, size_t *len, int *missing) {
     if (missing) *missing = 0;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; only regular files are read */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
         if (missing) *missing = errno == ENOENT;
         return moex_fail(MOEX_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return moex_fail(MOEX_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return moex_fail(MOEX_ERR_IO, "%s: not a regular file", path);
+    }
+    FILE *fp = fdopen(fd, "rb");
+    if (!fp) {
+        int e = errno;
+        close(fd);
+        return moex_fail(MOEX_ERR_IO, "%s: cannot open: %s", path, strerror(e));
     }
     size_t cap = 4096, n = 0;
     char *b = malloc(cap + 1);

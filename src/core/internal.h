@@ -89,7 +89,8 @@ static inline int moex_mul_ok(int64_t a, int64_t b, int64_t *out) {
 /* ---- files ------------------------------------------------------------- */
 
 /* Read the whole file at path (at most limit bytes) into a NUL-terminated malloc'd
- * buffer; *missing (when not NULL) tells a file that does not exist from other errors. */
+ * buffer; *missing (when not NULL) tells a file that does not exist from other errors.
+ * Anything but a regular file (a FIFO, a device, a directory) is MOEX_ERR_IO, without waiting on it. */
 moex_status moex_read_file(const char *path, size_t limit, char **buf, size_t *len, int *missing);
 
 /* ---- devices ----------------------------------------------------------- */

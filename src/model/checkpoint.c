@@ -20,6 +20,8 @@ typedef struct shard {
     char *path;
     const uint8_t *map; /* MAP_FAILED-free: NULL when not mapped */
     size_t size;
+    int fd;             /* kept open: moex_checkpoint_verify fstats the file that is mapped */
+    struct stat at_open; /* that file as it was when mapped */
     moex_st_file file;
 } shard;
 
@@ -50,10 +52,10 @@ static int is_file(const char *path) {
     return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
-/* Map path read-only into *map / *size. Files shorter than 8 bytes are
- * rejected here (a zero-length file cannot be mapped). */
-static moex_status map_file(const char *path, const uint8_t **map, size_t *size) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+/* Map path read-only into s->map / s->size, keeping its descriptor and its stat. Files
+ * shorter than 8 bytes are rejected here (a zero-length file cannot be mapped). */
+static moex_status map_file(const char *path, shard *s) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO does not block the open */
     if (fd < 0) return moex_fail(MOEX_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
@@ -77,11 +79,14 @@ static moex_status map_file(const char *path, const uint8_t **map, size_t *size)
     }
     void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
-    close(fd);
-    if (m == MAP_FAILED) return moex_fail(MOEX_ERR_IO, "%s: cannot map %lld bytes: %s", path, (long long)sb.st_size,
-                                          strerror(e));
-    *map = m;
-    *size = (size_t)sb.st_size;
+    if (m == MAP_FAILED) {
+        close(fd);
+        return moex_fail(MOEX_ERR_IO, "%s: cannot map %lld bytes: %s", path, (long long)sb.st_size, strerror(e));
+    }
+    s->map = m;
+    s->size = (size_t)sb.st_size;
+    s->fd = fd;
+    s->at_open = sb;
     return MOEX_OK;
 }
 
@@ -94,6 +99,7 @@ void moex_checkpoint_close(moex_checkpoint *c) {
     for (int i = 0; i < c->n_shards; i++) {
         shard *s = &c->shards[i];
         if (s->map) munmap((void *)s->map, s->size);
+        if (s->fd >= 0) close(s->fd);
         moex_st_file_free(&s->file);
         free(s->path);
     }
@@ -107,7 +113,8 @@ static moex_status add_shard(moex_checkpoint *c, char *path) {
     shard *s = &c->shards[c->n_shards++];
     memset(s, 0, sizeof *s);
     s->path = path;
-    moex_status st = map_file(path, &s->map, &s->size);
+    s->fd = -1;
+    moex_status st = map_file(path, s);
     if (st != MOEX_OK) return st;
     return moex_safetensors_parse(s->map, s->size, path, &s->file);
 }
@@ -145,6 +152,33 @@ static moex_status build_table(moex_checkpoint *c) {
     return MOEX_OK;
 }
 
+/* The distinct shard names of an index in order of first appearance, found through an
+ * open-addressing hash table of their indices (linear in the number of entries). */
+typedef struct name_set {
+    const char **names; /* [n], in order of first appearance */
+    int n;
+    int *slots;         /* [cap]: -1 or an index into names */
+    size_t cap;         /* a power of two >= 2 x the entries */
+} name_set;
+
+static uint64_t hash_str(const char *s) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* Index of name in the set, adding it when new. */
+static int name_set_add(name_set *ns, const char *name) {
+    size_t i = (size_t)hash_str(name) & (ns->cap - 1);
+    while (ns->slots[i] >= 0) {
+        if (strcmp(ns->names[ns->slots[i]], name) == 0) return ns->slots[i];
+        i = (i + 1) & (ns->cap - 1);
+    }
+    ns->names[ns->n] = name;
+    ns->slots[i] = ns->n;
+    return ns->n++;
+}
+
 /* 1 if a shard file name from an index is a plain file name inside the directory. */
 static int plain_file_name(const char *s) {
     return *s && strchr(s, '/') == NULL && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
@@ -167,15 +201,21 @@ static moex_status open_sharded(moex_checkpoint *c, const char *dir, const char 
         return moex_fail(MOEX_ERR_FORMAT, "%s: not valid JSON (error near byte %zu)", ipath, at);
     }
     const cJSON *wm = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
-    const char **names = NULL; /* distinct shard names, in order of first appearance */
-    int n_names = 0;
+    name_set ns = {NULL, 0, NULL, 0};
     if (!cJSON_IsObject(root)) st = moex_fail(MOEX_ERR_FORMAT, "%s: not a JSON object", ipath);
     else if (!wm) st = moex_fail(MOEX_ERR_FORMAT, "%s: has no \"weight_map\"", ipath);
     else if (!cJSON_IsObject(wm)) st = moex_fail(MOEX_ERR_FORMAT, "%s: \"weight_map\" is not an object", ipath);
-    int n_entries = st == MOEX_OK ? cJSON_GetArraySize(wm) : 0;
-    if (st == MOEX_OK && !(names = malloc((size_t)(n_entries ? n_entries : 1) * sizeof *names)))
+    size_t n_entries = 0;
+    for (const cJSON *e = st == MOEX_OK ? wm->child : NULL; e; e = e->next) n_entries++;
+    if (st == MOEX_OK && n_entries > INT32_MAX / 4)
+        st = moex_fail(MOEX_ERR_FORMAT, "%s: \"weight_map\" has %zu entries, more than moex reads", ipath, n_entries);
+    ns.cap = 2;
+    while (ns.cap < 2 * n_entries) ns.cap *= 2;
+    if (st == MOEX_OK && (!(ns.names = malloc((n_entries ? n_entries : 1) * sizeof *ns.names)) ||
+                          !(ns.slots = malloc(ns.cap * sizeof *ns.slots))))
         st = moex_fail(MOEX_ERR_OUT_OF_MEMORY, "%s: out of memory", ipath);
-    int last = -1;
+    if (ns.slots) memset(ns.slots, 0xff, ns.cap * sizeof *ns.slots); /* every slot -1 */
+    const char **names = ns.names;
     for (const cJSON *e = st == MOEX_OK ? wm->child : NULL; e && st == MOEX_OK; e = e->next) {
         if (!cJSON_IsString(e)) {
             st = moex_fail(MOEX_ERR_FORMAT, "%s: weight_map[" NAME_FMT "] is not a string (a shard file name)",
@@ -187,12 +227,9 @@ static moex_status open_sharded(moex_checkpoint *c, const char *dir, const char 
                            " is not a file name in the checkpoint directory", ipath, e->string, e->valuestring);
             break;
         }
-        if (last >= 0 && strcmp(names[last], e->valuestring) == 0) continue; /* shards usually come in runs */
-        int k = 0;
-        while (k < n_names && strcmp(names[k], e->valuestring) != 0) k++;
-        if (k == n_names) names[n_names++] = e->valuestring;
-        last = k;
+        name_set_add(&ns, e->valuestring);
     }
+    const int n_names = ns.n;
     if (st == MOEX_OK && n_names == 0) st = moex_fail(MOEX_ERR_FORMAT, "%s: \"weight_map\" is empty", ipath);
     /* every shard must exist before any is mapped */
     for (int k = 0; k < n_names && st == MOEX_OK; k++) {
@@ -223,7 +260,8 @@ static moex_status open_sharded(moex_checkpoint *c, const char *dir, const char 
             st = moex_fail(MOEX_ERR_FORMAT, "%s lists tensor " NAME_FMT " in %s, but it is in %s", ipath, e->string,
                            e->valuestring, c->shards[t->shard].path);
     }
-    free(names);
+    free(ns.names);
+    free(ns.slots);
     cJSON_Delete(root);
     free(text);
     return st;
@@ -301,6 +339,26 @@ moex_status moex_checkpoint_get(const moex_checkpoint *c, const char *name, cons
                          c->n_shards ? c->shards[0].path : "", c->n_shards > 1 ? " (and its other shards)" : "",
                          name);
     *out = t;
+    return MOEX_OK;
+}
+
+/* Each mapped file as it was when mapped; see safetensors.h. */
+moex_status moex_checkpoint_verify(const moex_checkpoint *c) {
+    if (!c) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_checkpoint_verify: checkpoint is NULL");
+    for (int i = 0; i < c->n_shards; i++) {
+        const shard *s = &c->shards[i];
+        struct stat now;
+        if (fstat(s->fd, &now) != 0)
+            return moex_fail(MOEX_ERR_IO, "%s: cannot stat the open checkpoint file: %s", s->path, strerror(errno));
+        const struct stat *then = &s->at_open;
+        if (now.st_size != then->st_size)
+            return moex_fail(MOEX_ERR_IO, "checkpoint file %s changed after the model was loaded: %lld bytes then, %lld "
+                             "now; reload the model", s->path, (long long)then->st_size, (long long)now.st_size);
+        if (now.st_mtim.tv_sec != then->st_mtim.tv_sec || now.st_mtim.tv_nsec != then->st_mtim.tv_nsec ||
+            now.st_ctim.tv_sec != then->st_ctim.tv_sec || now.st_ctim.tv_nsec != then->st_ctim.tv_nsec)
+            return moex_fail(MOEX_ERR_IO, "checkpoint file %s was written to after the model was loaded (its modification "
+                             "or change time moved); reload the model", s->path);
+    }
     return MOEX_OK;
 }
 

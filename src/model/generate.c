@@ -228,6 +228,9 @@ moex_status moex_generate(moex_model *m, int n, const int32_t *const *prompts, c
     moex_status st = check_args(m, n, prompts, lens, o);
     if (st) return st;
     if (!out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_generate: out is NULL");
+    /* on the cpu the weights are read from the checkpoint's mapping: the files must be as loaded
+     * (on cuda every weight was copied to the device at load) */
+    if (!m->gpu && (st = moex_checkpoint_verify(m->ckpt))) return st;
     const int64_t V = m->cfg.vocab_size;
     gen_state s = {m, o, alloc_generation(n, V, o->max_new_tokens, o->want_logits), moex_sampling_default(), {{0}},
                    malloc((size_t)n * (size_t)V * sizeof(float)), malloc((size_t)n * sizeof(int32_t)),

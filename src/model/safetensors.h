@@ -133,11 +133,21 @@ typedef struct moex_checkpoint moex_checkpoint;
  * the index assigns to it). `dir` may also name a .safetensors file itself.
  * Each file is mapped read-only (MAP_PRIVATE) and validated with
  * moex_safetensors_parse(); a name found in two shards is an error.
- * Errors: MOEX_ERR_IO (missing or unreadable file, named), MOEX_ERR_FORMAT,
- * MOEX_ERR_OUT_OF_MEMORY, MOEX_ERR_INVALID_ARGUMENT (NULL argument).
- * Truncating a file while it is open is undefined (SIGBUS), as for any mapping.
+ * Errors: MOEX_ERR_IO (missing or unreadable file, named; anything but a regular
+ * file), MOEX_ERR_FORMAT, MOEX_ERR_OUT_OF_MEMORY, MOEX_ERR_INVALID_ARGUMENT (NULL argument).
+ * The files must not change while they are open: see moex_checkpoint_verify.
  */
 moex_status moex_checkpoint_open(const char *dir, moex_checkpoint **out);
+
+/*
+ * Are the mapped files as they were when mapped? Each one (the open file itself, not
+ * whatever its path names now: a file replaced by rename leaves the mapping intact) must
+ * have its size, modification time and change time of then. A file that shrank would
+ * fault (SIGBUS) where the mapping passes its end, and one written in place would change
+ * the weights, so moex_generate calls this before it reads any weight and fails with
+ * MOEX_ERR_IO naming the file. A change during a call in flight is not detected.
+ */
+moex_status moex_checkpoint_verify(const moex_checkpoint *c);
 
 /* Unmap and free. NULL is a no-op. Every pointer obtained from c dies with it. */
 void moex_checkpoint_close(moex_checkpoint *c);
