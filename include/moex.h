@@ -685,8 +685,8 @@ moex_model_options moex_model_default_options(void);
  * be at least max_batch (a decode step of max_batch sequences).
  *
  * The checkpoint's files stay mapped while the model lives and must not change:
- * moex_generate() checks on the cpu that each is as loaded (size, modification and
- * change time) and fails with MOEX_ERR_IO naming the file if not; a file written or
+ * moex_generate() checks on the cpu that each is as loaded (size and modification
+ * time) and fails with MOEX_ERR_IO naming the file if not; a file written or
  * truncated while a call runs is not detected (truncation faults, SIGBUS). A file
  * replaced by rename is harmless: the model keeps the one it mapped.
  *

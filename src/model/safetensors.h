@@ -142,7 +142,7 @@ moex_status moex_checkpoint_open(const char *dir, moex_checkpoint **out);
 /*
  * Are the mapped files as they were when mapped? Each one (the open file itself, not
  * whatever its path names now: a file replaced by rename leaves the mapping intact) must
- * have its size, modification time and change time of then. A file that shrank would
+ * have its size and modification time of then. A file that shrank would
  * fault (SIGBUS) where the mapping passes its end, and one written in place would change
  * the weights, so moex_generate calls this before it reads any weight and fails with
  * MOEX_ERR_IO naming the file. A change during a call in flight is not detected.
