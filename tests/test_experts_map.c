@@ -128,11 +128,45 @@ static void test_decode_switch(void **state) {
     assert_false(contains(log.seen, "batched_mm"));
 }
 
+/* Text after the JSON object is refused (it was ignored), and sub-config names with quotes,
+ * backslashes or control characters come back as valid JSON that parses to the same keys. */
+static void test_trailing_text_and_escapes(void **state) {
+    (void)state;
+    moex_experts_map m = vl_map(), before = m;
+    const char *bad[] = {"{\"\": \"eager\"} x", "{\"\": \"eager\"}{}", "{\"\": \"eager\"},"};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(moex_experts_map_apply(&m, bad[i], 1), MOEX_ERR_INVALID_ARGUMENT);
+        assert_true(contains(moex_last_error(), "unexpected text after the JSON object"));
+        assert_memory_equal(&m, &before, sizeof m);
+    }
+    assert_int_equal(moex_experts_map_apply(&m, "  {\"\": \"eager\"} \n\t", 1), MOEX_OK); /* whitespace is fine */
+    const char *const odd[] = {"a\"b_config", "c\\d_config", "e\nf_config"};
+    moex_experts_map o;
+    assert_int_equal(moex_experts_map_init(&o, odd, 3), MOEX_OK);
+    char buf[512];
+    assert_int_equal(moex_experts_map_to_json(&o, buf, sizeof buf), MOEX_OK);
+    assert_string_equal(buf, "{\"\": \"grouped_mm\", \"a\\\"b_config\": \"grouped_mm\", \"c\\\\d_config\": "
+                             "\"grouped_mm\", \"e\\u000af_config\": \"grouped_mm\"}");
+    /* it parses back: applying it as a map names the same keys */
+    assert_int_equal(moex_experts_map_apply(&o, buf, 0), MOEX_OK);
+    /* too small a buffer: refused with the size needed, nothing written */
+    char small[40];
+    memset(small, 'z', sizeof small);
+    assert_int_equal(moex_experts_map_to_json(&o, small, sizeof small), MOEX_ERR_INVALID_ARGUMENT);
+    assert_true(contains(moex_last_error(), "needs"));
+    for (size_t i = 0; i < sizeof small; i++) assert_int_equal(small[i], 'z');
+    assert_int_equal(moex_experts_map_to_json(&o, small, strlen(buf)), MOEX_ERR_INVALID_ARGUMENT); /* no room for NUL */
+    char exact[512];
+    assert_int_equal(moex_experts_map_to_json(&o, exact, strlen(buf) + 1), MOEX_OK);
+    assert_string_equal(exact, buf);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_and_name),        cmocka_unit_test(test_named_wins_over_global),
         cmocka_unit_test(test_runtime_map_keeps_unnamed), cmocka_unit_test(test_bad_keys_and_names),
         cmocka_unit_test(test_megamoe_is_load_time_only), cmocka_unit_test(test_decode_switch),
+        cmocka_unit_test(test_trailing_text_and_escapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
