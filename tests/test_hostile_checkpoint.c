@@ -83,7 +83,7 @@ static void remove_dir(const char *dir) {
 
 /* What to do with each tensor: BF16 stores it as bf16 (its f32 values rounded); ROUND keeps
  * F32 but rounds the values to bf16 (the same numbers as BF16, in the other dtype). */
-typedef enum { KEEP, BF16, ROUND } edit;
+typedef enum { KEEP, BF16, ROUND, NANS } edit; /* NANS: every value NaN */
 typedef edit (*edit_fn)(const char *name);
 
 static uint16_t to_bf16(float f) {
@@ -125,11 +125,11 @@ static void rewrite_safetensors(const char *src_dir, const char *dst_dir, edit_f
                 memcpy(data + at + 2 * k, &h, 2);
             }
             bytes = 2 * n;
-        } else if (e == ROUND) {
+        } else if (e == ROUND || e == NANS) {
             for (size_t k = 0; k < n; k++) {
                 float v;
                 memcpy(&v, src + 4 * k, 4);
-                v = from_bf16(to_bf16(v));
+                v = e == NANS ? NAN : from_bf16(to_bf16(v));
                 memcpy(data + at + 4 * k, &v, 4);
             }
         } else {
@@ -642,6 +642,22 @@ static void test_json_out_of_memory(void **state) {
     end_problems();
 }
 
+static edit nan_final_norm(const char *n) { return strcmp(n, "model.norm.weight") ? KEEP : NANS; }
+
+/* NaN weights make NaN logits: greedy generation fails naming the NaN (it returned token 0). */
+static void test_nan_logits(void **state) {
+    (void)state;
+    char *dir = variant("qwen3_moe", nan_final_norm, NULL);
+    moex_model_options o = small_options();
+    run_out r = {0};
+    moex_status st = run(dir, &o, &r);
+    if (st != MOEX_ERR_INVALID_ARGUMENT || !contains(moex_last_error(), "is NaN"))
+        PROBLEM("NaN logits: status %d, message %s, first token %d", st, moex_last_error(), r.ids[0]);
+    free(r.logits);
+    remove_dir(dir);
+    end_problems();
+}
+
 /* max_tokens below max_batch: a decode step of max_batch sequences could not run. */
 static void test_max_tokens_below_batch(void **state) {
     (void)state;
@@ -665,6 +681,7 @@ int main(void) {
         cmocka_unit_test(test_file_changed_after_load),
         cmocka_unit_test(test_json_out_of_memory),
         cmocka_unit_test(test_max_tokens_below_batch),
+        cmocka_unit_test(test_nan_logits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
