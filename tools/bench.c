@@ -17,6 +17,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "bench.h"
+#include "cli.h"
 
 #include <moex.h>
 
@@ -582,6 +583,12 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* EXIT_RUNTIME if a write to stdout has failed (main says so at exit): no use going on. */
+static int stdout_failed(void)
+{
+    return cli_stdout_flush() ? EXIT_RUNTIME : 0;
 }
 
 /* A failed moex call: print its message; the caller exits 1. */
@@ -1599,6 +1606,7 @@ static int run_tokens(bench_state *st, int ti)
     for (int b = 0; !rc && b < o->nbackends; b++) {
         finish_row(st, &w, b, &st->results[ti * o->nbackends + b]);
         print_row(st, o->tokens[ti], b, &st->results[ti * o->nbackends + b]);
+        rc = stdout_failed();
     }
     workload_free(&w);
     return rc;
@@ -2379,6 +2387,7 @@ static int run_tokens_cuda(bench_state *st, int ti)
         }
         row->state = w.state[v];
         print_row(st, o->tokens[ti], v, row);
+        rc = stdout_failed();
     }
     workload_free(&w);
     return rc;
@@ -2392,9 +2401,8 @@ static int run_bench_cuda(bench_state *st)
     int rc;
     cpu_sample start = sample_cpu();
     print_banner_cuda(st);
-    fflush(stdout);
-    if ((rc = measure_ceilings_cuda(st)) || (rc = build_layer_cuda(st)) ||
-        (rc = build_contexts_cuda(st)))
+    if ((rc = stdout_failed()) || (rc = measure_ceilings_cuda(st)) || (rc = stdout_failed()) ||
+        (rc = build_layer_cuda(st)) || (rc = build_contexts_cuda(st)))
         return rc;
     if (alloc_bytes((void **)&st->results,
                     (double)o->ntokens * nvariants(st) * sizeof(case_result), "results"))
@@ -2407,7 +2415,7 @@ static int run_bench_cuda(bench_state *st)
     if (rc)
         return rc;
     report_machine_load(st, start);
-    return 0; /* the outputs are written once every --dtype pass has run */
+    return stdout_failed(); /* the outputs are written once every --dtype pass has run */
 }
 #endif /* MOEX_HAVE_CUDA */
 
@@ -2421,9 +2429,8 @@ static int run_bench(bench_state *st)
 #endif
     cpu_sample start = sample_cpu();
     print_banner(st);
-    fflush(stdout);
-    if ((rc = measure_ceilings(st)) || (rc = build_layer(st)) || (rc = build_context(st)) ||
-        (rc = alloc_flush(st)))
+    if ((rc = stdout_failed()) || (rc = measure_ceilings(st)) || (rc = stdout_failed()) ||
+        (rc = build_layer(st)) || (rc = build_context(st)) || (rc = alloc_flush(st)))
         return rc;
     if (alloc_bytes((void **)&st->results,
                     (double)o->ntokens * o->nbackends * sizeof(case_result), "results"))
@@ -2434,7 +2441,7 @@ static int run_bench(bench_state *st)
     if (rc)
         return rc;
     report_machine_load(st, start);
-    return 0;
+    return stdout_failed();
 }
 
 int moex_cli_bench(int argc, char **argv)

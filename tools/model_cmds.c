@@ -1,5 +1,6 @@
 /* model_cmds.c — `moex generate`, `moex info` and `moex demo`. */
 #include "model_cmds.h"
+#include "cli.h"
 #include "moex.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -24,8 +25,10 @@ typedef struct gen_args {
     int64_t warmup; /* untimed generations before the reported one */
 } gen_args;
 
+static const char *usage_cmd = "moex"; /* "moex generate", "moex info" or "moex demo" */
+
 static int usage(const char *fmt, const char *a, const char *b) {
-    fprintf(stderr, "moex: ");
+    fprintf(stderr, "%s: ", usage_cmd);
     fprintf(stderr, fmt, a, b);
     fprintf(stderr, "\n");
     return 2;
@@ -158,7 +161,7 @@ static int model_options(const gen_args *a, moex_model_options *mo) {
 }
 
 static int fail(const char *what) {
-    fprintf(stderr, "moex: %s: %s\n", what, moex_last_error());
+    fprintf(stderr, "%s: %s: %s\n", usage_cmd, what, moex_last_error());
     return 1;
 }
 
@@ -170,16 +173,23 @@ static void print_gpu_memory(const moex_model_info *in) {
            (double)(in->gpu_weight_bytes + in->gpu_kv_cache_bytes + in->gpu_workspace_bytes) / 1048576.0);
 }
 
-static void print_json(const moex_model *m, const moex_generation *g) {
+// The experts map in force; 0, or 1 after saying why.
+static int experts_map(const moex_model *m, char *map, size_t size) {
+    return moex_model_get_experts(m, map, size) == MOEX_OK ? 0 : fail("reading the experts map");
+}
+
+static int print_json(const moex_model *m, const moex_generation *g) {
+    char map[4096];
+    if (experts_map(m, map, sizeof map)) return 1;
     cJSON *root = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(root, "new_ids");
     for (int i = 0; i < g->n; i++) {
         cJSON *row = cJSON_CreateArray();
         for (int64_t j = 0; j < g->num_new[i]; j++) cJSON_AddItemToArray(row, cJSON_CreateNumber(g->new_ids[i][j]));
         cJSON_AddItemToArray(ids, row);
     }
-    char map[4096];
-    moex_model_get_experts(m, map, sizeof map);
-    cJSON_AddItemToObject(root, "experts_implementation", cJSON_Parse(map));
+    cJSON *parsed = cJSON_Parse(map);
+    int ok = parsed != NULL;
+    cJSON_AddItemToObject(root, "experts_implementation", parsed);
     if (g->last_prompt_logits) {
         cJSON *lg = cJSON_AddArrayToObject(root, "last_prompt_logits");
         for (int i = 0; i < g->n; i++) {
@@ -196,15 +206,20 @@ static void print_json(const moex_model *m, const moex_generation *g) {
         cJSON_AddNumberToObject(mem, "kv_cache", (double)in.gpu_kv_cache_bytes);
         cJSON_AddNumberToObject(mem, "workspace", (double)in.gpu_workspace_bytes);
     }
-    char *s = cJSON_PrintUnformatted(root);
+    char *s = ok ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (!s) {
+        fprintf(stderr, "%s: %s\n", usage_cmd, ok ? "out of memory for the JSON output" : "the experts map is not JSON");
+        return 1;
+    }
     printf("%s\n", s);
     free(s);
-    cJSON_Delete(root);
+    return 0;
 }
 
-static void print_report(const moex_model *m, const moex_generation *g) {
+static int print_report(const moex_model *m, const moex_generation *g) {
     char map[4096];
-    moex_model_get_experts(m, map, sizeof map);
+    if (experts_map(m, map, sizeof map)) return 1;
     printf("experts: %s\n", map);
     for (int i = 0; i < g->n; i++) {
         printf("prompt %d -> %lld new tokens:", i, (long long)g->num_new[i]);
@@ -217,9 +232,11 @@ static void print_report(const moex_model *m, const moex_generation *g) {
            g->prefill_seconds > 0 ? (double)g->prefill_tokens / g->prefill_seconds : 0.0);
     printf("decode:  %lld tokens in %.2f ms (%.1f tokens/s)\n", (long long)g->decode_tokens, 1e3 * g->decode_seconds,
            g->decode_seconds > 0 ? (double)g->decode_tokens / g->decode_seconds : 0.0);
+    return 0;
 }
 
 int moex_cli_generate(int argc, char **argv) {
+    usage_cmd = "moex generate";
     gen_args a;
     int rc = parse_gen_args(argc, argv, &a);
     if (!rc && a.n == 0) rc = usage("at least one --prompt-ids is required%s%s", "", "");
@@ -236,55 +253,57 @@ int moex_cli_generate(int argc, char **argv) {
         g = NULL;
     }
     if (!rc && moex_generate(m, a.n, (const int32_t *const *)a.prompts, a.lens, &a.gen, &g)) rc = fail("generating");
-    if (!rc) {
-        if (a.json) print_json(m, g);
-        else print_report(m, g);
-    }
+    if (!rc) rc = a.json ? print_json(m, g) : print_report(m, g);
     moex_generation_free(g);
     moex_model_free(m);
     free_gen_args(&a);
     return rc;
 }
 
+static void print_info(const moex_model *m, const moex_model_info *in, const gen_args *a, moex_device device,
+                       const char *map) {
+    printf("family:      %s\n", in->model_type);
+    printf("sub-configs:");
+    for (int i = 0; i < in->num_sub_configs; i++) printf(" %s", in->sub_configs[i]);
+    printf("%s\n", in->num_sub_configs ? "" : " (none)");
+    printf("layers:      %lld (%lld MoE)\n", (long long)in->num_layers, (long long)in->num_moe_layers);
+    printf("experts:     %lld, top-%lld, hidden %lld, intermediate %lld, %s, %s%s\n", (long long)in->num_experts,
+           (long long)in->top_k, (long long)in->hidden, (long long)in->moe_intermediate, moex_dtype_name(in->weight_dtype),
+           in->per_expert_layout ? "per-expert tensors" : "fused tensors", in->transposed ? " (transposed)" : "");
+    if (in->shared_intermediate) printf("shared expert intermediate: %lld\n", (long long)in->shared_intermediate);
+    if (device.kind == MOEX_DEVICE_CUDA) print_gpu_memory(in);
+    printf("experts map: %s\n", map);
+    printf("backends on %s:\n", a->device);
+    for (int i = 0; i < moex_backend_count(); i++) {
+        char why[512];
+        const char *name = moex_backend_name(i);
+        if (moex_backend_supports(name, moex_model_experts_layer(m, 0), device, why, sizeof why) == MOEX_OK)
+            printf("  %-18s yes\n", name);
+        else
+            printf("  %-18s no: %s\n", name, why);
+    }
+}
+
 int moex_cli_info(int argc, char **argv) {
+    usage_cmd = "moex info";
     gen_args a;
     int rc = parse_gen_args(argc, argv, &a);
     moex_model_options mo;
     if (!rc) rc = model_options(&a, &mo);
     moex_model *m = NULL;
     if (!rc && moex_model_load(a.dir, &mo, &m)) rc = fail("loading the model");
-    if (!rc) {
-        moex_model_info in;
-        moex_model_get_info(m, &in);
-        printf("family:      %s\n", in.model_type);
-        printf("sub-configs:");
-        for (int i = 0; i < in.num_sub_configs; i++) printf(" %s", in.sub_configs[i]);
-        printf("%s\n", in.num_sub_configs ? "" : " (none)");
-        printf("layers:      %lld (%lld MoE)\n", (long long)in.num_layers, (long long)in.num_moe_layers);
-        printf("experts:     %lld, top-%lld, hidden %lld, intermediate %lld, %s, %s%s\n", (long long)in.num_experts,
-               (long long)in.top_k, (long long)in.hidden, (long long)in.moe_intermediate, moex_dtype_name(in.weight_dtype),
-               in.per_expert_layout ? "per-expert tensors" : "fused tensors", in.transposed ? " (transposed)" : "");
-        if (in.shared_intermediate) printf("shared expert intermediate: %lld\n", (long long)in.shared_intermediate);
-        if (mo.device.kind == MOEX_DEVICE_CUDA) print_gpu_memory(&in);
-        char map[4096];
-        moex_model_get_experts(m, map, sizeof map);
-        printf("experts map: %s\n", map);
-        printf("backends on %s:\n", a.device);
-        for (int i = 0; i < moex_backend_count(); i++) {
-            char why[512];
-            const char *name = moex_backend_name(i);
-            if (moex_backend_supports(name, moex_model_experts_layer(m, 0), mo.device, why, sizeof why) == MOEX_OK)
-                printf("  %-18s yes\n", name);
-            else
-                printf("  %-18s no: %s\n", name, why);
-        }
-    }
+    moex_model_info in;
+    char map[4096];
+    if (!rc && moex_model_get_info(m, &in) != MOEX_OK) rc = fail("reading the model's facts");
+    if (!rc) rc = experts_map(m, map, sizeof map);
+    if (!rc) print_info(m, &in, &a, mo.device, map);
     moex_model_free(m);
     free_gen_args(&a);
     return rc;
 }
 
 int moex_cli_demo(int argc, char **argv) {
+    usage_cmd = "moex demo";
     const char *dir = argc > 1 ? argv[1] : MOEX_DEMO_MODEL;
     static const int32_t p0[] = {3, 17, 42, 7, 99, 5}, p1[] = {11, 200, 64};
     const int32_t *prompts[2] = {p0, p1};
@@ -294,17 +313,23 @@ int moex_cli_demo(int argc, char **argv) {
     mo.max_seq = 64;
     mo.max_tokens = 64;
     moex_model *m = NULL;
+    int rc = 0;
     if (moex_model_load(dir, &mo, &m)) return fail("loading the demo model");
     moex_model_info in;
-    moex_model_get_info(m, &in);
+    if (moex_model_get_info(m, &in) != MOEX_OK) {
+        rc = fail("reading the demo model's facts");
+        moex_model_free(m);
+        return rc;
+    }
     printf("demo model %s: %s, %lld layers, %lld experts (top-%lld), hidden %lld\n", dir, in.model_type,
            (long long)in.num_layers, (long long)in.num_experts, (long long)in.top_k, (long long)in.hidden);
+    if (cli_stdout_flush()) rc = 1; /* said at exit */
     moex_generate_options go = moex_generate_default_options();
     go.max_new_tokens = 24;
     go.ignore_eos = 1;
     moex_generation *first = NULL, *warm = NULL;
-    int rc = 0, agree = 1;
-    if (moex_generate(m, 2, prompts, lens, &go, &warm)) rc = fail("warm-up"); /* first touch of weights and caches */
+    int agree = 1;
+    if (!rc && moex_generate(m, 2, prompts, lens, &go, &warm)) rc = fail("warm-up"); /* first touch of weights and caches */
     moex_generation_free(warm);
     moex_device cpu = {MOEX_DEVICE_CPU, 0};
     for (int i = 0; i < moex_backend_count() && !rc; i++) {
@@ -312,6 +337,7 @@ int moex_cli_demo(int argc, char **argv) {
         char why[512];
         if (moex_backend_supports(name, moex_model_experts_layer(m, 0), cpu, why, sizeof why) != MOEX_OK) {
             printf("%-18s skipped: %s\n", name, why);
+            if (cli_stdout_flush()) rc = 1; /* said at exit */
             continue;
         }
         moex_generation *g = NULL;
@@ -330,6 +356,7 @@ int moex_cli_demo(int argc, char **argv) {
         printf(" ...%s\n", first ? (same ? "  (same as the first backend)" : "  (DIFFERENT)") : "");
         if (!first) first = g;
         else moex_generation_free(g);
+        if (cli_stdout_flush()) rc = 1; /* said at exit: no use running the other backends */
     }
     if (!rc) printf("%s\n", agree ? "all backends generated the same tokens" : "the backends DISAGREE");
     moex_generation_free(first);

@@ -1,9 +1,15 @@
 /* moex — command-line tool: generate, info, demo, bench, backends, version. */
+#define _POSIX_C_SOURCE 200809L
+
 #include "bench.h"
+#include "cli.h"
 #include "model_cmds.h"
 #include "moex.h"
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -21,6 +27,43 @@ static void usage(FILE *f) {
             "  version    print the version\n");
 }
 
+/* ------------------------------------------------------------------ stdout */
+
+static int stdout_errno; /* the first write error on stdout, 0 if none */
+
+int cli_stdout_flush(void) {
+    if (stdout_errno) return stdout_errno;
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
+    stdout_errno = errno ? errno : EIO;
+    return stdout_errno;
+}
+
+/* The last flush and the close of stdout: a failure of either, or of any write before,
+ * is reported and makes a successful command exit 1. */
+static int finish(int rc) {
+    int e = cli_stdout_flush();
+    errno = 0;
+    if (fclose(stdout) != 0 && !e) e = errno ? errno : EIO;
+    if (e) {
+        fprintf(stderr, "moex: writing the output: %s\n", strerror(e));
+        if (rc == 0) rc = 1;
+    }
+    return rc;
+}
+
+/* A closed fd 0, 1 or 2 is held by /dev/null opened read-only, so that no file the
+ * command opens lands on it (a write to stdout still fails: EBADF, reported at exit). */
+static void hold_standard_fds(void) {
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+        int got = open("/dev/null", O_RDONLY);
+        if (got >= 0 && got != fd) close(got); /* not the lowest free fd: leave it */
+    }
+}
+
+/* ------------------------------------------------------------------ commands */
+
 static int list_backends(void) {
     moex_device cpu = {MOEX_DEVICE_CPU, 0}, cuda = {MOEX_DEVICE_CUDA, 0};
     for (int i = 0; i < moex_backend_count(); i++) {
@@ -35,7 +78,7 @@ static int list_backends(void) {
     return 0;
 }
 
-int main(int argc, char **argv) {
+static int run(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
         return 2;
@@ -57,4 +100,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "moex: unknown command \"%s\"\n", cmd);
     usage(stderr);
     return 2;
+}
+
+int main(int argc, char **argv) {
+    hold_standard_fds();
+    return finish(run(argc, argv));
 }

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# tests/cli/cli_tests.sh GROUP MOEX FIXTURE_DIR: one group of checks of the command line
+# (ctest runs each group as a test of its own; see CMakeLists.txt). Exit 0 when every check
+# of the group passes, else 1 after naming each failed check.
+set -u
+group=$1 moex=$2 fx=$3
+work=$(mktemp -d "${TMPDIR:-/tmp}/moex_cli.XXXXXX") || exit 1
+trap 'rm -rf "$work"' EXIT
+cd "$work" || exit 1
+failed=0
+
+# A tiny bench: about 2 s, most of it the ceilings.
+bench=(bench --shape qwen3-30b-a3b --tokens 3 --backends grouped_mm --max-experts 4)
+
+# check RC WANT_RC REGEX [NOT_REGEX]: the command just run exited WANT_RC and its stderr
+# (in the file err) matches REGEX (grep -E) and not NOT_REGEX nor a sanitizer's report.
+check() {
+    local rc=$1 want=$2 re=$3 not=${4:-} where=${what:-line ${BASH_LINENO[0]}} bad=
+    if grep -Eq 'Sanitizer|runtime error:' err; then
+        bad="a sanitizer report"
+    elif [ "$rc" != "$want" ]; then
+        bad="exit status $rc, expected $want"
+    elif [ -n "$re" ] && ! grep -Eq -- "$re" err; then
+        bad="stderr does not match /$re/"
+    elif [ -n "$not" ] && grep -Eq -- "$not" err; then
+        bad="stderr matches /$not/"
+    fi
+    if [ -n "$bad" ]; then
+        echo "FAIL ($where): $bad; stderr:"
+        sed 's/^/  | /' err
+        failed=1
+    fi
+}
+
+# refused WANT_RC REGEX ARGS...: moex ARGS exits WANT_RC with REGEX on stderr.
+refused() {
+    local want=$1 re=$2
+    shift 2
+    "$moex" "$@" >out 2>err
+    what="moex $*" check $? "$want" "$re"
+}
+
+# accepted ARGS...: moex ARGS exits 0.
+accepted() {
+    "$moex" "$@" >out 2>err
+    what="moex $*" check $? 0 ''
+}
+
+case $group in
+stdout_errors)
+    # a full disk (/dev/full) or a closed stdout: exit 1 and say so, for every command
+    full='moex: writing the output: No space left on device'
+    closed='moex: writing the output: Bad file descriptor'
+    "$moex" generate "$fx" --prompt-ids 1,2 --max-new-tokens 2 --json >/dev/full 2>err
+    check $? 1 "$full"
+    "$moex" generate "$fx" --prompt-ids 1,2 --max-new-tokens 2 --json >&- 2>err
+    check $? 1 "$closed"
+    "$moex" generate "$fx" --prompt-ids 1,2 --max-new-tokens 2 >/dev/full 2>err
+    check $? 1 "$full"
+    "$moex" info "$fx" >/dev/full 2>err
+    check $? 1 "$full"
+    "$moex" info "$fx" >&- 2>err
+    check $? 1 "$closed"
+    "$moex" backends >/dev/full 2>err
+    check $? 1 "$full"
+    "$moex" version >/dev/full 2>err
+    check $? 1 "$full"
+    "$moex" version >&- 2>err
+    check $? 1 "$closed"
+    "$moex" help >/dev/full 2>err
+    check $? 1 "$full"
+    "$moex" bench --help >/dev/full 2>err
+    check $? 1 "$full"
+    "$moex" demo "$fx" >/dev/full 2>err
+    check $? 1 "$full"
+    # the bench stops at its first line that cannot be written, before the ceilings are timed
+    "$moex" "${bench[@]}" >/dev/full 2>err
+    check $? 1 "$full" 'measuring ceilings'
+    "$moex" "${bench[@]}" >&- 2>err
+    check $? 1 "$closed" 'measuring ceilings'
+    # and a good stdout is still fine
+    "$moex" generate "$fx" --prompt-ids 1,2 --max-new-tokens 2 --json >out 2>err
+    check $? 0 ''
+    grep -q '^{"new_ids":\[\[' out || { echo "FAIL: no JSON on stdout"; failed=1; }
+    ;;
+
+*)
+    echo "unknown group \"$group\""
+    exit 2
+    ;;
+esac
+if [ $failed = 0 ]; then echo "$group: all checks passed"; fi
+exit $failed
