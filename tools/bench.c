@@ -14,7 +14,7 @@
  * CUDA-event timing after an L2 flush, and each backend also captured in a CUDA graph and
  * replayed (rows graph=1).
  */
-#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* POSIX 2008 with realpath */
 
 #include "bench.h"
 #include "cli.h"
@@ -71,6 +71,15 @@ enum { NUM_SHAPES = sizeof SHAPES / sizeof SHAPES[0] };
 
 /* ------------------------------------------------------------------ options */
 
+/* A file that --csv or --plot asks for. */
+typedef struct out_file {
+    const char *opt;       /* "--csv" or "--plot" */
+    const char *path;      /* as given; NULL: not asked for */
+    char target[PATH_MAX]; /* the file written: path, or the regular file that a symlink path names */
+    int in_place;          /* 1: an existing file that is not a regular one (a device, a FIFO): written
+                              directly; 0: written to a temp file beside target, then renamed */
+} out_file;
+
 typedef struct bench_opts {
     const bench_shape *shape;
     int64_t tokens[MAX_TOKEN_COUNTS]; /* ascending, distinct */
@@ -86,8 +95,7 @@ typedef struct bench_opts {
     int64_t max_experts; /* 0: all */
     int threads;         /* 0: one per online core */
     int runs;
-    const char *csv_path;
-    const char *plot_path;
+    out_file csv, plot;
     uint64_t seed;
     int graph;                         /* GRAPH_DEFAULT, GRAPH_OFF, GRAPH_ON or GRAPH_BOTH */
     int reference;                     /* 1: eager runs as the err reference when not timed */
@@ -410,24 +418,67 @@ static int parse_seed(const char *s, bench_opts *o)
     return 0;
 }
 
-/* The directory that will hold `path` must exist and be writable; path is no directory. */
-static int check_output_path(const char *opt, const char *path)
+/* The directory part of path ("." for a bare name). */
+static void dir_of(const char *path, char *dir, size_t size)
 {
-    if (*path == '\0')
-        return usage_error("%s: \"%s\" is an empty file name", opt, path);
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        return usage_error("%s: \"%s\" is a directory", opt, path);
-    char dir[PATH_MAX];
     const char *slash = strrchr(path, '/');
     if (!slash)
-        snprintf(dir, sizeof dir, ".");
+        snprintf(dir, size, ".");
     else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
+        snprintf(dir, size, "/");
     else
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+        snprintf(dir, size, "%.*s", (int)(slash - path), path);
+}
+
+/*
+ * Decide where f->path will be written (f->target, f->in_place) and check that it can be:
+ * no directory; an existing device or FIFO writable in place; otherwise the directory
+ * that will hold the temp file writable. A symlink to a regular file is followed (the
+ * file it names is replaced, the link kept); a dangling one is replaced.
+ */
+static int resolve_output(out_file *f)
+{
+    const char *opt = f->opt, *path = f->path;
+    size_t len = strlen(path);
+    if (len == 0)
+        return usage_error("%s: \"%s\" is an empty file name", opt, path);
+    if (len >= sizeof f->target)
+        return usage_error("%s: \"%s\" is too long", opt, path);
+    struct stat st;
+    int exists = stat(path, &st) == 0;
+    if (exists && S_ISDIR(st.st_mode))
+        return usage_error("%s: \"%s\" is a directory", opt, path);
+    if (path[len - 1] == '/')
+        return usage_error("%s: \"%s\" names a directory, not a file", opt, path);
+    snprintf(f->target, sizeof f->target, "%s", path);
+    f->in_place = exists && !S_ISREG(st.st_mode);
+    if (f->in_place) {
+        if (access(path, W_OK) != 0)
+            return usage_error("%s: cannot write to \"%s\": %s", opt, path, strerror(errno));
+        return 0;
+    }
+    struct stat lst;
+    if (exists && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode) && !realpath(path, f->target))
+        return usage_error("%s: cannot resolve \"%s\": %s", opt, path, strerror(errno));
+    char dir[PATH_MAX];
+    dir_of(f->target, dir, sizeof dir);
     if (access(dir, W_OK | X_OK) != 0)
         return usage_error("%s: cannot write into the directory \"%s\"", opt, dir);
+    return 0;
+}
+
+/* The output files, each resolved. Before anything is timed. */
+static int check_outputs(bench_opts *o)
+{
+    out_file *files[2] = {&o->csv, &o->plot};
+    int rc = 0;
+    for (int i = 0; i < 2 && !rc; i++)
+        if (files[i]->path)
+            rc = resolve_output(files[i]);
+    if (rc)
+        return rc;
+    if (o->csv.path && o->plot.path && strcmp(o->csv.path, o->plot.path) == 0)
+        return usage_error("--csv and --plot name the same file \"%s\"", o->csv.path);
     return 0;
 }
 
@@ -459,6 +510,8 @@ static void default_options(bench_opts *o)
     o->seed = 1;
     o->graph = GRAPH_DEFAULT;
     o->reference = 1;
+    o->csv.opt = "--csv";
+    o->plot.opt = "--plot";
 }
 
 /* Apply one recognised option's value. */
@@ -491,12 +544,12 @@ static int apply_option(const char *name, const char *v, bench_opts *o, const ch
         return 0;
     }
     if (strcmp(name, "--csv") == 0) {
-        o->csv_path = v;
-        return check_output_path(name, v);
+        o->csv.path = v; /* checked after the loop, with --plot */
+        return 0;
     }
     if (strcmp(name, "--plot") == 0) {
-        o->plot_path = v;
-        return check_output_path(name, v);
+        o->plot.path = v;
+        return 0;
     }
     if (strcmp(name, "--max-experts") == 0) {
         rc = parse_positive(name, v, INT32_MAX, &n);
@@ -550,8 +603,9 @@ static int parse_args(int argc, char **argv, bench_opts *o)
                            "mixtral-8x7b, deepseek-v3 or gpt-oss-20b)");
     if (o->ntokens == 0)
         return usage_error("--tokens is required (e.g. --tokens 1,8,512)");
-    if (o->csv_path && o->plot_path && strcmp(o->csv_path, o->plot_path) == 0)
-        return usage_error("--csv and --plot name the same file \"%s\"", o->csv_path);
+    int rc = check_outputs(o);
+    if (rc)
+        return rc;
     if (o->device.kind == MOEX_DEVICE_CPU && (o->graph == GRAPH_ON || o->graph == GRAPH_BOTH))
         return usage_error("--graph %s: graph capture needs --device cuda",
                            o->graph == GRAPH_ON ? "on" : "both");
@@ -559,7 +613,7 @@ static int parse_args(int argc, char **argv, bench_opts *o)
         o->graph = o->device.kind == MOEX_DEVICE_CUDA ? GRAPH_BOTH : GRAPH_OFF;
     if (o->device.kind == MOEX_DEVICE_CPU && o->backend_max_arg)
         return usage_error("--backend-max-tokens applies to --device cuda only");
-    int rc = parse_backends(backends, o);
+    rc = parse_backends(backends, o);
     if (!rc && o->backend_max_arg)
         rc = parse_backend_max(o->backend_max_arg, o);
     return rc;
@@ -1616,30 +1670,63 @@ static int run_tokens(bench_state *st, int ti)
 
 typedef int (*file_writer)(FILE *f, const bench_state *st);
 
-/* Write through a temp file next to path, then rename: a failure leaves nothing behind. */
-static int write_atomically(const char *path, file_writer writer, const bench_state *st)
+/* Run writer on f and close f: 0, or the errno of the first failure (EIO if none was set). */
+static int write_and_close(FILE *f, file_writer writer, const bench_state *st, int sync)
 {
+    int e = 0;
+    errno = 0;
+    if (writer(f, st) != 0 || ferror(f))
+        e = errno ? errno : EIO;
+    errno = 0;
+    if (!e && fflush(f) != 0)
+        e = errno ? errno : EIO;
+    if (!e && sync && fsync(fileno(f)) != 0)
+        e = errno;
+    errno = 0;
+    if (fclose(f) != 0 && !e)
+        e = errno ? errno : EIO;
+    return e;
+}
+
+/*
+ * Write out's file. A regular file (or a new one) goes through a temp file beside it, then a
+ * rename: a failure leaves the old file, if any, as it was and no temp file behind. A device
+ * or FIFO is written in place. Returns 0, or EXIT_RUNTIME after naming the file and the error.
+ */
+static int write_output(const out_file *out, file_writer writer, const bench_state *st)
+{
+    if (out->in_place) {
+        FILE *f = fopen(out->target, "w");
+        int e = f ? write_and_close(f, writer, st, 0) : errno;
+        if (e) {
+            fprintf(stderr, "moex bench: %s: cannot write \"%s\": %s\n", out->opt, out->path,
+                    strerror(e));
+            return EXIT_RUNTIME;
+        }
+        return 0;
+    }
     char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
-        fprintf(stderr, "moex bench: the path \"%s\" is too long\n", path);
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out->target, (long)getpid()) >= (int)sizeof tmp) {
+        fprintf(stderr, "moex bench: %s: the path \"%s\" is too long\n", out->opt, out->path);
         return EXIT_RUNTIME;
     }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!f) {
-        fprintf(stderr, "moex bench: cannot create \"%s\": %s\n", tmp, strerror(errno));
+        fprintf(stderr, "moex bench: %s: cannot create \"%s\": %s\n", out->opt, tmp,
+                strerror(errno));
         if (fd >= 0) {
             close(fd);
             unlink(tmp);
         }
         return EXIT_RUNTIME;
     }
-    int bad = writer(f, st) != 0 || fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0;
-    int saved = errno;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        fprintf(stderr, "moex bench: cannot write \"%s\": %s\n", path,
-                strerror(bad ? saved : errno));
+    int e = write_and_close(f, writer, st, 1);
+    if (!e && rename(tmp, out->target) != 0)
+        e = errno;
+    if (e) {
+        fprintf(stderr, "moex bench: %s: cannot write \"%s\": %s\n", out->opt, out->path,
+                strerror(e));
         unlink(tmp);
         return EXIT_RUNTIME;
     }
@@ -1796,13 +1883,20 @@ static int write_svg(FILE *f, const bench_state *st)
     return svg_plot_write(f, &p);
 }
 
+/* The CSV and the plot, each written (or not) on its own; EXIT_RUNTIME if either failed. */
 static int write_outputs(const bench_state *st)
 {
+    const out_file *files[2] = {&st->o->csv, &st->o->plot};
+    file_writer writers[2] = {write_csv, write_svg};
     int rc = 0;
-    if (st->o->csv_path && (rc = write_atomically(st->o->csv_path, write_csv, st)) == 0)
-        fprintf(stderr, "moex bench: wrote %s\n", st->o->csv_path);
-    if (!rc && st->o->plot_path && (rc = write_atomically(st->o->plot_path, write_svg, st)) == 0)
-        fprintf(stderr, "moex bench: wrote %s\n", st->o->plot_path);
+    for (int i = 0; i < 2; i++) {
+        if (!files[i]->path)
+            continue;
+        if (write_output(files[i], writers[i], st) == 0)
+            fprintf(stderr, "moex bench: wrote %s\n", files[i]->path);
+        else
+            rc = EXIT_RUNTIME;
+    }
     return rc;
 }
 

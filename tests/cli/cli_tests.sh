@@ -84,6 +84,22 @@ stdout_errors)
     grep -q '^{"new_ids":\[\[' out || { echo "FAIL: no JSON on stdout"; failed=1; }
     ;;
 
+bench_file_errors)
+    # --csv to a device that is full, --plot to a regular file over the size limit: both
+    # reported by flag and name, exit 1; the device stays a device, the old plot stays whole
+    # and no temp file is left. (As root a private node is made here, never /dev/full itself:
+    # a moex that renamed over its target would replace it.)
+    if [ "$(id -u)" = 0 ] && mknod full c 1 7 2>/dev/null; then dev=full; else dev=/dev/full; fi
+    echo old >plot.svg
+    (trap '' XFSZ; ulimit -f 2; exec "$moex" "${bench[@]}" --csv "$dev" --plot plot.svg) >out 2>err
+    rc=$?
+    check $rc 1 "--csv: cannot write \"$dev\": No space left on device"
+    check $rc 1 '--plot: cannot write "plot.svg": File too large'
+    [ -c "$dev" ] || { echo "FAIL: $dev is no longer a character device"; failed=1; }
+    [ "$(cat plot.svg)" = old ] || { echo "FAIL: plot.svg was changed"; failed=1; }
+    if ls ./*.tmp.* >/dev/null 2>&1; then echo "FAIL: a temp file was left:" ./*.tmp.*; failed=1; fi
+    ;;
+
 *)
     echo "unknown group \"$group\""
     exit 2
