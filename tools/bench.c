@@ -141,7 +141,8 @@ static void print_usage(FILE *f)
           "  --runs N          timed runs per case, at least 10 (default 10),\n"
           "                    after 2 warm-up runs; the median is reported\n"
           "  --csv FILE        also write the results as CSV (ceilings on line 1)\n"
-          "  --plot FILE.svg   also write an SVG plot of time against tokens\n"
+          "  --plot FILE.svg   also write an SVG plot of time against tokens (a file\n"
+          "                    other than the CSV's)\n"
           "  --seed S          seed of the weights and routings (default 1)\n"
           "  --cache MODE      flushed (default): the last-level cache (L2 on cuda) is\n"
           "                    flushed before every timed forward and every run has its\n"
@@ -467,7 +468,27 @@ static int resolve_output(out_file *f)
     return 0;
 }
 
-/* The output files, each resolved. Before anything is timed. */
+/* Whether the targets of a and b are one file: the same inode if both exist, else the same
+ * name in the same directory (by its real path). */
+static int same_file(const out_file *a, const out_file *b)
+{
+    struct stat sa, sb;
+    int ea = stat(a->target, &sa) == 0, eb = stat(b->target, &sb) == 0;
+    if (ea || eb)
+        return ea && eb && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char da[PATH_MAX], db[PATH_MAX], ra[PATH_MAX], rb[PATH_MAX];
+    dir_of(a->target, da, sizeof da);
+    dir_of(b->target, db, sizeof db);
+    const char *na = strrchr(a->target, '/'), *nb = strrchr(b->target, '/');
+    na = na ? na + 1 : a->target;
+    nb = nb ? nb + 1 : b->target;
+    if (strcmp(na, nb) != 0 || !realpath(da, ra) || !realpath(db, rb))
+        return 0;
+    return strcmp(ra, rb) == 0;
+}
+
+/* The output files: each resolved, not both one file, and neither the regular file that
+ * stdout writes to (the table would be lost under it). Before anything is timed. */
 static int check_outputs(bench_opts *o)
 {
     out_file *files[2] = {&o->csv, &o->plot};
@@ -477,8 +498,19 @@ static int check_outputs(bench_opts *o)
             rc = resolve_output(files[i]);
     if (rc)
         return rc;
-    if (o->csv.path && o->plot.path && strcmp(o->csv.path, o->plot.path) == 0)
-        return usage_error("--csv and --plot name the same file \"%s\"", o->csv.path);
+    if (o->csv.path && o->plot.path && same_file(&o->csv, &o->plot))
+        return usage_error("--csv \"%s\" and --plot \"%s\" name the same file", o->csv.path,
+                           o->plot.path);
+    struct stat out;
+    if (fstat(STDOUT_FILENO, &out) != 0 || !S_ISREG(out.st_mode))
+        return 0;
+    for (int i = 0; i < 2; i++) {
+        struct stat st;
+        if (files[i]->path && stat(files[i]->target, &st) == 0 && st.st_dev == out.st_dev &&
+            st.st_ino == out.st_ino)
+            return usage_error("%s \"%s\" is the file that stdout writes to", files[i]->opt,
+                               files[i]->path);
+    }
     return 0;
 }
 

@@ -100,6 +100,34 @@ bench_file_errors)
     if ls ./*.tmp.* >/dev/null 2>&1; then echo "FAIL: a temp file was left:" ./*.tmp.*; failed=1; fi
     ;;
 
+bench_same_file)
+    # --csv and --plot naming one file, by any spelling: refused before anything is timed
+    mkdir sub
+    same='--csv "[^"]*" and --plot "[^"]*" name the same file'
+    "$moex" "${bench[@]}" --csv x --plot ./x >out 2>err
+    check $? 2 "$same" 'measuring ceilings'
+    "$moex" "${bench[@]}" --csv x --plot sub/../x >out 2>err
+    check $? 2 "$same" 'measuring ceilings'
+    "$moex" "${bench[@]}" --csv "$work/x" --plot x >out 2>err
+    check $? 2 "$same" 'measuring ceilings'
+    [ ! -e x ] || { echo "FAIL: x was written"; failed=1; }
+    echo keep >y
+    ln y z
+    ln -s y link
+    ln -s sub subdir
+    echo keep >sub/w
+    "$moex" "${bench[@]}" --csv y --plot z >out 2>err
+    check $? 2 "$same" 'measuring ceilings'
+    "$moex" "${bench[@]}" --csv link --plot y >out 2>err
+    check $? 2 "$same" 'measuring ceilings'
+    "$moex" "${bench[@]}" --csv sub/w --plot subdir/w >out 2>err
+    check $? 2 "$same" 'measuring ceilings'
+    [ "$(cat y)" = keep ] && [ "$(cat sub/w)" = keep ] || { echo "FAIL: a file was overwritten"; failed=1; }
+    # the file that stdout writes to
+    "$moex" "${bench[@]}" --csv y >y 2>err
+    check $? 2 '--csv "y" is the file that stdout writes to' 'measuring ceilings'
+    ;;
+
 *)
     echo "unknown group \"$group\""
     exit 2
