@@ -182,19 +182,13 @@ static int usage_error(const char *fmt, ...)
 /* s must be all decimal digits; its value in [1, max]. */
 static int parse_positive(const char *opt, const char *s, int64_t max, int64_t *out)
 {
-    int64_t v = 0;
-    int ok = *s != '\0';
-    for (const char *p = s; ok && *p; p++) {
-        if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10)
-            ok = 0;
-        else
-            v = v * 10 + (*p - '0');
-    }
-    if (!ok || v < 1)
-        return usage_error("%s: \"%s\" is not a positive integer", opt, s);
-    if (v > max)
+    uint64_t v = 0;
+    cli_num r = cli_parse_u64(s, (uint64_t)max, &v);
+    if (r == CLI_NUM_RANGE)
         return usage_error("%s: \"%s\" is too large (at most %lld)", opt, s, (long long)max);
-    *out = v;
+    if (r != CLI_NUM_OK || v < 1)
+        return usage_error("%s: \"%s\" is not a positive integer", opt, s);
+    *out = (int64_t)v;
     return 0;
 }
 
@@ -405,15 +399,11 @@ static int parse_backend_max(const char *s, bench_opts *o)
 static int parse_seed(const char *s, bench_opts *o)
 {
     uint64_t v = 0;
-    int ok = *s != '\0';
-    for (const char *p = s; ok && *p; p++) {
-        unsigned d = (unsigned)(*p - '0');
-        if (*p < '0' || *p > '9' || v > (UINT64_MAX - d) / 10)
-            ok = 0;
-        else
-            v = v * 10 + d;
-    }
-    if (!ok)
+    cli_num r = cli_parse_u64(s, UINT64_MAX, &v);
+    if (r == CLI_NUM_RANGE)
+        return usage_error("--seed: \"%s\" is too large (at most %llu)", s,
+                           (unsigned long long)UINT64_MAX);
+    if (r != CLI_NUM_OK)
         return usage_error("--seed: \"%s\" is not an unsigned 64-bit integer", s);
     o->seed = v;
     return 0;

@@ -34,45 +34,73 @@ static int usage(const char *fmt, const char *a, const char *b) {
     return 2;
 }
 
-static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || end == s || v < lo) return usage("%s: \"%s\" is not a valid integer here", flag, s);
-    *out = v;
-    return 0;
+// A count or id: digits only, at most max.
+static int parse_u64(const char *flag, const char *s, uint64_t max, uint64_t *out) {
+    char most[32];
+    switch (cli_parse_u64(s, max, out)) {
+    case CLI_NUM_OK: return 0;
+    case CLI_NUM_RANGE:
+        snprintf(most, sizeof most, "%llu", (unsigned long long)max);
+        fprintf(stderr, "%s: %s: \"%s\" is too large (at most %s)\n", usage_cmd, flag, s, most);
+        return 2;
+    default: return usage("%s: \"%s\" is not a non-negative integer", flag, s);
+    }
 }
 
+static int parse_i64(const char *flag, const char *s, int64_t *out) {
+    uint64_t v;
+    int rc = parse_u64(flag, s, INT64_MAX, &v);
+    if (!rc) *out = (int64_t)v;
+    return rc;
+}
+
+// A finite float.
 static int parse_f(const char *flag, const char *s, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || *end || end == s) return usage("%s: \"%s\" is not a number", flag, s);
-    *out = v;
-    return 0;
+    switch (cli_parse_float(s, out)) {
+    case CLI_NUM_OK: return 0;
+    case CLI_NUM_RANGE: return usage("%s: \"%s\" is out of range", flag, s);
+    case CLI_NUM_NONFINITE: return usage("%s: \"%s\" is not a finite number", flag, s);
+    default: return usage("%s: \"%s\" is not a number", flag, s);
+    }
 }
 
-// "1,2,3" -> a new prompt
+// One item of --prompt-ids: a token id, digits only. 0 or an exit code.
+static int parse_id(const char *s, const char *p, size_t len, int32_t *out) {
+    char item[16];
+    uint64_t v;
+    if (len == 0) return usage("--prompt-ids: \"%s\" has an empty item%s", s, "");
+    if (len < sizeof item) {
+        memcpy(item, p, len);
+        item[len] = '\0';
+        if (cli_parse_u64(item, INT32_MAX, &v) == CLI_NUM_OK) {
+            *out = (int32_t)v;
+            return 0;
+        }
+    }
+    fprintf(stderr, "%s: --prompt-ids: \"%s\": \"%.*s\" is not a token id (0 to %d)\n", usage_cmd, s,
+            (int)(len > 40 ? 40 : len), p, INT32_MAX);
+    return 2;
+}
+
+// "1,2,3" -> a new prompt.
 static int parse_prompt(gen_args *a, const char *s) {
     if (a->n == MAX_PROMPTS) return usage("--prompt-ids: more than %s prompts%s", "64", "");
+    if (!*s) return usage("--prompt-ids: \"%s\" is empty%s", s, "");
     int32_t *ids = malloc(sizeof(int32_t) * MAX_PROMPT_LEN);
     if (!ids) return usage("out of memory%s%s", "", "");
     int64_t n = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && *end != ',') || n == MAX_PROMPT_LEN) {
-            free(ids);
-            return usage("--prompt-ids: \"%s\" is not a comma-separated list of token ids%s", s, "");
-        }
-        ids[n++] = (int32_t)v;
-        p = *end ? end + 1 : end;
+    int rc = 0;
+    for (const char *p = s; !rc;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (n == MAX_PROMPT_LEN) rc = usage("--prompt-ids: \"%.40s...\" has more than %s ids", s, "65536");
+        else rc = parse_id(s, p, len, &ids[n++]);
+        if (!comma) break;
+        p = comma + 1;
     }
-    if (n == 0) {
+    if (rc) {
         free(ids);
-        return usage("--prompt-ids: \"%s\" is empty%s", s, "");
+        return rc;
     }
     a->prompts[a->n] = ids;
     a->lens[a->n++] = n;
@@ -99,27 +127,31 @@ static int parse_gen_args(int argc, char **argv, gen_args *a) {
             a->dir = f, takes = 0;
         } else if (!v) return usage("%s needs a value%s", f, "");
         else if (!strcmp(f, "--prompt-ids")) rc = parse_prompt(a, v);
-        else if (!strcmp(f, "--max-new-tokens")) rc = parse_i64(f, v, 0, &a->gen.max_new_tokens);
+        else if (!strcmp(f, "--max-new-tokens")) rc = parse_i64(f, v, &a->gen.max_new_tokens);
         else if (!strcmp(f, "--warmup")) {
-            rc = parse_i64(f, v, 0, &a->warmup);
+            rc = parse_i64(f, v, &a->warmup);
             if (!rc && a->warmup > 100) rc = usage("--warmup: \"%s\" is more than 100%s", v, "");
         }
         else if (!strcmp(f, "--experts")) a->experts = v;
         else if (!strcmp(f, "--device")) a->device = v;
         else if (!strcmp(f, "--dtype")) a->dtype = v;
         else if (!strcmp(f, "--quantize")) a->quantize = v;
-        else if (!strcmp(f, "--temperature")) rc = parse_f(f, v, &a->gen.temperature);
-        else if (!strcmp(f, "--top-k")) rc = parse_i64(f, v, 0, &a->gen.top_k);
-        else if (!strcmp(f, "--top-p")) rc = parse_f(f, v, &a->gen.top_p);
-        else if (!strcmp(f, "--seed")) {
-            int64_t s;
-            rc = parse_i64(f, v, 0, &s);
-            a->gen.seed = (uint64_t)s;
+        else if (!strcmp(f, "--temperature")) {
+            rc = parse_f(f, v, &a->gen.temperature);
+            if (!rc && a->gen.temperature < 0) rc = usage("%s: \"%s\" is negative (0 = greedy)", f, v);
+        } else if (!strcmp(f, "--top-k")) rc = parse_i64(f, v, &a->gen.top_k);
+        else if (!strcmp(f, "--top-p")) {
+            rc = parse_f(f, v, &a->gen.top_p);
+            if (!rc && !(a->gen.top_p > 0 && a->gen.top_p <= 1)) rc = usage("%s: \"%s\" is not in (0, 1]", f, v);
+        } else if (!strcmp(f, "--seed")) {
+            uint64_t s;
+            rc = parse_u64(f, v, UINT64_MAX, &s);
+            if (!rc) a->gen.seed = s;
         } else if (!strcmp(f, "--threads")) {
             int64_t t;
-            rc = parse_i64(f, v, 0, &t);
+            rc = parse_i64(f, v, &t);
             if (!rc && t > 1024) rc = usage("--threads: \"%s\" is more than 1024%s", v, "");
-            a->threads = (int)t;
+            if (!rc) a->threads = (int)t;
         } else return usage("unknown option \"%s\"%s", f, "");
         if (rc) return rc;
         i += takes;

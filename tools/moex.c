@@ -5,9 +5,12 @@
 #include "cli.h"
 #include "model_cmds.h"
 #include "moex.h"
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -60,6 +63,35 @@ static void hold_standard_fds(void) {
         int got = open("/dev/null", O_RDONLY);
         if (got >= 0 && got != fd) close(got); /* not the lowest free fd: leave it */
     }
+}
+
+/* ------------------------------------------------------------------ numbers */
+
+cli_num cli_parse_u64(const char *s, uint64_t max, uint64_t *out) {
+    if (*s == '\0') return CLI_NUM_INVALID;
+    uint64_t v = 0;
+    int over = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9') return CLI_NUM_INVALID;
+        unsigned d = (unsigned)(*p - '0');
+        if (v > (UINT64_MAX - d) / 10) over = 1;
+        else v = v * 10 + d;
+    }
+    if (over || v > max) return CLI_NUM_RANGE;
+    *out = v;
+    return CLI_NUM_OK;
+}
+
+cli_num cli_parse_float(const char *s, float *out) {
+    if (*s == '\0' || isspace((unsigned char)*s)) return CLI_NUM_INVALID;
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (end == s || *end) return CLI_NUM_INVALID;
+    if (errno == ERANGE) return CLI_NUM_RANGE;
+    if (!isfinite(v)) return CLI_NUM_NONFINITE;
+    *out = v;
+    return CLI_NUM_OK;
 }
 
 /* ------------------------------------------------------------------ commands */

@@ -128,6 +128,71 @@ bench_same_file)
     check $? 2 '--csv "y" is the file that stdout writes to' 'measuring ceilings'
     ;;
 
+numbers_generate)
+    # integers: digits only; lists: no empty items; floats: out of range is not "not a number"
+    g=(generate "$fx" --max-new-tokens 2)
+    refused 2 'moex generate: --prompt-ids: "1,2," has an empty item' "${g[@]}" --prompt-ids 1,2,
+    refused 2 'moex generate: --prompt-ids: "1,,2" has an empty item' "${g[@]}" --prompt-ids 1,,2
+    refused 2 'moex generate: --prompt-ids: ",1" has an empty item' "${g[@]}" --prompt-ids ,1
+    refused 2 'moex generate: --prompt-ids: " 1": " 1" is not a token id' "${g[@]}" --prompt-ids " 1"
+    refused 2 'moex generate: --prompt-ids: "1, 2": " 2" is not a token id' "${g[@]}" --prompt-ids "1, 2"
+    refused 2 'moex generate: --prompt-ids: "\+1": "\+1" is not a token id' "${g[@]}" --prompt-ids +1
+    refused 2 'moex generate: --prompt-ids: "2147483648": "2147483648" is not a token id' "${g[@]}" --prompt-ids 2147483648
+    refused 2 'moex generate: --prompt-ids: "" is empty' "${g[@]}" --prompt-ids ""
+    p=(generate "$fx" --prompt-ids 1,2)
+    refused 2 'moex generate: --max-new-tokens: " 2" is not a non-negative integer' "${p[@]}" --max-new-tokens " 2"
+    refused 2 'moex generate: --max-new-tokens: "2 " is not a non-negative integer' "${p[@]}" --max-new-tokens "2 "
+    refused 2 'moex generate: --max-new-tokens: "\+2" is not a non-negative integer' "${p[@]}" --max-new-tokens +2
+    refused 2 'moex generate: --max-new-tokens: "-1" is not a non-negative integer' "${p[@]}" --max-new-tokens -1
+    refused 2 'moex generate: --max-new-tokens: "99999999999999999999" is too large' "${p[@]}" --max-new-tokens 99999999999999999999
+    refused 2 'moex generate: --warmup: " 1" is not a non-negative integer' "${p[@]}" --warmup " 1"
+    refused 2 'moex generate: --threads: "1," is not a non-negative integer' "${p[@]}" --threads 1,
+    refused 2 'moex generate: --top-k: " 3" is not a non-negative integer' "${p[@]}" --temperature 1 --top-k " 3"
+    refused 2 'moex generate: --seed: "-1" is not a non-negative integer' "${p[@]}" --temperature 1 --seed -1
+    refused 2 'moex generate: --seed: "18446744073709551616" is too large' "${p[@]}" --temperature 1 --seed 18446744073709551616
+    refused 2 'moex generate: --top-p: "1e39" is out of range' "${p[@]}" --temperature 1 --top-p 1e39
+    refused 2 'moex generate: --temperature: "1e39" is out of range' "${p[@]}" --temperature 1e39
+    refused 2 'moex generate: --temperature: "-1e39" is out of range' "${p[@]}" --temperature -1e39
+    refused 2 'moex generate: --temperature: "abc" is not a number' "${p[@]}" --temperature abc
+    refused 2 'moex generate: --temperature: "1x" is not a number' "${p[@]}" --temperature 1x
+    refused 2 'moex generate: --temperature: " 1" is not a number' "${p[@]}" --temperature " 1"
+    refused 2 'moex generate: --temperature: "" is not a number' "${p[@]}" --temperature ""
+    refused 2 'moex generate: --temperature: "nan" is not a finite number' "${p[@]}" --temperature nan
+    refused 2 'moex generate: --temperature: "inf" is not a finite number' "${p[@]}" --temperature inf
+    refused 2 'moex generate: --top-p: "inf" is not a finite number' "${p[@]}" --temperature 1 --top-p inf
+    refused 2 'moex generate: --top-p: "nan" is not a finite number' "${p[@]}" --temperature 1 --top-p nan
+    refused 2 'moex generate: --temperature: "-0.5" is negative' "${p[@]}" --temperature -0.5
+    refused 2 'moex generate: --top-p: "1.5" is not in \(0, 1\]' "${p[@]}" --temperature 1 --top-p 1.5
+    refused 2 'moex generate: --top-p: "0" is not in \(0, 1\]' "${p[@]}" --temperature 1 --top-p 0
+    # what is a number still is
+    accepted generate "$fx" --prompt-ids 0,1,2 --max-new-tokens 2 --warmup 0 --threads 1
+    accepted "${p[@]}" --max-new-tokens 2 --temperature 0.7 --top-k 3 --top-p 0.9 --seed 18446744073709551615
+    accepted "${p[@]}" --max-new-tokens 2 --temperature 1e-3 --top-p 1
+    ;;
+
+numbers_bench)
+    b=(bench --shape qwen3-30b-a3b)
+    refused 2 'moex bench: --tokens: "1,2," has an empty item' "${b[@]}" --tokens 1,2,
+    refused 2 'moex bench: --tokens: "1,,2" has an empty item' "${b[@]}" --tokens 1,,2
+    refused 2 'moex bench: --tokens: ",1" has an empty item' "${b[@]}" --tokens ,1
+    refused 2 'moex bench: --tokens: " 1" is not a positive integer' "${b[@]}" --tokens " 1"
+    refused 2 'moex bench: --tokens: "\+1" is not a positive integer' "${b[@]}" --tokens +1
+    refused 2 'moex bench: --tokens: "99999999999999999999" is too large \(at most 16777216\)' "${b[@]}" --tokens 99999999999999999999
+    t=("${b[@]}" --tokens 1)
+    refused 2 'moex bench: --max-experts: " 4" is not a positive integer' "${t[@]}" --max-experts " 4"
+    refused 2 'moex bench: --max-experts: "99999999999999999999" is too large' "${t[@]}" --max-experts 99999999999999999999
+    refused 2 'moex bench: --threads: "2," is not a positive integer' "${t[@]}" --threads 2,
+    refused 2 'moex bench: --threads: "99999999999999999999" is too large \(at most 4096\)' "${t[@]}" --threads 99999999999999999999
+    refused 2 'moex bench: --runs: " 10" is not a positive integer' "${t[@]}" --runs " 10"
+    refused 2 'moex bench: --runs: "99999999999999999999" is too large \(at most 100000\)' "${t[@]}" --runs 99999999999999999999
+    refused 2 'moex bench: --seed: " 1" is not an unsigned 64-bit integer' "${t[@]}" --seed " 1"
+    refused 2 'moex bench: --seed: "18446744073709551616" is too large' "${t[@]}" --seed 18446744073709551616
+    c=("${t[@]}" --device cuda)
+    refused 2 'moex bench: --backend-max-tokens: "eager=5," has an empty item' "${c[@]}" --backend-max-tokens eager=5,
+    refused 2 'moex bench: --backend-max-tokens: " 5" is not a positive integer' "${c[@]}" --backend-max-tokens "eager= 5"
+    refused 2 'moex bench: --backend-max-tokens: "99999999999999999999" is too large' "${c[@]}" --backend-max-tokens eager=99999999999999999999
+    ;;
+
 *)
     echo "unknown group \"$group\""
     exit 2
