@@ -601,17 +601,21 @@ static int parse_args(int argc, char **argv, bench_opts *o)
                                         "--csv",     "--plot",        "--seed",
                                         "--graph",   "--backend-max-tokens", "--reference",
                                         "--cache"};
+    enum { NUM_NAMES = sizeof names / sizeof names[0] };
+    int given[NUM_NAMES] = {0};
     const char *backends = DEFAULT_BACKENDS;
     default_options(o);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
             return PARSE_HELP;
         int matched = 0, rc = 0;
-        for (size_t k = 0; k < sizeof names / sizeof names[0] && !matched; k++) {
+        for (int k = 0; k < NUM_NAMES && !matched; k++) {
             const char *v;
             if (!match_option(argc, argv, &i, names[k], &v, &rc))
                 continue;
             matched = 1;
+            if (!rc && given[k]++)
+                rc = usage_error("%s is given more than once", names[k]);
             if (!rc)
                 rc = apply_option(names[k], v, o, &backends);
         }

@@ -107,57 +107,120 @@ static int parse_prompt(gen_args *a, const char *s) {
     return 0;
 }
 
-static int parse_gen_args(int argc, char **argv, gen_args *a) {
+enum { FOR_GENERATE = 1, FOR_INFO = 2 };
+
+/* Every option of generate and info: whether it takes a value, and which commands take it. */
+static const struct gen_option {
+    const char *name;
+    int value;
+    int commands;
+} GEN_OPTIONS[] = {
+    {"--prompt-ids", 1, FOR_GENERATE},  {"--max-new-tokens", 1, FOR_GENERATE},
+    {"--experts", 1, FOR_GENERATE | FOR_INFO}, {"--device", 1, FOR_GENERATE | FOR_INFO},
+    {"--dtype", 1, FOR_GENERATE},       {"--temperature", 1, FOR_GENERATE},
+    {"--top-k", 1, FOR_GENERATE},       {"--top-p", 1, FOR_GENERATE},
+    {"--seed", 1, FOR_GENERATE},        {"--threads", 1, FOR_GENERATE},
+    {"--ignore-eos", 0, FOR_GENERATE},  {"--no-decode-switch", 0, FOR_GENERATE},
+    {"--cuda-graph", 0, FOR_GENERATE},  {"--warmup", 1, FOR_GENERATE},
+    {"--json", 0, FOR_GENERATE},        {"--logits", 0, FOR_GENERATE},
+    {"--quantize", 1, FOR_GENERATE},    {"--dequantize", 0, FOR_GENERATE},
+};
+enum { NUM_GEN_OPTIONS = sizeof GEN_OPTIONS / sizeof GEN_OPTIONS[0] };
+
+// Apply option f (known, taken by this command) with value v (NULL for a switch).
+static int apply_gen_option(gen_args *a, const char *f, const char *v) {
+    if (!strcmp(f, "--json")) a->json = 1;
+    else if (!strcmp(f, "--logits")) a->gen.want_logits = 1;
+    else if (!strcmp(f, "--ignore-eos")) a->gen.ignore_eos = 1;
+    else if (!strcmp(f, "--no-decode-switch")) a->no_decode_switch = 1;
+    else if (!strcmp(f, "--cuda-graph")) a->gen.cuda_graph = 1;
+    else if (!strcmp(f, "--dequantize")) a->dequantize = 1;
+    else if (!strcmp(f, "--prompt-ids")) return parse_prompt(a, v);
+    else if (!strcmp(f, "--max-new-tokens")) return parse_i64(f, v, &a->gen.max_new_tokens);
+    else if (!strcmp(f, "--warmup")) {
+        int rc = parse_i64(f, v, &a->warmup);
+        if (!rc && a->warmup > 100) rc = usage("--warmup: \"%s\" is more than 100%s", v, "");
+        return rc;
+    } else if (!strcmp(f, "--experts")) a->experts = v;
+    else if (!strcmp(f, "--device")) a->device = v;
+    else if (!strcmp(f, "--dtype")) a->dtype = v;
+    else if (!strcmp(f, "--quantize")) a->quantize = v;
+    else if (!strcmp(f, "--temperature")) {
+        int rc = parse_f(f, v, &a->gen.temperature);
+        if (!rc && a->gen.temperature < 0) rc = usage("%s: \"%s\" is negative (0 = greedy)", f, v);
+        return rc;
+    } else if (!strcmp(f, "--top-k")) return parse_i64(f, v, &a->gen.top_k);
+    else if (!strcmp(f, "--top-p")) {
+        int rc = parse_f(f, v, &a->gen.top_p);
+        if (!rc && !(a->gen.top_p > 0 && a->gen.top_p <= 1)) rc = usage("%s: \"%s\" is not in (0, 1]", f, v);
+        return rc;
+    } else if (!strcmp(f, "--seed")) {
+        uint64_t s;
+        int rc = parse_u64(f, v, UINT64_MAX, &s);
+        if (!rc) a->gen.seed = s;
+        return rc;
+    } else if (!strcmp(f, "--threads")) {
+        int64_t t;
+        int rc = parse_i64(f, v, &t);
+        if (!rc && t > 1024) rc = usage("--threads: \"%s\" is more than 1024%s", v, "");
+        if (!rc) a->threads = (int)t;
+        return rc;
+    }
+    return 0;
+}
+
+// Options that this command takes but that would have no effect together: refused by name.
+static int check_gen_combination(const gen_args *a, const int *given) {
+    static const char *const sampling[] = {"--top-k", "--top-p", "--seed"};
+    int on_cpu = !strcmp(a->device, "cpu");
+    for (int k = 0; k < NUM_GEN_OPTIONS; k++) {
+        if (!given[k]) continue;
+        const char *f = GEN_OPTIONS[k].name;
+        for (size_t s = 0; s < sizeof sampling / sizeof sampling[0]; s++)
+            if (!strcmp(f, sampling[s]) && !(a->gen.temperature > 0))
+                return usage("%s has no effect without --temperature above 0 (greedy decoding)%s", f, "");
+        if (!strcmp(f, "--logits") && !a->json)
+            return usage("--logits needs --json (the text report has no logits)%s%s", "", "");
+        if (on_cpu && !strcmp(f, "--cuda-graph"))
+            return usage("--cuda-graph needs --device cuda%s%s", "", "");
+        if (on_cpu && !strcmp(f, "--no-decode-switch"))
+            return usage("--no-decode-switch applies to --device cuda only (the decode-step switch is CUDA's)%s%s", "",
+                         "");
+        if (!strcmp(f, "--dequantize") && a->quantize)
+            return usage("--dequantize and --quantize exclude each other%s%s", "", "");
+    }
+    return 0;
+}
+
+static int parse_gen_args(int argc, char **argv, gen_args *a, int command) {
     memset(a, 0, sizeof *a);
     a->gen = moex_generate_default_options();
     a->device = "cpu";
     a->dtype = "f32";
+    int given[NUM_GEN_OPTIONS] = {0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int takes = 1, rc = 0;
-        if (!strcmp(f, "--json")) a->json = 1, takes = 0;
-        else if (!strcmp(f, "--logits")) a->gen.want_logits = 1, takes = 0;
-        else if (!strcmp(f, "--ignore-eos")) a->gen.ignore_eos = 1, takes = 0;
-        else if (!strcmp(f, "--no-decode-switch")) a->no_decode_switch = 1, takes = 0;
-        else if (!strcmp(f, "--cuda-graph")) a->gen.cuda_graph = 1, takes = 0;
-        else if (!strcmp(f, "--dequantize")) a->dequantize = 1, takes = 0;
-        else if (f[0] != '-') {
+        if (f[0] != '-') {
             if (a->dir) return usage("unexpected argument \"%s\" (the model directory is \"%s\")", f, a->dir);
-            a->dir = f, takes = 0;
-        } else if (!v) return usage("%s needs a value%s", f, "");
-        else if (!strcmp(f, "--prompt-ids")) rc = parse_prompt(a, v);
-        else if (!strcmp(f, "--max-new-tokens")) rc = parse_i64(f, v, &a->gen.max_new_tokens);
-        else if (!strcmp(f, "--warmup")) {
-            rc = parse_i64(f, v, &a->warmup);
-            if (!rc && a->warmup > 100) rc = usage("--warmup: \"%s\" is more than 100%s", v, "");
+            a->dir = f;
+            continue;
         }
-        else if (!strcmp(f, "--experts")) a->experts = v;
-        else if (!strcmp(f, "--device")) a->device = v;
-        else if (!strcmp(f, "--dtype")) a->dtype = v;
-        else if (!strcmp(f, "--quantize")) a->quantize = v;
-        else if (!strcmp(f, "--temperature")) {
-            rc = parse_f(f, v, &a->gen.temperature);
-            if (!rc && a->gen.temperature < 0) rc = usage("%s: \"%s\" is negative (0 = greedy)", f, v);
-        } else if (!strcmp(f, "--top-k")) rc = parse_i64(f, v, &a->gen.top_k);
-        else if (!strcmp(f, "--top-p")) {
-            rc = parse_f(f, v, &a->gen.top_p);
-            if (!rc && !(a->gen.top_p > 0 && a->gen.top_p <= 1)) rc = usage("%s: \"%s\" is not in (0, 1]", f, v);
-        } else if (!strcmp(f, "--seed")) {
-            uint64_t s;
-            rc = parse_u64(f, v, UINT64_MAX, &s);
-            if (!rc) a->gen.seed = s;
-        } else if (!strcmp(f, "--threads")) {
-            int64_t t;
-            rc = parse_i64(f, v, &t);
-            if (!rc && t > 1024) rc = usage("--threads: \"%s\" is more than 1024%s", v, "");
-            if (!rc) a->threads = (int)t;
-        } else return usage("unknown option \"%s\"%s", f, "");
+        int k = 0;
+        while (k < NUM_GEN_OPTIONS && strcmp(f, GEN_OPTIONS[k].name)) k++;
+        if (k == NUM_GEN_OPTIONS) return usage("unknown option \"%s\"%s", f, "");
+        if (!(GEN_OPTIONS[k].commands & command))
+            return usage("option \"%s\" is not taken by this command%s", f, "");
+        if (given[k]++ && strcmp(f, "--prompt-ids")) return usage("%s is given more than once%s", f, "");
+        const char *v = NULL;
+        if (GEN_OPTIONS[k].value) {
+            if (i + 1 == argc || !strncmp(argv[i + 1], "--", 2)) return usage("%s needs a value%s", f, "");
+            v = argv[++i];
+        }
+        int rc = apply_gen_option(a, f, v);
         if (rc) return rc;
-        i += takes;
     }
     if (!a->dir) return usage("a model directory is required%s%s", "", "");
-    return 0;
+    return check_gen_combination(a, given);
 }
 
 static void free_gen_args(gen_args *a) {
@@ -270,7 +333,7 @@ static int print_report(const moex_model *m, const moex_generation *g) {
 int moex_cli_generate(int argc, char **argv) {
     usage_cmd = "moex generate";
     gen_args a;
-    int rc = parse_gen_args(argc, argv, &a);
+    int rc = parse_gen_args(argc, argv, &a, FOR_GENERATE);
     if (!rc && a.n == 0) rc = usage("at least one --prompt-ids is required%s%s", "", "");
     moex_model_options mo;
     if (!rc) rc = model_options(&a, &mo);
@@ -319,7 +382,7 @@ static void print_info(const moex_model *m, const moex_model_info *in, const gen
 int moex_cli_info(int argc, char **argv) {
     usage_cmd = "moex info";
     gen_args a;
-    int rc = parse_gen_args(argc, argv, &a);
+    int rc = parse_gen_args(argc, argv, &a, FOR_INFO);
     moex_model_options mo;
     if (!rc) rc = model_options(&a, &mo);
     moex_model *m = NULL;
@@ -336,6 +399,10 @@ int moex_cli_info(int argc, char **argv) {
 
 int moex_cli_demo(int argc, char **argv) {
     usage_cmd = "moex demo";
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] == '-') return usage("option \"%s\" is not taken by this command (it takes [MODEL_DIR])%s", argv[i], "");
+        if (i > 1) return usage("unexpected argument \"%s\" (the model directory is \"%s\")", argv[i], argv[1]);
+    }
     const char *dir = argc > 1 ? argv[1] : MOEX_DEMO_MODEL;
     static const int32_t p0[] = {3, 17, 42, 7, 99, 5}, p1[] = {11, 200, 64};
     const int32_t *prompts[2] = {p0, p1};

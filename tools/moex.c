@@ -19,10 +19,10 @@ static void usage(FILE *f) {
             "usage: moex COMMAND [options]\n"
             "commands:\n"
             "  generate   MODEL_DIR --prompt-ids 1,2,3 [--prompt-ids ...] --max-new-tokens N\n"
-            "             [--experts NAME|JSON] [--device cpu|cuda] [--dtype f32|bf16] [--temperature T]\n"
-            "             [--top-k K] [--top-p P] [--seed S] [--threads N] [--ignore-eos]\n"
-            "             [--no-decode-switch] [--cuda-graph] [--warmup N] [--json] [--logits] [--quantize fp8|fp8-ue8m0|fp4]\n"
-            "             [--dequantize]\n"
+            "             [--experts NAME|JSON] [--device cpu|cuda] [--dtype f32|bf16]\n"
+            "             [--temperature T [--top-k K] [--top-p P] [--seed S]] [--threads N] [--ignore-eos]\n"
+            "             [--warmup N] [--json [--logits]] [--quantize fp8|fp8-ue8m0|fp4 | --dequantize]\n"
+            "             [--no-decode-switch] [--cuda-graph] (these two with --device cuda)\n"
             "  info       MODEL_DIR [--experts NAME|JSON] [--device cpu|cuda]: the model and the backends that can run it\n"
             "  demo       [MODEL_DIR]: generate with the bundled tiny model through every backend available here\n"
             "  bench      time the experts backends on a named layer shape (moex bench --help)\n"
@@ -110,6 +110,14 @@ static int list_backends(void) {
     return 0;
 }
 
+/* A command without arguments: anything after it is refused. */
+static int no_arguments(int argc, char **argv) {
+    if (argc <= 2) return 0;
+    fprintf(stderr, "moex %s: %s \"%s\" is not taken by this command (it takes no arguments)\n", argv[1],
+            argv[2][0] == '-' ? "option" : "argument", argv[2]);
+    return 2;
+}
+
 static int run(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -120,12 +128,14 @@ static int run(int argc, char **argv) {
     if (strcmp(cmd, "generate") == 0) return moex_cli_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "info") == 0) return moex_cli_info(argc - 1, argv + 1);
     if (strcmp(cmd, "demo") == 0) return moex_cli_demo(argc - 1, argv + 1);
-    if (strcmp(cmd, "backends") == 0) return list_backends();
+    if (strcmp(cmd, "backends") == 0) return no_arguments(argc, argv) ? 2 : list_backends();
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        if (no_arguments(argc, argv)) return 2;
         printf("moex %s\n", moex_version());
         return 0;
     }
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        if (no_arguments(argc, argv)) return 2;
         usage(stdout);
         return 0;
     }

@@ -193,6 +193,48 @@ numbers_bench)
     refused 2 'moex bench: --backend-max-tokens: "99999999999999999999" is too large' "${c[@]}" --backend-max-tokens eager=99999999999999999999
     ;;
 
+foreign_flags)
+    # each command takes its own options only
+    for f in --prompt-ids --max-new-tokens --temperature --top-k --top-p --seed --threads --warmup \
+             --dtype --quantize; do
+        refused 2 "moex info: option \"$f\" is not taken by this command" info "$fx" "$f" 1
+    done
+    for f in --json --logits --ignore-eos --no-decode-switch --cuda-graph --dequantize; do
+        refused 2 "moex info: option \"$f\" is not taken by this command" info "$fx" "$f"
+    done
+    refused 2 'moex info: option "--prompt-ids" is not taken by this command' \
+        info "$fx" --prompt-ids 1 --max-new-tokens 5 --json --temperature 2
+    refused 2 'moex info: unknown option "--bogus"' info "$fx" --bogus
+    accepted info "$fx" --experts eager --device cpu
+    refused 2 'moex demo: option "--json" is not taken by this command' demo --json
+    refused 2 'moex demo: option "--json" is not taken by this command' demo "$fx" --json
+    refused 2 'moex demo: unexpected argument "extra"' demo "$fx" extra
+    refused 2 'moex backends: argument "extra" is not taken by this command' backends extra
+    refused 2 'moex backends: option "--json" is not taken by this command' backends --json
+    refused 2 'moex version: argument "extra" is not taken by this command' version extra
+    refused 2 'moex help: option "--all" is not taken by this command' help --all
+    accepted backends
+    accepted version
+    # an option given twice: the first would be ignored
+    g=(generate "$fx" --prompt-ids 1,2 --max-new-tokens 2)
+    refused 2 'moex generate: --max-new-tokens is given more than once' "${g[@]}" --max-new-tokens 3
+    refused 2 'moex generate: --json is given more than once' "${g[@]}" --json --json
+    refused 2 'moex info: --device is given more than once' info "$fx" --device cpu --device cpu
+    refused 2 'moex bench: --runs is given more than once' bench --shape qwen3-30b-a3b --tokens 1 --runs 10 --runs 20
+    refused 2 'moex bench: --csv is given more than once' bench --shape qwen3-30b-a3b --tokens 1 --csv a --csv b
+    accepted "${g[@]}" --prompt-ids 3,4
+    # options that would have no effect together
+    refused 2 'moex generate: --top-k has no effect without --temperature above 0' "${g[@]}" --top-k 5
+    refused 2 'moex generate: --top-p has no effect without --temperature above 0' "${g[@]}" --top-p 0.5
+    refused 2 'moex generate: --seed has no effect without --temperature above 0' "${g[@]}" --temperature 0 --seed 5
+    refused 2 'moex generate: --logits needs --json' "${g[@]}" --logits
+    refused 2 'moex generate: --cuda-graph needs --device cuda' "${g[@]}" --cuda-graph
+    refused 2 'moex generate: --no-decode-switch applies to --device cuda only' "${g[@]}" --no-decode-switch
+    refused 2 'moex generate: --dequantize and --quantize exclude each other' "${g[@]}" --quantize fp8 --dequantize
+    refused 2 'moex generate: --experts needs a value' "${g[@]}" --experts --json
+    accepted "${g[@]}" --json --logits
+    ;;
+
 *)
     echo "unknown group \"$group\""
     exit 2
