@@ -14,9 +14,10 @@
  * CUDA-event timing after an L2 flush, and each backend also captured in a CUDA graph and
  * replayed (rows graph=1).
  */
-#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* POSIX 2008 with realpath */
 
 #include "bench.h"
+#include "cli.h"
 
 #include <moex.h>
 
@@ -70,6 +71,15 @@ enum { NUM_SHAPES = sizeof SHAPES / sizeof SHAPES[0] };
 
 /* ------------------------------------------------------------------ options */
 
+/* A file that --csv or --plot asks for. */
+typedef struct out_file {
+    const char *opt;       /* "--csv" or "--plot" */
+    const char *path;      /* as given; NULL: not asked for */
+    char target[PATH_MAX]; /* the file written: path, or the regular file that a symlink path names */
+    int in_place;          /* 1: an existing file that is not a regular one (a device, a FIFO): written
+                              directly; 0: written to a temp file beside target, then renamed */
+} out_file;
+
 typedef struct bench_opts {
     const bench_shape *shape;
     int64_t tokens[MAX_TOKEN_COUNTS]; /* ascending, distinct */
@@ -85,8 +95,7 @@ typedef struct bench_opts {
     int64_t max_experts; /* 0: all */
     int threads;         /* 0: one per online core */
     int runs;
-    const char *csv_path;
-    const char *plot_path;
+    out_file csv, plot;
     uint64_t seed;
     int graph;                         /* GRAPH_DEFAULT, GRAPH_OFF, GRAPH_ON or GRAPH_BOTH */
     int reference;                     /* 1: eager runs as the err reference when not timed */
@@ -132,7 +141,8 @@ static void print_usage(FILE *f)
           "  --runs N          timed runs per case, at least 10 (default 10),\n"
           "                    after 2 warm-up runs; the median is reported\n"
           "  --csv FILE        also write the results as CSV (ceilings on line 1)\n"
-          "  --plot FILE.svg   also write an SVG plot of time against tokens\n"
+          "  --plot FILE.svg   also write an SVG plot of time against tokens (a file\n"
+          "                    other than the CSV's)\n"
           "  --seed S          seed of the weights and routings (default 1)\n"
           "  --cache MODE      flushed (default): the last-level cache (L2 on cuda) is\n"
           "                    flushed before every timed forward and every run has its\n"
@@ -172,19 +182,13 @@ static int usage_error(const char *fmt, ...)
 /* s must be all decimal digits; its value in [1, max]. */
 static int parse_positive(const char *opt, const char *s, int64_t max, int64_t *out)
 {
-    int64_t v = 0;
-    int ok = *s != '\0';
-    for (const char *p = s; ok && *p; p++) {
-        if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10)
-            ok = 0;
-        else
-            v = v * 10 + (*p - '0');
-    }
-    if (!ok || v < 1)
-        return usage_error("%s: \"%s\" is not a positive integer", opt, s);
-    if (v > max)
+    uint64_t v = 0;
+    cli_num r = cli_parse_u64(s, (uint64_t)max, &v);
+    if (r == CLI_NUM_RANGE)
         return usage_error("%s: \"%s\" is too large (at most %lld)", opt, s, (long long)max);
-    *out = v;
+    if (r != CLI_NUM_OK || v < 1)
+        return usage_error("%s: \"%s\" is not a positive integer", opt, s);
+    *out = (int64_t)v;
     return 0;
 }
 
@@ -395,38 +399,108 @@ static int parse_backend_max(const char *s, bench_opts *o)
 static int parse_seed(const char *s, bench_opts *o)
 {
     uint64_t v = 0;
-    int ok = *s != '\0';
-    for (const char *p = s; ok && *p; p++) {
-        unsigned d = (unsigned)(*p - '0');
-        if (*p < '0' || *p > '9' || v > (UINT64_MAX - d) / 10)
-            ok = 0;
-        else
-            v = v * 10 + d;
-    }
-    if (!ok)
+    cli_num r = cli_parse_u64(s, UINT64_MAX, &v);
+    if (r == CLI_NUM_RANGE)
+        return usage_error("--seed: \"%s\" is too large (at most %llu)", s,
+                           (unsigned long long)UINT64_MAX);
+    if (r != CLI_NUM_OK)
         return usage_error("--seed: \"%s\" is not an unsigned 64-bit integer", s);
     o->seed = v;
     return 0;
 }
 
-/* The directory that will hold `path` must exist and be writable; path is no directory. */
-static int check_output_path(const char *opt, const char *path)
+/* The directory part of path ("." for a bare name). */
+static void dir_of(const char *path, char *dir, size_t size)
 {
-    if (*path == '\0')
-        return usage_error("%s: \"%s\" is an empty file name", opt, path);
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        return usage_error("%s: \"%s\" is a directory", opt, path);
-    char dir[PATH_MAX];
     const char *slash = strrchr(path, '/');
     if (!slash)
-        snprintf(dir, sizeof dir, ".");
+        snprintf(dir, size, ".");
     else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
+        snprintf(dir, size, "/");
     else
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+        snprintf(dir, size, "%.*s", (int)(slash - path), path);
+}
+
+/*
+ * Decide where f->path will be written (f->target, f->in_place) and check that it can be:
+ * no directory; an existing device or FIFO writable in place; otherwise the directory
+ * that will hold the temp file writable. A symlink to a regular file is followed (the
+ * file it names is replaced, the link kept); a dangling one is replaced.
+ */
+static int resolve_output(out_file *f)
+{
+    const char *opt = f->opt, *path = f->path;
+    size_t len = strlen(path);
+    if (len == 0)
+        return usage_error("%s: \"%s\" is an empty file name", opt, path);
+    if (len >= sizeof f->target)
+        return usage_error("%s: \"%s\" is too long", opt, path);
+    struct stat st;
+    int exists = stat(path, &st) == 0;
+    if (exists && S_ISDIR(st.st_mode))
+        return usage_error("%s: \"%s\" is a directory", opt, path);
+    if (path[len - 1] == '/')
+        return usage_error("%s: \"%s\" names a directory, not a file", opt, path);
+    snprintf(f->target, sizeof f->target, "%s", path);
+    f->in_place = exists && !S_ISREG(st.st_mode);
+    if (f->in_place) {
+        if (access(path, W_OK) != 0)
+            return usage_error("%s: cannot write to \"%s\": %s", opt, path, strerror(errno));
+        return 0;
+    }
+    struct stat lst;
+    if (exists && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode) && !realpath(path, f->target))
+        return usage_error("%s: cannot resolve \"%s\": %s", opt, path, strerror(errno));
+    char dir[PATH_MAX];
+    dir_of(f->target, dir, sizeof dir);
     if (access(dir, W_OK | X_OK) != 0)
         return usage_error("%s: cannot write into the directory \"%s\"", opt, dir);
+    return 0;
+}
+
+/* Whether the targets of a and b are one file: the same inode if both exist, else the same
+ * name in the same directory (by its real path). */
+static int same_file(const out_file *a, const out_file *b)
+{
+    struct stat sa, sb;
+    int ea = stat(a->target, &sa) == 0, eb = stat(b->target, &sb) == 0;
+    if (ea || eb)
+        return ea && eb && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char da[PATH_MAX], db[PATH_MAX], ra[PATH_MAX], rb[PATH_MAX];
+    dir_of(a->target, da, sizeof da);
+    dir_of(b->target, db, sizeof db);
+    const char *na = strrchr(a->target, '/'), *nb = strrchr(b->target, '/');
+    na = na ? na + 1 : a->target;
+    nb = nb ? nb + 1 : b->target;
+    if (strcmp(na, nb) != 0 || !realpath(da, ra) || !realpath(db, rb))
+        return 0;
+    return strcmp(ra, rb) == 0;
+}
+
+/* The output files: each resolved, not both one file, and neither the regular file that
+ * stdout writes to (the table would be lost under it). Before anything is timed. */
+static int check_outputs(bench_opts *o)
+{
+    out_file *files[2] = {&o->csv, &o->plot};
+    int rc = 0;
+    for (int i = 0; i < 2 && !rc; i++)
+        if (files[i]->path)
+            rc = resolve_output(files[i]);
+    if (rc)
+        return rc;
+    if (o->csv.path && o->plot.path && same_file(&o->csv, &o->plot))
+        return usage_error("--csv \"%s\" and --plot \"%s\" name the same file", o->csv.path,
+                           o->plot.path);
+    struct stat out;
+    if (fstat(STDOUT_FILENO, &out) != 0 || !S_ISREG(out.st_mode))
+        return 0;
+    for (int i = 0; i < 2; i++) {
+        struct stat st;
+        if (files[i]->path && stat(files[i]->target, &st) == 0 && st.st_dev == out.st_dev &&
+            st.st_ino == out.st_ino)
+            return usage_error("%s \"%s\" is the file that stdout writes to", files[i]->opt,
+                               files[i]->path);
+    }
     return 0;
 }
 
@@ -458,6 +532,8 @@ static void default_options(bench_opts *o)
     o->seed = 1;
     o->graph = GRAPH_DEFAULT;
     o->reference = 1;
+    o->csv.opt = "--csv";
+    o->plot.opt = "--plot";
 }
 
 /* Apply one recognised option's value. */
@@ -490,12 +566,12 @@ static int apply_option(const char *name, const char *v, bench_opts *o, const ch
         return 0;
     }
     if (strcmp(name, "--csv") == 0) {
-        o->csv_path = v;
-        return check_output_path(name, v);
+        o->csv.path = v; /* checked after the loop, with --plot */
+        return 0;
     }
     if (strcmp(name, "--plot") == 0) {
-        o->plot_path = v;
-        return check_output_path(name, v);
+        o->plot.path = v;
+        return 0;
     }
     if (strcmp(name, "--max-experts") == 0) {
         rc = parse_positive(name, v, INT32_MAX, &n);
@@ -525,17 +601,21 @@ static int parse_args(int argc, char **argv, bench_opts *o)
                                         "--csv",     "--plot",        "--seed",
                                         "--graph",   "--backend-max-tokens", "--reference",
                                         "--cache"};
+    enum { NUM_NAMES = sizeof names / sizeof names[0] };
+    int given[NUM_NAMES] = {0};
     const char *backends = DEFAULT_BACKENDS;
     default_options(o);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
             return PARSE_HELP;
         int matched = 0, rc = 0;
-        for (size_t k = 0; k < sizeof names / sizeof names[0] && !matched; k++) {
+        for (int k = 0; k < NUM_NAMES && !matched; k++) {
             const char *v;
             if (!match_option(argc, argv, &i, names[k], &v, &rc))
                 continue;
             matched = 1;
+            if (!rc && given[k]++)
+                rc = usage_error("%s is given more than once", names[k]);
             if (!rc)
                 rc = apply_option(names[k], v, o, &backends);
         }
@@ -549,8 +629,9 @@ static int parse_args(int argc, char **argv, bench_opts *o)
                            "mixtral-8x7b, deepseek-v3 or gpt-oss-20b)");
     if (o->ntokens == 0)
         return usage_error("--tokens is required (e.g. --tokens 1,8,512)");
-    if (o->csv_path && o->plot_path && strcmp(o->csv_path, o->plot_path) == 0)
-        return usage_error("--csv and --plot name the same file \"%s\"", o->csv_path);
+    int rc = check_outputs(o);
+    if (rc)
+        return rc;
     if (o->device.kind == MOEX_DEVICE_CPU && (o->graph == GRAPH_ON || o->graph == GRAPH_BOTH))
         return usage_error("--graph %s: graph capture needs --device cuda",
                            o->graph == GRAPH_ON ? "on" : "both");
@@ -558,7 +639,7 @@ static int parse_args(int argc, char **argv, bench_opts *o)
         o->graph = o->device.kind == MOEX_DEVICE_CUDA ? GRAPH_BOTH : GRAPH_OFF;
     if (o->device.kind == MOEX_DEVICE_CPU && o->backend_max_arg)
         return usage_error("--backend-max-tokens applies to --device cuda only");
-    int rc = parse_backends(backends, o);
+    rc = parse_backends(backends, o);
     if (!rc && o->backend_max_arg)
         rc = parse_backend_max(o->backend_max_arg, o);
     return rc;
@@ -582,6 +663,12 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* EXIT_RUNTIME if a write to stdout has failed (main says so at exit): no use going on. */
+static int stdout_failed(void)
+{
+    return cli_stdout_flush() ? EXIT_RUNTIME : 0;
 }
 
 /* A failed moex call: print its message; the caller exits 1. */
@@ -1599,6 +1686,7 @@ static int run_tokens(bench_state *st, int ti)
     for (int b = 0; !rc && b < o->nbackends; b++) {
         finish_row(st, &w, b, &st->results[ti * o->nbackends + b]);
         print_row(st, o->tokens[ti], b, &st->results[ti * o->nbackends + b]);
+        rc = stdout_failed();
     }
     workload_free(&w);
     return rc;
@@ -1608,30 +1696,63 @@ static int run_tokens(bench_state *st, int ti)
 
 typedef int (*file_writer)(FILE *f, const bench_state *st);
 
-/* Write through a temp file next to path, then rename: a failure leaves nothing behind. */
-static int write_atomically(const char *path, file_writer writer, const bench_state *st)
+/* Run writer on f and close f: 0, or the errno of the first failure (EIO if none was set). */
+static int write_and_close(FILE *f, file_writer writer, const bench_state *st, int sync)
 {
+    int e = 0;
+    errno = 0;
+    if (writer(f, st) != 0 || ferror(f))
+        e = errno ? errno : EIO;
+    errno = 0;
+    if (!e && fflush(f) != 0)
+        e = errno ? errno : EIO;
+    if (!e && sync && fsync(fileno(f)) != 0)
+        e = errno;
+    errno = 0;
+    if (fclose(f) != 0 && !e)
+        e = errno ? errno : EIO;
+    return e;
+}
+
+/*
+ * Write out's file. A regular file (or a new one) goes through a temp file beside it, then a
+ * rename: a failure leaves the old file, if any, as it was and no temp file behind. A device
+ * or FIFO is written in place. Returns 0, or EXIT_RUNTIME after naming the file and the error.
+ */
+static int write_output(const out_file *out, file_writer writer, const bench_state *st)
+{
+    if (out->in_place) {
+        FILE *f = fopen(out->target, "w");
+        int e = f ? write_and_close(f, writer, st, 0) : errno;
+        if (e) {
+            fprintf(stderr, "moex bench: %s: cannot write \"%s\": %s\n", out->opt, out->path,
+                    strerror(e));
+            return EXIT_RUNTIME;
+        }
+        return 0;
+    }
     char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
-        fprintf(stderr, "moex bench: the path \"%s\" is too long\n", path);
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out->target, (long)getpid()) >= (int)sizeof tmp) {
+        fprintf(stderr, "moex bench: %s: the path \"%s\" is too long\n", out->opt, out->path);
         return EXIT_RUNTIME;
     }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!f) {
-        fprintf(stderr, "moex bench: cannot create \"%s\": %s\n", tmp, strerror(errno));
+        fprintf(stderr, "moex bench: %s: cannot create \"%s\": %s\n", out->opt, tmp,
+                strerror(errno));
         if (fd >= 0) {
             close(fd);
             unlink(tmp);
         }
         return EXIT_RUNTIME;
     }
-    int bad = writer(f, st) != 0 || fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0;
-    int saved = errno;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        fprintf(stderr, "moex bench: cannot write \"%s\": %s\n", path,
-                strerror(bad ? saved : errno));
+    int e = write_and_close(f, writer, st, 1);
+    if (!e && rename(tmp, out->target) != 0)
+        e = errno;
+    if (e) {
+        fprintf(stderr, "moex bench: %s: cannot write \"%s\": %s\n", out->opt, out->path,
+                strerror(e));
         unlink(tmp);
         return EXIT_RUNTIME;
     }
@@ -1788,13 +1909,20 @@ static int write_svg(FILE *f, const bench_state *st)
     return svg_plot_write(f, &p);
 }
 
+/* The CSV and the plot, each written (or not) on its own; EXIT_RUNTIME if either failed. */
 static int write_outputs(const bench_state *st)
 {
+    const out_file *files[2] = {&st->o->csv, &st->o->plot};
+    file_writer writers[2] = {write_csv, write_svg};
     int rc = 0;
-    if (st->o->csv_path && (rc = write_atomically(st->o->csv_path, write_csv, st)) == 0)
-        fprintf(stderr, "moex bench: wrote %s\n", st->o->csv_path);
-    if (!rc && st->o->plot_path && (rc = write_atomically(st->o->plot_path, write_svg, st)) == 0)
-        fprintf(stderr, "moex bench: wrote %s\n", st->o->plot_path);
+    for (int i = 0; i < 2; i++) {
+        if (!files[i]->path)
+            continue;
+        if (write_output(files[i], writers[i], st) == 0)
+            fprintf(stderr, "moex bench: wrote %s\n", files[i]->path);
+        else
+            rc = EXIT_RUNTIME;
+    }
     return rc;
 }
 
@@ -2379,6 +2507,7 @@ static int run_tokens_cuda(bench_state *st, int ti)
         }
         row->state = w.state[v];
         print_row(st, o->tokens[ti], v, row);
+        rc = stdout_failed();
     }
     workload_free(&w);
     return rc;
@@ -2392,9 +2521,8 @@ static int run_bench_cuda(bench_state *st)
     int rc;
     cpu_sample start = sample_cpu();
     print_banner_cuda(st);
-    fflush(stdout);
-    if ((rc = measure_ceilings_cuda(st)) || (rc = build_layer_cuda(st)) ||
-        (rc = build_contexts_cuda(st)))
+    if ((rc = stdout_failed()) || (rc = measure_ceilings_cuda(st)) || (rc = stdout_failed()) ||
+        (rc = build_layer_cuda(st)) || (rc = build_contexts_cuda(st)))
         return rc;
     if (alloc_bytes((void **)&st->results,
                     (double)o->ntokens * nvariants(st) * sizeof(case_result), "results"))
@@ -2407,7 +2535,7 @@ static int run_bench_cuda(bench_state *st)
     if (rc)
         return rc;
     report_machine_load(st, start);
-    return 0; /* the outputs are written once every --dtype pass has run */
+    return stdout_failed(); /* the outputs are written once every --dtype pass has run */
 }
 #endif /* MOEX_HAVE_CUDA */
 
@@ -2421,9 +2549,8 @@ static int run_bench(bench_state *st)
 #endif
     cpu_sample start = sample_cpu();
     print_banner(st);
-    fflush(stdout);
-    if ((rc = measure_ceilings(st)) || (rc = build_layer(st)) || (rc = build_context(st)) ||
-        (rc = alloc_flush(st)))
+    if ((rc = stdout_failed()) || (rc = measure_ceilings(st)) || (rc = stdout_failed()) ||
+        (rc = build_layer(st)) || (rc = build_context(st)) || (rc = alloc_flush(st)))
         return rc;
     if (alloc_bytes((void **)&st->results,
                     (double)o->ntokens * o->nbackends * sizeof(case_result), "results"))
@@ -2434,7 +2561,7 @@ static int run_bench(bench_state *st)
     if (rc)
         return rc;
     report_machine_load(st, start);
-    return 0;
+    return stdout_failed();
 }
 
 int moex_cli_bench(int argc, char **argv)

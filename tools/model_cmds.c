@@ -1,5 +1,6 @@
 /* model_cmds.c — `moex generate`, `moex info` and `moex demo`. */
 #include "model_cmds.h"
+#include "cli.h"
 #include "moex.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -24,105 +25,202 @@ typedef struct gen_args {
     int64_t warmup; /* untimed generations before the reported one */
 } gen_args;
 
+static const char *usage_cmd = "moex"; /* "moex generate", "moex info" or "moex demo" */
+
 static int usage(const char *fmt, const char *a, const char *b) {
-    fprintf(stderr, "moex: ");
+    fprintf(stderr, "%s: ", usage_cmd);
     fprintf(stderr, fmt, a, b);
     fprintf(stderr, "\n");
     return 2;
 }
 
-static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || end == s || v < lo) return usage("%s: \"%s\" is not a valid integer here", flag, s);
-    *out = v;
-    return 0;
+// A count or id: digits only, at most max.
+static int parse_u64(const char *flag, const char *s, uint64_t max, uint64_t *out) {
+    char most[32];
+    switch (cli_parse_u64(s, max, out)) {
+    case CLI_NUM_OK: return 0;
+    case CLI_NUM_RANGE:
+        snprintf(most, sizeof most, "%llu", (unsigned long long)max);
+        fprintf(stderr, "%s: %s: \"%s\" is too large (at most %s)\n", usage_cmd, flag, s, most);
+        return 2;
+    default: return usage("%s: \"%s\" is not a non-negative integer", flag, s);
+    }
 }
 
+static int parse_i64(const char *flag, const char *s, int64_t *out) {
+    uint64_t v;
+    int rc = parse_u64(flag, s, INT64_MAX, &v);
+    if (!rc) *out = (int64_t)v;
+    return rc;
+}
+
+// A finite float.
 static int parse_f(const char *flag, const char *s, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || *end || end == s) return usage("%s: \"%s\" is not a number", flag, s);
-    *out = v;
-    return 0;
+    switch (cli_parse_float(s, out)) {
+    case CLI_NUM_OK: return 0;
+    case CLI_NUM_RANGE: return usage("%s: \"%s\" is out of range", flag, s);
+    case CLI_NUM_NONFINITE: return usage("%s: \"%s\" is not a finite number", flag, s);
+    default: return usage("%s: \"%s\" is not a number", flag, s);
+    }
 }
 
-// "1,2,3" -> a new prompt
+// One item of --prompt-ids: a token id, digits only. 0 or an exit code.
+static int parse_id(const char *s, const char *p, size_t len, int32_t *out) {
+    char item[16];
+    uint64_t v;
+    if (len == 0) return usage("--prompt-ids: \"%s\" has an empty item%s", s, "");
+    if (len < sizeof item) {
+        memcpy(item, p, len);
+        item[len] = '\0';
+        if (cli_parse_u64(item, INT32_MAX, &v) == CLI_NUM_OK) {
+            *out = (int32_t)v;
+            return 0;
+        }
+    }
+    fprintf(stderr, "%s: --prompt-ids: \"%s\": \"%.*s\" is not a token id (0 to %d)\n", usage_cmd, s,
+            (int)(len > 40 ? 40 : len), p, INT32_MAX);
+    return 2;
+}
+
+// "1,2,3" -> a new prompt.
 static int parse_prompt(gen_args *a, const char *s) {
     if (a->n == MAX_PROMPTS) return usage("--prompt-ids: more than %s prompts%s", "64", "");
+    if (!*s) return usage("--prompt-ids: \"%s\" is empty%s", s, "");
     int32_t *ids = malloc(sizeof(int32_t) * MAX_PROMPT_LEN);
     if (!ids) return usage("out of memory%s%s", "", "");
     int64_t n = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && *end != ',') || n == MAX_PROMPT_LEN) {
-            free(ids);
-            return usage("--prompt-ids: \"%s\" is not a comma-separated list of token ids%s", s, "");
-        }
-        ids[n++] = (int32_t)v;
-        p = *end ? end + 1 : end;
+    int rc = 0;
+    for (const char *p = s; !rc;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (n == MAX_PROMPT_LEN) rc = usage("--prompt-ids: \"%.40s...\" has more than %s ids", s, "65536");
+        else rc = parse_id(s, p, len, &ids[n++]);
+        if (!comma) break;
+        p = comma + 1;
     }
-    if (n == 0) {
+    if (rc) {
         free(ids);
-        return usage("--prompt-ids: \"%s\" is empty%s", s, "");
+        return rc;
     }
     a->prompts[a->n] = ids;
     a->lens[a->n++] = n;
     return 0;
 }
 
-static int parse_gen_args(int argc, char **argv, gen_args *a) {
+enum { FOR_GENERATE = 1, FOR_INFO = 2 };
+
+/* Every option of generate and info: whether it takes a value, and which commands take it. */
+static const struct gen_option {
+    const char *name;
+    int value;
+    int commands;
+} GEN_OPTIONS[] = {
+    {"--prompt-ids", 1, FOR_GENERATE},  {"--max-new-tokens", 1, FOR_GENERATE},
+    {"--experts", 1, FOR_GENERATE | FOR_INFO}, {"--device", 1, FOR_GENERATE | FOR_INFO},
+    {"--dtype", 1, FOR_GENERATE},       {"--temperature", 1, FOR_GENERATE},
+    {"--top-k", 1, FOR_GENERATE},       {"--top-p", 1, FOR_GENERATE},
+    {"--seed", 1, FOR_GENERATE},        {"--threads", 1, FOR_GENERATE},
+    {"--ignore-eos", 0, FOR_GENERATE},  {"--no-decode-switch", 0, FOR_GENERATE},
+    {"--cuda-graph", 0, FOR_GENERATE},  {"--warmup", 1, FOR_GENERATE},
+    {"--json", 0, FOR_GENERATE},        {"--logits", 0, FOR_GENERATE},
+    {"--quantize", 1, FOR_GENERATE},    {"--dequantize", 0, FOR_GENERATE},
+};
+enum { NUM_GEN_OPTIONS = sizeof GEN_OPTIONS / sizeof GEN_OPTIONS[0] };
+
+// Apply option f (known, taken by this command) with value v (NULL for a switch).
+static int apply_gen_option(gen_args *a, const char *f, const char *v) {
+    if (!strcmp(f, "--json")) a->json = 1;
+    else if (!strcmp(f, "--logits")) a->gen.want_logits = 1;
+    else if (!strcmp(f, "--ignore-eos")) a->gen.ignore_eos = 1;
+    else if (!strcmp(f, "--no-decode-switch")) a->no_decode_switch = 1;
+    else if (!strcmp(f, "--cuda-graph")) a->gen.cuda_graph = 1;
+    else if (!strcmp(f, "--dequantize")) a->dequantize = 1;
+    else if (!strcmp(f, "--prompt-ids")) return parse_prompt(a, v);
+    else if (!strcmp(f, "--max-new-tokens")) return parse_i64(f, v, &a->gen.max_new_tokens);
+    else if (!strcmp(f, "--warmup")) {
+        int rc = parse_i64(f, v, &a->warmup);
+        if (!rc && a->warmup > 100) rc = usage("--warmup: \"%s\" is more than 100%s", v, "");
+        return rc;
+    } else if (!strcmp(f, "--experts")) a->experts = v;
+    else if (!strcmp(f, "--device")) a->device = v;
+    else if (!strcmp(f, "--dtype")) a->dtype = v;
+    else if (!strcmp(f, "--quantize")) a->quantize = v;
+    else if (!strcmp(f, "--temperature")) {
+        int rc = parse_f(f, v, &a->gen.temperature);
+        if (!rc && a->gen.temperature < 0) rc = usage("%s: \"%s\" is negative (0 = greedy)", f, v);
+        return rc;
+    } else if (!strcmp(f, "--top-k")) return parse_i64(f, v, &a->gen.top_k);
+    else if (!strcmp(f, "--top-p")) {
+        int rc = parse_f(f, v, &a->gen.top_p);
+        if (!rc && !(a->gen.top_p > 0 && a->gen.top_p <= 1)) rc = usage("%s: \"%s\" is not in (0, 1]", f, v);
+        return rc;
+    } else if (!strcmp(f, "--seed")) {
+        uint64_t s;
+        int rc = parse_u64(f, v, UINT64_MAX, &s);
+        if (!rc) a->gen.seed = s;
+        return rc;
+    } else if (!strcmp(f, "--threads")) {
+        int64_t t;
+        int rc = parse_i64(f, v, &t);
+        if (!rc && t > 1024) rc = usage("--threads: \"%s\" is more than 1024%s", v, "");
+        if (!rc) a->threads = (int)t;
+        return rc;
+    }
+    return 0;
+}
+
+// Options that this command takes but that would have no effect together: refused by name.
+static int check_gen_combination(const gen_args *a, const int *given) {
+    static const char *const sampling[] = {"--top-k", "--top-p", "--seed"};
+    int on_cpu = !strcmp(a->device, "cpu");
+    for (int k = 0; k < NUM_GEN_OPTIONS; k++) {
+        if (!given[k]) continue;
+        const char *f = GEN_OPTIONS[k].name;
+        for (size_t s = 0; s < sizeof sampling / sizeof sampling[0]; s++)
+            if (!strcmp(f, sampling[s]) && !(a->gen.temperature > 0))
+                return usage("%s has no effect without --temperature above 0 (greedy decoding)%s", f, "");
+        if (!strcmp(f, "--logits") && !a->json)
+            return usage("--logits needs --json (the text report has no logits)%s%s", "", "");
+        if (on_cpu && !strcmp(f, "--cuda-graph"))
+            return usage("--cuda-graph needs --device cuda%s%s", "", "");
+        if (on_cpu && !strcmp(f, "--no-decode-switch"))
+            return usage("--no-decode-switch applies to --device cuda only (the decode-step switch is CUDA's)%s%s", "",
+                         "");
+        if (!strcmp(f, "--dequantize") && a->quantize)
+            return usage("--dequantize and --quantize exclude each other%s%s", "", "");
+    }
+    return 0;
+}
+
+static int parse_gen_args(int argc, char **argv, gen_args *a, int command) {
     memset(a, 0, sizeof *a);
     a->gen = moex_generate_default_options();
     a->device = "cpu";
     a->dtype = "f32";
+    int given[NUM_GEN_OPTIONS] = {0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int takes = 1, rc = 0;
-        if (!strcmp(f, "--json")) a->json = 1, takes = 0;
-        else if (!strcmp(f, "--logits")) a->gen.want_logits = 1, takes = 0;
-        else if (!strcmp(f, "--ignore-eos")) a->gen.ignore_eos = 1, takes = 0;
-        else if (!strcmp(f, "--no-decode-switch")) a->no_decode_switch = 1, takes = 0;
-        else if (!strcmp(f, "--cuda-graph")) a->gen.cuda_graph = 1, takes = 0;
-        else if (!strcmp(f, "--dequantize")) a->dequantize = 1, takes = 0;
-        else if (f[0] != '-') {
+        if (f[0] != '-') {
             if (a->dir) return usage("unexpected argument \"%s\" (the model directory is \"%s\")", f, a->dir);
-            a->dir = f, takes = 0;
-        } else if (!v) return usage("%s needs a value%s", f, "");
-        else if (!strcmp(f, "--prompt-ids")) rc = parse_prompt(a, v);
-        else if (!strcmp(f, "--max-new-tokens")) rc = parse_i64(f, v, 0, &a->gen.max_new_tokens);
-        else if (!strcmp(f, "--warmup")) {
-            rc = parse_i64(f, v, 0, &a->warmup);
-            if (!rc && a->warmup > 100) rc = usage("--warmup: \"%s\" is more than 100%s", v, "");
+            a->dir = f;
+            continue;
         }
-        else if (!strcmp(f, "--experts")) a->experts = v;
-        else if (!strcmp(f, "--device")) a->device = v;
-        else if (!strcmp(f, "--dtype")) a->dtype = v;
-        else if (!strcmp(f, "--quantize")) a->quantize = v;
-        else if (!strcmp(f, "--temperature")) rc = parse_f(f, v, &a->gen.temperature);
-        else if (!strcmp(f, "--top-k")) rc = parse_i64(f, v, 0, &a->gen.top_k);
-        else if (!strcmp(f, "--top-p")) rc = parse_f(f, v, &a->gen.top_p);
-        else if (!strcmp(f, "--seed")) {
-            int64_t s;
-            rc = parse_i64(f, v, 0, &s);
-            a->gen.seed = (uint64_t)s;
-        } else if (!strcmp(f, "--threads")) {
-            int64_t t;
-            rc = parse_i64(f, v, 0, &t);
-            if (!rc && t > 1024) rc = usage("--threads: \"%s\" is more than 1024%s", v, "");
-            a->threads = (int)t;
-        } else return usage("unknown option \"%s\"%s", f, "");
+        int k = 0;
+        while (k < NUM_GEN_OPTIONS && strcmp(f, GEN_OPTIONS[k].name)) k++;
+        if (k == NUM_GEN_OPTIONS) return usage("unknown option \"%s\"%s", f, "");
+        if (!(GEN_OPTIONS[k].commands & command))
+            return usage("option \"%s\" is not taken by this command%s", f, "");
+        if (given[k]++ && strcmp(f, "--prompt-ids")) return usage("%s is given more than once%s", f, "");
+        const char *v = NULL;
+        if (GEN_OPTIONS[k].value) {
+            if (i + 1 == argc || !strncmp(argv[i + 1], "--", 2)) return usage("%s needs a value%s", f, "");
+            v = argv[++i];
+        }
+        int rc = apply_gen_option(a, f, v);
         if (rc) return rc;
-        i += takes;
     }
     if (!a->dir) return usage("a model directory is required%s%s", "", "");
-    return 0;
+    return check_gen_combination(a, given);
 }
 
 static void free_gen_args(gen_args *a) {
@@ -158,7 +256,7 @@ static int model_options(const gen_args *a, moex_model_options *mo) {
 }
 
 static int fail(const char *what) {
-    fprintf(stderr, "moex: %s: %s\n", what, moex_last_error());
+    fprintf(stderr, "%s: %s: %s\n", usage_cmd, what, moex_last_error());
     return 1;
 }
 
@@ -170,16 +268,23 @@ static void print_gpu_memory(const moex_model_info *in) {
            (double)(in->gpu_weight_bytes + in->gpu_kv_cache_bytes + in->gpu_workspace_bytes) / 1048576.0);
 }
 
-static void print_json(const moex_model *m, const moex_generation *g) {
+// The experts map in force; 0, or 1 after saying why.
+static int experts_map(const moex_model *m, char *map, size_t size) {
+    return moex_model_get_experts(m, map, size) == MOEX_OK ? 0 : fail("reading the experts map");
+}
+
+static int print_json(const moex_model *m, const moex_generation *g) {
+    char map[4096];
+    if (experts_map(m, map, sizeof map)) return 1;
     cJSON *root = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(root, "new_ids");
     for (int i = 0; i < g->n; i++) {
         cJSON *row = cJSON_CreateArray();
         for (int64_t j = 0; j < g->num_new[i]; j++) cJSON_AddItemToArray(row, cJSON_CreateNumber(g->new_ids[i][j]));
         cJSON_AddItemToArray(ids, row);
     }
-    char map[4096];
-    moex_model_get_experts(m, map, sizeof map);
-    cJSON_AddItemToObject(root, "experts_implementation", cJSON_Parse(map));
+    cJSON *parsed = cJSON_Parse(map);
+    int ok = parsed != NULL;
+    cJSON_AddItemToObject(root, "experts_implementation", parsed);
     if (g->last_prompt_logits) {
         cJSON *lg = cJSON_AddArrayToObject(root, "last_prompt_logits");
         for (int i = 0; i < g->n; i++) {
@@ -196,15 +301,20 @@ static void print_json(const moex_model *m, const moex_generation *g) {
         cJSON_AddNumberToObject(mem, "kv_cache", (double)in.gpu_kv_cache_bytes);
         cJSON_AddNumberToObject(mem, "workspace", (double)in.gpu_workspace_bytes);
     }
-    char *s = cJSON_PrintUnformatted(root);
+    char *s = ok ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (!s) {
+        fprintf(stderr, "%s: %s\n", usage_cmd, ok ? "out of memory for the JSON output" : "the experts map is not JSON");
+        return 1;
+    }
     printf("%s\n", s);
     free(s);
-    cJSON_Delete(root);
+    return 0;
 }
 
-static void print_report(const moex_model *m, const moex_generation *g) {
+static int print_report(const moex_model *m, const moex_generation *g) {
     char map[4096];
-    moex_model_get_experts(m, map, sizeof map);
+    if (experts_map(m, map, sizeof map)) return 1;
     printf("experts: %s\n", map);
     for (int i = 0; i < g->n; i++) {
         printf("prompt %d -> %lld new tokens:", i, (long long)g->num_new[i]);
@@ -217,11 +327,13 @@ static void print_report(const moex_model *m, const moex_generation *g) {
            g->prefill_seconds > 0 ? (double)g->prefill_tokens / g->prefill_seconds : 0.0);
     printf("decode:  %lld tokens in %.2f ms (%.1f tokens/s)\n", (long long)g->decode_tokens, 1e3 * g->decode_seconds,
            g->decode_seconds > 0 ? (double)g->decode_tokens / g->decode_seconds : 0.0);
+    return 0;
 }
 
 int moex_cli_generate(int argc, char **argv) {
+    usage_cmd = "moex generate";
     gen_args a;
-    int rc = parse_gen_args(argc, argv, &a);
+    int rc = parse_gen_args(argc, argv, &a, FOR_GENERATE);
     if (!rc && a.n == 0) rc = usage("at least one --prompt-ids is required%s%s", "", "");
     moex_model_options mo;
     if (!rc) rc = model_options(&a, &mo);
@@ -236,55 +348,61 @@ int moex_cli_generate(int argc, char **argv) {
         g = NULL;
     }
     if (!rc && moex_generate(m, a.n, (const int32_t *const *)a.prompts, a.lens, &a.gen, &g)) rc = fail("generating");
-    if (!rc) {
-        if (a.json) print_json(m, g);
-        else print_report(m, g);
-    }
+    if (!rc) rc = a.json ? print_json(m, g) : print_report(m, g);
     moex_generation_free(g);
     moex_model_free(m);
     free_gen_args(&a);
     return rc;
 }
 
+static void print_info(const moex_model *m, const moex_model_info *in, const gen_args *a, moex_device device,
+                       const char *map) {
+    printf("family:      %s\n", in->model_type);
+    printf("sub-configs:");
+    for (int i = 0; i < in->num_sub_configs; i++) printf(" %s", in->sub_configs[i]);
+    printf("%s\n", in->num_sub_configs ? "" : " (none)");
+    printf("layers:      %lld (%lld MoE)\n", (long long)in->num_layers, (long long)in->num_moe_layers);
+    printf("experts:     %lld, top-%lld, hidden %lld, intermediate %lld, %s, %s%s\n", (long long)in->num_experts,
+           (long long)in->top_k, (long long)in->hidden, (long long)in->moe_intermediate, moex_dtype_name(in->weight_dtype),
+           in->per_expert_layout ? "per-expert tensors" : "fused tensors", in->transposed ? " (transposed)" : "");
+    if (in->shared_intermediate) printf("shared expert intermediate: %lld\n", (long long)in->shared_intermediate);
+    if (device.kind == MOEX_DEVICE_CUDA) print_gpu_memory(in);
+    printf("experts map: %s\n", map);
+    printf("backends on %s:\n", a->device);
+    for (int i = 0; i < moex_backend_count(); i++) {
+        char why[512];
+        const char *name = moex_backend_name(i);
+        if (moex_backend_supports(name, moex_model_experts_layer(m, 0), device, why, sizeof why) == MOEX_OK)
+            printf("  %-18s yes\n", name);
+        else
+            printf("  %-18s no: %s\n", name, why);
+    }
+}
+
 int moex_cli_info(int argc, char **argv) {
+    usage_cmd = "moex info";
     gen_args a;
-    int rc = parse_gen_args(argc, argv, &a);
+    int rc = parse_gen_args(argc, argv, &a, FOR_INFO);
     moex_model_options mo;
     if (!rc) rc = model_options(&a, &mo);
     moex_model *m = NULL;
     if (!rc && moex_model_load(a.dir, &mo, &m)) rc = fail("loading the model");
-    if (!rc) {
-        moex_model_info in;
-        moex_model_get_info(m, &in);
-        printf("family:      %s\n", in.model_type);
-        printf("sub-configs:");
-        for (int i = 0; i < in.num_sub_configs; i++) printf(" %s", in.sub_configs[i]);
-        printf("%s\n", in.num_sub_configs ? "" : " (none)");
-        printf("layers:      %lld (%lld MoE)\n", (long long)in.num_layers, (long long)in.num_moe_layers);
-        printf("experts:     %lld, top-%lld, hidden %lld, intermediate %lld, %s, %s%s\n", (long long)in.num_experts,
-               (long long)in.top_k, (long long)in.hidden, (long long)in.moe_intermediate, moex_dtype_name(in.weight_dtype),
-               in.per_expert_layout ? "per-expert tensors" : "fused tensors", in.transposed ? " (transposed)" : "");
-        if (in.shared_intermediate) printf("shared expert intermediate: %lld\n", (long long)in.shared_intermediate);
-        if (mo.device.kind == MOEX_DEVICE_CUDA) print_gpu_memory(&in);
-        char map[4096];
-        moex_model_get_experts(m, map, sizeof map);
-        printf("experts map: %s\n", map);
-        printf("backends on %s:\n", a.device);
-        for (int i = 0; i < moex_backend_count(); i++) {
-            char why[512];
-            const char *name = moex_backend_name(i);
-            if (moex_backend_supports(name, moex_model_experts_layer(m, 0), mo.device, why, sizeof why) == MOEX_OK)
-                printf("  %-18s yes\n", name);
-            else
-                printf("  %-18s no: %s\n", name, why);
-        }
-    }
+    moex_model_info in;
+    char map[4096];
+    if (!rc && moex_model_get_info(m, &in) != MOEX_OK) rc = fail("reading the model's facts");
+    if (!rc) rc = experts_map(m, map, sizeof map);
+    if (!rc) print_info(m, &in, &a, mo.device, map);
     moex_model_free(m);
     free_gen_args(&a);
     return rc;
 }
 
 int moex_cli_demo(int argc, char **argv) {
+    usage_cmd = "moex demo";
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] == '-') return usage("option \"%s\" is not taken by this command (it takes [MODEL_DIR])%s", argv[i], "");
+        if (i > 1) return usage("unexpected argument \"%s\" (the model directory is \"%s\")", argv[i], argv[1]);
+    }
     const char *dir = argc > 1 ? argv[1] : MOEX_DEMO_MODEL;
     static const int32_t p0[] = {3, 17, 42, 7, 99, 5}, p1[] = {11, 200, 64};
     const int32_t *prompts[2] = {p0, p1};
@@ -294,17 +412,23 @@ int moex_cli_demo(int argc, char **argv) {
     mo.max_seq = 64;
     mo.max_tokens = 64;
     moex_model *m = NULL;
+    int rc = 0;
     if (moex_model_load(dir, &mo, &m)) return fail("loading the demo model");
     moex_model_info in;
-    moex_model_get_info(m, &in);
+    if (moex_model_get_info(m, &in) != MOEX_OK) {
+        rc = fail("reading the demo model's facts");
+        moex_model_free(m);
+        return rc;
+    }
     printf("demo model %s: %s, %lld layers, %lld experts (top-%lld), hidden %lld\n", dir, in.model_type,
            (long long)in.num_layers, (long long)in.num_experts, (long long)in.top_k, (long long)in.hidden);
+    if (cli_stdout_flush()) rc = 1; /* said at exit */
     moex_generate_options go = moex_generate_default_options();
     go.max_new_tokens = 24;
     go.ignore_eos = 1;
     moex_generation *first = NULL, *warm = NULL;
-    int rc = 0, agree = 1;
-    if (moex_generate(m, 2, prompts, lens, &go, &warm)) rc = fail("warm-up"); /* first touch of weights and caches */
+    int agree = 1;
+    if (!rc && moex_generate(m, 2, prompts, lens, &go, &warm)) rc = fail("warm-up"); /* first touch of weights and caches */
     moex_generation_free(warm);
     moex_device cpu = {MOEX_DEVICE_CPU, 0};
     for (int i = 0; i < moex_backend_count() && !rc; i++) {
@@ -312,6 +436,7 @@ int moex_cli_demo(int argc, char **argv) {
         char why[512];
         if (moex_backend_supports(name, moex_model_experts_layer(m, 0), cpu, why, sizeof why) != MOEX_OK) {
             printf("%-18s skipped: %s\n", name, why);
+            if (cli_stdout_flush()) rc = 1; /* said at exit */
             continue;
         }
         moex_generation *g = NULL;
@@ -330,6 +455,7 @@ int moex_cli_demo(int argc, char **argv) {
         printf(" ...%s\n", first ? (same ? "  (same as the first backend)" : "  (DIFFERENT)") : "");
         if (!first) first = g;
         else moex_generation_free(g);
+        if (cli_stdout_flush()) rc = 1; /* said at exit: no use running the other backends */
     }
     if (!rc) printf("%s\n", agree ? "all backends generated the same tokens" : "the backends DISAGREE");
     moex_generation_free(first);
