@@ -659,7 +659,8 @@ typedef struct moex_model_options {
     int64_t max_tokens;    /**< tokens in one forward step; longer prefills go in pieces (default 4096) */
     int decode_switch;     /**< 1 (default): on CUDA, grouped_mm entries run batched_mm in decode steps */
     int dequantize;        /**< 1: a pre-quantized checkpoint's experts become plain weights at load
-                                (f32 with f32 compute, bf16 with bf16 compute); default 0 */
+                                (f32 with f32 compute, bf16 with bf16 compute); default 0. A checkpoint
+                                without quantization_config refuses it (MOEX_ERR_INVALID_ARGUMENT). */
     const char *quantize;  /**< "fp8", "fp8-ue8m0" or "fp4": quantize the experts at load
                                 (moex_quantize's recipe); NULL (default) = as stored */
 } moex_model_options;

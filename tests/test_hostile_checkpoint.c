@@ -658,7 +658,8 @@ static void test_nan_logits(void **state) {
     end_problems();
 }
 
-/* max_tokens below max_batch: a decode step of max_batch sequences could not run. */
+/* max_tokens below max_batch: a decode step of max_batch sequences could not run; dequantize on
+ * a checkpoint that is not quantized. */
 static void test_max_tokens_below_batch(void **state) {
     (void)state;
     moex_model_options o = small_options();
@@ -666,6 +667,11 @@ static void test_max_tokens_below_batch(void **state) {
     o.max_tokens = 3;
     load_bad("max_tokens < max_batch", MOEX_FIXTURES "/qwen3_moe", &o, MOEX_ERR_INVALID_ARGUMENT, "max_tokens = 3",
              "max_batch = 4");
+    /* an option with nothing to act on is refused, not ignored */
+    o = small_options();
+    o.dequantize = 1;
+    load_bad("dequantize, not quantized", MOEX_FIXTURES "/qwen3_moe", &o, MOEX_ERR_INVALID_ARGUMENT, "dequantize",
+             "not quantized");
     end_problems();
 }
 

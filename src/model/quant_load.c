@@ -17,6 +17,9 @@ moex_status model_quant_setup(moex_model *m) {
         moex_status st = moex_quant_format_parse(m->opt.quantize, &f);
         if (st) return st;
     }
+    if (m->opt.dequantize && !c->has_quantization_config)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "dequantize = 1: the checkpoint is not quantized (its config.json "
+                         "has no quantization_config)");
     if (c->has_quantization_config) {
         if (strcmp(c->quant_method, "fp8"))
             return moex_fail(MOEX_ERR_UNSUPPORTED,
