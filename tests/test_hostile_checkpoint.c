@@ -642,6 +642,24 @@ static void test_json_out_of_memory(void **state) {
     end_problems();
 }
 
+/* An infinite temperature is refused before the prefill (the sampler refused it after). */
+static void test_infinite_temperature(void **state) {
+    (void)state;
+    static const int32_t prompt[] = {3, 17, 42};
+    const int32_t *p[1] = {prompt};
+    int64_t len[1] = {3};
+    moex_model_options o = small_options();
+    moex_model *m = NULL;
+    assert_int_equal(moex_model_load(MOEX_FIXTURES "/qwen3_moe", &o, &m), MOEX_OK);
+    moex_generate_options go = moex_generate_default_options();
+    go.temperature = INFINITY;
+    moex_generation *g = NULL;
+    assert_int_equal(moex_generate(m, 1, p, len, &go, &g), MOEX_ERR_INVALID_ARGUMENT);
+    assert_true(contains(moex_last_error(), "temperature = inf"));
+    assert_null(g);
+    moex_model_free(m);
+}
+
 static edit nan_final_norm(const char *n) { return strcmp(n, "model.norm.weight") ? KEEP : NANS; }
 
 /* NaN weights make NaN logits: greedy generation fails naming the NaN (it returned token 0). */
@@ -688,6 +706,7 @@ int main(void) {
         cmocka_unit_test(test_json_out_of_memory),
         cmocka_unit_test(test_max_tokens_below_batch),
         cmocka_unit_test(test_nan_logits),
+        cmocka_unit_test(test_infinite_temperature),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

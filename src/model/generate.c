@@ -3,6 +3,7 @@
  * checkpoint's end-of-sequence ids. Decode steps run under the decode-step
  * switch of the backend map (SPEC R3). */
 #include "model/model_internal.h"
+#include <math.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -127,8 +128,8 @@ static moex_status check_args(const moex_model *m, int n, const int32_t *const *
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "cuda_graph = %d: graph-captured decode needs a model loaded on cuda",
                          o->cuda_graph);
     if (o->max_new_tokens < 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "max_new_tokens = %lld is negative", (long long)o->max_new_tokens);
-    if (!(o->temperature >= 0) || !(o->top_p > 0 && o->top_p <= 1) || o->top_k < 0)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "temperature = %g, top_k = %lld, top_p = %g: need temperature >= 0, top_k >= 0, 0 < top_p <= 1",
+    if (!(o->temperature >= 0) || !isfinite(o->temperature) || !(o->top_p > 0 && o->top_p <= 1) || o->top_k < 0)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "temperature = %g, top_k = %lld, top_p = %g: need a finite temperature >= 0, top_k >= 0, 0 < top_p <= 1",
                          (double)o->temperature, (long long)o->top_k, (double)o->top_p);
     for (int i = 0; i < n; i++) {
         if (!prompts[i] || lens[i] < 1) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "prompt %d is empty", i);
