@@ -1,4 +1,4 @@
-/* file.c — reading a whole small file (configs, checkpoint indexes). */
+/* file.c — opening regular files only, and reading a whole small one (configs, checkpoint indexes). */
 #include "core/internal.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -7,24 +7,32 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-moex_status moex_read_file(const char *path, size_t limit, char **buf, size_t *len, int *missing) {
+moex_status moex_open_regular(const char *path, int *fd, struct stat *sb, int *missing) {
     if (missing) *missing = 0;
-    /* O_NONBLOCK: opening a FIFO must not wait for a writer; only regular files are read */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (reads of a regular file ignore it) */
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (f < 0) {
         if (missing) *missing = errno == ENOENT;
         return moex_fail(MOEX_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
+    if (fstat(f, sb) != 0) {
         int e = errno;
-        close(fd);
+        close(f);
         return moex_fail(MOEX_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
     }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
+    if (!S_ISREG(sb->st_mode)) {
+        close(f);
         return moex_fail(MOEX_ERR_IO, "%s: not a regular file", path);
     }
+    *fd = f;
+    return MOEX_OK;
+}
+
+moex_status moex_read_file(const char *path, size_t limit, char **buf, size_t *len, int *missing) {
+    int fd;
+    struct stat sb;
+    moex_status st0 = moex_open_regular(path, &fd, &sb, missing);
+    if (st0) return st0;
     FILE *fp = fdopen(fd, "rb");
     if (!fp) {
         int e = errno;

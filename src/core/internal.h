@@ -88,6 +88,13 @@ static inline int moex_mul_ok(int64_t a, int64_t b, int64_t *out) {
 
 /* ---- files ------------------------------------------------------------- */
 
+struct stat;
+
+/* Open path read-only into *fd (close-on-exec; a FIFO does not block the open) and fstat it
+ * into *sb. Anything but a regular file is MOEX_ERR_IO, naming the path; *missing (when not
+ * NULL) is 1 when it does not exist. */
+moex_status moex_open_regular(const char *path, int *fd, struct stat *sb, int *missing);
+
 /* Read the whole file at path (at most limit bytes) into a NUL-terminated malloc'd
  * buffer; *missing (when not NULL) tells a file that does not exist from other errors.
  * Anything but a regular file (a FIFO, a device, a directory) is MOEX_ERR_IO, without waiting on it. */

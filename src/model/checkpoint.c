@@ -55,18 +55,10 @@ static int is_file(const char *path) {
 /* Map path read-only into s->map / s->size, keeping its descriptor and its stat. Files
  * shorter than 8 bytes are rejected here (a zero-length file cannot be mapped). */
 static moex_status map_file(const char *path, shard *s) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO does not block the open */
-    if (fd < 0) return moex_fail(MOEX_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return moex_fail(MOEX_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return moex_fail(MOEX_ERR_IO, "%s: not a regular file", path);
-    }
+    moex_status st = moex_open_regular(path, &fd, &sb, NULL);
+    if (st) return st;
     if (sb.st_size < 8) {
         close(fd);
         return moex_fail(MOEX_ERR_FORMAT,
