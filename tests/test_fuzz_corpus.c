@@ -1,12 +1,16 @@
 /*
  * test_fuzz_corpus.c — replays every file of the committed fuzz corpus
- * (fuzz/corpus/safetensors and fuzz/corpus/config) through both fuzz
- * targets, i.e. through moex_safetensors_parse(), moex_config_parse() and
- * moex_config_apply_generation() with the targets' own invariant checks, so
- * that CI re-checks the corpus under the sanitizers without clang or libFuzzer.
+ * (fuzz/corpus/{safetensors,config,model,experts_map}) through the fuzz
+ * targets with their own invariant checks, so that CI re-checks the corpus
+ * under the sanitizers without clang or libFuzzer:
+ *   - fuzz_safetensors, fuzz_config and fuzz_experts_map (cheap) get every
+ *     file of every corpus;
+ *   - fuzz_model (a model load and a generation per file) gets its own
+ *     corpus only.
  *
  * The corpus is found next to this source file (../fuzz/corpus), or in
- * $MOEX_FUZZ_CORPUS.
+ * $MOEX_FUZZ_CORPUS; the model target's fixtures in $MOEX_FIXTURES or the
+ * compile-time MOEX_FIXTURES that every test program gets.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -25,12 +29,18 @@
 
 #include "testutil.h"
 
-/* The two fuzz targets, compiled in under distinct names. */
+/* The fuzz targets, compiled in under distinct names. */
 #define LLVMFuzzerTestOneInput fuzz_safetensors_one
 #include "../fuzz/fuzz_safetensors.c"
 #undef LLVMFuzzerTestOneInput
 #define LLVMFuzzerTestOneInput fuzz_config_one
 #include "../fuzz/fuzz_config.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_experts_map_one
+#include "../fuzz/fuzz_experts_map.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_model_one
+#include "../fuzz/fuzz_model.c"
 #undef LLVMFuzzerTestOneInput
 
 /* The corpus root: $MOEX_FUZZ_CORPUS, else <dir of this file>/../fuzz/corpus. */
@@ -67,8 +77,9 @@ static uint8_t *slurp(const char *path, size_t *len) {
     return buf ? buf : malloc(1);
 }
 
-/* Every regular file of root/sub through both targets; returns the count. */
-static int replay_dir(const char *root, const char *sub) {
+/* Every regular file of root/sub through the cheap targets, and through the
+ * model target when with_model; returns the count. */
+static int replay_dir(const char *root, const char *sub, int with_model) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", root, sub);
     DIR *d = opendir(dir);
@@ -89,6 +100,8 @@ static int replay_dir(const char *root, const char *sub) {
         }
         fuzz_safetensors_one(buf, len); /* aborts on a broken invariant */
         fuzz_config_one(buf, len);
+        fuzz_experts_map_one(buf, len);
+        if (with_model) fuzz_model_one(buf, len);
         free(buf);
         count++;
     }
@@ -96,15 +109,18 @@ static int replay_dir(const char *root, const char *sub) {
     return count;
 }
 
-/* The whole corpus, both directories, both targets. */
+/* The whole corpus: every directory, every target. */
 static void test_replay_corpus(void **state) {
     (void)state;
     char root[1024];
     corpus_root(root, sizeof root);
-    int a = replay_dir(root, "safetensors");
-    int b = replay_dir(root, "config");
-    print_message("replayed %d safetensors and %d config inputs from %s\n", a, b, root);
-    if (a < 5 || b < 5) PROBLEM("the corpus looks empty: %d and %d files", a, b);
+    int a = replay_dir(root, "safetensors", 0);
+    int b = replay_dir(root, "config", 0);
+    int c = replay_dir(root, "experts_map", 0);
+    int d = replay_dir(root, "model", 1);
+    print_message("replayed %d safetensors, %d config, %d experts_map and %d model inputs from %s\n", a, b, c, d, root);
+    if (a < 5 || b < 5 || c < 5 || d < 5) PROBLEM("the corpus looks empty: %d, %d, %d and %d files", a, b, c, d);
+    if (mdl_ready != 1) PROBLEM("the model target could not set up its fixtures (see above; set MOEX_FIXTURES)");
     end_problems();
 }
 
