@@ -17,8 +17,10 @@ moex_status moex_experts_map_init(moex_experts_map *m, const char *const *subcon
     v.n = 1 + n_subconfigs;
     for (int i = 0; i < v.n; i++) {
         const char *key = i ? subconfigs[i - 1] : "";
-        if (!key || strlen(key) >= MOEX_MAP_KEY_LEN)
-            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sub-config name %d is missing or too long", i - 1);
+        if (!key) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sub-config name %d is NULL", i - 1);
+        if (strlen(key) >= MOEX_MAP_KEY_LEN)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sub-config name \"%.60s...\" is longer than %d characters", key,
+                             MOEX_MAP_KEY_LEN - 1);
         snprintf(v.keys[i], MOEX_MAP_KEY_LEN, "%s", key);
         snprintf(v.names[i], MOEX_MAP_NAME_LEN, "grouped_mm");
     }

@@ -15,9 +15,11 @@
 #define MOEX_MODEL_EXPERTS_MAP_H
 
 #include "moex.h"
+#include "model/config.h"
 
-#define MOEX_MAP_MAX_ENTRIES 9 /* "" and up to 8 sub-configs */
-#define MOEX_MAP_KEY_LEN 48
+/* "" and every sub-config a config.json may list, names as long as it keeps them */
+#define MOEX_MAP_MAX_ENTRIES (1 + MOEX_CONFIG_MAX_SUB)
+#define MOEX_MAP_KEY_LEN MOEX_CONFIG_NAME_LEN
 #define MOEX_MAP_NAME_LEN 64
 
 typedef struct moex_experts_map {
