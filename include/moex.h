@@ -721,8 +721,8 @@ moex_status moex_model_get_experts(const moex_model *model, char *buf, size_t si
 /** Facts about a loaded model, for `moex info`. */
 typedef struct moex_model_info {
     char model_type[64];
-    int num_sub_configs;
-    char sub_configs[8][64];
+    int num_sub_configs;       /**< every top-level "*_config" object of config.json (at most 16) */
+    char sub_configs[16][64];
     int64_t num_layers, num_moe_layers;
     int64_t hidden, vocab, num_experts, top_k, moe_intermediate, shared_intermediate;
     moex_dtype weight_dtype;   /**< dtype of the experts' weights */

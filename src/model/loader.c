@@ -559,7 +559,9 @@ moex_status moex_model_get_info(const moex_model *m, moex_model_info *info) {
     memset(&v, 0, sizeof v);
     const moex_config *c = &m->cfg;
     snprintf(v.model_type, sizeof v.model_type, "%s", c->model_type);
-    v.num_sub_configs = c->n_sub_configs < 8 ? c->n_sub_configs : 8;
+    _Static_assert(sizeof v.sub_configs / sizeof v.sub_configs[0] == MOEX_CONFIG_MAX_SUB, "every sub-config fits");
+    _Static_assert(sizeof v.sub_configs[0] == MOEX_CONFIG_NAME_LEN, "every sub-config name fits");
+    v.num_sub_configs = c->n_sub_configs;
     for (int i = 0; i < v.num_sub_configs; i++) snprintf(v.sub_configs[i], sizeof v.sub_configs[i], "%s", c->sub_configs[i]);
     v.num_layers = c->num_hidden_layers;
     v.num_moe_layers = m->n_moe;
