@@ -1127,6 +1127,21 @@ static void test_bad_layer_sizes(void **state) {
     d.down.strides[0] = H * I; d.down.strides[1] = I; d.down.strides[2] = 1;
     expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "overflow", "large", "E*2I*H overflow");
 
+    /* 2I itself overflows int64 in a gated layer (it was computed before the guard) */
+    d = L.desc;
+    d.intermediate = ((int64_t)1 << 62) + 3;
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "intermediate = 4611686018427387907", NULL, "gated I = 2^62 + 3");
+    d.intermediate = INT64_MAX;
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "intermediate = 9223372036854775807", NULL, "gated I = INT64_MAX");
+    d.gated = 0;
+    d.num_experts = 2; /* ungated: I = INT64_MAX has no doubling, but E x I x H overflows */
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "intermediate = 9223372036854775807", NULL, "ungated I = INT64_MAX");
+    d = L.desc;
+    d.hidden = INT64_MAX;
+    d.num_experts = INT64_MAX;
+    d.top_k = 1;
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "hidden = 9223372036854775807", NULL, "E = H = INT64_MAX");
+
     expect_layer_fails(NULL, MOEX_ERR_INVALID_ARGUMENT, NULL, NULL, "NULL desc");
     assert_int_equal(moex_layer_create(&L.desc, NULL), MOEX_ERR_INVALID_ARGUMENT);
     ref_layer_destroy(&L);

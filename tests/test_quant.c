@@ -399,6 +399,64 @@ static void test_bad_quantized_layers(void **state) {
     end_problems();
 }
 
+/* FP8 blocks larger than any size, up to INT64_MAX: one scale per expert matrix, the same numbers as
+ * blocks that just cover the matrices. The grid sizes ceil(rows / block) must not overflow on the way. */
+static void test_fp8_huge_blocks(void **state) {
+    (void)state;
+    enum { E = 4, H = 48, I = 40, K = 2, T = 5 };
+    ref_layer_spec spec = {E, H, I, K, 1, 0, 0, 1, MOEX_ACT_SILU, 1.702f, 7.0f, MOEX_F32};
+    qlayer L;
+    qlayer_build(&L, &spec, MOEX_QUANT_FP8, 4096, 4096, 21); /* grids [E, 1, 1] */
+    assert_int_equal(L.desc.gate_up_scale.shape[1], 1);
+    assert_int_equal(L.desc.down_scale.shape[2], 1);
+    float x[T * H], out[T * H], w[T * K];
+    int32_t ids[T * K];
+    ref_rng r;
+    ref_rng_seed(&r, 8);
+    ref_fill_random(x, MOEX_F32, T * H, 1.0, &r);
+    ref_random_routing(&r, T, E, K, MOEX_I32, ids, MOEX_F32, w, 0.0);
+    int64_t xs[2] = {T, H}, is[2] = {T, K};
+    moex_tensor tx = ref_tensor(x, MOEX_F32, 2, xs), tout = ref_tensor(out, MOEX_F32, 2, xs);
+    moex_tensor tids = ref_tensor(ids, MOEX_I32, 2, is), tw = ref_tensor(w, MOEX_F32, 2, is);
+    double want[T * H];
+    ref_experts_forward(&L.desc, &tx, &tids, &tw, want); /* block 4096 covers every size: the same layer */
+    static const int64_t HUGE[][2] = {{INT64_MAX, INT64_MAX}, {INT64_MAX - 1, (int64_t)1 << 62}, {4096, INT64_MAX}};
+    moex_context_options o = moex_context_default_options();
+    o.max_tokens = T;
+    for (int h = 0; h < 3; h++) {
+        moex_experts_desc d = L.desc;
+        d.block_n = HUGE[h][0];
+        d.block_k = HUGE[h][1];
+        moex_layer *layer = NULL;
+        if (moex_layer_create(&d, &layer) != MOEX_OK) {
+            PROBLEM("block %lld x %lld: %s", (long long)d.block_n, (long long)d.block_k, moex_last_error());
+            continue;
+        }
+        moex_context *ctx;
+        assert_int_equal(moex_context_create(&o, &ctx), MOEX_OK);
+        for (int b = 0; b < N_BACKENDS; b++) {
+            memset(out, 0xFF, sizeof out);
+            moex_status st = moex_prepare(ctx, layer, CPU_BACKENDS[b]);
+            if (!st) st = moex_experts_forward(ctx, layer, CPU_BACKENDS[b], &tx, &tids, &tw, &tout);
+            if (st) {
+                PROBLEM("%s block %lld x %lld: %s", CPU_BACKENDS[b], (long long)d.block_n, (long long)d.block_k,
+                        moex_last_error());
+                continue;
+            }
+            double e = ref_nmse(out, MOEX_F32, T, H, H, want);
+            if (!(e <= NMSE_SAME_QUANT))
+                PROBLEM("%s block %lld x %lld: NMSE %.3g", CPU_BACKENDS[b], (long long)d.block_n, (long long)d.block_k, e);
+        }
+        moex_context_free(ctx);
+        moex_layer_free(layer);
+        /* a grid that does not fit the block is still refused, naming both shapes */
+        d.gate_up_scale.shape[1] = 2;
+        expect_layer_error(&d, "gate_up_scale has shape [4, 2, 1], expected [4, 1, 1]");
+    }
+    qlayer_destroy(&L);
+    end_problems();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_e4m3_all_codes),
@@ -409,6 +467,7 @@ int main(void) {
         cmocka_unit_test(test_fp4_layers),
         cmocka_unit_test(test_fp4_gptoss_block_layout),
         cmocka_unit_test(test_bad_quantized_layers),
+        cmocka_unit_test(test_fp8_huge_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

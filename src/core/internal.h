@@ -86,6 +86,16 @@ static inline int moex_mul_ok(int64_t a, int64_t b, int64_t *out) {
     return 1;
 }
 
+/* a + b into *out, 0 on int64 overflow or a negative term. */
+static inline int moex_add_ok(int64_t a, int64_t b, int64_t *out) {
+    if (a < 0 || b < 0 || a > INT64_MAX - b) return 0;
+    *out = a + b;
+    return 1;
+}
+
+/* ceil(a / b) for a >= 0 and b >= 1, without the overflow of (a + b - 1) / b when b is large. */
+static inline int64_t moex_ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
 /* ---- files ------------------------------------------------------------- */
 
 /* Read the whole file at path (at most limit bytes) into a NUL-terminated malloc'd

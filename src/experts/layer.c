@@ -56,9 +56,12 @@ static moex_status check_sizes(const moex_experts_desc *d) {
     if (d->top_k < 1 || d->top_k > d->num_experts)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "top_k = %lld is outside [1, num_experts = %lld]",
                          (long long)d->top_k, (long long)d->num_experts);
+    if (d->gated && d->intermediate > INT64_MAX / 2)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                         "intermediate = %lld: the 2 x intermediate gate and up rows of a gated layer overflow int64",
+                         (long long)d->intermediate);
     int64_t rows = d->gated ? 2 * d->intermediate : d->intermediate, n;
-    if (d->intermediate > INT64_MAX / 2 || !moex_mul_ok(d->num_experts, rows, &n) || !moex_mul_ok(n, d->hidden, &n) ||
-        !moex_mul_ok(n, 4, &n))
+    if (!moex_mul_ok(d->num_experts, rows, &n) || !moex_mul_ok(n, d->hidden, &n) || !moex_mul_ok(n, 4, &n))
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
                          "num_experts = %lld x intermediate = %lld x hidden = %lld overflows a 64-bit byte count",
                          (long long)d->num_experts, (long long)d->intermediate, (long long)d->hidden);
@@ -129,7 +132,7 @@ static moex_status check_scale_grid(const moex_experts_desc *d, const moex_tenso
     if (!moex_tensor_present(t))
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s is absent: %s weights need their block scales", what,
                          moex_dtype_name(d->gate_up.dtype));
-    int64_t shape[3] = {d->num_experts, (rows + d->block_n - 1) / d->block_n, (in + d->block_k - 1) / d->block_k};
+    int64_t shape[3] = {d->num_experts, moex_ceil_div(rows, d->block_n), moex_ceil_div(in, d->block_k)};
     moex_status st = moex_check_shape(t, what, 3, shape);
     if (!st) st = check_scale_dtype(t->dtype, what);
     if (!st) st = moex_check_contiguous(t, what);
