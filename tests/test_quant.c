@@ -160,6 +160,78 @@ static void test_quantize_recipe(void **state) {
     end_problems();
 }
 
+/* Blocks as large as INT64_MAX: one tile per matrix (or per row band), the same codes and scales as blocks
+ * that just cover it; the grid sizes must not overflow. FP4 still refuses any block but 1 x 32, by value. */
+static void test_quantize_huge_blocks(void **state) {
+    (void)state;
+    enum { E = 2, N = 7, K = 24 };
+    float w[E * N * K], back[E * N * K], back2[E * N * K], s_a[E * 3], s_b[E * 3];
+    uint8_t q_a[E * N * K], q_b[E * N * K];
+    ref_rng r;
+    ref_rng_seed(&r, 17);
+    ref_fill_random(w, MOEX_F32, E * N * K, 0.3, &r);
+    int64_t ws[3] = {E, N, K}, one[3] = {E, 1, 1}, three[3] = {E, 1, 3};
+    moex_tensor tw = ref_tensor(w, MOEX_F32, 3, ws), tqa = ref_tensor(q_a, MOEX_E4M3, 3, ws);
+    moex_tensor tqb = ref_tensor(q_b, MOEX_E4M3, 3, ws), tb = ref_tensor(back, MOEX_F32, 3, ws);
+    moex_tensor tb2 = ref_tensor(back2, MOEX_F32, 3, ws);
+    moex_tensor tsa = ref_tensor(s_a, MOEX_F32, 3, one), tsb = ref_tensor(s_b, MOEX_F32, 3, one);
+    static const int64_t HUGE[] = {INT64_MAX, INT64_MAX - 1, (int64_t)1 << 62, 1000};
+    for (int h = 0; h < 4; h++) {
+        const int64_t B = HUGE[h];
+        memset(q_a, 0, sizeof q_a);
+        memset(s_a, 0, sizeof s_a);
+        moex_status st = moex_quantize(&tw, MOEX_QUANT_FP8, B, B, &tqa, &tsa);
+        if (st) {
+            PROBLEM("quantize block %lld x %lld: %s", (long long)B, (long long)B, moex_last_error());
+            continue;
+        }
+        assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, N, K, &tqb, &tsb), MOEX_OK);
+        if (memcmp(q_a, q_b, sizeof q_a) || memcmp(s_a, s_b, sizeof(float) * E))
+            PROBLEM("block %lld: codes or scales differ from block %d x %d", (long long)B, N, K);
+        for (int e = 0; e < E; e++) { /* the recipe: scale_inv = 1 / (448 / amax) over the whole matrix */
+            float amax = 0;
+            for (int i = 0; i < N * K; i++) amax = fmaxf(amax, fabsf(w[e * N * K + i]));
+            if (s_a[e] != 1.0f / (448.0f / amax)) PROBLEM("block %lld: scale_inv[%d] = %g, want %g", (long long)B, e, s_a[e],
+                                                          1.0f / (448.0f / amax));
+        }
+        st = moex_dequantize(&tqa, &tsa, B, B, &tb);
+        if (st) {
+            PROBLEM("dequantize block %lld: %s", (long long)B, moex_last_error());
+            continue;
+        }
+        assert_int_equal(moex_dequantize(&tqb, &tsb, N, K, &tb2), MOEX_OK);
+        if (memcmp(back, back2, sizeof back)) PROBLEM("block %lld: dequantized values differ", (long long)B);
+        for (int i = 0; i < E * N * K; i++) { /* w = code * scale, exactly as the reference reads it */
+            double want = ref_e4m3_to_double(q_a[i]) * (double)s_a[i / (N * K)];
+            if ((double)back[i] != (double)(float)want) {
+                PROBLEM("block %lld: back[%d] = %g, want %g", (long long)B, i, back[i], want);
+                break;
+            }
+        }
+    }
+    /* a huge block_n with a small block_k: [E, 1, 3] */
+    float s3[E * 3];
+    moex_tensor ts3 = ref_tensor(s3, MOEX_F32, 3, three);
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, INT64_MAX, 8, &tqa, &ts3), MOEX_OK);
+    assert_int_equal(moex_dequantize(&tqa, &ts3, INT64_MAX, 8, &tb), MOEX_OK);
+    double err = 0, ref = 0;
+    for (int i = 0; i < E * N * K; i++) err += (back[i] - w[i]) * (double)(back[i] - w[i]), ref += w[i] * (double)w[i];
+    if (!(err / ref < 1e-3)) PROBLEM("block INT64_MAX x 8: round trip NMSE %g", err / ref);
+    /* FP4 refuses the block, naming it; nothing written */
+    uint8_t q4[E * N * K / 2], s4[E * N];
+    memset(q4, 0x5A, sizeof q4);
+    memset(s4, 0x5A, sizeof s4);
+    int64_t q4s[3] = {E, N, K / 2}, s4s[3] = {E, N, 1};
+    moex_tensor tq4 = ref_tensor(q4, MOEX_E2M1X2, 3, q4s), ts4 = ref_tensor(s4, MOEX_UE8M0, 3, s4s);
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP4, INT64_MAX, 32, &tq4, &ts4), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "9223372036854775807")) PROBLEM("fp4 message \"%s\" lacks the block", moex_last_error());
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP4, 1, INT64_MAX, &tq4, &ts4), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "9223372036854775807")) PROBLEM("fp4 message \"%s\" lacks the block", moex_last_error());
+    for (size_t i = 0; i < sizeof q4; i++) assert_int_equal(q4[i], 0x5A);
+    for (size_t i = 0; i < sizeof s4; i++) assert_int_equal(s4[i], 0x5A);
+    end_problems();
+}
+
 /* ---- layers --------------------------------------------------------------------------------- */
 
 typedef struct qlayer {
@@ -463,6 +535,7 @@ int main(void) {
         cmocka_unit_test(test_e2m1_all_codes),
         cmocka_unit_test(test_ue8m0_all_codes),
         cmocka_unit_test(test_quantize_recipe),
+        cmocka_unit_test(test_quantize_huge_blocks),
         cmocka_unit_test(test_fp8_layers),
         cmocka_unit_test(test_fp4_layers),
         cmocka_unit_test(test_fp4_gptoss_block_layout),
