@@ -402,6 +402,51 @@ static void test_convert_edges(void **state) {
     end_problems();
 }
 
+/* Source and destination at any byte offset (a 2-byte-aligned f32 buffer included): the same values as
+ * aligned buffers, computed by the reference codecs; not a byte written outside the destination. */
+static void test_convert_unaligned(void **state) {
+    (void)state;
+    enum { N = 37, PAD = 8 };
+    static const moex_dtype DT[3] = {MOEX_F32, MOEX_F16, MOEX_BF16};
+    _Alignas(16) unsigned char src_mem[N * 4 + 2 * PAD], dst_mem[N * 4 + 2 * PAD], want[N * 4], vals[N * 4];
+    ref_rng r;
+    ref_rng_seed(&r, 41);
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            const size_t sa = ref_dtype_size(DT[a]), sb = ref_dtype_size(DT[b]);
+            ref_fill_random(vals, DT[a], N, 100.0, &r);
+            for (int i = 0; i < N; i++) ref_store(want, DT[b], i, ref_load(vals, DT[a], i));
+            for (int so = 0; so < 4; so++)
+                for (int dof = 0; dof < 4; dof++) {
+                    memset(src_mem, 0x11, sizeof src_mem);
+                    memset(dst_mem, 0x77, sizeof dst_mem);
+                    memcpy(src_mem + PAD + so, vals, N * sa);
+                    moex_status st = moex_convert(src_mem + PAD + so, DT[a], dst_mem + PAD + dof, DT[b], N);
+                    if (st != MOEX_OK) {
+                        PROBLEM("%s at +%d -> %s at +%d: %s", moex_dtype_name(DT[a]), so, moex_dtype_name(DT[b]), dof,
+                                moex_last_error());
+                        continue;
+                    }
+                    if (memcmp(dst_mem + PAD + dof, want, N * sb))
+                        PROBLEM("%s at +%d -> %s at +%d: wrong values", moex_dtype_name(DT[a]), so, moex_dtype_name(DT[b]), dof);
+                    for (size_t i = 0; i < sizeof dst_mem; i++)
+                        if ((i < PAD + (size_t)dof || i >= PAD + dof + N * sb) && dst_mem[i] != 0x77) {
+                            PROBLEM("%s -> %s at +%d: byte %zu outside the destination written", moex_dtype_name(DT[a]),
+                                    moex_dtype_name(DT[b]), dof, i);
+                            break;
+                        }
+                }
+            /* in place at an address 2 mod 4 (src == dst) */
+            if (a == b) continue;
+            memset(dst_mem, 0x77, sizeof dst_mem);
+            memcpy(dst_mem + PAD + 2, vals, N * sa);
+            assert_int_equal(moex_convert(dst_mem + PAD + 2, DT[a], dst_mem + PAD + 2, DT[b], N), MOEX_OK);
+            if (memcmp(dst_mem + PAD + 2, want, N * sb))
+                PROBLEM("in place %s -> %s at +2: wrong values", moex_dtype_name(DT[a]), moex_dtype_name(DT[b]));
+        }
+    end_problems();
+}
+
 /* ------------------------------------------------------------------------ */
 /* tensor views                                                              */
 /* ------------------------------------------------------------------------ */
@@ -669,6 +714,7 @@ int main(void) {
         cmocka_unit_test(test_convert_f16_bf16),
         cmocka_unit_test(test_convert_random_bulk),
         cmocka_unit_test(test_convert_edges),
+        cmocka_unit_test(test_convert_unaligned),
         cmocka_unit_test(test_tensor_init),
         cmocka_unit_test(test_device_query_cpu),
         cmocka_unit_test(test_device_query_cuda),

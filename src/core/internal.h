@@ -37,21 +37,26 @@ static inline uint16_t moex_f32_to_bf16(float f) {
 float moex_f16_to_f32(uint16_t h);
 uint16_t moex_f32_to_f16(float f);
 
-/* Element i of a float-like array (f32/f16/bf16) as f32. */
+/* Element i of a float-like array (f32/f16/bf16) as f32. p need not be aligned: the
+ * element is read with memcpy (a plain load once compiled). */
 static inline float moex_load_f32(const void *p, moex_dtype dt, int64_t i) {
+    float f;
+    uint16_t h;
     switch (dt) {
-    case MOEX_F32: return ((const float *)p)[i];
-    case MOEX_BF16: return moex_bf16_to_f32(((const uint16_t *)p)[i]);
-    case MOEX_F16: return moex_f16_to_f32(((const uint16_t *)p)[i]);
+    case MOEX_F32: memcpy(&f, (const char *)p + i * 4, 4); return f;
+    case MOEX_BF16: memcpy(&h, (const char *)p + i * 2, 2); return moex_bf16_to_f32(h);
+    case MOEX_F16: memcpy(&h, (const char *)p + i * 2, 2); return moex_f16_to_f32(h);
     default: return 0.0f;
     }
 }
 
+/* Store v as element i of a float-like array; p need not be aligned. */
 static inline void moex_store_f32(void *p, moex_dtype dt, int64_t i, float v) {
+    uint16_t h;
     switch (dt) {
-    case MOEX_F32: ((float *)p)[i] = v; break;
-    case MOEX_BF16: ((uint16_t *)p)[i] = moex_f32_to_bf16(v); break;
-    case MOEX_F16: ((uint16_t *)p)[i] = moex_f32_to_f16(v); break;
+    case MOEX_F32: memcpy((char *)p + i * 4, &v, 4); break;
+    case MOEX_BF16: h = moex_f32_to_bf16(v); memcpy((char *)p + i * 2, &h, 2); break;
+    case MOEX_F16: h = moex_f32_to_f16(v); memcpy((char *)p + i * 2, &h, 2); break;
     default: break;
     }
 }
