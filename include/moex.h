@@ -585,7 +585,10 @@ moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backe
  * >= H. weights: f32, f16 or bf16. ids == -1 or == E contribute nothing (a
  * token whose ids are all sentinels gets zeros); any other id outside [0, E)
  * is an error. T == 0 is valid and writes nothing. T must not exceed the
- * context's max_tokens. Every check happens before anything is written.
+ * context's max_tokens. out must not share a byte with hidden, ids or
+ * weights (MOEX_ERR_INVALID_ARGUMENT naming both; rows of one view in the
+ * gaps between the rows of another are fine, e.g. hidden and out side by
+ * side in one [T, 2H] buffer). Every check happens before anything is written.
  * Never allocates. The result does not depend on the thread count.
  *
  * On a CUDA context every tensor must be in that GPU's memory (set the

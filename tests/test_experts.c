@@ -1065,6 +1065,91 @@ static void test_prepare_is_per_context(void **state) {
     end_problems();
 }
 
+/* out sharing memory with hidden, ids or weights is refused before anything is written, naming
+ * both tensors, by every backend the registry lists that runs the layer on the CPU. Rows of one view
+ * in the gaps between rows of another share no byte and are accepted (and computed right). */
+static void test_forward_aliasing(void **state) {
+    (void)state;
+    xcase c = xcase_make(6, 8, 2, 16, 8, MOEX_F32, 123);
+    xrun r;
+    xrun_setup(&r, &c);
+    const int64_t T = c.T, H = c.H, k = c.k, OS = 2 * H; /* out rows 2H apart: a gap of H after each */
+    moex_context *ctx = make_ctx(2, T);
+    moex_layer *layer = make_layer(&r.L.desc, &c);
+    const size_t arena_bytes = (size_t)(T * OS + 64) * 4;
+    float *arena = aligned_alloc(64, arena_bytes);
+    unsigned char *copy = malloc(arena_bytes);
+    assert_non_null(arena);
+    const moex_device cpu = {MOEX_DEVICE_CPU, 0};
+    int tried = 0;
+    for (int i = 0; i < moex_backend_count(); i++) {
+        const char *be = moex_backend_name(i);
+        if (moex_backend_supports(be, layer, cpu, NULL, 0) != MOEX_OK) continue;
+        prepare_or_fail(ctx, layer, be, &c);
+        tried++;
+        /* where hidden, ids and weights start (in floats from the arena; -1: their own buffers) and
+         * hidden's row stride; out is always at 0 with row stride 2H */
+        static const struct { const char *what, *input; int64_t hidden_at, hidden_stride, ids_at, w_at; } CASES[] = {
+            {"ids inside out's row 2", "ids [6, 2]", -1, 0, 2 * 32 + 4, -1},
+            {"weights inside out's row 0", "weights [6, 2]", -1, 0, -1, 3},
+            {"ids' first element on out's last", "ids [6, 2]", -1, 0, 5 * 32 + 15, -1},
+            {"hidden half a row into out", "hidden [6, 16]", 8, 32, -1, -1},
+            {"hidden is out", "hidden [6, 16]", 0, 32, -1, -1},
+            {"hidden contiguous over out's rows", "hidden [6, 16]", 32, 16, -1, -1},
+            {NULL, NULL, 16, 32, -1, -1},       /* hidden in out's gaps: fine */
+            {NULL, NULL, -1, 0, 16, 32 + 16},   /* ids in row 0's gap, weights in row 1's: fine */
+            {NULL, NULL, -1, 0, 5 * 32 + 16, 5 * 32 + 28}, /* right after out's last element: fine */
+        };
+        for (size_t n = 0; n < sizeof CASES / sizeof CASES[0]; n++) {
+            memset(arena, 0xA5, arena_bytes);
+            moex_tensor out = ref_tensor_2d(arena, MOEX_F32, T, H, OS), h = r.th, ids = r.tids, w = r.tw;
+            if (CASES[n].ids_at >= 0) { /* the inputs' bytes first, then out's rows over them where they overlap */
+                memcpy(arena + CASES[n].ids_at, r.ids, (size_t)(T * k) * 4);
+                ids = ref_tensor_2d(arena + CASES[n].ids_at, MOEX_I32, T, k, k);
+            }
+            if (CASES[n].w_at >= 0) {
+                memcpy(arena + CASES[n].w_at, r.weights, (size_t)(T * k) * 4);
+                w = ref_tensor_2d(arena + CASES[n].w_at, MOEX_F32, T, k, k);
+            }
+            if (CASES[n].hidden_at >= 0) {
+                for (int64_t t = 0; t < T; t++)
+                    memcpy(arena + CASES[n].hidden_at + t * CASES[n].hidden_stride, (float *)r.hidden + t * H,
+                           (size_t)H * 4);
+                h = ref_tensor_2d(arena + CASES[n].hidden_at, MOEX_F32, T, H, CASES[n].hidden_stride);
+            }
+            memcpy(copy, arena, arena_bytes);
+            moex_status st = moex_experts_forward(ctx, layer, be, &h, &ids, &w, &out);
+            const char *msg = moex_last_error();
+            if (CASES[n].what) {
+                if (st != MOEX_ERR_INVALID_ARGUMENT)
+                    PROBLEM("%s [%s]: %s, want invalid argument", CASES[n].what, be, moex_status_str(st));
+                else if (!contains(msg, "out [6, 16]") || !contains(msg, CASES[n].input))
+                    PROBLEM("%s [%s]: message \"%s\" does not name out and %s", CASES[n].what, be, msg, CASES[n].input);
+                if (memcmp(arena, copy, arena_bytes)) PROBLEM("%s [%s]: memory written on failure", CASES[n].what, be);
+                continue;
+            }
+            if (st != MOEX_OK) {
+                PROBLEM("case %zu [%s]: %s: %s", n, be, moex_status_str(st), msg);
+                continue;
+            }
+            double e = ref_nmse(arena, MOEX_F32, T, H, OS, r.ref);
+            if (!(e <= nmse_bound(MOEX_F32))) PROBLEM("case %zu [%s]: NMSE %.3g", n, be, e);
+            for (int64_t t = 0; t < T; t++) /* the gaps of out keep what was there: hidden, ids, weights */
+                if (memcmp(arena + t * OS + H, copy + (size_t)(t * OS + H) * 4, (size_t)H * 4))
+                    PROBLEM("case %zu [%s]: the gap after out's row %lld was written", n, be, (long long)t);
+            if (memcmp(arena + T * OS, copy + (size_t)(T * OS) * 4, 64 * 4))
+                PROBLEM("case %zu [%s]: the bytes after out were written", n, be);
+        }
+    }
+    if (tried < 3) PROBLEM("only %d backends run this layer on the CPU, want at least 3", tried);
+    free(arena);
+    free(copy);
+    moex_layer_free(layer);
+    moex_context_free(ctx);
+    xrun_teardown(&r);
+    end_problems();
+}
+
 /* ------------------------------------------------------------------------ */
 /* bad layer descriptions                                                    */
 /* ------------------------------------------------------------------------ */
@@ -1269,6 +1354,7 @@ int main(void) {
         cmocka_unit_test(test_bad_forward_ids),
         cmocka_unit_test(test_bad_forward_backend_and_context),
         cmocka_unit_test(test_prepare_is_per_context),
+        cmocka_unit_test(test_forward_aliasing),
         cmocka_unit_test(test_bad_layer_sizes),
         cmocka_unit_test(test_bad_layer_tensors),
         cmocka_unit_test(test_bad_layer_activation),

@@ -80,6 +80,11 @@ moex_status moex_check_shape(const moex_tensor *t, const char *what, int ndim,
 moex_status moex_check_contiguous(const moex_tensor *t, const char *what);
 /* Check a 2-D matrix view: inner stride 1, row stride >= cols (rows > 1). */
 moex_status moex_check_rows(const moex_tensor *t, const char *what);
+/* Fail (MOEX_ERR_INVALID_ARGUMENT, naming both) if views a and b share a byte. Both must have
+ * passed moex_check_shape. Exact for 2-D views with inner stride 1 (rows, possibly with gaps
+ * between them: rows of one view may sit in the gaps of the other); any other view counts as
+ * the whole range from its first to its last byte. Views without elements share nothing. */
+moex_status moex_check_disjoint(const moex_tensor *a, const char *a_name, const moex_tensor *b, const char *b_name);
 /* Format a shape as "[2, 3, 4]" into buf. */
 const char *moex_shape_str(const moex_tensor *t, char *buf, size_t n);
 

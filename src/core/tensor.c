@@ -109,3 +109,79 @@ moex_status moex_check_rows(const moex_tensor *t, const char *what) {
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: row stride = %lld overflows", what, (long long)t->strides[0]);
     return MOEX_OK;
 }
+
+/* The bytes a view covers: `rows` runs of `len` bytes, `stride` bytes apart, from `base`
+ * (stride >= len when rows > 1). */
+typedef struct span {
+    uintptr_t base;
+    uint64_t rows, stride, len;
+} span;
+
+/* t -> its span: 1; 0 when it has no elements; -1 when its bytes do not fit in the address space. */
+static int tensor_span(const moex_tensor *t, span *s) {
+    const int64_t esz = (int64_t)moex_dtype_size(t->dtype);
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] == 0) return 0;
+    int64_t rows = 1, len, stride, extent, below = 0; /* below: bytes before data (negative strides) */
+    if (t->ndim == 2 && (t->shape[1] == 1 || t->strides[1] == 1) && (t->shape[0] == 1 || t->strides[0] >= t->shape[1])) {
+        rows = t->shape[0]; /* rows of a matrix view, maybe with gaps between them */
+        if (!moex_mul_ok(t->shape[1], esz, &len)) return -1;
+        stride = len;
+        if (rows > 1 && !moex_mul_ok(t->strides[0], esz, &stride)) return -1;
+        if (!moex_mul_ok(rows - 1, stride, &extent) || !moex_add_ok(extent, len, &extent)) return -1;
+    } else { /* any other view: from its lowest to its highest element */
+        int64_t lo = 0, hi = 0, reach, n;
+        for (int i = 0; i < t->ndim; i++) {
+            const int64_t st = t->strides[i];
+            if (st == INT64_MIN || !moex_mul_ok(t->shape[i] - 1, st < 0 ? -st : st, &reach)) return -1;
+            if (!(st < 0 ? moex_add_ok(lo, reach, &lo) : moex_add_ok(hi, reach, &hi))) return -1;
+        }
+        if (!moex_add_ok(lo, hi, &n) || !moex_add_ok(n, 1, &n) || !moex_mul_ok(n, esz, &len) ||
+            !moex_mul_ok(lo, esz, &below))
+            return -1;
+        stride = extent = len;
+    }
+    const uintptr_t data = (uintptr_t)t->data;
+    if ((uint64_t)below > data || (uint64_t)extent > UINTPTR_MAX - (data - (uintptr_t)below)) return -1;
+    s->base = data - (uintptr_t)below;
+    s->rows = (uint64_t)rows;
+    s->stride = (uint64_t)stride;
+    s->len = (uint64_t)len;
+    return 1;
+}
+
+static uint64_t span_extent(const span *s) { return (s->rows - 1) * s->stride + s->len; }
+
+/* 1 if spans x and y share a byte: each run of x against the first run of y that ends after it starts. */
+static int spans_overlap(const span *x, const span *y) {
+    if (x->base + span_extent(x) <= y->base || y->base + span_extent(y) <= x->base) return 0;
+    if (x->rows > y->rows) {
+        const span *t = x;
+        x = y;
+        y = t;
+    }
+    for (uint64_t i = 0; i < x->rows; i++) {
+        const uintptr_t lo = x->base + i * x->stride, hi = lo + x->len;
+        uint64_t j = 0;
+        if (lo >= y->base + y->len) {
+            if (y->rows == 1) continue;
+            j = (lo - y->base - y->len) / y->stride + 1;
+        }
+        if (j < y->rows && y->base + j * y->stride < hi) return 1;
+    }
+    return 0;
+}
+
+moex_status moex_check_disjoint(const moex_tensor *a, const char *a_name, const moex_tensor *b, const char *b_name) {
+    span sa, sb;
+    const int ka = tensor_span(a, &sa), kb = tensor_span(b, &sb);
+    if (ka < 0 || kb < 0)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the bytes of its shape and strides from %p do not fit in the "
+                         "address space", ka < 0 ? a_name : b_name, ka < 0 ? a->data : b->data);
+    if (!ka || !kb || !spans_overlap(&sa, &sb)) return MOEX_OK;
+    char as[96], bs[96];
+    return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                     "%s %s at %p (%llu bytes) and %s %s at %p (%llu bytes) share memory: %s must not overlap %s",
+                     a_name, moex_shape_str(a, as, sizeof as), a->data, (unsigned long long)span_extent(&sa), b_name,
+                     moex_shape_str(b, bs, sizeof bs), b->data, (unsigned long long)span_extent(&sb), a_name, b_name);
+}
