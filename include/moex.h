@@ -512,27 +512,58 @@ typedef struct moex_forward_args {
  * moex_register_backend(); the built-ins are registered at start.
  * A forward must not write `out` unless it succeeds, must not allocate, and
  * must not depend on the thread count for its result.
+ *
+ * Failures: a function that fails returns a moex_status other than MOEX_OK
+ * and says why with moex_backend_fail(). moex checks what comes back:
+ *   - a failure with no message of the function's own is reported as
+ *     `backend "NAME": prepare failed with status N and no message (...)`
+ *     (never with an older, unrelated moex_last_error());
+ *   - a value that is not a moex_status (say 12345 or -7) becomes
+ *     MOEX_ERR_INTERNAL with `backend "NAME" returned 12345, which is not a
+ *     moex_status (...)`;
+ *   - supports() must return 1 or 0; anything else is MOEX_ERR_INTERNAL too.
  */
 typedef struct moex_backend {
     const char *name;        /**< unique, [a-z0-9_], at most 63 characters */
     const char *summary;     /**< one line for listings (may be NULL) */
     /** Can this backend run `layer` on the device `dev`? Return 1, or 0 and
-     *  write a reason a user can act on into why (why_size bytes). Required. */
+     *  write a reason a user can act on into why (why_size bytes, at least 1;
+     *  or record it with moex_backend_fail()). layer is NULL when only the
+     *  device is asked about. Required. */
     int (*supports)(const moex_experts_desc *layer, const moex_device_info *dev,
                     char *why, size_t why_size, void *user);
     /** Workspace bytes one forward of up to max_tokens tokens needs. Optional (0).
-     *  On a CUDA context num_threads is 0 and the workspace is GPU memory. */
+     *  On a CUDA context num_threads is 0 and the workspace is GPU memory.
+     *  SIZE_MAX means "too large": moex_prepare fails naming max_tokens. */
     size_t (*workspace_bytes)(const moex_experts_desc *layer, int64_t max_tokens,
                               int num_threads, void *user);
-    /** Per layer and context: re-layout, lazy loading. Optional. */
+    /** Per layer and context: re-layout, lazy loading. Optional. Returns
+     *  MOEX_OK, or a failure with a message from moex_backend_fail() (and
+     *  nothing kept: release is not called for a failed prepare). */
     moex_status (*prepare)(moex_context *ctx, const moex_experts_desc *layer,
                            void **state, void *user);
-    /** Release what prepare made. Optional. */
+    /** Release what prepare made. Optional. Cannot fail. */
     void (*release)(void *state, void *user);
-    /** Compute out from hidden, ids and weights. Required. */
+    /** Compute out from hidden, ids and weights. Required. Returns MOEX_OK, or
+     *  a failure with a message from moex_backend_fail() and out untouched. */
     moex_status (*forward)(const moex_forward_args *args, void *user);
     void *user;              /**< passed back to every function */
 } moex_backend;
+
+/**
+ * For a backend's functions: record a printf-style message as this thread's
+ * moex_last_error() (at most 1023 bytes are kept) and return status, so that
+ * a failure is one line:
+ *     return moex_backend_fail(MOEX_ERR_UNSUPPORTED,
+ *                              "my_backend: hidden = %lld is not a multiple of 64", h);
+ * Name the bad value, as moex's own messages do. The arguments may include
+ * moex_last_error() itself. Usable from any thread; each thread has its own message.
+ */
+moex_status moex_backend_fail(moex_status status, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 
 /**
  * Register a backend. The struct and its name are copied. Fails with

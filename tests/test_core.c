@@ -94,6 +94,28 @@ static void test_last_error(void **state) {
     end_problems();
 }
 
+/* moex_backend_fail: records this thread's message and returns the status; its arguments may be the
+ * current message itself; a long one is cut at 1023 bytes. */
+static void test_backend_fail_message(void **state) {
+    (void)state;
+    assert_int_equal(moex_backend_fail(MOEX_ERR_IO, "my_backend: disk %d of %s", 3, "7"), MOEX_ERR_IO);
+    assert_string_equal(moex_last_error(), "my_backend: disk 3 of 7");
+    assert_int_equal(moex_backend_fail(MOEX_ERR_FORMAT, "again (%s)", moex_last_error()), MOEX_ERR_FORMAT);
+    assert_string_equal(moex_last_error(), "again (my_backend: disk 3 of 7)");
+    char big[3000];
+    memset(big, 'q', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    assert_int_equal(moex_backend_fail(MOEX_ERR_INTERNAL, "%s", big), MOEX_ERR_INTERNAL);
+    assert_int_equal(strlen(moex_last_error()), 1023);
+    thread_msg m; /* another thread's message is its own */
+    memset(&m, 0, sizeof m);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, fail_on_thread, &m), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(strlen(moex_last_error()), 1023);
+    end_problems();
+}
+
 /* ------------------------------------------------------------------------ */
 /* dtypes                                                                    */
 /* ------------------------------------------------------------------------ */
@@ -708,6 +730,7 @@ int main(void) {
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_status_str),
         cmocka_unit_test(test_last_error),
+        cmocka_unit_test(test_backend_fail_message),
         cmocka_unit_test(test_dtype_size_name_parse),
         cmocka_unit_test(test_convert_f32_bf16),
         cmocka_unit_test(test_convert_f32_f16),

@@ -16,6 +16,9 @@ extern "C" {
 /* Record a formatted message as this thread's last error; returns status. */
 moex_status moex_fail(moex_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* How many messages this thread has recorded (moex_fail, moex_backend_fail): equal before and
+ * after a call means that the call set none. */
+uint64_t moex_error_mark(void);
 
 /* ---- dtypes ------------------------------------------------------------ */
 

@@ -91,5 +91,5 @@ moex_status moex_experts_forward(moex_context *ctx, const moex_layer *layer, con
         .tokens = T, .num_threads = ctx->options.device.kind == MOEX_DEVICE_CUDA ? 0 : ctx->options.num_threads, .workspace = ctx->workspace,
         .workspace_bytes = ctx->workspace_bytes,
     };
-    return b->forward(&args, b->user);
+    return moex_backend_call_forward(b, &args);
 }
