@@ -654,11 +654,12 @@ typedef struct moex_router_desc {
     moex_router_kind kind;
     int64_t num_experts;          /**< E */
     int64_t top_k;                /**< k, 1 <= k <= E */
-    int renormalize;              /**< divide the k weights by their sum */
+    int renormalize;              /**< 1: divide the k weights by their sum; 0 or 1 */
     int64_t n_group;              /**< grouped: number of groups (divides E); 1 = no grouping */
     int64_t topk_group;           /**< grouped: groups kept, 1 <= topk_group <= n_group */
-    float scaling;                /**< grouped: routed scaling factor (1.0) */
-    moex_tensor correction_bias;  /**< grouped: optional f32 [E] added for selection only */
+    float scaling;                /**< grouped: routed scaling factor (1.0), finite and > 0 */
+    moex_tensor correction_bias;  /**< grouped: optional f32 [E] of finite values in cpu memory,
+                                       added for selection only */
 } moex_router_desc;
 
 /** Defaults: softmax top-k, no renormalisation, 1 group, scaling 1, no bias. */

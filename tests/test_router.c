@@ -442,6 +442,55 @@ static void test_bad_router_desc(void **state) {
     end_problems();
 }
 
+/* The grouped router's scaling must be a finite factor > 0 (NaN, infinities, negative and zero
+ * are refused by name and value, nothing written); a softmax router ignores it, as it ignores
+ * n_group. renormalize is 0 or 1; the correction bias is finite and in cpu memory. */
+static void test_bad_router_values(void **state) {
+    (void)state;
+    rcase c = rcase_make(MOEX_ROUTER_SIGMOID_GROUPED_TOPK, 4, 12, 3, 9);
+    c.n_group = 4;
+    c.topk_group = 2;
+    c.bias = 1;
+    c.renormalize = 1;
+    rbufs b;
+    rbufs_init(&b, &c);
+    size_t ib = 4 * 3 * 8 + 8, wb = 4 * 3 * 4 + 8;
+    static const struct { float v; const char *text; } BAD[] = {
+        {NAN, "scaling = nan"}, {INFINITY, "scaling = inf"}, {-INFINITY, "scaling = -inf"},
+        {-2.5f, "scaling = -2.5"}, {0.0f, "scaling = 0"}, {-0.0f, "scaling = -0"}};
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        moex_router_desc d = b.d;
+        d.scaling = BAD[i].v;
+        expect_route_fails(&b, &d, &b.tl, &b.ti, &b.tw, MOEX_ERR_INVALID_ARGUMENT, BAD[i].text, NULL, BAD[i].text, ib, wb);
+        d.kind = MOEX_ROUTER_SOFTMAX_TOPK; /* ignored there */
+        if (moex_route(&d, &b.tl, &b.ti, &b.tw) != MOEX_OK) PROBLEM("softmax with %s: %s", BAD[i].text, moex_last_error());
+        memset(b.ids, 0xEE, ib);
+        memset(b.weights, 0xEE, wb);
+    }
+    /* a valid factor scales the weights: against the reference */
+    c.scaling = 2.5f;
+    rbufs_free(&b);
+    run_route_case(&c);
+    rbufs_init(&b, &c);
+    moex_router_desc d = b.d;
+    d.renormalize = 2;
+    expect_route_fails(&b, &d, &b.tl, &b.ti, &b.tw, MOEX_ERR_INVALID_ARGUMENT, "renormalize = 2", NULL, "renormalize 2", ib, wb);
+    d.renormalize = -1;
+    d.kind = MOEX_ROUTER_SOFTMAX_TOPK;
+    expect_route_fails(&b, &d, &b.tl, &b.ti, &b.tw, MOEX_ERR_INVALID_ARGUMENT, "renormalize = -1", NULL, "renormalize -1", ib, wb);
+    d = b.d;
+    b.bias[5] = NAN;
+    expect_route_fails(&b, &d, &b.tl, &b.ti, &b.tw, MOEX_ERR_INVALID_ARGUMENT, "correction_bias[5] = nan", NULL, "bias NaN", ib, wb);
+    b.bias[5] = -INFINITY;
+    expect_route_fails(&b, &d, &b.tl, &b.ti, &b.tw, MOEX_ERR_INVALID_ARGUMENT, "correction_bias[5] = -inf", NULL, "bias -inf", ib, wb);
+    b.bias[5] = 0.0f;
+    d.correction_bias.device.kind = MOEX_DEVICE_CUDA; /* never read on the host */
+    d.correction_bias.data = (void *)(uintptr_t)0x10; /* a device address: reading it would crash */
+    expect_route_fails(&b, &d, &b.tl, &b.ti, &b.tw, MOEX_ERR_UNSUPPORTED, "correction_bias", NULL, "bias on cuda", ib, wb);
+    rbufs_free(&b);
+    end_problems();
+}
+
 static void test_bad_router_tensors(void **state) {
     (void)state;
     rcase c = rcase_make(MOEX_ROUTER_SOFTMAX_TOPK, 4, 12, 3, 8);
@@ -509,6 +558,7 @@ int main(void) {
         cmocka_unit_test(test_ties_lower_index),
         cmocka_unit_test(test_bad_router_desc),
         cmocka_unit_test(test_bad_router_tensors),
+        cmocka_unit_test(test_bad_router_values),
     };
     return cmocka_run_group_tests_name("router", tests, NULL, NULL);
 }

@@ -40,7 +40,13 @@ static moex_status check(const moex_router_desc *r, const moex_tensor *logits, c
     if (r->top_k < 1 || r->top_k > r->num_experts)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "router top_k = %lld is outside [1, num_experts = %lld]",
                          (long long)r->top_k, (long long)r->num_experts);
+    if (r->kind != MOEX_ROUTER_TOPK_SOFTMAX && r->renormalize != 0 && r->renormalize != 1)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "router renormalize = %d, must be 0 or 1", r->renormalize);
     if (r->kind == MOEX_ROUTER_SIGMOID_GROUPED_TOPK) {
+        if (!(r->scaling > 0.0f && isfinite(r->scaling)))
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                             "router scaling = %g, must be a finite value > 0 (the routed scaling factor)",
+                             (double)r->scaling);
         if (r->n_group < 1 || r->num_experts % r->n_group)
             return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "router n_group = %lld does not divide num_experts = %lld",
                              (long long)r->n_group, (long long)r->num_experts);
@@ -59,6 +65,13 @@ static moex_status check(const moex_router_desc *r, const moex_tensor *logits, c
             if (r->correction_bias.dtype != MOEX_F32 || r->correction_bias.strides[0] != 1)
                 return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "correction_bias must be contiguous f32, got %s",
                                  moex_dtype_name(r->correction_bias.dtype));
+            if (r->correction_bias.device.kind != MOEX_DEVICE_CPU)
+                return moex_fail(MOEX_ERR_UNSUPPORTED, "moex_route: correction_bias must be in cpu memory");
+            const float *bias = r->correction_bias.data;
+            for (int64_t e = 0; e < r->num_experts; e++)
+                if (!isfinite(bias[e]))
+                    return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "correction_bias[%lld] = %g is not finite", (long long)e,
+                                     (double)bias[e]);
         }
     }
     int64_t ls[2] = {-1, r->num_experts};
