@@ -553,6 +553,66 @@ static void test_device_query_cpu(void **state) {
     end_problems();
 }
 
+/* cpu_avx2 (the AVX2 + FMA + F16C kernels) agrees with what the kernel of the OS lists in
+ * /proc/cpuinfo (it clears avx2 where the OS does not save the YMM registers), and with GCC's
+ * __builtin_cpu_supports where the test is built by GCC. */
+static void test_cpu_feature_detection(void **state) {
+    (void)state;
+    moex_device_info info;
+    moex_device cpu = {MOEX_DEVICE_CPU, 0};
+    assert_int_equal(moex_device_query(cpu, &info), MOEX_OK);
+#if defined(__x86_64__) || defined(__i386__)
+#if defined(__GNUC__) && !defined(__clang__)
+    __builtin_cpu_init();
+    int gcc = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (info.cpu_avx2 != gcc) PROBLEM("cpu_avx2 = %d, __builtin_cpu_supports says %d", info.cpu_avx2, gcc);
+#endif
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) skip();
+    static char line[1 << 16];
+    int found = 0, avx2 = 0, fma = 0, f16c = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "flags", 5)) continue;
+        found = 1;
+        for (char *tok = strtok(strchr(line, ':'), ": \t\n"); tok; tok = strtok(NULL, " \t\n")) {
+            avx2 |= !strcmp(tok, "avx2");
+            fma |= !strcmp(tok, "fma");
+            f16c |= !strcmp(tok, "f16c");
+        }
+    }
+    fclose(f);
+    if (!found) skip();
+    if (info.cpu_avx2 != (avx2 && fma && f16c))
+        PROBLEM("cpu_avx2 = %d, but /proc/cpuinfo lists avx2 %d, fma %d, f16c %d", info.cpu_avx2, avx2, fma, f16c);
+    assert_true(contains(info.name, info.cpu_avx2 ? "avx2 kernels" : "portable kernels"));
+#else
+    assert_int_equal(info.cpu_avx2, 0);
+#endif
+    end_problems();
+}
+
+/* The library's core and experts sources compile with clang as well as with GCC (clang 14 knows no
+ * __builtin_cpu_supports("f16c"), for one): syntax and semantic checks with clang-14 or clang, when
+ * one is installed. */
+static void test_sources_compile_with_clang(void **state) {
+    (void)state;
+    const char *cc = NULL;
+    if (system("command -v clang-14 >/dev/null 2>&1") == 0) cc = "clang-14";
+    else if (system("command -v clang >/dev/null 2>&1") == 0) cc = "clang";
+    if (!cc) skip();
+    char root[1024], cmd[8192];
+    snprintf(root, sizeof root, "%s", MOEX_FIXTURES);
+    char *end = strstr(root, "/tests/fixtures");
+    assert_non_null(end);
+    *end = 0;
+    snprintf(cmd, sizeof cmd,
+             "%s -std=c11 -D_GNU_SOURCE -DMOEX_HAVE_CUDA=0 -fsyntax-only -Wall -Wextra -Wno-unused-parameter "
+             "-I'%s/include' -I'%s/src' '%s'/src/core/*.c '%s'/src/experts/*.c",
+             cc, root, root, root, root);
+    int rc = system(cmd);
+    if (rc != 0) fail_msg("%s could not compile the sources (exit %d): %s", cc, rc, cmd);
+}
+
 /* CUDA: either usable (with a compute capability) or not, with a reason. */
 static void test_device_query_cuda(void **state) {
     (void)state;
@@ -740,6 +800,8 @@ int main(void) {
         cmocka_unit_test(test_convert_unaligned),
         cmocka_unit_test(test_tensor_init),
         cmocka_unit_test(test_device_query_cpu),
+        cmocka_unit_test(test_cpu_feature_detection),
+        cmocka_unit_test(test_sources_compile_with_clang),
         cmocka_unit_test(test_device_query_cuda),
         cmocka_unit_test(test_context_defaults_and_create),
         cmocka_unit_test(test_context_bad_options),
