@@ -521,6 +521,13 @@ static void test_tensor_init(void **state) {
     expect_tensor_init_fails(data, MOEX_F32, 2, huge2, "INT64_MAX x 2");
     int64_t bytes_only[1] = {(int64_t)1 << 62};        /* count fits, bytes do not */
     expect_tensor_init_fails(data, MOEX_F32, 1, bytes_only, "2^62 f32 (bytes overflow)");
+    int64_t empty_huge[3] = {0, (int64_t)1 << 40, (int64_t)1 << 40}; /* no elements, but the strides overflow */
+    expect_tensor_init_fails(data, MOEX_F32, 3, empty_huge, "0 x 2^40 x 2^40 (strides overflow)");
+    if (!contains(moex_last_error(), "[0, 1099511627776, 1099511627776]"))
+        PROBLEM("0 x 2^40 x 2^40: message \"%s\" does not give the shape", moex_last_error());
+    int64_t empty_ok[3] = {0, (int64_t)1 << 30, (int64_t)1 << 30}; /* strides 2^60 and 2^30: fine */
+    assert_int_equal(moex_tensor_init(&t, NULL, MOEX_F32, 3, empty_ok), MOEX_OK);
+    assert_int_equal(t.strides[0], (int64_t)1 << 60);
     expect_tensor_init_fails(NULL, MOEX_F32, 3, s3, "NULL data, 24 elements");
     expect_tensor_init_fails(data, MOEX_F32, 2, NULL, "NULL shape");
     assert_int_equal(moex_tensor_init(NULL, data, MOEX_F32, 3, s3), MOEX_ERR_INVALID_ARGUMENT);

@@ -976,6 +976,57 @@ static void test_bad_forward_ids(void **state) {
     end_problems();
 }
 
+/* Sizes whose element or byte counts overflow int64, data that is not aligned to its elements, and
+ * a tensor on a device the context does not compute on: refused by name and value, nothing written. */
+static void test_bad_forward_hostile(void **state) {
+    (void)state;
+    bad_fixture f;
+    bad_fixture_init(&f);
+    xrun *r = &f.r;
+    const int64_t H = f.c.H, k = f.c.k;
+    for (int b = 0; b < N_BACKENDS; b++) {
+        const char *be = CPU_BACKENDS[b];
+        static const struct { int64_t T; moex_status want; const char *need; } HUGE[] = {
+            {(int64_t)1 << 62, MOEX_ERR_INVALID_ARGUMENT, "[4611686018427387904, 16]"}, /* T*H overflows */
+            {(int64_t)1 << 58, MOEX_ERR_INVALID_ARGUMENT, "[288230376151711744, 16]"},  /* T*H*4 bytes overflow */
+            {(int64_t)1 << 40, MOEX_ERR_WORKSPACE, "1099511627776"},                     /* fits, but > max_tokens */
+        };
+        for (int i = 0; i < 3; i++) {
+            const int64_t T = HUGE[i].T;
+            moex_tensor h = ref_tensor_2d(f.big, MOEX_F32, T, H, H), o = ref_tensor_2d(f.out_mem, MOEX_F32, T, H, H);
+            moex_tensor ids = ref_tensor_2d(f.big, MOEX_I32, T, k, k), w = ref_tensor_2d(f.big, MOEX_F32, T, k, k);
+            char what[64];
+            snprintf(what, sizeof what, "T = %lld", (long long)T);
+            expect_forward_fails(&f, f.ctx, f.layer, be, &h, &ids, &w, &o, HUGE[i].want, HUGE[i].need, NULL, what);
+        }
+        /* ids (i32) at an address 2 mod 4; hidden (f32) likewise */
+        unsigned char *odd = (unsigned char *)f.big + 1024 + 2;
+        memcpy(odd, r->ids, (size_t)(f.c.T * k) * 4);
+        moex_tensor ids = r->tids;
+        ids.data = odd;
+        expect_forward_fails(&f, f.ctx, f.layer, be, &r->th, &ids, &r->tw, &f.out, MOEX_ERR_INVALID_ARGUMENT,
+                             "ids: data at", "aligned", "ids at 2 mod 4");
+        if (!contains(moex_last_error(), "aligned")) PROBLEM("ids at 2 mod 4: \"%s\"", moex_last_error());
+        memcpy(odd, r->hidden, (size_t)(f.c.T * H) * 4);
+        moex_tensor h = r->th;
+        h.data = odd;
+        expect_forward_fails(&f, f.ctx, f.layer, be, &h, &r->tids, &r->tw, &f.out, MOEX_ERR_INVALID_ARGUMENT,
+                             "hidden: data at", NULL, "hidden at 2 mod 4");
+        moex_tensor w = r->tw;
+        w.data = odd + 1; /* 3 mod 4 */
+        expect_forward_fails(&f, f.ctx, f.layer, be, &r->th, &r->tids, &w, &f.out, MOEX_ERR_INVALID_ARGUMENT,
+                             "weights: data at", NULL, "weights at 3 mod 4");
+        /* a view that says it is on GPU 3, given to a cpu context */
+        h = r->th;
+        h.device.kind = MOEX_DEVICE_CUDA;
+        h.device.index = 3;
+        expect_forward_fails(&f, f.ctx, f.layer, be, &h, &r->tids, &r->tw, &f.out, MOEX_ERR_INVALID_ARGUMENT,
+                             "hidden is in cuda:3 memory", NULL, "hidden on cuda:3");
+    }
+    bad_fixture_free(&f);
+    end_problems();
+}
+
 /* Backend names, preparation, workspace. */
 static void test_bad_forward_backend_and_context(void **state) {
     (void)state;
@@ -1273,6 +1324,42 @@ static void test_bad_layer_tensors(void **state) {
     d = L.desc;
     d.gate_up.data = NULL;
     expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "gate_up", NULL, "gate_up data NULL");
+    d = L.desc;
+    d.down.device.kind = MOEX_DEVICE_CUDA;
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "down is on cuda:0 but gate_up is on cpu", NULL, "down on cuda:0");
+    d = L.desc;
+    d.down_bias.device.kind = MOEX_DEVICE_CUDA;
+    d.down_bias.device.index = 2;
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "down_bias is on cuda:2 but gate_up is on cpu", NULL,
+                       "down_bias on cuda:2");
+    d = L.desc;
+    d.down.data = (char *)d.down.data + 2; /* f32 at 2 mod 4 */
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "down: data at", "aligned", "down at 2 mod 4");
+    ref_layer_destroy(&L);
+
+    /* the per-expert layout: every matrix pointer aligned to its elements */
+    small_layer(&L, 1, 0, 0, MOEX_ACT_SILU);
+    const void *gate[4], *up[4], *down[4];
+    const int64_t E = 4, H = 16, I = 8;
+    for (int64_t e = 0; e < E; e++) {
+        gate[e] = (const float *)L.gate_up + e * 2 * I * H;
+        up[e] = (const float *)L.gate_up + e * 2 * I * H + I * H;
+        down[e] = (const float *)L.down + e * H * I;
+    }
+    d = L.desc;
+    d.gate_up = ref_tensor_absent();
+    d.down = ref_tensor_absent();
+    d.expert_gate = gate;
+    d.expert_up = up;
+    d.expert_down = down;
+    d.expert_dtype = MOEX_F32;
+    d.expert_device.kind = MOEX_DEVICE_CPU;
+    moex_layer *layer = NULL;
+    if (moex_layer_create(&d, &layer) != MOEX_OK) PROBLEM("per-expert layer: %s", moex_last_error());
+    moex_layer_free(layer);
+    up[2] = (const char *)up[2] + 2;
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "expert_up[2]", NULL, "expert_up[2] at 2 mod 4");
+    if (!contains(moex_last_error(), "aligned")) PROBLEM("expert_up[2]: message \"%s\"", moex_last_error());
     ref_layer_destroy(&L);
     end_problems();
 }
@@ -1352,6 +1439,7 @@ int main(void) {
         cmocka_unit_test(test_bad_forward_nulls),
         cmocka_unit_test(test_bad_forward_shapes_dtypes),
         cmocka_unit_test(test_bad_forward_ids),
+        cmocka_unit_test(test_bad_forward_hostile),
         cmocka_unit_test(test_bad_forward_backend_and_context),
         cmocka_unit_test(test_prepare_is_per_context),
         cmocka_unit_test(test_forward_aliasing),

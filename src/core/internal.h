@@ -88,6 +88,8 @@ moex_status moex_check_rows(const moex_tensor *t, const char *what);
  * between them: rows of one view may sit in the gaps of the other); any other view counts as
  * the whole range from its first to its last byte. Views without elements share nothing. */
 moex_status moex_check_disjoint(const moex_tensor *a, const char *a_name, const moex_tensor *b, const char *b_name);
+/* Format a device as "cpu", "cuda:1" (or "device kind 7") into buf. */
+const char *moex_device_str(moex_device d, char *buf, size_t n);
 /* Format a shape as "[2, 3, 4]" into buf. */
 const char *moex_shape_str(const moex_tensor *t, char *buf, size_t n);
 

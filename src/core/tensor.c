@@ -10,34 +10,46 @@ moex_status moex_tensor_init(moex_tensor *t, void *data, moex_dtype dtype, int n
                          ndim, MOEX_MAX_DIMS);
     if ((unsigned)dtype >= MOEX_DTYPE_COUNT)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tensor_init: dtype = %d is not a moex_dtype", (int)dtype);
-    int64_t count = 1;
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0)
-            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tensor_init: shape[%d] = %lld is negative", i,
-                             (long long)shape[i]);
-        if (!moex_mul_ok(count, shape[i], &count))
-            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tensor_init: element count overflows int64");
-    }
-    int64_t bytes;
-    if (!moex_mul_ok(count, (int64_t)moex_dtype_size(dtype), &bytes))
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tensor_init: byte size overflows int64");
-    if (!data && count > 0)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tensor_init: data is NULL for %lld elements",
-                         (long long)count);
     moex_tensor v;
     memset(&v, 0, sizeof v);
     v.data = data;
     v.dtype = dtype;
     v.ndim = ndim;
     v.device.kind = MOEX_DEVICE_CPU;
+    for (int i = 0; i < ndim; i++) v.shape[i] = shape[i];
+    char buf[96];
+    int64_t count = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tensor_init: shape[%d] = %lld is negative", i,
+                             (long long)shape[i]);
+        if (!moex_mul_ok(count, shape[i], &count))
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tensor_init: shape %s: the element count overflows int64",
+                             moex_shape_str(&v, buf, sizeof buf));
+    }
+    int64_t bytes;
+    if (!moex_mul_ok(count, (int64_t)moex_dtype_size(dtype), &bytes))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tensor_init: shape %s of %s: the byte size overflows int64",
+                         moex_shape_str(&v, buf, sizeof buf), moex_dtype_name(dtype));
+    if (!data && count > 0)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tensor_init: data is NULL for %lld elements",
+                         (long long)count);
     int64_t stride = 1;
     for (int i = ndim - 1; i >= 0; i--) {
-        v.shape[i] = shape[i];
         v.strides[i] = stride;
-        stride *= shape[i] > 0 ? shape[i] : 1;
+        if (i > 0 && !moex_mul_ok(stride, shape[i] > 0 ? shape[i] : 1, &stride)) /* only with a 0 dimension */
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tensor_init: shape %s: the row-major strides overflow int64",
+                             moex_shape_str(&v, buf, sizeof buf));
     }
     *t = v;
     return MOEX_OK;
+}
+
+const char *moex_device_str(moex_device d, char *buf, size_t n) {
+    if (d.kind == MOEX_DEVICE_CPU) snprintf(buf, n, "cpu");
+    else if (d.kind == MOEX_DEVICE_CUDA) snprintf(buf, n, "cuda:%d", d.index);
+    else snprintf(buf, n, "device kind %d", (int)d.kind);
+    return buf;
 }
 
 const char *moex_shape_str(const moex_tensor *t, char *buf, size_t n) {
@@ -78,9 +90,21 @@ moex_status moex_check_shape(const moex_tensor *t, const char *what, int ndim, c
     if (t->device.kind != MOEX_DEVICE_CPU && t->device.kind != MOEX_DEVICE_CUDA)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: device kind %d is not a moex_device_kind", what,
                          (int)t->device.kind);
-    int64_t count = 1;
-    for (int i = 0; i < ndim; i++) count *= t->shape[i];
-    if (count > 0 && !t->data) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: data is NULL", what);
+    int64_t count = 1, bytes;
+    for (int i = 0; i < ndim; i++)
+        if (t->shape[i] == 0) return MOEX_OK; /* no elements: data may be anything */
+    const size_t esz = moex_dtype_size(t->dtype);
+    for (int i = 0; i < ndim; i++)
+        if (!moex_mul_ok(count, t->shape[i], &count))
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s has shape %s: more elements than int64 can count", what,
+                             moex_shape_str(t, got, sizeof got));
+    if (!moex_mul_ok(count, (int64_t)esz, &bytes))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s has shape %s of %s: more bytes than int64 can count", what,
+                         moex_shape_str(t, got, sizeof got), moex_dtype_name(t->dtype));
+    if (!t->data) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: data is NULL", what);
+    if ((uintptr_t)t->data % esz)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: data at %p is not aligned to its %zu-byte %s elements", what,
+                         t->data, esz, moex_dtype_name(t->dtype));
     return MOEX_OK;
 }
 

@@ -52,9 +52,12 @@ static moex_status check_ids(const moex_experts_desc *d, const moex_tensor *ids,
 static moex_status check_devices(const moex_context *ctx, const moex_tensor *const *ts, const char *const *names, int n) {
     for (int i = 0; i < n; i++)
         if (ts[i]->device.kind != ctx->options.device.kind ||
-            (ctx->options.device.kind == MOEX_DEVICE_CUDA && ts[i]->device.index != ctx->options.device.index))
+            (ctx->options.device.kind == MOEX_DEVICE_CUDA && ts[i]->device.index != ctx->options.device.index)) {
+            char where[32];
+            moex_device_str(ts[i]->device, where, sizeof where);
             return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s is in %s memory but the context computes on %s", names[i],
-                             ts[i]->device.kind == MOEX_DEVICE_CPU ? "cpu" : "cuda", ctx->device_info.name);
+                             where, ctx->device_info.name);
+        }
     return MOEX_OK;
 }
 
@@ -75,11 +78,11 @@ moex_status moex_experts_forward(moex_context *ctx, const moex_layer *layer, con
     const moex_tensor *ts[4] = {hidden, ids, weights, out};
     const char *names[4] = {"hidden", "ids", "weights", "out"};
     if ((st = check_devices(ctx, ts, names, 4))) return st;
-    for (int i = 0; i < 3; i++) /* all on one device now: out must share no byte with an input */
-        if ((st = moex_check_disjoint(out, "out", ts[i], names[i]))) return st;
     if (T > ctx->options.max_tokens)
         return moex_fail(MOEX_ERR_WORKSPACE, "T = %lld tokens exceeds the context's max_tokens = %lld",
                          (long long)T, (long long)ctx->options.max_tokens);
+    for (int i = 0; i < 3; i++) /* all on one device now: out must share no byte with an input */
+        if ((st = moex_check_disjoint(out, "out", ts[i], names[i]))) return st;
     moex_prepared *p = moex_context_find_prepared(ctx, layer->id, index);
     if (!p)
         return moex_fail(MOEX_ERR_NOT_PREPARED,
