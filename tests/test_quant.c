@@ -232,6 +232,62 @@ static void test_quantize_huge_blocks(void **state) {
     end_problems();
 }
 
+/* q or scale_inv sharing memory with w (or out with q), a shape whose element count overflows, and a
+ * scale grid not aligned to its f32 elements: refused by name, nothing written. */
+static void test_quantize_bad_memory(void **state) {
+    (void)state;
+    enum { N = 8, K = 32 };
+    _Alignas(16) float w[N * K + 64];
+    uint8_t q[N * K];
+    float s[1 + 4];
+    ref_rng r;
+    ref_rng_seed(&r, 5);
+    ref_fill_random(w, MOEX_F32, N * K + 64, 1.0, &r);
+    float wcopy[N * K + 64];
+    memcpy(wcopy, w, sizeof w);
+    int64_t ws[2] = {N, K}, ss[2] = {1, 1};
+    moex_tensor tw = ref_tensor(w, MOEX_F32, 2, ws), tq = ref_tensor(q, MOEX_E4M3, 2, ws), ts = ref_tensor(s, MOEX_F32, 2, ss);
+    moex_tensor tq_in_w = ref_tensor((char *)w + 100, MOEX_E4M3, 2, ws);
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, N, K, &tq_in_w, &ts), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "q [8, 32]") || !contains(moex_last_error(), "w [8, 32]"))
+        PROBLEM("q inside w: \"%s\"", moex_last_error());
+    moex_tensor ts_in_w = ref_tensor(w + N * K - 1, MOEX_F32, 2, ss);
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, N, K, &tq, &ts_in_w), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "scale_inv [1, 1]")) PROBLEM("scale_inv inside w: \"%s\"", moex_last_error());
+    moex_tensor ts_in_q = ref_tensor(q + 4, MOEX_F32, 2, ss);
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, N, K, &tq, &ts_in_q), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "scale_inv [1, 1]") || !contains(moex_last_error(), "q [8, 32]"))
+        PROBLEM("scale_inv inside q: \"%s\"", moex_last_error());
+    assert_memory_equal(w, wcopy, sizeof w);
+    /* scale_inv at 2 mod 4 */
+    moex_tensor ts_odd = ref_tensor((char *)s + 2, MOEX_F32, 2, ss);
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, N, K, &tq, &ts_odd), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "scale_inv: data at") || !contains(moex_last_error(), "aligned"))
+        PROBLEM("scale_inv at 2 mod 4: \"%s\"", moex_last_error());
+    /* the real thing, then dequantized into memory over its own codes */
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, N, K, &tq, &ts), MOEX_OK);
+    uint8_t qcopy[N * K];
+    memcpy(qcopy, q, sizeof q);
+    moex_tensor tout = ref_tensor(w, MOEX_F32, 2, ws);
+    tout.data = (void *)((uintptr_t)q & ~(uintptr_t)3); /* f32 out over the codes */
+    assert_int_equal(moex_dequantize(&tq, &ts, N, K, &tout), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "out [8, 32]") || !contains(moex_last_error(), "q [8, 32]"))
+        PROBLEM("out over q: \"%s\"", moex_last_error());
+    assert_memory_equal(q, qcopy, sizeof q);
+    /* w [2^40, 2^40, 2^40]: refused before anything is read */
+    moex_tensor th = tw, tqh = tq, tsh = ts; /* views made by hand: their strides are never reached */
+    th.ndim = tqh.ndim = tsh.ndim = 3;
+    for (int i = 0; i < 3; i++) {
+        th.shape[i] = tqh.shape[i] = tsh.shape[i] = (int64_t)1 << 40;
+        th.strides[i] = tqh.strides[i] = tsh.strides[i] = 1;
+    }
+    assert_int_equal(moex_quantize(&th, MOEX_QUANT_FP8, 128, 128, &tqh, &tsh), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "[1099511627776, 1099511627776, 1099511627776]"))
+        PROBLEM("w 2^40 x 2^40 x 2^40: \"%s\"", moex_last_error());
+    assert_memory_equal(q, qcopy, sizeof q);
+    end_problems();
+}
+
 /* ---- layers --------------------------------------------------------------------------------- */
 
 typedef struct qlayer {
@@ -536,6 +592,7 @@ int main(void) {
         cmocka_unit_test(test_ue8m0_all_codes),
         cmocka_unit_test(test_quantize_recipe),
         cmocka_unit_test(test_quantize_huge_blocks),
+        cmocka_unit_test(test_quantize_bad_memory),
         cmocka_unit_test(test_fp8_layers),
         cmocka_unit_test(test_fp4_layers),
         cmocka_unit_test(test_fp4_gptoss_block_layout),

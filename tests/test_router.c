@@ -530,6 +530,48 @@ static void test_bad_router_tensors(void **state) {
     end_problems();
 }
 
+/* Outputs that share memory with the logits or with each other, a logits shape whose element
+ * count overflows, and outputs not aligned to their elements: refused, naming them, nothing written. */
+static void test_bad_router_memory(void **state) {
+    (void)state;
+    rcase c = rcase_make(MOEX_ROUTER_SOFTMAX_TOPK, 4, 12, 3, 10);
+    rbufs b;
+    rbufs_init(&b, &c);
+    size_t ib = 4 * 3 * 8 + 8, wb = 4 * 3 * 4 + 8;
+    /* ids written into the logits of the later tokens */
+    float *logits = b.logits;
+    unsigned char *lcopy = malloc(4 * 12 * 4);
+    memcpy(lcopy, logits, 4 * 12 * 4);
+    moex_tensor ti = ref_tensor_2d(logits + 12, MOEX_I32, 4, 3, 3);
+    moex_status st = moex_route(&b.d, &b.tl, &ti, &b.tw);
+    if (st != MOEX_ERR_INVALID_ARGUMENT || !contains(moex_last_error(), "ids [4, 3]") ||
+        !contains(moex_last_error(), "logits [4, 12]"))
+        PROBLEM("ids inside logits: %s \"%s\"", moex_status_str(st), moex_last_error());
+    if (memcmp(lcopy, logits, 4 * 12 * 4)) PROBLEM("ids inside logits: the logits were written");
+    moex_tensor tw = ref_tensor_2d(logits + 36, MOEX_F32, 4, 3, 3); /* the weights over the last logits */
+    expect_route_fails(&b, &b.d, &b.tl, &b.ti, &tw, MOEX_ERR_INVALID_ARGUMENT, "weights [4, 3]", NULL,
+                       "weights inside logits", ib, wb);
+    tw = ref_tensor_2d((char *)b.ids + 8, MOEX_F32, 4, 3, 3); /* weights over the ids */
+    expect_route_fails(&b, &b.d, &b.tl, &b.ti, &tw, MOEX_ERR_INVALID_ARGUMENT, "ids [4, 3]", NULL,
+                       "weights inside ids", ib, wb);
+    if (!contains(moex_last_error(), "weights [4, 3]")) PROBLEM("weights inside ids: \"%s\"", moex_last_error());
+    if (memcmp(lcopy, logits, 4 * 12 * 4)) PROBLEM("the logits were written");
+    /* a logits shape of 2^62 x 12 */
+    moex_tensor tl = ref_tensor_2d(logits, MOEX_F32, (int64_t)1 << 62, 12, 12);
+    ti = ref_tensor_2d(b.ids, MOEX_I32, (int64_t)1 << 62, 3, 3);
+    tw = ref_tensor_2d(b.weights, MOEX_F32, (int64_t)1 << 62, 3, 3);
+    expect_route_fails(&b, &b.d, &tl, &ti, &tw, MOEX_ERR_INVALID_ARGUMENT, "logits has shape [4611686018427387904, 12]",
+                       NULL, "logits 2^62 x 12", ib, wb);
+    /* weights (f32) at an address 2 mod 4 */
+    tw = ref_tensor_2d((char *)b.weights + 2, MOEX_F32, 4, 3, 3);
+    expect_route_fails(&b, &b.d, &b.tl, &b.ti, &tw, MOEX_ERR_INVALID_ARGUMENT, "weights: data at", NULL,
+                       "weights at 2 mod 4", ib, wb);
+    if (!contains(moex_last_error(), "aligned")) PROBLEM("weights at 2 mod 4: \"%s\"", moex_last_error());
+    free(lcopy);
+    rbufs_free(&b);
+    end_problems();
+}
+
 /* moex_router_desc_init: the documented defaults. */
 static void test_router_desc_defaults(void **state) {
     (void)state;
@@ -559,6 +601,7 @@ int main(void) {
         cmocka_unit_test(test_bad_router_desc),
         cmocka_unit_test(test_bad_router_tensors),
         cmocka_unit_test(test_bad_router_values),
+        cmocka_unit_test(test_bad_router_memory),
     };
     return cmocka_run_group_tests_name("router", tests, NULL, NULL);
 }

@@ -175,6 +175,9 @@ moex_status moex_quantize(const moex_tensor *w, moex_quant_format format, int64_
     if (scale_inv->dtype == MOEX_UE8M0 && format == MOEX_QUANT_FP8)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
                          "scale_inv: ue8m0 cannot hold the float scales of format fp8; use f32 or format fp8-ue8m0");
+    if ((st = moex_check_disjoint(q, "q", w, "w")) || (st = moex_check_disjoint(scale_inv, "scale_inv", w, "w")) ||
+        (st = moex_check_disjoint(scale_inv, "scale_inv", q, "q")))
+        return st;
     const int64_t E = dims[0], N = dims[1], K = dims[2];
     const int64_t sn = moex_ceil_div(N, block_n), sk = moex_ceil_div(K, block_k);
     const size_t wsz = moex_dtype_size(w->dtype);
@@ -217,6 +220,8 @@ moex_status moex_dequantize(const moex_tensor *q, const moex_tensor *scale_inv, 
     int64_t dims[3];
     moex_status st = check_plain(out, "out", dims);
     if (!st) st = check_quant_pair(q, scale_inv, out->ndim, dims, block_n, block_k, "q", "scale_inv");
+    if (!st) st = moex_check_disjoint(out, "out", q, "q");
+    if (!st) st = moex_check_disjoint(out, "out", scale_inv, "scale_inv");
     if (st) return st;
     const int64_t E = dims[0], N = dims[1], K = dims[2], sk = moex_ceil_div(K, block_k);
     const int64_t sn = moex_ceil_div(N, block_n), qrow = q->dtype == MOEX_E2M1X2 ? K / 2 : K;
