@@ -469,6 +469,65 @@ static void test_convert_unaligned(void **state) {
     end_problems();
 }
 
+/* A count whose bytes do not fit in memory, and buffers that partly overlap (not the same pointer):
+ * refused, naming the count or the overlap, nothing written. Overlapping same-dtype copies move. */
+static void test_convert_hostile(void **state) {
+    (void)state;
+    _Alignas(16) unsigned char buf[64], copy[64];
+    for (int i = 0; i < 64; i++) buf[i] = (unsigned char)(i * 7 + 1);
+    memcpy(copy, buf, sizeof buf);
+    const size_t huge = SIZE_MAX / 4 + 2; /* times 4 bytes wraps to 4 */
+    char want[64];
+    snprintf(want, sizeof want, "%zu", huge);
+    assert_int_equal(moex_convert(buf, MOEX_F32, buf + 32, MOEX_F32, huge), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), want)) PROBLEM("n = %zu: message \"%s\" lacks it", huge, moex_last_error());
+    assert_int_equal(moex_convert(buf, MOEX_F32, buf + 32, MOEX_BF16, SIZE_MAX), MOEX_ERR_INVALID_ARGUMENT);
+    assert_int_equal(moex_convert(buf, MOEX_BF16, buf + 32, MOEX_F32, SIZE_MAX / 2), MOEX_ERR_INVALID_ARGUMENT);
+    /* narrowing into the same buffer 4 bytes on: the output would overwrite inputs not read yet */
+    assert_int_equal(moex_convert(buf, MOEX_F32, buf + 4, MOEX_BF16, 8), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "overlap")) PROBLEM("narrowing overlap: message \"%s\"", moex_last_error());
+    /* widening from 4 bytes on into the start */
+    assert_int_equal(moex_convert(buf + 4, MOEX_BF16, buf, MOEX_F32, 8), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "overlap")) PROBLEM("widening overlap: message \"%s\"", moex_last_error());
+    assert_memory_equal(buf, copy, sizeof buf);
+    /* just touching is not overlapping: 8 f32 -> 8 bf16 right after them */
+    assert_int_equal(moex_convert(buf, MOEX_F32, buf + 32, MOEX_BF16, 8), MOEX_OK);
+    for (int i = 0; i < 8; i++) {
+        float f;
+        uint16_t h;
+        memcpy(&f, copy + 4 * i, 4);
+        memcpy(&h, buf + 32 + 2 * i, 2);
+        if (!isnan(f) && h != ref_float_to_bf16(f)) PROBLEM("touching: element %d is %04x, want %04x", i, h, ref_float_to_bf16(f));
+    }
+    /* same dtype, overlapping: a memmove */
+    memcpy(buf, copy, sizeof buf);
+    assert_int_equal(moex_convert(buf, MOEX_F16, buf + 2, MOEX_F16, 10), MOEX_OK);
+    assert_memory_equal(buf + 2, copy, 20);
+    end_problems();
+}
+
+/* moex_memcpy: a size that runs past the end of the address space is refused by value, without
+ * computing the out-of-range pointer; overlapping host ranges are refused too. */
+static void test_memcpy_hostile(void **state) {
+    (void)state;
+    const moex_device cpu = {MOEX_DEVICE_CPU, 0};
+    unsigned char a[32], b[32];
+    memset(a, 1, sizeof a);
+    memset(b, 2, sizeof b);
+    assert_int_equal(moex_memcpy(b, cpu, a, cpu, SIZE_MAX), MOEX_ERR_INVALID_ARGUMENT);
+    char want[32];
+    snprintf(want, sizeof want, "%zu", (size_t)SIZE_MAX);
+    if (!contains(moex_last_error(), want)) PROBLEM("SIZE_MAX bytes: message \"%s\" lacks the size", moex_last_error());
+    assert_int_equal(moex_memcpy(b, cpu, a, cpu, SIZE_MAX - 16), MOEX_ERR_INVALID_ARGUMENT);
+    for (int i = 0; i < 32; i++) assert_int_equal(b[i], 2);
+    assert_int_equal(moex_memcpy(a + 8, cpu, a, cpu, 16), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "overlap")) PROBLEM("overlap: message \"%s\"", moex_last_error());
+    assert_int_equal(moex_memcpy(b, cpu, a, cpu, sizeof a), MOEX_OK);
+    assert_memory_equal(a, b, sizeof a);
+    assert_int_equal(moex_memcpy(a + 16, cpu, a, cpu, 16), MOEX_OK); /* adjacent */
+    end_problems();
+}
+
 /* ------------------------------------------------------------------------ */
 /* tensor views                                                              */
 /* ------------------------------------------------------------------------ */
@@ -805,6 +864,8 @@ int main(void) {
         cmocka_unit_test(test_convert_random_bulk),
         cmocka_unit_test(test_convert_edges),
         cmocka_unit_test(test_convert_unaligned),
+        cmocka_unit_test(test_convert_hostile),
+        cmocka_unit_test(test_memcpy_hostile),
         cmocka_unit_test(test_tensor_init),
         cmocka_unit_test(test_device_query_cpu),
         cmocka_unit_test(test_cpu_feature_detection),
