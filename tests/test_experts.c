@@ -1096,6 +1096,32 @@ static void test_bad_forward_backend_and_context(void **state) {
     end_problems();
 }
 
+/* A layer whose weights are on another device than the context's: refused by moex_prepare, naming
+ * the device (kind and index). */
+static void test_prepare_weights_elsewhere(void **state) {
+    (void)state;
+    ref_layer_spec s = {4, 16, 8, 2, 1, 0, 0, 1, MOEX_ACT_SILU, 1.702f, 7.0f, MOEX_F32};
+    ref_layer L;
+    ref_layer_build(&L, &s, 31);
+    moex_experts_desc d = L.desc;
+    const moex_device gpu1 = {MOEX_DEVICE_CUDA, 1};
+    d.gate_up.device = d.down.device = d.gate_up_bias.device = d.down_bias.device = gpu1;
+    moex_layer *layer = NULL;
+    assert_int_equal(moex_layer_create(&d, &layer), MOEX_OK);
+    moex_context *ctx = make_ctx(1, 4);
+    for (int b = 0; b < N_BACKENDS; b++) {
+        moex_status st = moex_prepare(ctx, layer, CPU_BACKENDS[b]);
+        if (st != MOEX_ERR_INVALID_ARGUMENT || !contains(moex_last_error(), "weights are in cuda:1 memory"))
+            PROBLEM("%s: prepare of weights on cuda:1 in a cpu context: %s \"%s\"", CPU_BACKENDS[b],
+                    moex_status_str(st), moex_last_error());
+    }
+    assert_int_equal(moex_context_workspace_bytes(ctx), 0);
+    moex_context_free(ctx);
+    moex_layer_free(layer);
+    ref_layer_destroy(&L);
+    end_problems();
+}
+
 /* A layer prepared in one context is not prepared in another. */
 static void test_prepare_is_per_context(void **state) {
     (void)state;
@@ -1442,6 +1468,7 @@ int main(void) {
         cmocka_unit_test(test_bad_forward_hostile),
         cmocka_unit_test(test_bad_forward_backend_and_context),
         cmocka_unit_test(test_prepare_is_per_context),
+        cmocka_unit_test(test_prepare_weights_elsewhere),
         cmocka_unit_test(test_forward_aliasing),
         cmocka_unit_test(test_bad_layer_sizes),
         cmocka_unit_test(test_bad_layer_tensors),

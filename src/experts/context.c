@@ -132,9 +132,12 @@ moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backe
         return moex_fail(MOEX_ERR_UNSUPPORTED, "experts backend \"%s\" cannot run this layer on %s: %s", backend,
                          ctx->device_info.name, why);
     if (st) return st;
-    if (moex_weight_device(&layer->desc).kind != ctx->options.device.kind)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "the layer's weights are on %s memory but the context computes on %s",
-                         moex_weight_device(&layer->desc).kind == MOEX_DEVICE_CPU ? "cpu" : "cuda", ctx->device_info.name);
+    const moex_device wdev = moex_weight_device(&layer->desc);
+    if (wdev.kind != ctx->options.device.kind || (on_cuda(ctx) && wdev.index != ctx->options.device.index)) {
+        char where[32];
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "the layer's weights are in %s memory but the context computes on %s",
+                         moex_device_str(wdev, where, sizeof where), ctx->device_info.name);
+    }
     if (ctx->prepared_count == ctx->prepared_capacity) {
         int cap = ctx->prepared_capacity ? 2 * ctx->prepared_capacity : 16;
         moex_prepared *p = realloc(ctx->prepared, (size_t)cap * sizeof *p);
