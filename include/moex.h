@@ -114,8 +114,10 @@ moex_status moex_dtype_parse(const char *name, moex_dtype *out);
 
 /**
  * Convert n elements between f32, f16 and bf16 (round to nearest even; NaN
- * stays NaN). Host memory only. src and dst must either be the same
- * pointer (in-place conversion) or not overlap.
+ * stays NaN). Host memory only; src and dst need not be aligned. src and dst
+ * must either be the same pointer (in-place conversion) or not overlap
+ * (refused when the dtypes differ; a same-dtype copy is a memmove). An n
+ * whose bytes would run past the end of memory is refused.
  */
 moex_status moex_convert(const void *src, moex_dtype src_dtype, void *dst,
                          moex_dtype dst_dtype, size_t n);
@@ -209,7 +211,8 @@ void moex_device_free(moex_device device, void *ptr);
 /**
  * Copy bytes from src (on src_device) to dst (on dst_device): host to host,
  * host to GPU, GPU to host or GPU to GPU. Returns when the copy is complete
- * (it waits for nothing else). The ranges must not overlap. Thread-safe.
+ * (it waits for nothing else). The ranges must not overlap (refused for host
+ * ranges), nor run past the end of memory (refused). Thread-safe.
  */
 moex_status moex_memcpy(void *dst, moex_device dst_device, const void *src, moex_device src_device, size_t bytes);
 
@@ -224,7 +227,9 @@ moex_status moex_memcpy(void *dst, moex_device dst_device, const void *src, moex
  * A non-owning view of an n-d array. Strides are in elements (for E2M1X2: in
  * bytes, i.e. pairs). Row-major contiguous means strides[ndim-1] == 1 and
  * strides[i] == strides[i+1] * shape[i+1]. A view with data == NULL and
- * ndim == 0 is "absent" (used for optional biases).
+ * ndim == 0 is "absent" (used for optional biases). data must be aligned to
+ * the element size (moex_dtype_size); the calls that take views refuse one
+ * that is not, and one whose element count or byte size overflows int64.
  */
 typedef struct moex_tensor {
     void *data;
@@ -239,7 +244,8 @@ typedef struct moex_tensor {
  * Fill *t as a row-major contiguous view of data on the CPU (for GPU memory,
  * set t->device afterwards, e.g. {MOEX_DEVICE_CUDA, 0}).
  * Fails (MOEX_ERR_INVALID_ARGUMENT) on ndim outside [1, MOEX_MAX_DIMS],
- * a negative dimension, an invalid dtype or a byte size that overflows.
+ * a negative dimension, an invalid dtype, or a byte size or row-major
+ * stride that overflows int64 (e.g. [0, 2^40, 2^40]).
  * data may be NULL only when the element count is 0.
  */
 moex_status moex_tensor_init(moex_tensor *t, void *data, moex_dtype dtype,
@@ -263,6 +269,8 @@ moex_status moex_tensor_init(moex_tensor *t, void *data, moex_dtype dtype,
  * q: [E, N, K] e4m3, or [E, N, K/2] e2m1x2 (K even) for FP4.
  * scale_inv: [E, ceil(N/block_n), ceil(K/block_k)], f32 or ue8m0 (ue8m0 needs a
  * power-of-two format: FP8_UE8M0 or FP4). Each w = q * scale_inv up to rounding.
+ * Any block sizes >= 1 (up to INT64_MAX: one tile) for FP8. q and scale_inv
+ * must share no memory with w or each other.
  * Checks every shape and dtype first; nothing is written on error.
  */
 moex_status moex_quantize(const moex_tensor *w, moex_quant_format format, int64_t block_n, int64_t block_k,
@@ -273,6 +281,7 @@ moex_status moex_quantize(const moex_tensor *w, moex_quant_format format, int64_
  * q e4m3 ([E, N, K]) or e2m1x2 ([E, N, K/2]); scale_inv [E, ceil(N/block_n),
  * ceil(K/block_k)] f32 or ue8m0. The product is an f32 multiplication, then
  * converted to out's dtype (exact for ue8m0 scales unless out of range).
+ * out must share no memory with q or scale_inv.
  */
 moex_status moex_dequantize(const moex_tensor *q, const moex_tensor *scale_inv, int64_t block_n, int64_t block_k,
                             moex_tensor *out);
@@ -670,7 +679,8 @@ moex_status moex_router_desc_init(moex_router_desc *desc);
  * weights [T, k] (f32/f16/bf16). Computation in f32. Ties are broken
  * towards the lower expert index; the k picks are ordered by descending
  * score (as torch.topk). Grouped: a group's score is the sum of its two
- * highest biased scores (one if the group has a single expert).
+ * highest biased scores (one if the group has a single expert). ids and
+ * weights must share no memory with logits or each other.
  */
 moex_status moex_route(const moex_router_desc *desc, const moex_tensor *logits,
                        moex_tensor *ids, moex_tensor *weights);
