@@ -116,6 +116,42 @@ static void test_backend_fail_message(void **state) {
     end_problems();
 }
 
+/* A NULL argument is named in the message, one call at a time. */
+static void test_null_arguments_named(void **state) {
+    (void)state;
+    moex_dtype dt;
+    moex_quant_format qf;
+    moex_tensor t;
+    int64_t shape[1] = {1};
+    float f = 0;
+    assert_int_equal(moex_dtype_parse(NULL, &dt), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "name is NULL")) PROBLEM("dtype_parse(NULL): \"%s\"", moex_last_error());
+    assert_int_equal(moex_dtype_parse("f32", NULL), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "out is NULL")) PROBLEM("dtype_parse(, NULL): \"%s\"", moex_last_error());
+    assert_int_equal(moex_quant_format_parse(NULL, &qf), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "name is NULL")) PROBLEM("quant_format_parse(NULL): \"%s\"", moex_last_error());
+    assert_int_equal(moex_tensor_init(&t, &f, MOEX_F32, 1, NULL), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "shape is NULL")) PROBLEM("tensor_init(shape NULL): \"%s\"", moex_last_error());
+    assert_int_equal(moex_tensor_init(NULL, &f, MOEX_F32, 1, shape), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "t is NULL")) PROBLEM("tensor_init(t NULL): \"%s\"", moex_last_error());
+    moex_context_options o = moex_context_default_options();
+    o.num_threads = 1;
+    moex_context *ctx = NULL;
+    assert_int_equal(moex_context_create(&o, &ctx), MOEX_OK);
+    void *p;
+    size_t n;
+    assert_int_equal(moex_context_workspace(ctx, &p, NULL), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "bytes is NULL")) PROBLEM("context_workspace(bytes NULL): \"%s\"", moex_last_error());
+    assert_int_equal(moex_context_workspace(ctx, NULL, &n), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "ptr is NULL")) PROBLEM("context_workspace(ptr NULL): \"%s\"", moex_last_error());
+    assert_int_equal(moex_context_get_options(ctx, NULL), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "out is NULL")) PROBLEM("context_get_options(out NULL): \"%s\"", moex_last_error());
+    assert_int_equal(moex_context_get_options(NULL, &o), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "ctx is NULL")) PROBLEM("context_get_options(ctx NULL): \"%s\"", moex_last_error());
+    moex_context_free(ctx);
+    end_problems();
+}
+
 /* ------------------------------------------------------------------------ */
 /* dtypes                                                                    */
 /* ------------------------------------------------------------------------ */
@@ -857,6 +893,7 @@ int main(void) {
         cmocka_unit_test(test_status_str),
         cmocka_unit_test(test_last_error),
         cmocka_unit_test(test_backend_fail_message),
+        cmocka_unit_test(test_null_arguments_named),
         cmocka_unit_test(test_dtype_size_name_parse),
         cmocka_unit_test(test_convert_f32_bf16),
         cmocka_unit_test(test_convert_f32_f16),

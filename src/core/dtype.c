@@ -21,7 +21,7 @@ const char *moex_dtype_name(moex_dtype dtype) {
 }
 
 moex_status moex_dtype_parse(const char *name, moex_dtype *out) {
-    if (!name || !out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_dtype_parse: null argument");
+    if (!name || !out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_dtype_parse: %s is NULL", name ? "out" : "name");
     for (int i = 0; i < MOEX_DTYPE_COUNT; i++) {
         if (strcmp(name, dtype_table[i].name) == 0) {
             *out = (moex_dtype)i;

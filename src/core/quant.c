@@ -62,7 +62,8 @@ uint8_t moex_f32_to_ue8m0(float value) {
 static const char *const FORMAT_NAMES[] = {"fp8", "fp8-ue8m0", "fp4"};
 
 moex_status moex_quant_format_parse(const char *name, moex_quant_format *out) {
-    if (!name || !out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_quant_format_parse: null argument");
+    if (!name || !out)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_quant_format_parse: %s is NULL", name ? "out" : "name");
     for (int i = 0; i < 3; i++)
         if (!strcmp(name, FORMAT_NAMES[i])) {
             *out = (moex_quant_format)i;

@@ -4,7 +4,7 @@
 
 moex_status moex_tensor_init(moex_tensor *t, void *data, moex_dtype dtype, int ndim,
                              const int64_t *shape) {
-    if (!t || !shape) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tensor_init: null argument");
+    if (!t || !shape) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tensor_init: %s is NULL", t ? "shape" : "t");
     if (ndim < 1 || ndim > MOEX_MAX_DIMS)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tensor_init: ndim = %d is outside [1, %d]",
                          ndim, MOEX_MAX_DIMS);

@@ -72,7 +72,8 @@ void moex_context_free(moex_context *ctx) {
 }
 
 moex_status moex_context_get_options(const moex_context *ctx, moex_context_options *out) {
-    if (!ctx || !out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_get_options: null argument");
+    if (!ctx || !out)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_get_options: %s is NULL", ctx ? "out" : "ctx");
     *out = ctx->options;
     return MOEX_OK;
 }
@@ -80,7 +81,8 @@ moex_status moex_context_get_options(const moex_context *ctx, moex_context_optio
 size_t moex_context_workspace_bytes(const moex_context *ctx) { return ctx ? ctx->workspace_bytes : 0; }
 
 moex_status moex_context_workspace(moex_context *ctx, void **ptr, size_t *bytes) {
-    if (!ctx || !ptr || !bytes) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_workspace: null argument");
+    if (!ctx || !ptr || !bytes)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_workspace: %s is NULL", !ctx ? "ctx" : !ptr ? "ptr" : "bytes");
     *ptr = ctx->workspace;
     *bytes = ctx->workspace_bytes;
     return MOEX_OK;
