@@ -525,6 +525,26 @@ static void test_row_strides(void **state) {
         c.sentinel_prob = 0.1;
         run_case_all_backends(&c);
     }
+    /* one token: its row strides are never used, whatever they say (as for any dimension of size 1) */
+    xcase c = xcase_make(1, 6, 2, 40, 24, MOEX_F32, 410);
+    xrun r;
+    xrun_setup(&r, &c);
+    moex_context *ctx = make_ctx(2, 1);
+    moex_layer *layer = make_layer(&r.L.desc, &c);
+    r.th.strides[0] = -7;
+    r.tids.strides[0] = 0;
+    r.tw.strides[0] = INT64_MIN;
+    for (int b = 0; b < N_BACKENDS; b++) {
+        outbuf o;
+        if (!prepare_soft(ctx, layer, CPU_BACKENDS[b], &c)) continue;
+        outbuf_init(&o, 1, c.H, c.H, c.dt);
+        o.t.strides[0] = INT64_MAX;
+        if (forward_checked(&r, ctx, layer, CPU_BACKENDS[b], &o)) check_nmse(&r, &o, CPU_BACKENDS[b]);
+        outbuf_free(&o);
+    }
+    moex_layer_free(layer);
+    moex_context_free(ctx);
+    xrun_teardown(&r);
     end_problems();
 }
 

@@ -128,8 +128,8 @@ moex_status moex_check_rows(const moex_tensor *t, const char *what) {
     if (t->shape[0] > 1 && t->strides[0] < t->shape[1])
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: row stride = %lld is smaller than the row length %lld (rows would overlap)",
                          what, (long long)t->strides[0], (long long)t->shape[1]);
-    int64_t last;
-    if (t->shape[0] > 0 && !moex_mul_ok(t->shape[0] - 1, t->strides[0], &last))
+    int64_t last; /* the row stride of a single row is never used */
+    if (t->shape[0] > 1 && !moex_mul_ok(t->shape[0] - 1, t->strides[0], &last))
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: row stride = %lld overflows", what, (long long)t->strides[0]);
     return MOEX_OK;
 }
