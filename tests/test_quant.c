@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L /* alarm */
 /* test_quant.c — quantized experts: the e4m3 / e2m1 / ue8m0 codecs over every
  * code, moex_quantize / moex_dequantize (recipe, odd sizes, bad input), and
  * the three CPU backends on FP8 (float and UE8M0 scales) and FP4 layers
@@ -11,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/quant.h" /* the kernels' reading of e4m3 codes */
 #include "reference.h"
@@ -286,6 +288,37 @@ static void test_quantize_bad_memory(void **state) {
         PROBLEM("w 2^40 x 2^40 x 2^40: \"%s\"", moex_last_error());
     assert_memory_equal(q, qcopy, sizeof q);
     end_problems();
+}
+
+/* Tensors without elements but with huge other dimensions ([1, 2^40, 0]): nothing to do, at once
+ * (the tile loops once ran over 2^40 empty tiles). The alarm ends the test program if not. */
+static void test_quantize_empty_huge(void **state) {
+    (void)state;
+    static float dummy[4];
+    uint8_t qd[4] = {0x5A, 0x5A, 0x5A, 0x5A};
+    moex_tensor tw, tq, ts, to;
+    memset(&tw, 0, sizeof tw);
+    tw.data = dummy;
+    tw.dtype = MOEX_F32;
+    tw.ndim = 3;
+    tw.shape[0] = 1, tw.shape[1] = (int64_t)1 << 40, tw.shape[2] = 0;
+    tw.strides[0] = (int64_t)1 << 40, tw.strides[1] = tw.strides[2] = 1; /* row-major, 0 counted as 1 */
+    tq = tw;
+    tq.data = qd;
+    tq.dtype = MOEX_E4M3;
+    ts = tw; /* grid [1, 2^40, 0] for block 1 x 1 */
+    to = tw;
+    alarm(60);
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, 1, 1, &tq, &ts), MOEX_OK);
+    assert_int_equal(moex_dequantize(&tq, &ts, 1, 1, &to), MOEX_OK);
+    tw.shape[1] = 0, tw.shape[2] = (int64_t)1 << 40; /* [1, 0, 2^40] */
+    tw.strides[1] = (int64_t)1 << 40;
+    tq = tw, tq.data = qd, tq.dtype = MOEX_E4M3;
+    ts = tw, to = tw;
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, 1, 1, &tq, &ts), MOEX_OK);
+    assert_int_equal(moex_dequantize(&tq, &ts, 1, 1, &to), MOEX_OK);
+    alarm(0);
+    for (int i = 0; i < 4; i++) assert_int_equal(qd[i], 0x5A);
 }
 
 /* ---- layers --------------------------------------------------------------------------------- */
@@ -593,6 +626,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_recipe),
         cmocka_unit_test(test_quantize_huge_blocks),
         cmocka_unit_test(test_quantize_bad_memory),
+        cmocka_unit_test(test_quantize_empty_huge),
         cmocka_unit_test(test_fp8_layers),
         cmocka_unit_test(test_fp4_layers),
         cmocka_unit_test(test_fp4_gptoss_block_layout),

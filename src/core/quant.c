@@ -180,6 +180,7 @@ moex_status moex_quantize(const moex_tensor *w, moex_quant_format format, int64_
         (st = moex_check_disjoint(scale_inv, "scale_inv", q, "q")))
         return st;
     const int64_t E = dims[0], N = dims[1], K = dims[2];
+    if (E == 0 || N == 0 || K == 0) return MOEX_OK; /* no elements (the other sizes may be huge): nothing to do */
     const int64_t sn = moex_ceil_div(N, block_n), sk = moex_ceil_div(K, block_k);
     const size_t wsz = moex_dtype_size(w->dtype);
     const int64_t qrow = format == MOEX_QUANT_FP4 ? K / 2 : K;
@@ -225,6 +226,7 @@ moex_status moex_dequantize(const moex_tensor *q, const moex_tensor *scale_inv, 
     if (!st) st = moex_check_disjoint(out, "out", scale_inv, "scale_inv");
     if (st) return st;
     const int64_t E = dims[0], N = dims[1], K = dims[2], sk = moex_ceil_div(K, block_k);
+    if (E == 0 || N == 0 || K == 0) return MOEX_OK; /* no elements: nothing to do */
     const int64_t sn = moex_ceil_div(N, block_n), qrow = q->dtype == MOEX_E2M1X2 ? K / 2 : K;
     const size_t ssz = moex_dtype_size(scale_inv->dtype), osz = moex_dtype_size(out->dtype);
     float *row = malloc(sizeof(float) * (size_t)(K > 0 ? K : 1));
