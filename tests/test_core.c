@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/internal.h" /* moex_check_disjoint, against brute force */
 #include "moex.h"
 #include "reference.h"
 #include "testutil.h"
@@ -629,6 +630,71 @@ static void test_tensor_init(void **state) {
     end_problems();
 }
 
+/* moex_check_disjoint against brute force: random matrix views (rows with gaps, equal or different row
+ * strides, 1/2/4-byte elements, one row or many) and 3-d contiguous ones in one arena; it must report a
+ * shared byte exactly when one exists. */
+static void test_disjoint_exact(void **state) {
+    (void)state;
+    enum { ARENA = 512 };
+    static const moex_dtype DT[3] = {MOEX_E4M3, MOEX_BF16, MOEX_F32};
+    _Alignas(64) static unsigned char arena[ARENA];
+    ref_rng r;
+    ref_rng_seed(&r, 2024);
+    int shared = 0, apart = 0;
+    for (int it = 0; it < 20000; it++) {
+        moex_tensor v[2];
+        unsigned char mark[2][ARENA];
+        for (int n = 0; n < 2; n++) {
+            const moex_dtype dt = DT[ref_rng_below(&r, 3)];
+            const int64_t esz = (int64_t)ref_dtype_size(dt) ? (int64_t)ref_dtype_size(dt) : 1;
+            memset(&v[n], 0, sizeof v[n]);
+            v[n].dtype = dt;
+            memset(mark[n], 0, ARENA);
+            if (ref_rng_below(&r, 5) == 0) { /* 3-d contiguous */
+                v[n].ndim = 3;
+                for (int i = 0; i < 3; i++) v[n].shape[i] = 1 + ref_rng_below(&r, 3);
+                v[n].strides[2] = 1, v[n].strides[1] = v[n].shape[2], v[n].strides[0] = v[n].shape[1] * v[n].shape[2];
+            } else {
+                v[n].ndim = 2;
+                v[n].shape[0] = 1 + ref_rng_below(&r, 6);
+                v[n].shape[1] = 1 + ref_rng_below(&r, 5);
+                v[n].strides[1] = 1;
+                v[n].strides[0] = n == 1 && ref_rng_below(&r, 2) ? v[0].strides[0] * (int64_t)ref_dtype_size(v[0].dtype) / esz
+                                                                   : v[n].shape[1] + ref_rng_below(&r, 7);
+                if (v[n].strides[0] < v[n].shape[1]) v[n].strides[0] = v[n].shape[1];
+            }
+            int64_t extent = 0; /* elements from the first to past the last */
+            if (v[n].ndim == 3) extent = v[n].shape[0] * v[n].shape[1] * v[n].shape[2];
+            else extent = (v[n].shape[0] - 1) * v[n].strides[0] + v[n].shape[1];
+            const int64_t room = (ARENA - extent * esz) / esz;
+            const int64_t at = ref_rng_below(&r, room > 0 ? room : 1) * esz;
+            v[n].data = arena + at;
+            if (v[n].ndim == 3) {
+                memset(mark[n] + at, 1, (size_t)(extent * esz));
+            } else {
+                for (int64_t i = 0; i < v[n].shape[0]; i++)
+                    memset(mark[n] + at + i * v[n].strides[0] * esz, 1, (size_t)(v[n].shape[1] * esz));
+            }
+        }
+        int want = 0;
+        for (int i = 0; i < ARENA; i++) want |= mark[0][i] && mark[1][i];
+        const moex_status st = moex_check_disjoint(&v[0], "a", &v[1], "b");
+        if ((st != MOEX_OK) != want) {
+            PROBLEM("case %d: a %s rows %lld x %lld stride %lld at +%td, b %s rows %lld x %lld stride %lld at +%td: "
+                    "%s, brute force says %s", it, moex_dtype_name(v[0].dtype), (long long)v[0].shape[0],
+                    (long long)v[0].shape[1], (long long)v[0].strides[0], (unsigned char *)v[0].data - arena,
+                    moex_dtype_name(v[1].dtype), (long long)v[1].shape[0], (long long)v[1].shape[1],
+                    (long long)v[1].strides[0], (unsigned char *)v[1].data - arena, st ? "shared" : "apart",
+                    want ? "shared" : "apart");
+            if (g_problems > 10) break;
+        }
+        shared += want;
+        apart += !want;
+    }
+    if (shared < 1000 || apart < 1000) PROBLEM("weak sample: %d shared, %d apart", shared, apart);
+    end_problems();
+}
+
 /* ------------------------------------------------------------------------ */
 /* devices and contexts                                                      */
 /* ------------------------------------------------------------------------ */
@@ -904,6 +970,7 @@ int main(void) {
         cmocka_unit_test(test_convert_hostile),
         cmocka_unit_test(test_memcpy_hostile),
         cmocka_unit_test(test_tensor_init),
+        cmocka_unit_test(test_disjoint_exact),
         cmocka_unit_test(test_device_query_cpu),
         cmocka_unit_test(test_cpu_feature_detection),
         cmocka_unit_test(test_sources_compile_with_clang),

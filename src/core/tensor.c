@@ -176,9 +176,20 @@ static int tensor_span(const moex_tensor *t, span *s) {
 
 static uint64_t span_extent(const span *s) { return (s->rows - 1) * s->stride + s->len; }
 
-/* 1 if spans x and y share a byte: each run of x against the first run of y that ends after it starts. */
+/* 1 if spans x and y share a byte. */
 static int spans_overlap(const span *x, const span *y) {
     if (x->base + span_extent(x) <= y->base || y->base + span_extent(y) <= x->base) return 0;
+    if (x->rows > 1 && y->rows > 1 && x->stride == y->stride) { /* the same row stride: one offset tells (O(1)) */
+        if (x->base < y->base) {
+            const span *t = x;
+            x = y;
+            y = t;
+        }
+        /* x's row i starts r bytes into the slot of y's row i + q; it reaches at most into the next slot */
+        const uint64_t d = x->base - y->base, q = d / y->stride, r = d % y->stride;
+        return (q < y->rows && r < y->len) || (q + 1 < y->rows && r + x->len > y->stride);
+    }
+    /* otherwise each run of the span with fewer runs against the first run of the other that ends after it starts */
     if (x->rows > y->rows) {
         const span *t = x;
         x = y;
