@@ -520,6 +520,9 @@ static void test_convert_hostile(void **state) {
     if (!contains(moex_last_error(), want)) PROBLEM("n = %zu: message \"%s\" lacks it", huge, moex_last_error());
     assert_int_equal(moex_convert(buf, MOEX_F32, buf + 32, MOEX_BF16, SIZE_MAX), MOEX_ERR_INVALID_ARGUMENT);
     assert_int_equal(moex_convert(buf, MOEX_BF16, buf + 32, MOEX_F32, SIZE_MAX / 2), MOEX_ERR_INVALID_ARGUMENT);
+    /* 2^62 bf16 = 2^63 bytes: no wrap, but more than any object can hold (PTRDIFF_MAX) */
+    assert_int_equal(moex_convert(buf, MOEX_BF16, buf + 32, MOEX_BF16, (size_t)1 << 62), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "4611686018427387904")) PROBLEM("n = 2^62: \"%s\"", moex_last_error());
     /* narrowing into the same buffer 4 bytes on: the output would overwrite inputs not read yet */
     assert_int_equal(moex_convert(buf, MOEX_F32, buf + 4, MOEX_BF16, 8), MOEX_ERR_INVALID_ARGUMENT);
     if (!contains(moex_last_error(), "overlap")) PROBLEM("narrowing overlap: message \"%s\"", moex_last_error());
@@ -556,6 +559,7 @@ static void test_memcpy_hostile(void **state) {
     snprintf(want, sizeof want, "%zu", (size_t)SIZE_MAX);
     if (!contains(moex_last_error(), want)) PROBLEM("SIZE_MAX bytes: message \"%s\" lacks the size", moex_last_error());
     assert_int_equal(moex_memcpy(b, cpu, a, cpu, SIZE_MAX - 16), MOEX_ERR_INVALID_ARGUMENT);
+    assert_int_equal(moex_memcpy(b, cpu, a, cpu, (size_t)1 << 63), MOEX_ERR_INVALID_ARGUMENT); /* > PTRDIFF_MAX */
     for (int i = 0; i < 32; i++) assert_int_equal(b[i], 2);
     assert_int_equal(moex_memcpy(a + 8, cpu, a, cpu, 16), MOEX_ERR_INVALID_ARGUMENT);
     if (!contains(moex_last_error(), "overlap")) PROBLEM("overlap: message \"%s\"", moex_last_error());

@@ -86,10 +86,12 @@ moex_status moex_convert(const void *src, moex_dtype src_dtype, void *dst, moex_
     if (!src || !dst) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_convert: %s is NULL", src ? "dst" : "src");
     const size_t ss = moex_dtype_size(src_dtype), ds = moex_dtype_size(dst_dtype);
     const uintptr_t s0 = (uintptr_t)src, d0 = (uintptr_t)dst;
-    if (n > (UINTPTR_MAX - s0) / ss || n > (UINTPTR_MAX - d0) / ds)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_convert: n = %zu elements of %s at %p run past the end of memory",
-                         n, moex_dtype_name(n > (UINTPTR_MAX - s0) / ss ? src_dtype : dst_dtype),
-                         n > (UINTPTR_MAX - s0) / ss ? src : (const void *)dst);
+    /* no object is larger than PTRDIFF_MAX bytes, nor ends past the end of memory */
+    const int src_bad = n > (size_t)PTRDIFF_MAX / ss || n > (UINTPTR_MAX - s0) / ss;
+    if (src_bad || n > (size_t)PTRDIFF_MAX / ds || n > (UINTPTR_MAX - d0) / ds)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                         "moex_convert: n = %zu elements of %s at %p are more bytes than memory can hold there", n,
+                         moex_dtype_name(src_bad ? src_dtype : dst_dtype), src_bad ? src : (const void *)dst);
     if (src_dtype == dst_dtype) {
         if (src != dst) memmove(dst, src, n * ss);
         return MOEX_OK;

@@ -61,9 +61,9 @@ moex_status moex_memcpy(void *dst, moex_device dst_device, const void *src, moex
     if (bytes == 0) return MOEX_OK;
     if (!dst || !src) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_memcpy: %s is NULL", dst ? "src" : "dst");
     const uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
-    if (bytes > UINTPTR_MAX - d || bytes > UINTPTR_MAX - s)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_memcpy: %zu bytes from %p run past the end of memory", bytes,
-                         bytes > UINTPTR_MAX - d ? dst : src);
+    if (bytes > (size_t)PTRDIFF_MAX || bytes > UINTPTR_MAX - d || bytes > UINTPTR_MAX - s) /* no object is that large */
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_memcpy: %zu bytes at %p are more than memory can hold there",
+                         bytes, bytes > UINTPTR_MAX - s ? src : dst);
     if (dst_device.kind == MOEX_DEVICE_CPU && src_device.kind == MOEX_DEVICE_CPU) {
         if (d < s + bytes && s < d + bytes)
             return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_memcpy: the %zu-byte ranges at %p and %p overlap", bytes,
