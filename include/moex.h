@@ -114,8 +114,10 @@ moex_status moex_dtype_parse(const char *name, moex_dtype *out);
 
 /**
  * Convert n elements between f32, f16 and bf16 (round to nearest even; NaN
- * stays NaN). Host memory only. src and dst must either be the same
- * pointer (in-place conversion) or not overlap.
+ * stays NaN). Host memory only; src and dst need not be aligned. src and dst
+ * must either be the same pointer (in-place conversion) or not overlap
+ * (refused when the dtypes differ; a same-dtype copy is a memmove). An n
+ * whose bytes would run past the end of memory is refused.
  */
 moex_status moex_convert(const void *src, moex_dtype src_dtype, void *dst,
                          moex_dtype dst_dtype, size_t n);
@@ -209,7 +211,8 @@ void moex_device_free(moex_device device, void *ptr);
 /**
  * Copy bytes from src (on src_device) to dst (on dst_device): host to host,
  * host to GPU, GPU to host or GPU to GPU. Returns when the copy is complete
- * (it waits for nothing else). The ranges must not overlap. Thread-safe.
+ * (it waits for nothing else). The ranges must not overlap (refused for host
+ * ranges), nor run past the end of memory (refused). Thread-safe.
  */
 moex_status moex_memcpy(void *dst, moex_device dst_device, const void *src, moex_device src_device, size_t bytes);
 
@@ -224,7 +227,9 @@ moex_status moex_memcpy(void *dst, moex_device dst_device, const void *src, moex
  * A non-owning view of an n-d array. Strides are in elements (for E2M1X2: in
  * bytes, i.e. pairs). Row-major contiguous means strides[ndim-1] == 1 and
  * strides[i] == strides[i+1] * shape[i+1]. A view with data == NULL and
- * ndim == 0 is "absent" (used for optional biases).
+ * ndim == 0 is "absent" (used for optional biases). data must be aligned to
+ * the element size (moex_dtype_size); the calls that take views refuse one
+ * that is not, and one whose element count or byte size overflows int64.
  */
 typedef struct moex_tensor {
     void *data;
@@ -239,7 +244,8 @@ typedef struct moex_tensor {
  * Fill *t as a row-major contiguous view of data on the CPU (for GPU memory,
  * set t->device afterwards, e.g. {MOEX_DEVICE_CUDA, 0}).
  * Fails (MOEX_ERR_INVALID_ARGUMENT) on ndim outside [1, MOEX_MAX_DIMS],
- * a negative dimension, an invalid dtype or a byte size that overflows.
+ * a negative dimension, an invalid dtype, or a byte size or row-major
+ * stride that overflows int64 (e.g. [0, 2^40, 2^40]).
  * data may be NULL only when the element count is 0.
  */
 moex_status moex_tensor_init(moex_tensor *t, void *data, moex_dtype dtype,
@@ -263,6 +269,8 @@ moex_status moex_tensor_init(moex_tensor *t, void *data, moex_dtype dtype,
  * q: [E, N, K] e4m3, or [E, N, K/2] e2m1x2 (K even) for FP4.
  * scale_inv: [E, ceil(N/block_n), ceil(K/block_k)], f32 or ue8m0 (ue8m0 needs a
  * power-of-two format: FP8_UE8M0 or FP4). Each w = q * scale_inv up to rounding.
+ * Any block sizes >= 1 (up to INT64_MAX: one tile) for FP8. q and scale_inv
+ * must share no memory with w or each other.
  * Checks every shape and dtype first; nothing is written on error.
  */
 moex_status moex_quantize(const moex_tensor *w, moex_quant_format format, int64_t block_n, int64_t block_k,
@@ -273,6 +281,7 @@ moex_status moex_quantize(const moex_tensor *w, moex_quant_format format, int64_
  * q e4m3 ([E, N, K]) or e2m1x2 ([E, N, K/2]); scale_inv [E, ceil(N/block_n),
  * ceil(K/block_k)] f32 or ue8m0. The product is an f32 multiplication, then
  * converted to out's dtype (exact for ue8m0 scales unless out of range).
+ * out must share no memory with q or scale_inv.
  */
 moex_status moex_dequantize(const moex_tensor *q, const moex_tensor *scale_inv, int64_t block_n, int64_t block_k,
                             moex_tensor *out);
@@ -512,27 +521,58 @@ typedef struct moex_forward_args {
  * moex_register_backend(); the built-ins are registered at start.
  * A forward must not write `out` unless it succeeds, must not allocate, and
  * must not depend on the thread count for its result.
+ *
+ * Failures: a function that fails returns a moex_status other than MOEX_OK
+ * and says why with moex_backend_fail(). moex checks what comes back:
+ *   - a failure with no message of the function's own is reported as
+ *     `backend "NAME": prepare failed with status N and no message (...)`
+ *     (never with an older, unrelated moex_last_error());
+ *   - a value that is not a moex_status (say 12345 or -7) becomes
+ *     MOEX_ERR_INTERNAL with `backend "NAME" returned 12345, which is not a
+ *     moex_status (...)`;
+ *   - supports() must return 1 or 0; anything else is MOEX_ERR_INTERNAL too.
  */
 typedef struct moex_backend {
     const char *name;        /**< unique, [a-z0-9_], at most 63 characters */
     const char *summary;     /**< one line for listings (may be NULL) */
     /** Can this backend run `layer` on the device `dev`? Return 1, or 0 and
-     *  write a reason a user can act on into why (why_size bytes). Required. */
+     *  write a reason a user can act on into why (why_size bytes, at least 1;
+     *  or record it with moex_backend_fail()). layer is NULL when only the
+     *  device is asked about. Required. */
     int (*supports)(const moex_experts_desc *layer, const moex_device_info *dev,
                     char *why, size_t why_size, void *user);
     /** Workspace bytes one forward of up to max_tokens tokens needs. Optional (0).
-     *  On a CUDA context num_threads is 0 and the workspace is GPU memory. */
+     *  On a CUDA context num_threads is 0 and the workspace is GPU memory.
+     *  SIZE_MAX means "too large": moex_prepare fails naming max_tokens. */
     size_t (*workspace_bytes)(const moex_experts_desc *layer, int64_t max_tokens,
                               int num_threads, void *user);
-    /** Per layer and context: re-layout, lazy loading. Optional. */
+    /** Per layer and context: re-layout, lazy loading. Optional. Returns
+     *  MOEX_OK, or a failure with a message from moex_backend_fail() (and
+     *  nothing kept: release is not called for a failed prepare). */
     moex_status (*prepare)(moex_context *ctx, const moex_experts_desc *layer,
                            void **state, void *user);
-    /** Release what prepare made. Optional. */
+    /** Release what prepare made. Optional. Cannot fail. */
     void (*release)(void *state, void *user);
-    /** Compute out from hidden, ids and weights. Required. */
+    /** Compute out from hidden, ids and weights. Required. Returns MOEX_OK, or
+     *  a failure with a message from moex_backend_fail() and out untouched. */
     moex_status (*forward)(const moex_forward_args *args, void *user);
     void *user;              /**< passed back to every function */
 } moex_backend;
+
+/**
+ * For a backend's functions: record a printf-style message as this thread's
+ * moex_last_error() (at most 1023 bytes are kept) and return status, so that
+ * a failure is one line:
+ *     return moex_backend_fail(MOEX_ERR_UNSUPPORTED,
+ *                              "my_backend: hidden = %lld is not a multiple of 64", h);
+ * Name the bad value, as moex's own messages do. The arguments may include
+ * moex_last_error() itself. Usable from any thread; each thread has its own message.
+ */
+moex_status moex_backend_fail(moex_status status, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 
 /**
  * Register a backend. The struct and its name are copied. Fails with
@@ -585,7 +625,10 @@ moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backe
  * >= H. weights: f32, f16 or bf16. ids == -1 or == E contribute nothing (a
  * token whose ids are all sentinels gets zeros); any other id outside [0, E)
  * is an error. T == 0 is valid and writes nothing. T must not exceed the
- * context's max_tokens. Every check happens before anything is written.
+ * context's max_tokens. out must not share a byte with hidden, ids or
+ * weights (MOEX_ERR_INVALID_ARGUMENT naming both; rows of one view in the
+ * gaps between the rows of another are fine, e.g. hidden and out side by
+ * side in one [T, 2H] buffer). Every check happens before anything is written.
  * Never allocates. The result does not depend on the thread count.
  *
  * On a CUDA context every tensor must be in that GPU's memory (set the
@@ -620,11 +663,12 @@ typedef struct moex_router_desc {
     moex_router_kind kind;
     int64_t num_experts;          /**< E */
     int64_t top_k;                /**< k, 1 <= k <= E */
-    int renormalize;              /**< divide the k weights by their sum */
+    int renormalize;              /**< 1: divide the k weights by their sum; 0 or 1 */
     int64_t n_group;              /**< grouped: number of groups (divides E); 1 = no grouping */
     int64_t topk_group;           /**< grouped: groups kept, 1 <= topk_group <= n_group */
-    float scaling;                /**< grouped: routed scaling factor (1.0) */
-    moex_tensor correction_bias;  /**< grouped: optional f32 [E] added for selection only */
+    float scaling;                /**< grouped: routed scaling factor (1.0), finite and > 0 */
+    moex_tensor correction_bias;  /**< grouped: optional f32 [E] of finite values in cpu memory,
+                                       added for selection only */
 } moex_router_desc;
 
 /** Defaults: softmax top-k, no renormalisation, 1 group, scaling 1, no bias. */
@@ -635,7 +679,8 @@ moex_status moex_router_desc_init(moex_router_desc *desc);
  * weights [T, k] (f32/f16/bf16). Computation in f32. Ties are broken
  * towards the lower expert index; the k picks are ordered by descending
  * score (as torch.topk). Grouped: a group's score is the sum of its two
- * highest biased scores (one if the group has a single expert).
+ * highest biased scores (one if the group has a single expert). ids and
+ * weights must share no memory with logits or each other.
  */
 moex_status moex_route(const moex_router_desc *desc, const moex_tensor *logits,
                        moex_tensor *ids, moex_tensor *weights);

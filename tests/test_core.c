@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/internal.h" /* moex_check_disjoint, against brute force */
 #include "moex.h"
 #include "reference.h"
 #include "testutil.h"
@@ -91,6 +92,64 @@ static void test_last_error(void **state) {
     assert_true(contains(m.after, "zzz_other_thread"));
     if (!contains(moex_last_error(), "f33"))
         PROBLEM("another thread's failure replaced this thread's message: \"%s\"", moex_last_error());
+    end_problems();
+}
+
+/* moex_backend_fail: records this thread's message and returns the status; its arguments may be the
+ * current message itself; a long one is cut at 1023 bytes. */
+static void test_backend_fail_message(void **state) {
+    (void)state;
+    assert_int_equal(moex_backend_fail(MOEX_ERR_IO, "my_backend: disk %d of %s", 3, "7"), MOEX_ERR_IO);
+    assert_string_equal(moex_last_error(), "my_backend: disk 3 of 7");
+    assert_int_equal(moex_backend_fail(MOEX_ERR_FORMAT, "again (%s)", moex_last_error()), MOEX_ERR_FORMAT);
+    assert_string_equal(moex_last_error(), "again (my_backend: disk 3 of 7)");
+    char big[3000];
+    memset(big, 'q', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    assert_int_equal(moex_backend_fail(MOEX_ERR_INTERNAL, "%s", big), MOEX_ERR_INTERNAL);
+    assert_int_equal(strlen(moex_last_error()), 1023);
+    thread_msg m; /* another thread's message is its own */
+    memset(&m, 0, sizeof m);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, fail_on_thread, &m), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(strlen(moex_last_error()), 1023);
+    end_problems();
+}
+
+/* A NULL argument is named in the message, one call at a time. */
+static void test_null_arguments_named(void **state) {
+    (void)state;
+    moex_dtype dt;
+    moex_quant_format qf;
+    moex_tensor t;
+    int64_t shape[1] = {1};
+    float f = 0;
+    assert_int_equal(moex_dtype_parse(NULL, &dt), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "name is NULL")) PROBLEM("dtype_parse(NULL): \"%s\"", moex_last_error());
+    assert_int_equal(moex_dtype_parse("f32", NULL), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "out is NULL")) PROBLEM("dtype_parse(, NULL): \"%s\"", moex_last_error());
+    assert_int_equal(moex_quant_format_parse(NULL, &qf), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "name is NULL")) PROBLEM("quant_format_parse(NULL): \"%s\"", moex_last_error());
+    assert_int_equal(moex_tensor_init(&t, &f, MOEX_F32, 1, NULL), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "shape is NULL")) PROBLEM("tensor_init(shape NULL): \"%s\"", moex_last_error());
+    assert_int_equal(moex_tensor_init(NULL, &f, MOEX_F32, 1, shape), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "t is NULL")) PROBLEM("tensor_init(t NULL): \"%s\"", moex_last_error());
+    moex_context_options o = moex_context_default_options();
+    o.num_threads = 1;
+    moex_context *ctx = NULL;
+    assert_int_equal(moex_context_create(&o, &ctx), MOEX_OK);
+    void *p;
+    size_t n;
+    assert_int_equal(moex_context_workspace(ctx, &p, NULL), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "bytes is NULL")) PROBLEM("context_workspace(bytes NULL): \"%s\"", moex_last_error());
+    assert_int_equal(moex_context_workspace(ctx, NULL, &n), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "ptr is NULL")) PROBLEM("context_workspace(ptr NULL): \"%s\"", moex_last_error());
+    assert_int_equal(moex_context_get_options(ctx, NULL), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "out is NULL")) PROBLEM("context_get_options(out NULL): \"%s\"", moex_last_error());
+    assert_int_equal(moex_context_get_options(NULL, &o), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "ctx is NULL")) PROBLEM("context_get_options(ctx NULL): \"%s\"", moex_last_error());
+    moex_context_free(ctx);
     end_problems();
 }
 
@@ -402,6 +461,114 @@ static void test_convert_edges(void **state) {
     end_problems();
 }
 
+/* Source and destination at any byte offset (a 2-byte-aligned f32 buffer included): the same values as
+ * aligned buffers, computed by the reference codecs; not a byte written outside the destination. */
+static void test_convert_unaligned(void **state) {
+    (void)state;
+    enum { N = 37, PAD = 8 };
+    static const moex_dtype DT[3] = {MOEX_F32, MOEX_F16, MOEX_BF16};
+    _Alignas(16) unsigned char src_mem[N * 4 + 2 * PAD], dst_mem[N * 4 + 2 * PAD], want[N * 4], vals[N * 4];
+    ref_rng r;
+    ref_rng_seed(&r, 41);
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            const size_t sa = ref_dtype_size(DT[a]), sb = ref_dtype_size(DT[b]);
+            ref_fill_random(vals, DT[a], N, 100.0, &r);
+            for (int i = 0; i < N; i++) ref_store(want, DT[b], i, ref_load(vals, DT[a], i));
+            for (int so = 0; so < 4; so++)
+                for (int dof = 0; dof < 4; dof++) {
+                    memset(src_mem, 0x11, sizeof src_mem);
+                    memset(dst_mem, 0x77, sizeof dst_mem);
+                    memcpy(src_mem + PAD + so, vals, N * sa);
+                    moex_status st = moex_convert(src_mem + PAD + so, DT[a], dst_mem + PAD + dof, DT[b], N);
+                    if (st != MOEX_OK) {
+                        PROBLEM("%s at +%d -> %s at +%d: %s", moex_dtype_name(DT[a]), so, moex_dtype_name(DT[b]), dof,
+                                moex_last_error());
+                        continue;
+                    }
+                    if (memcmp(dst_mem + PAD + dof, want, N * sb))
+                        PROBLEM("%s at +%d -> %s at +%d: wrong values", moex_dtype_name(DT[a]), so, moex_dtype_name(DT[b]), dof);
+                    for (size_t i = 0; i < sizeof dst_mem; i++)
+                        if ((i < PAD + (size_t)dof || i >= PAD + dof + N * sb) && dst_mem[i] != 0x77) {
+                            PROBLEM("%s -> %s at +%d: byte %zu outside the destination written", moex_dtype_name(DT[a]),
+                                    moex_dtype_name(DT[b]), dof, i);
+                            break;
+                        }
+                }
+            /* in place at an address 2 mod 4 (src == dst) */
+            if (a == b) continue;
+            memset(dst_mem, 0x77, sizeof dst_mem);
+            memcpy(dst_mem + PAD + 2, vals, N * sa);
+            assert_int_equal(moex_convert(dst_mem + PAD + 2, DT[a], dst_mem + PAD + 2, DT[b], N), MOEX_OK);
+            if (memcmp(dst_mem + PAD + 2, want, N * sb))
+                PROBLEM("in place %s -> %s at +2: wrong values", moex_dtype_name(DT[a]), moex_dtype_name(DT[b]));
+        }
+    end_problems();
+}
+
+/* A count whose bytes do not fit in memory, and buffers that partly overlap (not the same pointer):
+ * refused, naming the count or the overlap, nothing written. Overlapping same-dtype copies move. */
+static void test_convert_hostile(void **state) {
+    (void)state;
+    _Alignas(16) unsigned char buf[64], copy[64];
+    for (int i = 0; i < 64; i++) buf[i] = (unsigned char)(i * 7 + 1);
+    memcpy(copy, buf, sizeof buf);
+    const size_t huge = SIZE_MAX / 4 + 2; /* times 4 bytes wraps to 4 */
+    char want[64];
+    snprintf(want, sizeof want, "%zu", huge);
+    assert_int_equal(moex_convert(buf, MOEX_F32, buf + 32, MOEX_F32, huge), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), want)) PROBLEM("n = %zu: message \"%s\" lacks it", huge, moex_last_error());
+    assert_int_equal(moex_convert(buf, MOEX_F32, buf + 32, MOEX_BF16, SIZE_MAX), MOEX_ERR_INVALID_ARGUMENT);
+    assert_int_equal(moex_convert(buf, MOEX_BF16, buf + 32, MOEX_F32, SIZE_MAX / 2), MOEX_ERR_INVALID_ARGUMENT);
+    /* 2^62 bf16 = 2^63 bytes: no wrap, but more than any object can hold (PTRDIFF_MAX) */
+    assert_int_equal(moex_convert(buf, MOEX_BF16, buf + 32, MOEX_BF16, (size_t)1 << 62), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "4611686018427387904")) PROBLEM("n = 2^62: \"%s\"", moex_last_error());
+    /* narrowing into the same buffer 4 bytes on: the output would overwrite inputs not read yet */
+    assert_int_equal(moex_convert(buf, MOEX_F32, buf + 4, MOEX_BF16, 8), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "overlap")) PROBLEM("narrowing overlap: message \"%s\"", moex_last_error());
+    /* widening from 4 bytes on into the start */
+    assert_int_equal(moex_convert(buf + 4, MOEX_BF16, buf, MOEX_F32, 8), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "overlap")) PROBLEM("widening overlap: message \"%s\"", moex_last_error());
+    assert_memory_equal(buf, copy, sizeof buf);
+    /* just touching is not overlapping: 8 f32 -> 8 bf16 right after them */
+    assert_int_equal(moex_convert(buf, MOEX_F32, buf + 32, MOEX_BF16, 8), MOEX_OK);
+    for (int i = 0; i < 8; i++) {
+        float f;
+        uint16_t h;
+        memcpy(&f, copy + 4 * i, 4);
+        memcpy(&h, buf + 32 + 2 * i, 2);
+        if (!isnan(f) && h != ref_float_to_bf16(f)) PROBLEM("touching: element %d is %04x, want %04x", i, h, ref_float_to_bf16(f));
+    }
+    /* same dtype, overlapping: a memmove */
+    memcpy(buf, copy, sizeof buf);
+    assert_int_equal(moex_convert(buf, MOEX_F16, buf + 2, MOEX_F16, 10), MOEX_OK);
+    assert_memory_equal(buf + 2, copy, 20);
+    end_problems();
+}
+
+/* moex_memcpy: a size that runs past the end of the address space is refused by value, without
+ * computing the out-of-range pointer; overlapping host ranges are refused too. */
+static void test_memcpy_hostile(void **state) {
+    (void)state;
+    const moex_device cpu = {MOEX_DEVICE_CPU, 0};
+    unsigned char a[32], b[32];
+    memset(a, 1, sizeof a);
+    memset(b, 2, sizeof b);
+    assert_int_equal(moex_memcpy(b, cpu, a, cpu, SIZE_MAX), MOEX_ERR_INVALID_ARGUMENT);
+    char want[32];
+    snprintf(want, sizeof want, "%zu", (size_t)SIZE_MAX);
+    if (!contains(moex_last_error(), want)) PROBLEM("SIZE_MAX bytes: message \"%s\" lacks the size", moex_last_error());
+    assert_int_equal(moex_memcpy(b, cpu, a, cpu, SIZE_MAX - 16), MOEX_ERR_INVALID_ARGUMENT);
+    assert_int_equal(moex_memcpy(b, cpu, a, cpu, (size_t)1 << 63), MOEX_ERR_INVALID_ARGUMENT); /* > PTRDIFF_MAX */
+    for (int i = 0; i < 32; i++) assert_int_equal(b[i], 2);
+    assert_int_equal(moex_memcpy(a + 8, cpu, a, cpu, 16), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "overlap")) PROBLEM("overlap: message \"%s\"", moex_last_error());
+    assert_int_equal(moex_memcpy(b, cpu, a, cpu, sizeof a), MOEX_OK);
+    assert_memory_equal(a, b, sizeof a);
+    assert_int_equal(moex_memcpy(a + 16, cpu, a, cpu, 16), MOEX_OK); /* adjacent */
+    end_problems();
+}
+
 /* ------------------------------------------------------------------------ */
 /* tensor views                                                              */
 /* ------------------------------------------------------------------------ */
@@ -454,9 +621,81 @@ static void test_tensor_init(void **state) {
     expect_tensor_init_fails(data, MOEX_F32, 2, huge2, "INT64_MAX x 2");
     int64_t bytes_only[1] = {(int64_t)1 << 62};        /* count fits, bytes do not */
     expect_tensor_init_fails(data, MOEX_F32, 1, bytes_only, "2^62 f32 (bytes overflow)");
+    int64_t empty_huge[3] = {0, (int64_t)1 << 40, (int64_t)1 << 40}; /* no elements, but the strides overflow */
+    expect_tensor_init_fails(data, MOEX_F32, 3, empty_huge, "0 x 2^40 x 2^40 (strides overflow)");
+    if (!contains(moex_last_error(), "[0, 1099511627776, 1099511627776]"))
+        PROBLEM("0 x 2^40 x 2^40: message \"%s\" does not give the shape", moex_last_error());
+    int64_t empty_ok[3] = {0, (int64_t)1 << 30, (int64_t)1 << 30}; /* strides 2^60 and 2^30: fine */
+    assert_int_equal(moex_tensor_init(&t, NULL, MOEX_F32, 3, empty_ok), MOEX_OK);
+    assert_int_equal(t.strides[0], (int64_t)1 << 60);
     expect_tensor_init_fails(NULL, MOEX_F32, 3, s3, "NULL data, 24 elements");
     expect_tensor_init_fails(data, MOEX_F32, 2, NULL, "NULL shape");
     assert_int_equal(moex_tensor_init(NULL, data, MOEX_F32, 3, s3), MOEX_ERR_INVALID_ARGUMENT);
+    end_problems();
+}
+
+/* moex_check_disjoint against brute force: random matrix views (rows with gaps, equal or different row
+ * strides, 1/2/4-byte elements, one row or many) and 3-d contiguous ones in one arena; it must report a
+ * shared byte exactly when one exists. */
+static void test_disjoint_exact(void **state) {
+    (void)state;
+    enum { ARENA = 512 };
+    static const moex_dtype DT[3] = {MOEX_E4M3, MOEX_BF16, MOEX_F32};
+    _Alignas(64) static unsigned char arena[ARENA];
+    ref_rng r;
+    ref_rng_seed(&r, 2024);
+    int shared = 0, apart = 0;
+    for (int it = 0; it < 20000; it++) {
+        moex_tensor v[2];
+        unsigned char mark[2][ARENA];
+        for (int n = 0; n < 2; n++) {
+            const moex_dtype dt = DT[ref_rng_below(&r, 3)];
+            const int64_t esz = (int64_t)ref_dtype_size(dt) ? (int64_t)ref_dtype_size(dt) : 1;
+            memset(&v[n], 0, sizeof v[n]);
+            v[n].dtype = dt;
+            memset(mark[n], 0, ARENA);
+            if (ref_rng_below(&r, 5) == 0) { /* 3-d contiguous */
+                v[n].ndim = 3;
+                for (int i = 0; i < 3; i++) v[n].shape[i] = 1 + ref_rng_below(&r, 3);
+                v[n].strides[2] = 1, v[n].strides[1] = v[n].shape[2], v[n].strides[0] = v[n].shape[1] * v[n].shape[2];
+            } else {
+                v[n].ndim = 2;
+                v[n].shape[0] = 1 + ref_rng_below(&r, 6);
+                v[n].shape[1] = 1 + ref_rng_below(&r, 5);
+                v[n].strides[1] = 1;
+                v[n].strides[0] = n == 1 && ref_rng_below(&r, 2) ? v[0].strides[0] * (int64_t)ref_dtype_size(v[0].dtype) / esz
+                                                                   : v[n].shape[1] + ref_rng_below(&r, 7);
+                if (v[n].strides[0] < v[n].shape[1]) v[n].strides[0] = v[n].shape[1];
+            }
+            int64_t extent = 0; /* elements from the first to past the last */
+            if (v[n].ndim == 3) extent = v[n].shape[0] * v[n].shape[1] * v[n].shape[2];
+            else extent = (v[n].shape[0] - 1) * v[n].strides[0] + v[n].shape[1];
+            const int64_t room = (ARENA - extent * esz) / esz;
+            const int64_t at = ref_rng_below(&r, room > 0 ? room : 1) * esz;
+            v[n].data = arena + at;
+            if (v[n].ndim == 3) {
+                memset(mark[n] + at, 1, (size_t)(extent * esz));
+            } else {
+                for (int64_t i = 0; i < v[n].shape[0]; i++)
+                    memset(mark[n] + at + i * v[n].strides[0] * esz, 1, (size_t)(v[n].shape[1] * esz));
+            }
+        }
+        int want = 0;
+        for (int i = 0; i < ARENA; i++) want |= mark[0][i] && mark[1][i];
+        const moex_status st = moex_check_disjoint(&v[0], "a", &v[1], "b");
+        if ((st != MOEX_OK) != want) {
+            PROBLEM("case %d: a %s rows %lld x %lld stride %lld at +%td, b %s rows %lld x %lld stride %lld at +%td: "
+                    "%s, brute force says %s", it, moex_dtype_name(v[0].dtype), (long long)v[0].shape[0],
+                    (long long)v[0].shape[1], (long long)v[0].strides[0], (unsigned char *)v[0].data - arena,
+                    moex_dtype_name(v[1].dtype), (long long)v[1].shape[0], (long long)v[1].shape[1],
+                    (long long)v[1].strides[0], (unsigned char *)v[1].data - arena, st ? "shared" : "apart",
+                    want ? "shared" : "apart");
+            if (g_problems > 10) break;
+        }
+        shared += want;
+        apart += !want;
+    }
+    if (shared < 1000 || apart < 1000) PROBLEM("weak sample: %d shared, %d apart", shared, apart);
     end_problems();
 }
 
@@ -484,6 +723,66 @@ static void test_device_query_cpu(void **state) {
     moex_device bad = {(moex_device_kind)42, 0};
     assert_int_equal(moex_device_query(bad, &info), MOEX_ERR_INVALID_ARGUMENT);
     end_problems();
+}
+
+/* cpu_avx2 (the AVX2 + FMA + F16C kernels) agrees with what the kernel of the OS lists in
+ * /proc/cpuinfo (it clears avx2 where the OS does not save the YMM registers), and with GCC's
+ * __builtin_cpu_supports where the test is built by GCC. */
+static void test_cpu_feature_detection(void **state) {
+    (void)state;
+    moex_device_info info;
+    moex_device cpu = {MOEX_DEVICE_CPU, 0};
+    assert_int_equal(moex_device_query(cpu, &info), MOEX_OK);
+#if defined(__x86_64__) || defined(__i386__)
+#if defined(__GNUC__) && !defined(__clang__)
+    __builtin_cpu_init();
+    int gcc = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (info.cpu_avx2 != gcc) PROBLEM("cpu_avx2 = %d, __builtin_cpu_supports says %d", info.cpu_avx2, gcc);
+#endif
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) skip();
+    static char line[1 << 16];
+    int found = 0, avx2 = 0, fma = 0, f16c = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "flags", 5)) continue;
+        found = 1;
+        for (char *tok = strtok(strchr(line, ':'), ": \t\n"); tok; tok = strtok(NULL, " \t\n")) {
+            avx2 |= !strcmp(tok, "avx2");
+            fma |= !strcmp(tok, "fma");
+            f16c |= !strcmp(tok, "f16c");
+        }
+    }
+    fclose(f);
+    if (!found) skip();
+    if (info.cpu_avx2 != (avx2 && fma && f16c))
+        PROBLEM("cpu_avx2 = %d, but /proc/cpuinfo lists avx2 %d, fma %d, f16c %d", info.cpu_avx2, avx2, fma, f16c);
+    assert_true(contains(info.name, info.cpu_avx2 ? "avx2 kernels" : "portable kernels"));
+#else
+    assert_int_equal(info.cpu_avx2, 0);
+#endif
+    end_problems();
+}
+
+/* The library's core and experts sources compile with clang as well as with GCC (clang 14 knows no
+ * __builtin_cpu_supports("f16c"), for one): syntax and semantic checks with clang-14 or clang, when
+ * one is installed. */
+static void test_sources_compile_with_clang(void **state) {
+    (void)state;
+    const char *cc = NULL;
+    if (system("command -v clang-14 >/dev/null 2>&1") == 0) cc = "clang-14";
+    else if (system("command -v clang >/dev/null 2>&1") == 0) cc = "clang";
+    if (!cc) skip();
+    char root[1024], cmd[8192];
+    snprintf(root, sizeof root, "%s", MOEX_FIXTURES);
+    char *end = strstr(root, "/tests/fixtures");
+    assert_non_null(end);
+    *end = 0;
+    snprintf(cmd, sizeof cmd,
+             "%s -std=c11 -D_GNU_SOURCE -DMOEX_HAVE_CUDA=0 -fsyntax-only -Wall -Wextra -Wno-unused-parameter "
+             "-I'%s/include' -I'%s/src' '%s'/src/core/*.c '%s'/src/experts/*.c",
+             cc, root, root, root, root);
+    int rc = system(cmd);
+    if (rc != 0) fail_msg("%s could not compile the sources (exit %d): %s", cc, rc, cmd);
 }
 
 /* CUDA: either usable (with a compute capability) or not, with a reason. */
@@ -663,14 +962,22 @@ int main(void) {
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_status_str),
         cmocka_unit_test(test_last_error),
+        cmocka_unit_test(test_backend_fail_message),
+        cmocka_unit_test(test_null_arguments_named),
         cmocka_unit_test(test_dtype_size_name_parse),
         cmocka_unit_test(test_convert_f32_bf16),
         cmocka_unit_test(test_convert_f32_f16),
         cmocka_unit_test(test_convert_f16_bf16),
         cmocka_unit_test(test_convert_random_bulk),
         cmocka_unit_test(test_convert_edges),
+        cmocka_unit_test(test_convert_unaligned),
+        cmocka_unit_test(test_convert_hostile),
+        cmocka_unit_test(test_memcpy_hostile),
         cmocka_unit_test(test_tensor_init),
+        cmocka_unit_test(test_disjoint_exact),
         cmocka_unit_test(test_device_query_cpu),
+        cmocka_unit_test(test_cpu_feature_detection),
+        cmocka_unit_test(test_sources_compile_with_clang),
         cmocka_unit_test(test_device_query_cuda),
         cmocka_unit_test(test_context_defaults_and_create),
         cmocka_unit_test(test_context_bad_options),

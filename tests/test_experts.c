@@ -525,6 +525,26 @@ static void test_row_strides(void **state) {
         c.sentinel_prob = 0.1;
         run_case_all_backends(&c);
     }
+    /* one token: its row strides are never used, whatever they say (as for any dimension of size 1) */
+    xcase c = xcase_make(1, 6, 2, 40, 24, MOEX_F32, 410);
+    xrun r;
+    xrun_setup(&r, &c);
+    moex_context *ctx = make_ctx(2, 1);
+    moex_layer *layer = make_layer(&r.L.desc, &c);
+    r.th.strides[0] = -7;
+    r.tids.strides[0] = 0;
+    r.tw.strides[0] = INT64_MIN;
+    for (int b = 0; b < N_BACKENDS; b++) {
+        outbuf o;
+        if (!prepare_soft(ctx, layer, CPU_BACKENDS[b], &c)) continue;
+        outbuf_init(&o, 1, c.H, c.H, c.dt);
+        o.t.strides[0] = INT64_MAX;
+        if (forward_checked(&r, ctx, layer, CPU_BACKENDS[b], &o)) check_nmse(&r, &o, CPU_BACKENDS[b]);
+        outbuf_free(&o);
+    }
+    moex_layer_free(layer);
+    moex_context_free(ctx);
+    xrun_teardown(&r);
     end_problems();
 }
 
@@ -976,6 +996,57 @@ static void test_bad_forward_ids(void **state) {
     end_problems();
 }
 
+/* Sizes whose element or byte counts overflow int64, data that is not aligned to its elements, and
+ * a tensor on a device the context does not compute on: refused by name and value, nothing written. */
+static void test_bad_forward_hostile(void **state) {
+    (void)state;
+    bad_fixture f;
+    bad_fixture_init(&f);
+    xrun *r = &f.r;
+    const int64_t H = f.c.H, k = f.c.k;
+    for (int b = 0; b < N_BACKENDS; b++) {
+        const char *be = CPU_BACKENDS[b];
+        static const struct { int64_t T; moex_status want; const char *need; } HUGE[] = {
+            {(int64_t)1 << 62, MOEX_ERR_INVALID_ARGUMENT, "[4611686018427387904, 16]"}, /* T*H overflows */
+            {(int64_t)1 << 58, MOEX_ERR_INVALID_ARGUMENT, "[288230376151711744, 16]"},  /* T*H*4 bytes overflow */
+            {(int64_t)1 << 40, MOEX_ERR_WORKSPACE, "1099511627776"},                     /* fits, but > max_tokens */
+        };
+        for (int i = 0; i < 3; i++) {
+            const int64_t T = HUGE[i].T;
+            moex_tensor h = ref_tensor_2d(f.big, MOEX_F32, T, H, H), o = ref_tensor_2d(f.out_mem, MOEX_F32, T, H, H);
+            moex_tensor ids = ref_tensor_2d(f.big, MOEX_I32, T, k, k), w = ref_tensor_2d(f.big, MOEX_F32, T, k, k);
+            char what[64];
+            snprintf(what, sizeof what, "T = %lld", (long long)T);
+            expect_forward_fails(&f, f.ctx, f.layer, be, &h, &ids, &w, &o, HUGE[i].want, HUGE[i].need, NULL, what);
+        }
+        /* ids (i32) at an address 2 mod 4; hidden (f32) likewise */
+        unsigned char *odd = (unsigned char *)f.big + 1024 + 2;
+        memcpy(odd, r->ids, (size_t)(f.c.T * k) * 4);
+        moex_tensor ids = r->tids;
+        ids.data = odd;
+        expect_forward_fails(&f, f.ctx, f.layer, be, &r->th, &ids, &r->tw, &f.out, MOEX_ERR_INVALID_ARGUMENT,
+                             "ids: data at", "aligned", "ids at 2 mod 4");
+        if (!contains(moex_last_error(), "aligned")) PROBLEM("ids at 2 mod 4: \"%s\"", moex_last_error());
+        memcpy(odd, r->hidden, (size_t)(f.c.T * H) * 4);
+        moex_tensor h = r->th;
+        h.data = odd;
+        expect_forward_fails(&f, f.ctx, f.layer, be, &h, &r->tids, &r->tw, &f.out, MOEX_ERR_INVALID_ARGUMENT,
+                             "hidden: data at", NULL, "hidden at 2 mod 4");
+        moex_tensor w = r->tw;
+        w.data = odd + 1; /* 3 mod 4 */
+        expect_forward_fails(&f, f.ctx, f.layer, be, &r->th, &r->tids, &w, &f.out, MOEX_ERR_INVALID_ARGUMENT,
+                             "weights: data at", NULL, "weights at 3 mod 4");
+        /* a view that says it is on GPU 3, given to a cpu context */
+        h = r->th;
+        h.device.kind = MOEX_DEVICE_CUDA;
+        h.device.index = 3;
+        expect_forward_fails(&f, f.ctx, f.layer, be, &h, &r->tids, &r->tw, &f.out, MOEX_ERR_INVALID_ARGUMENT,
+                             "hidden is in cuda:3 memory", NULL, "hidden on cuda:3");
+    }
+    bad_fixture_free(&f);
+    end_problems();
+}
+
 /* Backend names, preparation, workspace. */
 static void test_bad_forward_backend_and_context(void **state) {
     (void)state;
@@ -1045,6 +1116,32 @@ static void test_bad_forward_backend_and_context(void **state) {
     end_problems();
 }
 
+/* A layer whose weights are on another device than the context's: refused by moex_prepare, naming
+ * the device (kind and index). */
+static void test_prepare_weights_elsewhere(void **state) {
+    (void)state;
+    ref_layer_spec s = {4, 16, 8, 2, 1, 0, 0, 1, MOEX_ACT_SILU, 1.702f, 7.0f, MOEX_F32};
+    ref_layer L;
+    ref_layer_build(&L, &s, 31);
+    moex_experts_desc d = L.desc;
+    const moex_device gpu1 = {MOEX_DEVICE_CUDA, 1};
+    d.gate_up.device = d.down.device = d.gate_up_bias.device = d.down_bias.device = gpu1;
+    moex_layer *layer = NULL;
+    assert_int_equal(moex_layer_create(&d, &layer), MOEX_OK);
+    moex_context *ctx = make_ctx(1, 4);
+    for (int b = 0; b < N_BACKENDS; b++) {
+        moex_status st = moex_prepare(ctx, layer, CPU_BACKENDS[b]);
+        if (st != MOEX_ERR_INVALID_ARGUMENT || !contains(moex_last_error(), "weights are in cuda:1 memory"))
+            PROBLEM("%s: prepare of weights on cuda:1 in a cpu context: %s \"%s\"", CPU_BACKENDS[b],
+                    moex_status_str(st), moex_last_error());
+    }
+    assert_int_equal(moex_context_workspace_bytes(ctx), 0);
+    moex_context_free(ctx);
+    moex_layer_free(layer);
+    ref_layer_destroy(&L);
+    end_problems();
+}
+
 /* A layer prepared in one context is not prepared in another. */
 static void test_prepare_is_per_context(void **state) {
     (void)state;
@@ -1062,6 +1159,91 @@ static void test_prepare_is_per_context(void **state) {
     moex_layer_free(layer2);
     moex_context_free(other);
     bad_fixture_free(&f);
+    end_problems();
+}
+
+/* out sharing memory with hidden, ids or weights is refused before anything is written, naming
+ * both tensors, by every backend the registry lists that runs the layer on the CPU. Rows of one view
+ * in the gaps between rows of another share no byte and are accepted (and computed right). */
+static void test_forward_aliasing(void **state) {
+    (void)state;
+    xcase c = xcase_make(6, 8, 2, 16, 8, MOEX_F32, 123);
+    xrun r;
+    xrun_setup(&r, &c);
+    const int64_t T = c.T, H = c.H, k = c.k, OS = 2 * H; /* out rows 2H apart: a gap of H after each */
+    moex_context *ctx = make_ctx(2, T);
+    moex_layer *layer = make_layer(&r.L.desc, &c);
+    const size_t arena_bytes = (size_t)(T * OS + 64) * 4;
+    float *arena = aligned_alloc(64, arena_bytes);
+    unsigned char *copy = malloc(arena_bytes);
+    assert_non_null(arena);
+    const moex_device cpu = {MOEX_DEVICE_CPU, 0};
+    int tried = 0;
+    for (int i = 0; i < moex_backend_count(); i++) {
+        const char *be = moex_backend_name(i);
+        if (moex_backend_supports(be, layer, cpu, NULL, 0) != MOEX_OK) continue;
+        prepare_or_fail(ctx, layer, be, &c);
+        tried++;
+        /* where hidden, ids and weights start (in floats from the arena; -1: their own buffers) and
+         * hidden's row stride; out is always at 0 with row stride 2H */
+        static const struct { const char *what, *input; int64_t hidden_at, hidden_stride, ids_at, w_at; } CASES[] = {
+            {"ids inside out's row 2", "ids [6, 2]", -1, 0, 2 * 32 + 4, -1},
+            {"weights inside out's row 0", "weights [6, 2]", -1, 0, -1, 3},
+            {"ids' first element on out's last", "ids [6, 2]", -1, 0, 5 * 32 + 15, -1},
+            {"hidden half a row into out", "hidden [6, 16]", 8, 32, -1, -1},
+            {"hidden is out", "hidden [6, 16]", 0, 32, -1, -1},
+            {"hidden contiguous over out's rows", "hidden [6, 16]", 32, 16, -1, -1},
+            {NULL, NULL, 16, 32, -1, -1},       /* hidden in out's gaps: fine */
+            {NULL, NULL, -1, 0, 16, 32 + 16},   /* ids in row 0's gap, weights in row 1's: fine */
+            {NULL, NULL, -1, 0, 5 * 32 + 16, 5 * 32 + 28}, /* right after out's last element: fine */
+        };
+        for (size_t n = 0; n < sizeof CASES / sizeof CASES[0]; n++) {
+            memset(arena, 0xA5, arena_bytes);
+            moex_tensor out = ref_tensor_2d(arena, MOEX_F32, T, H, OS), h = r.th, ids = r.tids, w = r.tw;
+            if (CASES[n].ids_at >= 0) { /* the inputs' bytes first, then out's rows over them where they overlap */
+                memcpy(arena + CASES[n].ids_at, r.ids, (size_t)(T * k) * 4);
+                ids = ref_tensor_2d(arena + CASES[n].ids_at, MOEX_I32, T, k, k);
+            }
+            if (CASES[n].w_at >= 0) {
+                memcpy(arena + CASES[n].w_at, r.weights, (size_t)(T * k) * 4);
+                w = ref_tensor_2d(arena + CASES[n].w_at, MOEX_F32, T, k, k);
+            }
+            if (CASES[n].hidden_at >= 0) {
+                for (int64_t t = 0; t < T; t++)
+                    memcpy(arena + CASES[n].hidden_at + t * CASES[n].hidden_stride, (float *)r.hidden + t * H,
+                           (size_t)H * 4);
+                h = ref_tensor_2d(arena + CASES[n].hidden_at, MOEX_F32, T, H, CASES[n].hidden_stride);
+            }
+            memcpy(copy, arena, arena_bytes);
+            moex_status st = moex_experts_forward(ctx, layer, be, &h, &ids, &w, &out);
+            const char *msg = moex_last_error();
+            if (CASES[n].what) {
+                if (st != MOEX_ERR_INVALID_ARGUMENT)
+                    PROBLEM("%s [%s]: %s, want invalid argument", CASES[n].what, be, moex_status_str(st));
+                else if (!contains(msg, "out [6, 16]") || !contains(msg, CASES[n].input))
+                    PROBLEM("%s [%s]: message \"%s\" does not name out and %s", CASES[n].what, be, msg, CASES[n].input);
+                if (memcmp(arena, copy, arena_bytes)) PROBLEM("%s [%s]: memory written on failure", CASES[n].what, be);
+                continue;
+            }
+            if (st != MOEX_OK) {
+                PROBLEM("case %zu [%s]: %s: %s", n, be, moex_status_str(st), msg);
+                continue;
+            }
+            double e = ref_nmse(arena, MOEX_F32, T, H, OS, r.ref);
+            if (!(e <= nmse_bound(MOEX_F32))) PROBLEM("case %zu [%s]: NMSE %.3g", n, be, e);
+            for (int64_t t = 0; t < T; t++) /* the gaps of out keep what was there: hidden, ids, weights */
+                if (memcmp(arena + t * OS + H, copy + (size_t)(t * OS + H) * 4, (size_t)H * 4))
+                    PROBLEM("case %zu [%s]: the gap after out's row %lld was written", n, be, (long long)t);
+            if (memcmp(arena + T * OS, copy + (size_t)(T * OS) * 4, 64 * 4))
+                PROBLEM("case %zu [%s]: the bytes after out were written", n, be);
+        }
+    }
+    if (tried < 3) PROBLEM("only %d backends run this layer on the CPU, want at least 3", tried);
+    free(arena);
+    free(copy);
+    moex_layer_free(layer);
+    moex_context_free(ctx);
+    xrun_teardown(&r);
     end_problems();
 }
 
@@ -1127,6 +1309,21 @@ static void test_bad_layer_sizes(void **state) {
     d.down.strides[0] = H * I; d.down.strides[1] = I; d.down.strides[2] = 1;
     expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "overflow", "large", "E*2I*H overflow");
 
+    /* 2I itself overflows int64 in a gated layer (it was computed before the guard) */
+    d = L.desc;
+    d.intermediate = ((int64_t)1 << 62) + 3;
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "intermediate = 4611686018427387907", NULL, "gated I = 2^62 + 3");
+    d.intermediate = INT64_MAX;
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "intermediate = 9223372036854775807", NULL, "gated I = INT64_MAX");
+    d.gated = 0;
+    d.num_experts = 2; /* ungated: I = INT64_MAX has no doubling, but E x I x H overflows */
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "intermediate = 9223372036854775807", NULL, "ungated I = INT64_MAX");
+    d = L.desc;
+    d.hidden = INT64_MAX;
+    d.num_experts = INT64_MAX;
+    d.top_k = 1;
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "hidden = 9223372036854775807", NULL, "E = H = INT64_MAX");
+
     expect_layer_fails(NULL, MOEX_ERR_INVALID_ARGUMENT, NULL, NULL, "NULL desc");
     assert_int_equal(moex_layer_create(&L.desc, NULL), MOEX_ERR_INVALID_ARGUMENT);
     ref_layer_destroy(&L);
@@ -1173,6 +1370,42 @@ static void test_bad_layer_tensors(void **state) {
     d = L.desc;
     d.gate_up.data = NULL;
     expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "gate_up", NULL, "gate_up data NULL");
+    d = L.desc;
+    d.down.device.kind = MOEX_DEVICE_CUDA;
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "down is on cuda:0 but gate_up is on cpu", NULL, "down on cuda:0");
+    d = L.desc;
+    d.down_bias.device.kind = MOEX_DEVICE_CUDA;
+    d.down_bias.device.index = 2;
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "down_bias is on cuda:2 but gate_up is on cpu", NULL,
+                       "down_bias on cuda:2");
+    d = L.desc;
+    d.down.data = (char *)d.down.data + 2; /* f32 at 2 mod 4 */
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "down: data at", "aligned", "down at 2 mod 4");
+    ref_layer_destroy(&L);
+
+    /* the per-expert layout: every matrix pointer aligned to its elements */
+    small_layer(&L, 1, 0, 0, MOEX_ACT_SILU);
+    const void *gate[4], *up[4], *down[4];
+    const int64_t E = 4, H = 16, I = 8;
+    for (int64_t e = 0; e < E; e++) {
+        gate[e] = (const float *)L.gate_up + e * 2 * I * H;
+        up[e] = (const float *)L.gate_up + e * 2 * I * H + I * H;
+        down[e] = (const float *)L.down + e * H * I;
+    }
+    d = L.desc;
+    d.gate_up = ref_tensor_absent();
+    d.down = ref_tensor_absent();
+    d.expert_gate = gate;
+    d.expert_up = up;
+    d.expert_down = down;
+    d.expert_dtype = MOEX_F32;
+    d.expert_device.kind = MOEX_DEVICE_CPU;
+    moex_layer *layer = NULL;
+    if (moex_layer_create(&d, &layer) != MOEX_OK) PROBLEM("per-expert layer: %s", moex_last_error());
+    moex_layer_free(layer);
+    up[2] = (const char *)up[2] + 2;
+    expect_layer_fails(&d, MOEX_ERR_INVALID_ARGUMENT, "expert_up[2]", NULL, "expert_up[2] at 2 mod 4");
+    if (!contains(moex_last_error(), "aligned")) PROBLEM("expert_up[2]: message \"%s\"", moex_last_error());
     ref_layer_destroy(&L);
     end_problems();
 }
@@ -1252,8 +1485,11 @@ int main(void) {
         cmocka_unit_test(test_bad_forward_nulls),
         cmocka_unit_test(test_bad_forward_shapes_dtypes),
         cmocka_unit_test(test_bad_forward_ids),
+        cmocka_unit_test(test_bad_forward_hostile),
         cmocka_unit_test(test_bad_forward_backend_and_context),
         cmocka_unit_test(test_prepare_is_per_context),
+        cmocka_unit_test(test_prepare_weights_elsewhere),
+        cmocka_unit_test(test_forward_aliasing),
         cmocka_unit_test(test_bad_layer_sizes),
         cmocka_unit_test(test_bad_layer_tensors),
         cmocka_unit_test(test_bad_layer_activation),

@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L /* alarm */
 /* test_quant.c — quantized experts: the e4m3 / e2m1 / ue8m0 codecs over every
  * code, moex_quantize / moex_dequantize (recipe, odd sizes, bad input), and
  * the three CPU backends on FP8 (float and UE8M0 scales) and FP4 layers
@@ -11,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/quant.h" /* the kernels' reading of e4m3 codes */
 #include "reference.h"
@@ -158,6 +160,165 @@ static void test_quantize_recipe(void **state) {
     assert_int_equal(f, MOEX_QUANT_FP8_UE8M0);
     free(w), free(back), free(q);
     end_problems();
+}
+
+/* Blocks as large as INT64_MAX: one tile per matrix (or per row band), the same codes and scales as blocks
+ * that just cover it; the grid sizes must not overflow. FP4 still refuses any block but 1 x 32, by value. */
+static void test_quantize_huge_blocks(void **state) {
+    (void)state;
+    enum { E = 2, N = 7, K = 24 };
+    float w[E * N * K], back[E * N * K], back2[E * N * K], s_a[E * 3], s_b[E * 3];
+    uint8_t q_a[E * N * K], q_b[E * N * K];
+    ref_rng r;
+    ref_rng_seed(&r, 17);
+    ref_fill_random(w, MOEX_F32, E * N * K, 0.3, &r);
+    int64_t ws[3] = {E, N, K}, one[3] = {E, 1, 1}, three[3] = {E, 1, 3};
+    moex_tensor tw = ref_tensor(w, MOEX_F32, 3, ws), tqa = ref_tensor(q_a, MOEX_E4M3, 3, ws);
+    moex_tensor tqb = ref_tensor(q_b, MOEX_E4M3, 3, ws), tb = ref_tensor(back, MOEX_F32, 3, ws);
+    moex_tensor tb2 = ref_tensor(back2, MOEX_F32, 3, ws);
+    moex_tensor tsa = ref_tensor(s_a, MOEX_F32, 3, one), tsb = ref_tensor(s_b, MOEX_F32, 3, one);
+    static const int64_t HUGE[] = {INT64_MAX, INT64_MAX - 1, (int64_t)1 << 62, 1000};
+    for (int h = 0; h < 4; h++) {
+        const int64_t B = HUGE[h];
+        memset(q_a, 0, sizeof q_a);
+        memset(s_a, 0, sizeof s_a);
+        moex_status st = moex_quantize(&tw, MOEX_QUANT_FP8, B, B, &tqa, &tsa);
+        if (st) {
+            PROBLEM("quantize block %lld x %lld: %s", (long long)B, (long long)B, moex_last_error());
+            continue;
+        }
+        assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, N, K, &tqb, &tsb), MOEX_OK);
+        if (memcmp(q_a, q_b, sizeof q_a) || memcmp(s_a, s_b, sizeof(float) * E))
+            PROBLEM("block %lld: codes or scales differ from block %d x %d", (long long)B, N, K);
+        for (int e = 0; e < E; e++) { /* the recipe: scale_inv = 1 / (448 / amax) over the whole matrix */
+            float amax = 0;
+            for (int i = 0; i < N * K; i++) amax = fmaxf(amax, fabsf(w[e * N * K + i]));
+            if (s_a[e] != 1.0f / (448.0f / amax)) PROBLEM("block %lld: scale_inv[%d] = %g, want %g", (long long)B, e, s_a[e],
+                                                          1.0f / (448.0f / amax));
+        }
+        st = moex_dequantize(&tqa, &tsa, B, B, &tb);
+        if (st) {
+            PROBLEM("dequantize block %lld: %s", (long long)B, moex_last_error());
+            continue;
+        }
+        assert_int_equal(moex_dequantize(&tqb, &tsb, N, K, &tb2), MOEX_OK);
+        if (memcmp(back, back2, sizeof back)) PROBLEM("block %lld: dequantized values differ", (long long)B);
+        for (int i = 0; i < E * N * K; i++) { /* w = code * scale, exactly as the reference reads it */
+            double want = ref_e4m3_to_double(q_a[i]) * (double)s_a[i / (N * K)];
+            if ((double)back[i] != (double)(float)want) {
+                PROBLEM("block %lld: back[%d] = %g, want %g", (long long)B, i, back[i], want);
+                break;
+            }
+        }
+    }
+    /* a huge block_n with a small block_k: [E, 1, 3] */
+    float s3[E * 3];
+    moex_tensor ts3 = ref_tensor(s3, MOEX_F32, 3, three);
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, INT64_MAX, 8, &tqa, &ts3), MOEX_OK);
+    assert_int_equal(moex_dequantize(&tqa, &ts3, INT64_MAX, 8, &tb), MOEX_OK);
+    double err = 0, ref = 0;
+    for (int i = 0; i < E * N * K; i++) err += (back[i] - w[i]) * (double)(back[i] - w[i]), ref += w[i] * (double)w[i];
+    if (!(err / ref < 1e-3)) PROBLEM("block INT64_MAX x 8: round trip NMSE %g", err / ref);
+    /* FP4 refuses the block, naming it; nothing written */
+    uint8_t q4[E * N * K / 2], s4[E * N];
+    memset(q4, 0x5A, sizeof q4);
+    memset(s4, 0x5A, sizeof s4);
+    int64_t q4s[3] = {E, N, K / 2}, s4s[3] = {E, N, 1};
+    moex_tensor tq4 = ref_tensor(q4, MOEX_E2M1X2, 3, q4s), ts4 = ref_tensor(s4, MOEX_UE8M0, 3, s4s);
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP4, INT64_MAX, 32, &tq4, &ts4), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "9223372036854775807")) PROBLEM("fp4 message \"%s\" lacks the block", moex_last_error());
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP4, 1, INT64_MAX, &tq4, &ts4), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "9223372036854775807")) PROBLEM("fp4 message \"%s\" lacks the block", moex_last_error());
+    for (size_t i = 0; i < sizeof q4; i++) assert_int_equal(q4[i], 0x5A);
+    for (size_t i = 0; i < sizeof s4; i++) assert_int_equal(s4[i], 0x5A);
+    end_problems();
+}
+
+/* q or scale_inv sharing memory with w (or out with q), a shape whose element count overflows, and a
+ * scale grid not aligned to its f32 elements: refused by name, nothing written. */
+static void test_quantize_bad_memory(void **state) {
+    (void)state;
+    enum { N = 8, K = 32 };
+    _Alignas(16) float w[N * K + 64];
+    uint8_t q[N * K];
+    float s[1 + 4];
+    ref_rng r;
+    ref_rng_seed(&r, 5);
+    ref_fill_random(w, MOEX_F32, N * K + 64, 1.0, &r);
+    float wcopy[N * K + 64];
+    memcpy(wcopy, w, sizeof w);
+    int64_t ws[2] = {N, K}, ss[2] = {1, 1};
+    moex_tensor tw = ref_tensor(w, MOEX_F32, 2, ws), tq = ref_tensor(q, MOEX_E4M3, 2, ws), ts = ref_tensor(s, MOEX_F32, 2, ss);
+    moex_tensor tq_in_w = ref_tensor((char *)w + 100, MOEX_E4M3, 2, ws);
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, N, K, &tq_in_w, &ts), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "q [8, 32]") || !contains(moex_last_error(), "w [8, 32]"))
+        PROBLEM("q inside w: \"%s\"", moex_last_error());
+    moex_tensor ts_in_w = ref_tensor(w + N * K - 1, MOEX_F32, 2, ss);
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, N, K, &tq, &ts_in_w), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "scale_inv [1, 1]")) PROBLEM("scale_inv inside w: \"%s\"", moex_last_error());
+    moex_tensor ts_in_q = ref_tensor(q + 4, MOEX_F32, 2, ss);
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, N, K, &tq, &ts_in_q), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "scale_inv [1, 1]") || !contains(moex_last_error(), "q [8, 32]"))
+        PROBLEM("scale_inv inside q: \"%s\"", moex_last_error());
+    assert_memory_equal(w, wcopy, sizeof w);
+    /* scale_inv at 2 mod 4 */
+    moex_tensor ts_odd = ref_tensor((char *)s + 2, MOEX_F32, 2, ss);
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, N, K, &tq, &ts_odd), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "scale_inv: data at") || !contains(moex_last_error(), "aligned"))
+        PROBLEM("scale_inv at 2 mod 4: \"%s\"", moex_last_error());
+    /* the real thing, then dequantized into memory over its own codes */
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, N, K, &tq, &ts), MOEX_OK);
+    uint8_t qcopy[N * K];
+    memcpy(qcopy, q, sizeof q);
+    moex_tensor tout = ref_tensor(w, MOEX_F32, 2, ws);
+    tout.data = (void *)((uintptr_t)q & ~(uintptr_t)3); /* f32 out over the codes */
+    assert_int_equal(moex_dequantize(&tq, &ts, N, K, &tout), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "out [8, 32]") || !contains(moex_last_error(), "q [8, 32]"))
+        PROBLEM("out over q: \"%s\"", moex_last_error());
+    assert_memory_equal(q, qcopy, sizeof q);
+    /* w [2^40, 2^40, 2^40]: refused before anything is read */
+    moex_tensor th = tw, tqh = tq, tsh = ts; /* views made by hand: their strides are never reached */
+    th.ndim = tqh.ndim = tsh.ndim = 3;
+    for (int i = 0; i < 3; i++) {
+        th.shape[i] = tqh.shape[i] = tsh.shape[i] = (int64_t)1 << 40;
+        th.strides[i] = tqh.strides[i] = tsh.strides[i] = 1;
+    }
+    assert_int_equal(moex_quantize(&th, MOEX_QUANT_FP8, 128, 128, &tqh, &tsh), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "[1099511627776, 1099511627776, 1099511627776]"))
+        PROBLEM("w 2^40 x 2^40 x 2^40: \"%s\"", moex_last_error());
+    assert_memory_equal(q, qcopy, sizeof q);
+    end_problems();
+}
+
+/* Tensors without elements but with huge other dimensions ([1, 2^40, 0]): nothing to do, at once
+ * (the tile loops once ran over 2^40 empty tiles). The alarm ends the test program if not. */
+static void test_quantize_empty_huge(void **state) {
+    (void)state;
+    static float dummy[4];
+    uint8_t qd[4] = {0x5A, 0x5A, 0x5A, 0x5A};
+    moex_tensor tw, tq, ts, to;
+    memset(&tw, 0, sizeof tw);
+    tw.data = dummy;
+    tw.dtype = MOEX_F32;
+    tw.ndim = 3;
+    tw.shape[0] = 1, tw.shape[1] = (int64_t)1 << 40, tw.shape[2] = 0;
+    tw.strides[0] = (int64_t)1 << 40, tw.strides[1] = tw.strides[2] = 1; /* row-major, 0 counted as 1 */
+    tq = tw;
+    tq.data = qd;
+    tq.dtype = MOEX_E4M3;
+    ts = tw; /* grid [1, 2^40, 0] for block 1 x 1 */
+    to = tw;
+    alarm(60);
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, 1, 1, &tq, &ts), MOEX_OK);
+    assert_int_equal(moex_dequantize(&tq, &ts, 1, 1, &to), MOEX_OK);
+    tw.shape[1] = 0, tw.shape[2] = (int64_t)1 << 40; /* [1, 0, 2^40] */
+    tw.strides[1] = (int64_t)1 << 40;
+    tq = tw, tq.data = qd, tq.dtype = MOEX_E4M3;
+    ts = tw, to = tw;
+    assert_int_equal(moex_quantize(&tw, MOEX_QUANT_FP8, 1, 1, &tq, &ts), MOEX_OK);
+    assert_int_equal(moex_dequantize(&tq, &ts, 1, 1, &to), MOEX_OK);
+    alarm(0);
+    for (int i = 0; i < 4; i++) assert_int_equal(qd[i], 0x5A);
 }
 
 /* ---- layers --------------------------------------------------------------------------------- */
@@ -399,16 +560,78 @@ static void test_bad_quantized_layers(void **state) {
     end_problems();
 }
 
+/* FP8 blocks larger than any size, up to INT64_MAX: one scale per expert matrix, the same numbers as
+ * blocks that just cover the matrices. The grid sizes ceil(rows / block) must not overflow on the way. */
+static void test_fp8_huge_blocks(void **state) {
+    (void)state;
+    enum { E = 4, H = 48, I = 40, K = 2, T = 5 };
+    ref_layer_spec spec = {E, H, I, K, 1, 0, 0, 1, MOEX_ACT_SILU, 1.702f, 7.0f, MOEX_F32};
+    qlayer L;
+    qlayer_build(&L, &spec, MOEX_QUANT_FP8, 4096, 4096, 21); /* grids [E, 1, 1] */
+    assert_int_equal(L.desc.gate_up_scale.shape[1], 1);
+    assert_int_equal(L.desc.down_scale.shape[2], 1);
+    float x[T * H], out[T * H], w[T * K];
+    int32_t ids[T * K];
+    ref_rng r;
+    ref_rng_seed(&r, 8);
+    ref_fill_random(x, MOEX_F32, T * H, 1.0, &r);
+    ref_random_routing(&r, T, E, K, MOEX_I32, ids, MOEX_F32, w, 0.0);
+    int64_t xs[2] = {T, H}, is[2] = {T, K};
+    moex_tensor tx = ref_tensor(x, MOEX_F32, 2, xs), tout = ref_tensor(out, MOEX_F32, 2, xs);
+    moex_tensor tids = ref_tensor(ids, MOEX_I32, 2, is), tw = ref_tensor(w, MOEX_F32, 2, is);
+    double want[T * H];
+    ref_experts_forward(&L.desc, &tx, &tids, &tw, want); /* block 4096 covers every size: the same layer */
+    static const int64_t HUGE[][2] = {{INT64_MAX, INT64_MAX}, {INT64_MAX - 1, (int64_t)1 << 62}, {4096, INT64_MAX}};
+    moex_context_options o = moex_context_default_options();
+    o.max_tokens = T;
+    for (int h = 0; h < 3; h++) {
+        moex_experts_desc d = L.desc;
+        d.block_n = HUGE[h][0];
+        d.block_k = HUGE[h][1];
+        moex_layer *layer = NULL;
+        if (moex_layer_create(&d, &layer) != MOEX_OK) {
+            PROBLEM("block %lld x %lld: %s", (long long)d.block_n, (long long)d.block_k, moex_last_error());
+            continue;
+        }
+        moex_context *ctx;
+        assert_int_equal(moex_context_create(&o, &ctx), MOEX_OK);
+        for (int b = 0; b < N_BACKENDS; b++) {
+            memset(out, 0xFF, sizeof out);
+            moex_status st = moex_prepare(ctx, layer, CPU_BACKENDS[b]);
+            if (!st) st = moex_experts_forward(ctx, layer, CPU_BACKENDS[b], &tx, &tids, &tw, &tout);
+            if (st) {
+                PROBLEM("%s block %lld x %lld: %s", CPU_BACKENDS[b], (long long)d.block_n, (long long)d.block_k,
+                        moex_last_error());
+                continue;
+            }
+            double e = ref_nmse(out, MOEX_F32, T, H, H, want);
+            if (!(e <= NMSE_SAME_QUANT))
+                PROBLEM("%s block %lld x %lld: NMSE %.3g", CPU_BACKENDS[b], (long long)d.block_n, (long long)d.block_k, e);
+        }
+        moex_context_free(ctx);
+        moex_layer_free(layer);
+        /* a grid that does not fit the block is still refused, naming both shapes */
+        d.gate_up_scale.shape[1] = 2;
+        expect_layer_error(&d, "gate_up_scale has shape [4, 2, 1], expected [4, 1, 1]");
+    }
+    qlayer_destroy(&L);
+    end_problems();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_e4m3_all_codes),
         cmocka_unit_test(test_e2m1_all_codes),
         cmocka_unit_test(test_ue8m0_all_codes),
         cmocka_unit_test(test_quantize_recipe),
+        cmocka_unit_test(test_quantize_huge_blocks),
+        cmocka_unit_test(test_quantize_bad_memory),
+        cmocka_unit_test(test_quantize_empty_huge),
         cmocka_unit_test(test_fp8_layers),
         cmocka_unit_test(test_fp4_layers),
         cmocka_unit_test(test_fp4_gptoss_block_layout),
         cmocka_unit_test(test_bad_quantized_layers),
+        cmocka_unit_test(test_fp8_huge_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

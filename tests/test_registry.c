@@ -481,7 +481,202 @@ static void test_failing_backend_status(void **state) {
     assert_int_equal(moex_prepare(ctx, c.layer, "test_failing"), MOEX_OK);
     assert_int_equal(moex_experts_forward(ctx, c.layer, "test_failing", &c.th, &c.tids, &c.tw, &c.tout),
                      MOEX_ERR_INTERNAL);
+    /* it said nothing: the message says so, naming the backend and the status */
+    if (!contains(moex_last_error(), "backend \"test_failing\": forward failed with status 11 and no message"))
+        PROBLEM("forward failed silently: message \"%s\"", moex_last_error());
     moex_context_free(ctx);
+    rcase_free(&c);
+    end_problems();
+}
+
+/* ------------------------------------------------------------------------ */
+/* what a user backend's functions return                                    */
+/* ------------------------------------------------------------------------ */
+
+/* How the "misbehaving" backend answers, set by each case. */
+typedef struct misbehave {
+    int supports_ret;            /* what supports returns */
+    const char *supports_why;    /* written into why (NULL: nothing) */
+    const char *supports_fail;   /* NULL, or a message through moex_backend_fail */
+    int prepare_ret, forward_ret;
+    const char *prepare_fail, *forward_fail;
+    int prepares, forwards;
+} misbehave;
+
+static int mb_supports(const moex_experts_desc *layer, const moex_device_info *dev, char *why, size_t n, void *user) {
+    misbehave *m = user;
+    if (m->supports_why) snprintf(why, n, "%s", m->supports_why);
+    if (m->supports_fail) moex_backend_fail(MOEX_ERR_UNSUPPORTED, "%s (layer %s)", m->supports_fail, layer ? "given" : "absent");
+    return m->supports_ret;
+}
+
+static moex_status mb_prepare(moex_context *ctx, const moex_experts_desc *layer, void **state, void *user) {
+    misbehave *m = user;
+    m->prepares++;
+    if (m->prepare_fail) return moex_backend_fail((moex_status)m->prepare_ret, "%s: hidden = %lld", m->prepare_fail,
+                                                  (long long)layer->hidden);
+    return (moex_status)m->prepare_ret;
+}
+
+static moex_status mb_forward(const moex_forward_args *a, void *user) {
+    misbehave *m = user;
+    m->forwards++;
+    if (m->forward_fail) return moex_backend_fail((moex_status)m->forward_ret, "%s", m->forward_fail);
+    return (moex_status)m->forward_ret;
+}
+
+/* Leave an unrelated message behind, as an earlier failing call would. */
+static void stale_message(void) {
+    moex_dtype dt;
+    assert_int_equal(moex_dtype_parse("stale_unrelated_dtype", &dt), MOEX_ERR_INVALID_ARGUMENT);
+}
+
+/* expect status want from prepare (forward == 0) or forward (1) of backend name, a message with needle, no stale
+ * text, out untouched */
+static void expect_call(rcase *c, const char *name, int forward, moex_status want, const char *needle, const char *what) {
+    moex_context *ctx = make_ctx(1, 4);
+    moex_status st = MOEX_OK;
+    if (forward) {
+        st = moex_prepare(ctx, c->layer, name);
+        if (st) PROBLEM("%s: prepare failed: %s", what, moex_last_error());
+    }
+    memset(c->out, 0x7B, sizeof(float) * (size_t)(c->T * 8));
+    stale_message();
+    st = forward ? moex_experts_forward(ctx, c->layer, name, &c->th, &c->tids, &c->tw, &c->tout)
+                 : moex_prepare(ctx, c->layer, name);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", moex_last_error());
+    if (st != want) PROBLEM("%s: %s (%d), want %s; message \"%s\"", what, moex_status_str(st), (int)st, moex_status_str(want), msg);
+    if (!contains(msg, needle)) PROBLEM("%s: message \"%s\" lacks \"%s\"", what, msg, needle);
+    if (contains(msg, "stale_unrelated")) PROBLEM("%s: the stale message \"%s\" was reported", what, msg);
+    for (size_t j = 0; j < sizeof(float) * (size_t)(c->T * 8); j++)
+        if (((unsigned char *)c->out)[j] != 0x7B) {
+            PROBLEM("%s: out written", what);
+            break;
+        }
+    /* a failed prepare keeps nothing: the forward is not prepared */
+    if (!forward && st != MOEX_OK &&
+        moex_experts_forward(ctx, c->layer, name, &c->th, &c->tids, &c->tw, &c->tout) != MOEX_ERR_NOT_PREPARED)
+        PROBLEM("%s: a forward after the failed prepare is not MOEX_ERR_NOT_PREPARED", what);
+    moex_context_free(ctx);
+}
+
+/* prepare and forward: no message -> one naming the backend; a value that is not a moex_status -> INTERNAL;
+ * a message set through moex_backend_fail -> that message, with the status returned. */
+static void test_backend_failures_reported(void **state) {
+    (void)state;
+    static misbehave M;
+    memset(&M, 0, sizeof M);
+    moex_backend b;
+    memset(&b, 0, sizeof b);
+    b.name = "test_misbehaving";
+    b.supports = mb_supports;
+    b.prepare = mb_prepare;
+    b.forward = mb_forward;
+    b.user = &M;
+    assert_int_equal(moex_register_backend(&b), MOEX_OK);
+    rcase c;
+    rcase_init(&c, 3, 4, 2, 16, 8, MOEX_F32, 0, 0, 12);
+    M.supports_ret = 1;
+
+    M.prepare_ret = MOEX_ERR_INVALID_ARGUMENT;
+    expect_call(&c, "test_misbehaving", 0, MOEX_ERR_INVALID_ARGUMENT,
+                "backend \"test_misbehaving\": prepare failed with status 1 and no message", "silent prepare");
+    M.prepare_ret = 12345;
+    expect_call(&c, "test_misbehaving", 0, MOEX_ERR_INTERNAL,
+                "backend \"test_misbehaving\" returned 12345, which is not a moex_status", "prepare returns 12345");
+    M.prepare_ret = -7;
+    expect_call(&c, "test_misbehaving", 0, MOEX_ERR_INTERNAL,
+                "backend \"test_misbehaving\" returned -7, which is not a moex_status", "prepare returns -7");
+    M.prepare_ret = MOEX_ERR_OUT_OF_MEMORY;
+    M.prepare_fail = "test_misbehaving: no room for the packed weights";
+    expect_call(&c, "test_misbehaving", 0, MOEX_ERR_OUT_OF_MEMORY, "no room for the packed weights: hidden = 16",
+                "prepare with its message");
+    M.prepare_ret = 99; /* a message and a bad value: both are told */
+    expect_call(&c, "test_misbehaving", 0, MOEX_ERR_INTERNAL,
+                "returned 99, which is not a moex_status (from prepare; its message: test_misbehaving: no room",
+                "prepare returns 99 with a message");
+    M.prepare_fail = NULL;
+    M.prepare_ret = MOEX_OK;
+
+    M.forward_ret = MOEX_ERR_DEVICE;
+    expect_call(&c, "test_misbehaving", 1, MOEX_ERR_DEVICE,
+                "backend \"test_misbehaving\": forward failed with status 7 and no message", "silent forward");
+    M.forward_ret = 12345;
+    expect_call(&c, "test_misbehaving", 1, MOEX_ERR_INTERNAL,
+                "backend \"test_misbehaving\" returned 12345, which is not a moex_status", "forward returns 12345");
+    M.forward_ret = -7;
+    expect_call(&c, "test_misbehaving", 1, MOEX_ERR_INTERNAL,
+                "backend \"test_misbehaving\" returned -7, which is not a moex_status", "forward returns -7");
+    M.forward_ret = MOEX_ERR_UNSUPPORTED;
+    M.forward_fail = "test_misbehaving: T = 3 is odd";
+    expect_call(&c, "test_misbehaving", 1, MOEX_ERR_UNSUPPORTED, "test_misbehaving: T = 3 is odd", "forward with its message");
+    M.forward_fail = NULL;
+
+    /* and a well-behaved run still works, leaving an earlier message alone */
+    M.forward_ret = MOEX_OK;
+    moex_context *ctx = make_ctx(1, 4);
+    assert_int_equal(moex_prepare(ctx, c.layer, "test_misbehaving"), MOEX_OK);
+    stale_message();
+    assert_int_equal(moex_experts_forward(ctx, c.layer, "test_misbehaving", &c.th, &c.tids, &c.tw, &c.tout), MOEX_OK);
+    assert_true(contains(moex_last_error(), "stale_unrelated_dtype"));
+    moex_context_free(ctx);
+    rcase_free(&c);
+    end_problems();
+}
+
+/* supports: 0 with no reason, 0 with a reason through moex_backend_fail, and values other than 0 and 1. */
+static void test_backend_supports_answers(void **state) {
+    (void)state;
+    static misbehave M;
+    memset(&M, 0, sizeof M);
+    moex_backend b;
+    memset(&b, 0, sizeof b);
+    b.name = "test_supports_answers";
+    b.supports = mb_supports;
+    b.prepare = mb_prepare;
+    b.forward = mb_forward;
+    b.user = &M;
+    assert_int_equal(moex_register_backend(&b), MOEX_OK);
+    rcase c;
+    rcase_init(&c, 3, 4, 2, 16, 8, MOEX_F32, 0, 0, 13);
+    static const struct { int ret; const char *fail; moex_status want; const char *needle; } CASES[] = {
+        {0, NULL, MOEX_ERR_UNSUPPORTED, "backend \"test_supports_answers\" gave no reason"},
+        {0, "test_supports_answers needs a GPU", MOEX_ERR_UNSUPPORTED, "test_supports_answers needs a GPU (layer given)"},
+        {2, NULL, MOEX_ERR_INTERNAL, "backend \"test_supports_answers\": supports returned 2, which is neither 1"},
+        {-1, NULL, MOEX_ERR_INTERNAL, "supports returned -1, which is neither 1"},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        M.supports_ret = CASES[i].ret;
+        M.supports_fail = CASES[i].fail;
+        int prepares = M.prepares;
+        moex_context *ctx = make_ctx(1, 4);
+        stale_message();
+        moex_status st = moex_prepare(ctx, c.layer, "test_supports_answers");
+        if (st != CASES[i].want || !contains(moex_last_error(), CASES[i].needle))
+            PROBLEM("case %zu: prepare: %s \"%s\", want %s with \"%s\"", i, moex_status_str(st), moex_last_error(),
+                    moex_status_str(CASES[i].want), CASES[i].needle);
+        if (M.prepares != prepares) PROBLEM("case %zu: prepared although not supported", i);
+        char why[256];
+        memset(why, 'x', sizeof why);
+        stale_message();
+        st = moex_backend_supports("test_supports_answers", c.layer, CPU, why, sizeof why);
+        if (st != CASES[i].want || !contains(moex_last_error(), CASES[i].needle) || !contains(why, CASES[i].needle))
+            PROBLEM("case %zu: supports: %s \"%s\" (why \"%.200s\"), want %s with \"%s\"", i, moex_status_str(st),
+                    moex_last_error(), memchr(why, 0, sizeof why) ? why : "(unterminated)", moex_status_str(CASES[i].want),
+                    CASES[i].needle);
+        moex_context_free(ctx);
+    }
+    /* a reason written without its terminating NUL is cut, not overrun */
+    M.supports_ret = 0;
+    M.supports_fail = NULL;
+    static char long_reason[600];
+    memset(long_reason, 'r', sizeof long_reason - 1);
+    M.supports_why = long_reason;
+    char why[64];
+    assert_int_equal(moex_backend_supports("test_supports_answers", c.layer, CPU, why, sizeof why), MOEX_ERR_UNSUPPORTED);
+    assert_non_null(memchr(why, 0, sizeof why));
+    assert_true(strlen(moex_last_error()) < 1024);
     rcase_free(&c);
     end_problems();
 }
@@ -570,6 +765,8 @@ int main(void) {
         cmocka_unit_test(test_user_backend_refuses),
         cmocka_unit_test(test_minimal_backend),
         cmocka_unit_test(test_failing_backend_status),
+        cmocka_unit_test(test_backend_failures_reported),
+        cmocka_unit_test(test_backend_supports_answers),
         cmocka_unit_test(test_register_twice),
         cmocka_unit_test(test_register_bad),
     };

@@ -442,6 +442,55 @@ static void test_bad_router_desc(void **state) {
     end_problems();
 }
 
+/* The grouped router's scaling must be a finite factor > 0 (NaN, infinities, negative and zero
+ * are refused by name and value, nothing written); a softmax router ignores it, as it ignores
+ * n_group. renormalize is 0 or 1; the correction bias is finite and in cpu memory. */
+static void test_bad_router_values(void **state) {
+    (void)state;
+    rcase c = rcase_make(MOEX_ROUTER_SIGMOID_GROUPED_TOPK, 4, 12, 3, 9);
+    c.n_group = 4;
+    c.topk_group = 2;
+    c.bias = 1;
+    c.renormalize = 1;
+    rbufs b;
+    rbufs_init(&b, &c);
+    size_t ib = 4 * 3 * 8 + 8, wb = 4 * 3 * 4 + 8;
+    static const struct { float v; const char *text; } BAD[] = {
+        {NAN, "scaling = nan"}, {INFINITY, "scaling = inf"}, {-INFINITY, "scaling = -inf"},
+        {-2.5f, "scaling = -2.5"}, {0.0f, "scaling = 0"}, {-0.0f, "scaling = -0"}};
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        moex_router_desc d = b.d;
+        d.scaling = BAD[i].v;
+        expect_route_fails(&b, &d, &b.tl, &b.ti, &b.tw, MOEX_ERR_INVALID_ARGUMENT, BAD[i].text, NULL, BAD[i].text, ib, wb);
+        d.kind = MOEX_ROUTER_SOFTMAX_TOPK; /* ignored there */
+        if (moex_route(&d, &b.tl, &b.ti, &b.tw) != MOEX_OK) PROBLEM("softmax with %s: %s", BAD[i].text, moex_last_error());
+        memset(b.ids, 0xEE, ib);
+        memset(b.weights, 0xEE, wb);
+    }
+    /* a valid factor scales the weights: against the reference */
+    c.scaling = 2.5f;
+    rbufs_free(&b);
+    run_route_case(&c);
+    rbufs_init(&b, &c);
+    moex_router_desc d = b.d;
+    d.renormalize = 2;
+    expect_route_fails(&b, &d, &b.tl, &b.ti, &b.tw, MOEX_ERR_INVALID_ARGUMENT, "renormalize = 2", NULL, "renormalize 2", ib, wb);
+    d.renormalize = -1;
+    d.kind = MOEX_ROUTER_SOFTMAX_TOPK;
+    expect_route_fails(&b, &d, &b.tl, &b.ti, &b.tw, MOEX_ERR_INVALID_ARGUMENT, "renormalize = -1", NULL, "renormalize -1", ib, wb);
+    d = b.d;
+    b.bias[5] = NAN;
+    expect_route_fails(&b, &d, &b.tl, &b.ti, &b.tw, MOEX_ERR_INVALID_ARGUMENT, "correction_bias[5] = nan", NULL, "bias NaN", ib, wb);
+    b.bias[5] = -INFINITY;
+    expect_route_fails(&b, &d, &b.tl, &b.ti, &b.tw, MOEX_ERR_INVALID_ARGUMENT, "correction_bias[5] = -inf", NULL, "bias -inf", ib, wb);
+    b.bias[5] = 0.0f;
+    d.correction_bias.device.kind = MOEX_DEVICE_CUDA; /* never read on the host */
+    d.correction_bias.data = (void *)(uintptr_t)0x10; /* a device address: reading it would crash */
+    expect_route_fails(&b, &d, &b.tl, &b.ti, &b.tw, MOEX_ERR_UNSUPPORTED, "correction_bias", NULL, "bias on cuda", ib, wb);
+    rbufs_free(&b);
+    end_problems();
+}
+
 static void test_bad_router_tensors(void **state) {
     (void)state;
     rcase c = rcase_make(MOEX_ROUTER_SOFTMAX_TOPK, 4, 12, 3, 8);
@@ -481,6 +530,48 @@ static void test_bad_router_tensors(void **state) {
     end_problems();
 }
 
+/* Outputs that share memory with the logits or with each other, a logits shape whose element
+ * count overflows, and outputs not aligned to their elements: refused, naming them, nothing written. */
+static void test_bad_router_memory(void **state) {
+    (void)state;
+    rcase c = rcase_make(MOEX_ROUTER_SOFTMAX_TOPK, 4, 12, 3, 10);
+    rbufs b;
+    rbufs_init(&b, &c);
+    size_t ib = 4 * 3 * 8 + 8, wb = 4 * 3 * 4 + 8;
+    /* ids written into the logits of the later tokens */
+    float *logits = b.logits;
+    unsigned char *lcopy = malloc(4 * 12 * 4);
+    memcpy(lcopy, logits, 4 * 12 * 4);
+    moex_tensor ti = ref_tensor_2d(logits + 12, MOEX_I32, 4, 3, 3);
+    moex_status st = moex_route(&b.d, &b.tl, &ti, &b.tw);
+    if (st != MOEX_ERR_INVALID_ARGUMENT || !contains(moex_last_error(), "ids [4, 3]") ||
+        !contains(moex_last_error(), "logits [4, 12]"))
+        PROBLEM("ids inside logits: %s \"%s\"", moex_status_str(st), moex_last_error());
+    if (memcmp(lcopy, logits, 4 * 12 * 4)) PROBLEM("ids inside logits: the logits were written");
+    moex_tensor tw = ref_tensor_2d(logits + 36, MOEX_F32, 4, 3, 3); /* the weights over the last logits */
+    expect_route_fails(&b, &b.d, &b.tl, &b.ti, &tw, MOEX_ERR_INVALID_ARGUMENT, "weights [4, 3]", NULL,
+                       "weights inside logits", ib, wb);
+    tw = ref_tensor_2d((char *)b.ids + 8, MOEX_F32, 4, 3, 3); /* weights over the ids */
+    expect_route_fails(&b, &b.d, &b.tl, &b.ti, &tw, MOEX_ERR_INVALID_ARGUMENT, "ids [4, 3]", NULL,
+                       "weights inside ids", ib, wb);
+    if (!contains(moex_last_error(), "weights [4, 3]")) PROBLEM("weights inside ids: \"%s\"", moex_last_error());
+    if (memcmp(lcopy, logits, 4 * 12 * 4)) PROBLEM("the logits were written");
+    /* a logits shape of 2^62 x 12 */
+    moex_tensor tl = ref_tensor_2d(logits, MOEX_F32, (int64_t)1 << 62, 12, 12);
+    ti = ref_tensor_2d(b.ids, MOEX_I32, (int64_t)1 << 62, 3, 3);
+    tw = ref_tensor_2d(b.weights, MOEX_F32, (int64_t)1 << 62, 3, 3);
+    expect_route_fails(&b, &b.d, &tl, &ti, &tw, MOEX_ERR_INVALID_ARGUMENT, "logits has shape [4611686018427387904, 12]",
+                       NULL, "logits 2^62 x 12", ib, wb);
+    /* weights (f32) at an address 2 mod 4 */
+    tw = ref_tensor_2d((char *)b.weights + 2, MOEX_F32, 4, 3, 3);
+    expect_route_fails(&b, &b.d, &b.tl, &b.ti, &tw, MOEX_ERR_INVALID_ARGUMENT, "weights: data at", NULL,
+                       "weights at 2 mod 4", ib, wb);
+    if (!contains(moex_last_error(), "aligned")) PROBLEM("weights at 2 mod 4: \"%s\"", moex_last_error());
+    free(lcopy);
+    rbufs_free(&b);
+    end_problems();
+}
+
 /* moex_router_desc_init: the documented defaults. */
 static void test_router_desc_defaults(void **state) {
     (void)state;
@@ -509,6 +600,8 @@ int main(void) {
         cmocka_unit_test(test_ties_lower_index),
         cmocka_unit_test(test_bad_router_desc),
         cmocka_unit_test(test_bad_router_tensors),
+        cmocka_unit_test(test_bad_router_values),
+        cmocka_unit_test(test_bad_router_memory),
     };
     return cmocka_run_group_tests_name("router", tests, NULL, NULL);
 }

@@ -1,12 +1,43 @@
 /* device.c — what the CPU can do (run-time feature detection) and device queries. */
 #include "core/internal.h"
+#include <stdatomic.h>
 #include <stdio.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+/* XCR0: the register states the operating system saves and restores (xgetbv, ecx = 0; written as
+ * bytes so that no -mxsave is needed). Only call it when CPUID says OSXSAVE. */
+static uint64_t read_xcr0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile(".byte 0x0f, 0x01, 0xd0" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/* AVX2, FMA and F16C in the CPU, and the YMM registers enabled by the OS (CPUID leaves 1 and 7,
+ * XGETBV): what __builtin_cpu_supports tells, in a form every x86 compiler takes. */
+static int detect_avx2_fma_f16c(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const unsigned leaf1 = bit_FMA | bit_F16C | bit_AVX | bit_OSXSAVE; /* ECX of leaf 1 */
+    if ((c & leaf1) != leaf1) return 0;
+    if ((read_xcr0() & 0x6) != 0x6) return 0; /* XMM (bit 1) and YMM (bit 2) state saved by the OS */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    return (b & bit_AVX2) != 0; /* EBX of leaf 7, subleaf 0 */
+}
+#endif
 
 int moex_cpu_has_avx2(void) {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    static atomic_int known = -1; /* CPUID is slow under a hypervisor: ask once */
+    int v = atomic_load_explicit(&known, memory_order_relaxed);
+    if (v < 0) {
+        v = detect_avx2_fma_f16c();
+        atomic_store_explicit(&known, v, memory_order_relaxed);
+    }
+    return v;
 #else
     return 0;
 #endif

@@ -21,7 +21,7 @@ const char *moex_dtype_name(moex_dtype dtype) {
 }
 
 moex_status moex_dtype_parse(const char *name, moex_dtype *out) {
-    if (!name || !out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_dtype_parse: null argument");
+    if (!name || !out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_dtype_parse: %s is NULL", name ? "out" : "name");
     for (int i = 0; i < MOEX_DTYPE_COUNT; i++) {
         if (strcmp(name, dtype_table[i].name) == 0) {
             *out = (moex_dtype)i;
@@ -83,11 +83,24 @@ moex_status moex_convert(const void *src, moex_dtype src_dtype, void *dst, moex_
                          "moex_convert: %s -> %s is not supported (f32, f16, bf16 only)",
                          moex_dtype_name(src_dtype), moex_dtype_name(dst_dtype));
     if (n == 0) return MOEX_OK;
-    if (!src || !dst) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_convert: null buffer");
+    if (!src || !dst) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_convert: %s is NULL", src ? "dst" : "src");
+    const size_t ss = moex_dtype_size(src_dtype), ds = moex_dtype_size(dst_dtype);
+    const uintptr_t s0 = (uintptr_t)src, d0 = (uintptr_t)dst;
+    /* no object is larger than PTRDIFF_MAX bytes, nor ends past the end of memory */
+    const int src_bad = n > (size_t)PTRDIFF_MAX / ss || n > (UINTPTR_MAX - s0) / ss;
+    if (src_bad || n > (size_t)PTRDIFF_MAX / ds || n > (UINTPTR_MAX - d0) / ds)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                         "moex_convert: n = %zu elements of %s at %p are more bytes than memory can hold there", n,
+                         moex_dtype_name(src_bad ? src_dtype : dst_dtype), src_bad ? src : (const void *)dst);
     if (src_dtype == dst_dtype) {
-        if (src != dst) memmove(dst, src, n * moex_dtype_size(src_dtype));
+        if (src != dst) memmove(dst, src, n * ss);
         return MOEX_OK;
     }
+    if (src != dst && s0 < d0 + n * ds && d0 < s0 + n * ss)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                         "moex_convert: src (%p, %zu bytes of %s) and dst (%p, %zu bytes of %s) overlap: convert in place "
+                         "(src == dst) or between separate buffers", src, n * ss, moex_dtype_name(src_dtype), dst, n * ds,
+                         moex_dtype_name(dst_dtype));
     if (moex_dtype_size(dst_dtype) > moex_dtype_size(src_dtype)) { /* widening: backwards, so src == dst works */
         for (size_t i = n; i-- > 0;) moex_store_f32(dst, dst_dtype, (int64_t)i, moex_load_f32(src, src_dtype, (int64_t)i));
     } else {

@@ -16,6 +16,9 @@ extern "C" {
 /* Record a formatted message as this thread's last error; returns status. */
 moex_status moex_fail(moex_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* How many messages this thread has recorded (moex_fail, moex_backend_fail): equal before and
+ * after a call means that the call set none. */
+uint64_t moex_error_mark(void);
 
 /* ---- dtypes ------------------------------------------------------------ */
 
@@ -37,21 +40,26 @@ static inline uint16_t moex_f32_to_bf16(float f) {
 float moex_f16_to_f32(uint16_t h);
 uint16_t moex_f32_to_f16(float f);
 
-/* Element i of a float-like array (f32/f16/bf16) as f32. */
+/* Element i of a float-like array (f32/f16/bf16) as f32. p need not be aligned: the
+ * element is read with memcpy (a plain load once compiled). */
 static inline float moex_load_f32(const void *p, moex_dtype dt, int64_t i) {
+    float f;
+    uint16_t h;
     switch (dt) {
-    case MOEX_F32: return ((const float *)p)[i];
-    case MOEX_BF16: return moex_bf16_to_f32(((const uint16_t *)p)[i]);
-    case MOEX_F16: return moex_f16_to_f32(((const uint16_t *)p)[i]);
+    case MOEX_F32: memcpy(&f, (const char *)p + i * 4, 4); return f;
+    case MOEX_BF16: memcpy(&h, (const char *)p + i * 2, 2); return moex_bf16_to_f32(h);
+    case MOEX_F16: memcpy(&h, (const char *)p + i * 2, 2); return moex_f16_to_f32(h);
     default: return 0.0f;
     }
 }
 
+/* Store v as element i of a float-like array; p need not be aligned. */
 static inline void moex_store_f32(void *p, moex_dtype dt, int64_t i, float v) {
+    uint16_t h;
     switch (dt) {
-    case MOEX_F32: ((float *)p)[i] = v; break;
-    case MOEX_BF16: ((uint16_t *)p)[i] = moex_f32_to_bf16(v); break;
-    case MOEX_F16: ((uint16_t *)p)[i] = moex_f32_to_f16(v); break;
+    case MOEX_F32: memcpy((char *)p + i * 4, &v, 4); break;
+    case MOEX_BF16: h = moex_f32_to_bf16(v); memcpy((char *)p + i * 2, &h, 2); break;
+    case MOEX_F16: h = moex_f32_to_f16(v); memcpy((char *)p + i * 2, &h, 2); break;
     default: break;
     }
 }
@@ -75,6 +83,13 @@ moex_status moex_check_shape(const moex_tensor *t, const char *what, int ndim,
 moex_status moex_check_contiguous(const moex_tensor *t, const char *what);
 /* Check a 2-D matrix view: inner stride 1, row stride >= cols (rows > 1). */
 moex_status moex_check_rows(const moex_tensor *t, const char *what);
+/* Fail (MOEX_ERR_INVALID_ARGUMENT, naming both) if views a and b share a byte. Both must have
+ * passed moex_check_shape. Exact for 2-D views with inner stride 1 (rows, possibly with gaps
+ * between them: rows of one view may sit in the gaps of the other); any other view counts as
+ * the whole range from its first to its last byte. Views without elements share nothing. */
+moex_status moex_check_disjoint(const moex_tensor *a, const char *a_name, const moex_tensor *b, const char *b_name);
+/* Format a device as "cpu", "cuda:1" (or "device kind 7") into buf. */
+const char *moex_device_str(moex_device d, char *buf, size_t n);
 /* Format a shape as "[2, 3, 4]" into buf. */
 const char *moex_shape_str(const moex_tensor *t, char *buf, size_t n);
 
@@ -85,6 +100,16 @@ static inline int moex_mul_ok(int64_t a, int64_t b, int64_t *out) {
     *out = a * b;
     return 1;
 }
+
+/* a + b into *out, 0 on int64 overflow or a negative term. */
+static inline int moex_add_ok(int64_t a, int64_t b, int64_t *out) {
+    if (a < 0 || b < 0 || a > INT64_MAX - b) return 0;
+    *out = a + b;
+    return 1;
+}
+
+/* ceil(a / b) for a >= 0 and b >= 1, without the overflow of (a + b - 1) / b when b is large. */
+static inline int64_t moex_ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 /* ---- files ------------------------------------------------------------- */
 

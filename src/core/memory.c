@@ -60,10 +60,14 @@ moex_status moex_memcpy(void *dst, moex_device dst_device, const void *src, moex
     if (st) return st;
     if (bytes == 0) return MOEX_OK;
     if (!dst || !src) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_memcpy: %s is NULL", dst ? "src" : "dst");
+    const uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    if (bytes > (size_t)PTRDIFF_MAX || bytes > UINTPTR_MAX - d || bytes > UINTPTR_MAX - s) /* no object is that large */
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_memcpy: %zu bytes at %p are more than memory can hold there",
+                         bytes, bytes > UINTPTR_MAX - s ? src : dst);
     if (dst_device.kind == MOEX_DEVICE_CPU && src_device.kind == MOEX_DEVICE_CPU) {
-        const char *d = dst, *s = src;
-        if ((d < s && d + bytes > s) || (s < d && s + bytes > d))
-            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_memcpy: the %zu-byte ranges overlap", bytes);
+        if (d < s + bytes && s < d + bytes)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_memcpy: the %zu-byte ranges at %p and %p overlap", bytes,
+                             dst, src);
         memcpy(dst, src, bytes);
         return MOEX_OK;
     }

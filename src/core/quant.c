@@ -62,7 +62,8 @@ uint8_t moex_f32_to_ue8m0(float value) {
 static const char *const FORMAT_NAMES[] = {"fp8", "fp8-ue8m0", "fp4"};
 
 moex_status moex_quant_format_parse(const char *name, moex_quant_format *out) {
-    if (!name || !out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_quant_format_parse: null argument");
+    if (!name || !out)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_quant_format_parse: %s is NULL", name ? "out" : "name");
     for (int i = 0; i < 3; i++)
         if (!strcmp(name, FORMAT_NAMES[i])) {
             *out = (moex_quant_format)i;
@@ -92,7 +93,7 @@ static moex_status logical_dims(const moex_tensor *t, const char *what, int64_t 
 static moex_status check_quant_pair(const moex_tensor *q, const moex_tensor *s, int rank, const int64_t dims[3],
                                     int64_t bn, int64_t bk, const char *qname, const char *sname) {
     if (bn < 1 || bk < 1)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "block size %lld x %lld: both must be >= 1", (long long)bn,
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "block_n = %lld, block_k = %lld: both must be >= 1", (long long)bn,
                          (long long)bk);
     if (!q || !s) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s is NULL", q ? sname : qname);
     if (q->dtype != MOEX_E4M3 && q->dtype != MOEX_E2M1X2)
@@ -103,7 +104,7 @@ static moex_status check_quant_pair(const moex_tensor *q, const moex_tensor *s, 
                          "FP4 (e2m1x2) needs an even K and block 1 x 32; got K = %lld, block %lld x %lld",
                          (long long)dims[2], (long long)bn, (long long)bk);
     int64_t qs[3] = {dims[0], dims[1], fp4 ? dims[2] / 2 : dims[2]};
-    int64_t ss[3] = {dims[0], (dims[1] + bn - 1) / bn, (dims[2] + bk - 1) / bk};
+    int64_t ss[3] = {dims[0], moex_ceil_div(dims[1], bn), moex_ceil_div(dims[2], bk)};
     moex_status st = moex_check_shape(q, qname, rank, qs + 3 - rank);
     if (!st) st = moex_check_contiguous(q, qname);
     if (!st) st = moex_check_shape(s, sname, rank, ss + 3 - rank);
@@ -175,8 +176,12 @@ moex_status moex_quantize(const moex_tensor *w, moex_quant_format format, int64_
     if (scale_inv->dtype == MOEX_UE8M0 && format == MOEX_QUANT_FP8)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
                          "scale_inv: ue8m0 cannot hold the float scales of format fp8; use f32 or format fp8-ue8m0");
+    if ((st = moex_check_disjoint(q, "q", w, "w")) || (st = moex_check_disjoint(scale_inv, "scale_inv", w, "w")) ||
+        (st = moex_check_disjoint(scale_inv, "scale_inv", q, "q")))
+        return st;
     const int64_t E = dims[0], N = dims[1], K = dims[2];
-    const int64_t sn = (N + block_n - 1) / block_n, sk = (K + block_k - 1) / block_k;
+    if (E == 0 || N == 0 || K == 0) return MOEX_OK; /* no elements (the other sizes may be huge): nothing to do */
+    const int64_t sn = moex_ceil_div(N, block_n), sk = moex_ceil_div(K, block_k);
     const size_t wsz = moex_dtype_size(w->dtype);
     const int64_t qrow = format == MOEX_QUANT_FP4 ? K / 2 : K;
     for (int64_t e = 0; e < E; e++) {
@@ -185,7 +190,7 @@ moex_status moex_quantize(const moex_tensor *w, moex_quant_format format, int64_
         for (int64_t bi = 0; bi < sn; bi++)
             for (int64_t bj = 0; bj < sk; bj++) {
                 const int64_t n0 = bi * block_n, k0 = bj * block_k;
-                const int64_t n1 = n0 + block_n < N ? n0 + block_n : N, k1 = k0 + block_k < K ? k0 + block_k : K;
+                const int64_t n1 = block_n < N - n0 ? n0 + block_n : N, k1 = block_k < K - k0 ? k0 + block_k : K;
                 float inv = quantize_tile(we, w->dtype, K, n0, n1, k0, k1, format, qe);
                 put_scale(scale_inv->data, scale_inv->dtype, (e * sn + bi) * sk + bj, inv);
             }
@@ -197,8 +202,8 @@ void moex_dequant_row(const void *q, moex_dtype dt, const void *scale, moex_dtyp
                       int64_t block_n, int64_t block_k, int64_t r, int64_t K, float *dst) {
     const int64_t srow = (r / block_n) * scale_ld;
     const uint8_t *row = (const uint8_t *)q + (dt == MOEX_E2M1X2 ? r * K / 2 : r * K);
-    for (int64_t k0 = 0, kb = 0; k0 < K; k0 += block_k, kb++) { /* one scale a block */
-        const int64_t k1 = k0 + block_k < K ? k0 + block_k : K;
+    for (int64_t k0 = 0, k1, kb = 0; k0 < K; k0 = k1, kb++) { /* one scale a block */
+        k1 = block_k < K - k0 ? k0 + block_k : K;
         const float s = moex_scale_at(scale, sdt, srow + kb);
         if (dt == MOEX_E2M1X2) {
             for (int64_t k = k0; k < k1; k++) {
@@ -217,9 +222,12 @@ moex_status moex_dequantize(const moex_tensor *q, const moex_tensor *scale_inv, 
     int64_t dims[3];
     moex_status st = check_plain(out, "out", dims);
     if (!st) st = check_quant_pair(q, scale_inv, out->ndim, dims, block_n, block_k, "q", "scale_inv");
+    if (!st) st = moex_check_disjoint(out, "out", q, "q");
+    if (!st) st = moex_check_disjoint(out, "out", scale_inv, "scale_inv");
     if (st) return st;
-    const int64_t E = dims[0], N = dims[1], K = dims[2], sk = (K + block_k - 1) / block_k;
-    const int64_t sn = (N + block_n - 1) / block_n, qrow = q->dtype == MOEX_E2M1X2 ? K / 2 : K;
+    const int64_t E = dims[0], N = dims[1], K = dims[2], sk = moex_ceil_div(K, block_k);
+    if (E == 0 || N == 0 || K == 0) return MOEX_OK; /* no elements: nothing to do */
+    const int64_t sn = moex_ceil_div(N, block_n), qrow = q->dtype == MOEX_E2M1X2 ? K / 2 : K;
     const size_t ssz = moex_dtype_size(scale_inv->dtype), osz = moex_dtype_size(out->dtype);
     float *row = malloc(sizeof(float) * (size_t)(K > 0 ? K : 1));
     if (!row) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_dequantize: out of memory for a row of %lld", (long long)K);
@@ -239,8 +247,8 @@ moex_status moex_dequantize(const moex_tensor *q, const moex_tensor *scale_inv, 
 void moex_act_quant_row(const float *x, float *out, int64_t n, moex_dtype wdt, int64_t block) {
     const float max = wdt == MOEX_E4M3 ? MOEX_E4M3_MAX : MOEX_E2M1_MAX;
     const int mbits = wdt == MOEX_E4M3 ? 3 : 1, emin = wdt == MOEX_E4M3 ? -6 : 0;
-    for (int64_t b0 = 0; b0 < n; b0 += block) {
-        const int64_t b1 = b0 + block < n ? b0 + block : n;
+    for (int64_t b0 = 0, b1; b0 < n; b0 = b1) {
+        b1 = block < n - b0 ? b0 + block : n;
         float amax = 0.0f;
         for (int64_t i = b0; i < b1; i++) amax = fmaxf(amax, fabsf(x[i]));
         const float s = moex_act_block_scale(amax, wdt);

@@ -26,10 +26,31 @@ const char *moex_status_str(moex_status status) {
 
 const char *moex_last_error(void) { return last_error; }
 
+/* Messages recorded on this thread so far: a caller that notes the count before a call can tell
+ * whether the call set a message of its own. */
+static _Thread_local uint64_t messages;
+
+static void record(const char *fmt, va_list ap) {
+    char buf[sizeof last_error]; /* the arguments may point into last_error */
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    memcpy(last_error, buf, strlen(buf) + 1);
+    messages++;
+}
+
 moex_status moex_fail(moex_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    record(fmt, ap);
     va_end(ap);
     return status;
 }
+
+moex_status moex_backend_fail(moex_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    record(fmt ? fmt : "(no message)", ap);
+    va_end(ap);
+    return status;
+}
+
+uint64_t moex_error_mark(void) { return messages; }

@@ -98,7 +98,7 @@ static moex_bmat layer_mat(const moex_experts_desc *d, int64_t K) {
     b.transposed = d->transposed;
     b.block_n = d->block_n;
     b.block_k = d->block_k;
-    if (d->block_k > 0) b.scale_ld = (K + d->block_k - 1) / d->block_k;
+    if (d->block_k > 0) b.scale_ld = moex_ceil_div(K, d->block_k);
     return b;
 }
 

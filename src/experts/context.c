@@ -72,7 +72,8 @@ void moex_context_free(moex_context *ctx) {
 }
 
 moex_status moex_context_get_options(const moex_context *ctx, moex_context_options *out) {
-    if (!ctx || !out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_get_options: null argument");
+    if (!ctx || !out)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_get_options: %s is NULL", ctx ? "out" : "ctx");
     *out = ctx->options;
     return MOEX_OK;
 }
@@ -80,7 +81,8 @@ moex_status moex_context_get_options(const moex_context *ctx, moex_context_optio
 size_t moex_context_workspace_bytes(const moex_context *ctx) { return ctx ? ctx->workspace_bytes : 0; }
 
 moex_status moex_context_workspace(moex_context *ctx, void **ptr, size_t *bytes) {
-    if (!ctx || !ptr || !bytes) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_workspace: null argument");
+    if (!ctx || !ptr || !bytes)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_workspace: %s is NULL", !ctx ? "ctx" : !ptr ? "ptr" : "bytes");
     *ptr = ctx->workspace;
     *bytes = ctx->workspace_bytes;
     return MOEX_OK;
@@ -126,13 +128,18 @@ moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backe
     const moex_backend *b = moex_registry_find(backend, &index);
     if (!b) return moex_registry_not_found(backend);
     if (moex_context_find_prepared(ctx, layer->id, index)) return MOEX_OK;
-    char why[512] = "";
-    if (!b->supports(&layer->desc, &ctx->device_info, why, sizeof why, b->user))
+    char why[512];
+    moex_status st = moex_backend_call_supports(b, &layer->desc, &ctx->device_info, why, sizeof why);
+    if (st == MOEX_ERR_UNSUPPORTED)
         return moex_fail(MOEX_ERR_UNSUPPORTED, "experts backend \"%s\" cannot run this layer on %s: %s", backend,
-                         ctx->device_info.name, why[0] ? why : "no reason given");
-    if (moex_weight_device(&layer->desc).kind != ctx->options.device.kind)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "the layer's weights are on %s memory but the context computes on %s",
-                         moex_weight_device(&layer->desc).kind == MOEX_DEVICE_CPU ? "cpu" : "cuda", ctx->device_info.name);
+                         ctx->device_info.name, why);
+    if (st) return st;
+    const moex_device wdev = moex_weight_device(&layer->desc);
+    if (wdev.kind != ctx->options.device.kind || (on_cuda(ctx) && wdev.index != ctx->options.device.index)) {
+        char where[32];
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "the layer's weights are in %s memory but the context computes on %s",
+                         moex_device_str(wdev, where, sizeof where), ctx->device_info.name);
+    }
     if (ctx->prepared_count == ctx->prepared_capacity) {
         int cap = ctx->prepared_capacity ? 2 * ctx->prepared_capacity : 16;
         moex_prepared *p = realloc(ctx->prepared, (size_t)cap * sizeof *p);
@@ -148,13 +155,9 @@ moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backe
                          "backend \"%s\": the workspace for max_tokens = %lld tokens x top_k = %lld does not fit in memory "
                          "addresses (or exceeds 2^31 - 1 token-expert pairs); create the context with a smaller max_tokens",
                          backend, (long long)ctx->options.max_tokens, (long long)layer->desc.top_k);
-    moex_status st = reserve_workspace(ctx, need);
-    if (st) return st;
+    if ((st = reserve_workspace(ctx, need))) return st;
     void *state = NULL;
-    if (b->prepare) {
-        st = b->prepare(ctx, &layer->desc, &state, b->user);
-        if (st) return st;
-    }
+    if (b->prepare && (st = moex_backend_call_prepare(b, ctx, &layer->desc, &state))) return st;
     ctx->prepared[ctx->prepared_count++] = (moex_prepared){layer->id, index, state};
     return MOEX_OK;
 }

@@ -47,6 +47,18 @@ const moex_backend *moex_registry_at(int index);
 /* Fail with MOEX_ERR_NOT_FOUND, listing the valid names. */
 moex_status moex_registry_not_found(const char *name);
 
+/* A backend's functions, called through these checks (src/experts/registry.c): a failure
+ * without a message of its own gets one naming the backend, and a value that is not a
+ * moex_status (for supports: not 0 or 1) becomes MOEX_ERR_INTERNAL saying so. */
+/* MOEX_OK if b supports layer on dev; MOEX_ERR_UNSUPPORTED with the reason in why (never
+ * empty; why_size >= 1) and no message set, for the caller to word; MOEX_ERR_INTERNAL with
+ * its message (and in why) when supports returned something other than 0 or 1. */
+moex_status moex_backend_call_supports(const moex_backend *b, const moex_experts_desc *layer,
+                                       const moex_device_info *dev, char *why, size_t why_size);
+moex_status moex_backend_call_prepare(const moex_backend *b, moex_context *ctx, const moex_experts_desc *layer,
+                                      void **state);
+moex_status moex_backend_call_forward(const moex_backend *b, const moex_forward_args *args);
+
 /* ---- built-in backends ------------------------------------------------- */
 
 extern const moex_backend moex_backend_eager;

@@ -30,6 +30,13 @@ moex_status moex_experts_desc_init(moex_experts_desc *desc) {
     return MOEX_OK;
 }
 
+/* `what` is on another device than the weights (on `want`). */
+static moex_status other_device(const moex_tensor *t, const char *what, moex_device want) {
+    char got[32], need[32];
+    return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s is on %s but gate_up is on %s", what,
+                     moex_device_str(t->device, got, sizeof got), moex_device_str(want, need, sizeof need));
+}
+
 /* Check one weight or bias tensor: shape, dtype (= dtype of gate_up), device, contiguity. */
 static moex_status check_param(const moex_experts_desc *d, const moex_tensor *t, const char *what, int ndim,
                                const int64_t *shape) {
@@ -43,7 +50,7 @@ static moex_status check_param(const moex_experts_desc *d, const moex_tensor *t,
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: dtype %s differs from gate_up's %s", what,
                          moex_dtype_name(t->dtype), moex_dtype_name(d->gate_up.dtype));
     if (t->device.kind != d->gate_up.device.kind || t->device.index != d->gate_up.device.index)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s is on another device than gate_up", what);
+        return other_device(t, what, d->gate_up.device);
     return moex_check_contiguous(t, what);
 }
 
@@ -56,9 +63,12 @@ static moex_status check_sizes(const moex_experts_desc *d) {
     if (d->top_k < 1 || d->top_k > d->num_experts)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "top_k = %lld is outside [1, num_experts = %lld]",
                          (long long)d->top_k, (long long)d->num_experts);
+    if (d->gated && d->intermediate > INT64_MAX / 2)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                         "intermediate = %lld: the 2 x intermediate gate and up rows of a gated layer overflow int64",
+                         (long long)d->intermediate);
     int64_t rows = d->gated ? 2 * d->intermediate : d->intermediate, n;
-    if (d->intermediate > INT64_MAX / 2 || !moex_mul_ok(d->num_experts, rows, &n) || !moex_mul_ok(n, d->hidden, &n) ||
-        !moex_mul_ok(n, 4, &n))
+    if (!moex_mul_ok(d->num_experts, rows, &n) || !moex_mul_ok(n, d->hidden, &n) || !moex_mul_ok(n, 4, &n))
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
                          "num_experts = %lld x intermediate = %lld x hidden = %lld overflows a 64-bit byte count",
                          (long long)d->num_experts, (long long)d->intermediate, (long long)d->hidden);
@@ -106,10 +116,17 @@ static moex_status check_per_expert(const moex_experts_desc *d) {
     if (d->expert_device.kind != MOEX_DEVICE_CPU && d->expert_device.kind != MOEX_DEVICE_CUDA)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert_device kind %d is not a moex_device_kind",
                          (int)d->expert_device.kind);
+    const size_t esz = moex_dtype_size(d->expert_dtype);
     for (int64_t e = 0; e < d->num_experts; e++) {
         const char *missing = !d->expert_up[e] ? "expert_up" : !d->expert_down[e] ? "expert_down"
                             : d->gated && !d->expert_gate[e] ? "expert_gate" : NULL;
         if (missing) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s[%lld] is NULL", missing, (long long)e);
+        const void *p = (uintptr_t)d->expert_up[e] % esz ? d->expert_up[e] : (uintptr_t)d->expert_down[e] % esz
+                      ? d->expert_down[e] : d->gated && (uintptr_t)d->expert_gate[e] % esz ? d->expert_gate[e] : NULL;
+        if (p)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s[%lld] at %p is not aligned to its %zu-byte %s elements",
+                             p == d->expert_up[e] ? "expert_up" : p == d->expert_down[e] ? "expert_down" : "expert_gate",
+                             (long long)e, p, esz, moex_dtype_name(d->expert_dtype));
     }
     return MOEX_OK;
 }
@@ -129,12 +146,12 @@ static moex_status check_scale_grid(const moex_experts_desc *d, const moex_tenso
     if (!moex_tensor_present(t))
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s is absent: %s weights need their block scales", what,
                          moex_dtype_name(d->gate_up.dtype));
-    int64_t shape[3] = {d->num_experts, (rows + d->block_n - 1) / d->block_n, (in + d->block_k - 1) / d->block_k};
+    int64_t shape[3] = {d->num_experts, moex_ceil_div(rows, d->block_n), moex_ceil_div(in, d->block_k)};
     moex_status st = moex_check_shape(t, what, 3, shape);
     if (!st) st = check_scale_dtype(t->dtype, what);
     if (!st) st = moex_check_contiguous(t, what);
     if (!st && (t->device.kind != d->gate_up.device.kind || t->device.index != d->gate_up.device.index))
-        st = moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s is on another device than gate_up", what);
+        st = other_device(t, what, d->gate_up.device);
     return st;
 }
 
@@ -179,6 +196,13 @@ static moex_status check_quantized(const moex_experts_desc *d) {
             missing = !d->expert_up_scale[e] ? "expert_up_scale" : !d->expert_down_scale[e] ? "expert_down_scale"
                     : d->gated && !d->expert_gate_scale[e] ? "expert_gate_scale" : NULL;
             if (missing) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s[%lld] is NULL", missing, (long long)e);
+            const size_t esz = moex_dtype_size(d->expert_scale_dtype);
+            const char *odd = (uintptr_t)d->expert_up_scale[e] % esz ? "expert_up_scale"
+                            : (uintptr_t)d->expert_down_scale[e] % esz ? "expert_down_scale"
+                            : d->gated && (uintptr_t)d->expert_gate_scale[e] % esz ? "expert_gate_scale" : NULL;
+            if (odd)
+                return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s[%lld] is not aligned to its %zu-byte %s elements", odd,
+                                 (long long)e, esz, moex_dtype_name(d->expert_scale_dtype));
         }
         return MOEX_OK;
     }

@@ -120,6 +120,55 @@ moex_status moex_backend_lookup(const char *name) {
     return moex_registry_find(name, NULL) ? MOEX_OK : moex_registry_not_found(name);
 }
 
+/* ---- calling a backend's functions ---------------------------------------------------- */
+
+/* What b's function fn returned, checked: see experts_internal.h. mark: moex_error_mark() before the call. */
+static moex_status checked(const moex_backend *b, const char *fn, moex_status st, uint64_t mark) {
+    const int v = (int)st;
+    if (v == MOEX_OK) return MOEX_OK;
+    const int said = moex_error_mark() != mark;
+    if (v < 0 || v > MOEX_ERR_INTERNAL)
+        return said ? moex_fail(MOEX_ERR_INTERNAL, "backend \"%s\" returned %d, which is not a moex_status (from %s; "
+                                "its message: %s)", b->name, v, fn, moex_last_error())
+                    : moex_fail(MOEX_ERR_INTERNAL, "backend \"%s\" returned %d, which is not a moex_status (from %s)",
+                                b->name, v, fn);
+    if (!said)
+        return moex_fail(st, "backend \"%s\": %s failed with status %d and no message (%s)", b->name, fn, v,
+                         moex_status_str(st));
+    return st;
+}
+
+moex_status moex_backend_call_supports(const moex_backend *b, const moex_experts_desc *layer,
+                                       const moex_device_info *dev, char *why, size_t why_size) {
+    why[0] = 0;
+    const uint64_t mark = moex_error_mark();
+    const int ok = b->supports(layer, dev, why, why_size, b->user);
+    why[why_size - 1] = 0; /* whatever the backend wrote, a string */
+    if (ok == 1) return MOEX_OK;
+    if (ok != 0) {
+        moex_fail(MOEX_ERR_INTERNAL, "backend \"%s\": supports returned %d, which is neither 1 (supported) nor 0 "
+                  "(not supported)", b->name, ok);
+        snprintf(why, why_size, "%s", moex_last_error());
+        return MOEX_ERR_INTERNAL;
+    }
+    if (!why[0]) {
+        if (moex_error_mark() != mark) snprintf(why, why_size, "%s", moex_last_error()); /* said with moex_backend_fail */
+        else snprintf(why, why_size, "backend \"%s\" gave no reason", b->name);
+    }
+    return MOEX_ERR_UNSUPPORTED;
+}
+
+moex_status moex_backend_call_prepare(const moex_backend *b, moex_context *ctx, const moex_experts_desc *layer,
+                                      void **state) {
+    const uint64_t mark = moex_error_mark();
+    return checked(b, "prepare", b->prepare(ctx, layer, state, b->user), mark);
+}
+
+moex_status moex_backend_call_forward(const moex_backend *b, const moex_forward_args *args) {
+    const uint64_t mark = moex_error_mark();
+    return checked(b, "forward", b->forward(args, b->user), mark);
+}
+
 moex_status moex_backend_supports(const char *name, const moex_layer *layer, moex_device device, char *why,
                                   size_t why_size) {
     const moex_backend *b = moex_registry_find(name, NULL);
@@ -131,13 +180,9 @@ moex_status moex_backend_supports(const char *name, const moex_layer *layer, moe
     moex_device_info info;
     moex_status st = moex_device_query(device, &info);
     if (st) return st;
-    char reason[512] = "";
-    int ok = b->supports(layer ? &layer->desc : NULL, &info, reason, sizeof reason, b->user);
-    if (ok) {
-        if (why && why_size) why[0] = 0;
-        return MOEX_OK;
-    }
-    if (!reason[0]) snprintf(reason, sizeof reason, "backend \"%s\" gave no reason", name);
-    if (why && why_size) snprintf(why, why_size, "%s", reason);
-    return moex_fail(MOEX_ERR_UNSUPPORTED, "%s: %s", name, reason);
+    char reason[512];
+    st = moex_backend_call_supports(b, layer ? &layer->desc : NULL, &info, reason, sizeof reason);
+    if (why && why_size) snprintf(why, why_size, "%s", st ? reason : "");
+    if (st == MOEX_ERR_UNSUPPORTED) return moex_fail(MOEX_ERR_UNSUPPORTED, "%s: %s", name, reason);
+    return st;
 }

@@ -40,7 +40,13 @@ static moex_status check(const moex_router_desc *r, const moex_tensor *logits, c
     if (r->top_k < 1 || r->top_k > r->num_experts)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "router top_k = %lld is outside [1, num_experts = %lld]",
                          (long long)r->top_k, (long long)r->num_experts);
+    if (r->kind != MOEX_ROUTER_TOPK_SOFTMAX && r->renormalize != 0 && r->renormalize != 1)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "router renormalize = %d, must be 0 or 1", r->renormalize);
     if (r->kind == MOEX_ROUTER_SIGMOID_GROUPED_TOPK) {
+        if (!(r->scaling > 0.0f && isfinite(r->scaling)))
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                             "router scaling = %g, must be a finite value > 0 (the routed scaling factor)",
+                             (double)r->scaling);
         if (r->n_group < 1 || r->num_experts % r->n_group)
             return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "router n_group = %lld does not divide num_experts = %lld",
                              (long long)r->n_group, (long long)r->num_experts);
@@ -59,6 +65,13 @@ static moex_status check(const moex_router_desc *r, const moex_tensor *logits, c
             if (r->correction_bias.dtype != MOEX_F32 || r->correction_bias.strides[0] != 1)
                 return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "correction_bias must be contiguous f32, got %s",
                                  moex_dtype_name(r->correction_bias.dtype));
+            if (r->correction_bias.device.kind != MOEX_DEVICE_CPU)
+                return moex_fail(MOEX_ERR_UNSUPPORTED, "moex_route: correction_bias must be in cpu memory");
+            const float *bias = r->correction_bias.data;
+            for (int64_t e = 0; e < r->num_experts; e++)
+                if (!isfinite(bias[e]))
+                    return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "correction_bias[%lld] = %g is not finite", (long long)e,
+                                     (double)bias[e]);
         }
     }
     int64_t ls[2] = {-1, r->num_experts};
@@ -81,6 +94,11 @@ static moex_status check(const moex_router_desc *r, const moex_tensor *logits, c
             return moex_fail(MOEX_ERR_UNSUPPORTED, "moex_route: %s must be in cpu memory", names[i]);
         if ((st = moex_check_rows(ts[i], names[i]))) return st;
     }
+    /* the outputs are written token by token while later logits are still to be read */
+    if ((st = moex_check_disjoint(ids, "ids", logits, "logits")) ||
+        (st = moex_check_disjoint(weights, "weights", logits, "logits")) ||
+        (st = moex_check_disjoint(ids, "ids", weights, "weights")))
+        return st;
     return MOEX_OK;
 }
 
@@ -138,10 +156,17 @@ moex_status moex_route(const moex_router_desc *desc, const moex_tensor *logits, 
     if (st) return st;
     const int64_t T = logits->shape[0], E = desc->num_experts, k = desc->top_k;
     const int64_t G = desc->kind == MOEX_ROUTER_SIGMOID_GROUPED_TOPK ? desc->n_group : 1; /* n_group: grouped only */
-    size_t bytes = (size_t)E * (2 * sizeof(float) + 1) + (size_t)(G + k) * (sizeof(float) + sizeof(int64_t)) +
-                   (size_t)G * sizeof(int64_t);
-    char *scratch = malloc(bytes + 64);
-    if (!scratch) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_route: out of memory");
+    if (T == 0) return MOEX_OK;
+    /* scratch: s, sel [E] f32, gscore [G] f32, w [k] f32, idx [k], gidx [G] i64, allowed [E] bytes; G, k <= E */
+    int64_t bytes, per_gk, per_g;
+    if (!moex_mul_ok(E, 2 * sizeof(float) + 1, &bytes) || !moex_mul_ok(G + k, sizeof(float) + sizeof(int64_t), &per_gk) ||
+        !moex_mul_ok(G, sizeof(int64_t), &per_g) || !moex_add_ok(bytes, per_gk, &bytes) ||
+        !moex_add_ok(bytes, per_g, &bytes) || (uint64_t)bytes > SIZE_MAX - 64)
+        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_route: the scratch for num_experts = %lld does not fit in memory",
+                         (long long)E);
+    char *scratch = malloc((size_t)bytes + 64);
+    if (!scratch)
+        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_route: out of memory for %lld bytes of scratch", (long long)bytes + 64);
     float *s = (float *)scratch, *sel = s + E, *gscore = sel + E, *w = gscore + G;
     int64_t *idx = (int64_t *)(((uintptr_t)(w + k) + 7) & ~(uintptr_t)7), *gidx = idx + k;
     unsigned char *allowed = (unsigned char *)(gidx + G);
