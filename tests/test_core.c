@@ -763,7 +763,7 @@ static void test_cpu_feature_detection(void **state) {
     end_problems();
 }
 
-/* The library's core and experts sources compile with clang as well as with GCC (clang 14 knows no
+/* The library's CPU sources (core, experts, cpu, model) compile with clang as well as with GCC (clang 14 knows no
  * __builtin_cpu_supports("f16c"), for one): syntax and semantic checks with clang-14 or clang, when
  * one is installed. */
 static void test_sources_compile_with_clang(void **state) {
@@ -778,9 +778,10 @@ static void test_sources_compile_with_clang(void **state) {
     assert_non_null(end);
     *end = 0;
     snprintf(cmd, sizeof cmd,
-             "%s -std=c11 -D_GNU_SOURCE -DMOEX_HAVE_CUDA=0 -fsyntax-only -Wall -Wextra -Wno-unused-parameter "
-             "-I'%s/include' -I'%s/src' '%s'/src/core/*.c '%s'/src/experts/*.c",
-             cc, root, root, root, root);
+             "%s -std=c11 -D_GNU_SOURCE -DMOEX_HAVE_CUDA=0 -fsyntax-only -fopenmp -mavx2 -mfma -mf16c -Wall -Wextra "
+             "-Wno-unused-parameter -I'%s/include' -I'%s/src' '%s'/src/core/*.c '%s'/src/experts/*.c '%s'/src/cpu/*.c "
+             "'%s'/src/model/*.c",
+             cc, root, root, root, root, root, root);
     int rc = system(cmd);
     if (rc != 0) fail_msg("%s could not compile the sources (exit %d): %s", cc, rc, cmd);
 }
