@@ -306,13 +306,16 @@ static moex_status check_family(const moex_config *c) {
                      c->model_type);
 }
 
+// The separator between dir and a file name in messages: "/" unless dir ends with one.
+static const char *dir_sep(const char *dir) { return dir[0] && dir[strlen(dir) - 1] != '/' ? "/" : ""; }
+
 // Every config key the loader reads is honoured as transformers defines it for the family, or
 // refused here by name. (Keys the family's transformers model does not read, such as DeepSeek's
 // router fields in a qwen3_moe config, are ignored as transformers ignores them.)
 static moex_status check_config(moex_model *m, const char *dir) {
     moex_config *c = &m->cfg;
     const char *pfx = c->text_from_sub_config ? "text_config." : "";
-    const char *sep = dir[0] && dir[strlen(dir) - 1] != '/' ? "/" : "";
+    const char *sep = dir_sep(dir);
     if (strcmp(c->hidden_act, "silu") && strcmp(c->hidden_act, "swish"))
         return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %shidden_act = \"%s\" is not supported: moex runs the "
                          "silu experts and MLPs of %s", dir, sep, pfx, c->hidden_act, c->model_type);
@@ -358,7 +361,7 @@ static moex_status check_layer_count(const moex_model *m, const char *dir) {
     snprintf(name, sizeof name, "%slayers.%lld.input_layernorm.weight", m->prefix, (long long)(L - 1));
     if ((uint64_t)L <= moex_checkpoint_count(m->ckpt) && moex_checkpoint_find(m->ckpt, name)) return MOEX_OK;
     return moex_fail(MOEX_ERR_NOT_FOUND, "%s%sconfig.json: %snum_hidden_layers = %lld, but the checkpoint has no tensor %s",
-                     dir, dir[0] && dir[strlen(dir) - 1] != '/' ? "/" : "", m->cfg.text_from_sub_config ? "text_config." : "",
+                     dir, dir_sep(dir), m->cfg.text_from_sub_config ? "text_config." : "",
                      (long long)L, name);
 }
 
