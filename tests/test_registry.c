@@ -561,20 +561,25 @@ static void expect_call(rcase *c, const char *name, int forward, moex_status wan
     moex_context_free(ctx);
 }
 
+/* Register backend `name` whose functions do what *M says (zeroed here). */
+static void register_misbehaving(const char *name, misbehave *M) {
+    memset(M, 0, sizeof *M);
+    moex_backend b;
+    memset(&b, 0, sizeof b);
+    b.name = name;
+    b.supports = mb_supports;
+    b.prepare = mb_prepare;
+    b.forward = mb_forward;
+    b.user = M;
+    assert_int_equal(moex_register_backend(&b), MOEX_OK);
+}
+
 /* prepare and forward: no message -> one naming the backend; a value that is not a moex_status -> INTERNAL;
  * a message set through moex_backend_fail -> that message, with the status returned. */
 static void test_backend_failures_reported(void **state) {
     (void)state;
     static misbehave M;
-    memset(&M, 0, sizeof M);
-    moex_backend b;
-    memset(&b, 0, sizeof b);
-    b.name = "test_misbehaving";
-    b.supports = mb_supports;
-    b.prepare = mb_prepare;
-    b.forward = mb_forward;
-    b.user = &M;
-    assert_int_equal(moex_register_backend(&b), MOEX_OK);
+    register_misbehaving("test_misbehaving", &M);
     rcase c;
     rcase_init(&c, 3, 4, 2, 16, 8, MOEX_F32, 0, 0, 12);
     M.supports_ret = 1;
@@ -629,15 +634,7 @@ static void test_backend_failures_reported(void **state) {
 static void test_backend_supports_answers(void **state) {
     (void)state;
     static misbehave M;
-    memset(&M, 0, sizeof M);
-    moex_backend b;
-    memset(&b, 0, sizeof b);
-    b.name = "test_supports_answers";
-    b.supports = mb_supports;
-    b.prepare = mb_prepare;
-    b.forward = mb_forward;
-    b.user = &M;
-    assert_int_equal(moex_register_backend(&b), MOEX_OK);
+    register_misbehaving("test_supports_answers", &M);
     rcase c;
     rcase_init(&c, 3, 4, 2, 16, 8, MOEX_F32, 0, 0, 13);
     static const struct { int ret; const char *fail; moex_status want; const char *needle; } CASES[] = {
