@@ -468,6 +468,18 @@ moex_status moex_context_synchronize(moex_context *ctx);
  */
 moex_status moex_context_stream(moex_context *ctx, void **stream);
 
+/** MOEX_CUDA_STATUS_BAD_ID: the status-word bit of an expert id outside [-1, E]. */
+#define MOEX_CUDA_STATUS_BAD_ID 1
+
+/**
+ * The context's status word: an int32 in GPU memory that kernels set bits of
+ * (atomicOr) for values the host could not check without a synchronisation,
+ * such as MOEX_CUDA_STATUS_BAD_ID. moex_context_synchronize() reads, reports
+ * and clears it. For backends: the same word the built-in ones use. Fails with
+ * MOEX_ERR_UNSUPPORTED on a CPU context.
+ */
+moex_status moex_context_status_word(moex_context *ctx, int **word);
+
 /** A captured sequence of forwards (a CUDA graph), replayable (opaque). */
 typedef struct moex_graph moex_graph;
 
@@ -541,11 +553,12 @@ typedef struct moex_backend {
      *  device is asked about. Required. */
     int (*supports)(const moex_experts_desc *layer, const moex_device_info *dev,
                     char *why, size_t why_size, void *user);
-    /** Workspace bytes one forward of up to max_tokens tokens needs. Optional (0).
-     *  On a CUDA context num_threads is 0 and the workspace is GPU memory.
-     *  SIZE_MAX means "too large": moex_prepare fails naming max_tokens. */
+    /** Workspace bytes one forward of up to max_tokens tokens needs in ctx. Optional (0).
+     *  The device and thread count are moex_context_get_options(ctx)'s; on a CUDA
+     *  context the workspace is GPU memory. SIZE_MAX means "too large":
+     *  moex_prepare fails naming max_tokens. */
     size_t (*workspace_bytes)(const moex_experts_desc *layer, int64_t max_tokens,
-                              int num_threads, void *user);
+                              const moex_context *ctx, void *user);
     /** Per layer and context: re-layout, lazy loading. Optional. Returns
      *  MOEX_OK, or a failure with a message from moex_backend_fail() (and
      *  nothing kept: release is not called for a failed prepare). */

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# check_wgmma.sh NVCC SOURCE_DIR [ARCH] — compile the grouped GEMM (src/cuda/gemm_sm90.cu) and
+# check_wgmma.sh NVCC SOURCE_DIR [ARCH] — compile the grouped GEMM (src/backends/cuda/gemm_sm90.cu) and
 # fail if ptxas serialises its wgmmas (C7518) or injects waits of its own (C7517): either one
 # leaves the kernel correct but several times slower, and only `-Xptxas -v` tells.
 set -uo pipefail
@@ -11,7 +11,7 @@ NVCC=$1 SRC=$2 ARCH=${3:-90a}
 OBJ=$(mktemp) || exit 2
 trap 'rm -f "$OBJ"' EXIT
 LOG=$("$NVCC" -std=c++17 -O3 -gencode "arch=compute_$ARCH,code=sm_$ARCH" -I"$SRC/include" -I"$SRC/src" \
-  -Xptxas -v -c "$SRC/src/cuda/gemm_sm90.cu" -o "$OBJ" 2>&1)
+  -Xptxas -v -c "$SRC/src/backends/cuda/gemm_sm90.cu" -o "$OBJ" 2>&1)
 rc=$?
 if [ $rc -ne 0 ]; then
   echo "$LOG" | tail -20

@@ -772,16 +772,16 @@ static void test_sources_compile_with_clang(void **state) {
     if (system("command -v clang-14 >/dev/null 2>&1") == 0) cc = "clang-14";
     else if (system("command -v clang >/dev/null 2>&1") == 0) cc = "clang";
     if (!cc) skip();
-    char root[1024], cmd[8192];
+    char root[1024], cmd[16384];
     snprintf(root, sizeof root, "%s", MOEX_FIXTURES);
     char *end = strstr(root, "/tests/fixtures");
     assert_non_null(end);
     *end = 0;
     snprintf(cmd, sizeof cmd,
              "%s -std=c11 -D_GNU_SOURCE -DMOEX_HAVE_CUDA=0 -fsyntax-only -fopenmp -mavx2 -mfma -mf16c -Wall -Wextra "
-             "-Wno-unused-parameter -I'%s/include' -I'%s/src' '%s'/src/core/*.c '%s'/src/experts/*.c '%s'/src/cpu/*.c "
-             "'%s'/src/model/*.c",
-             cc, root, root, root, root, root, root);
+             "-Wno-unused-parameter -I'%s/include' -I'%s/src' '%s'/src/core/*.c '%s'/src/linear/*.c '%s'/src/experts/*.c "
+             "'%s'/src/backends/*.c '%s'/src/backends/cpu/*.c '%s'/src/decoder/*.c '%s'/src/model/*.c",
+             cc, root, root, root, root, root, root, root, root, root);
     int rc = system(cmd);
     if (rc != 0) fail_msg("%s could not compile the sources (exit %d): %s", cc, rc, cmd);
 }

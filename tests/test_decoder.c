@@ -1,5 +1,5 @@
 /*
- * test_decoder.c — the decoder building blocks (src/model/decoder.h) against
+ * test_decoder.c — the decoder building blocks (src/decoder/decoder.h) against
  * float64 references written here.
  *
  *   - linear (f32/f16/bf16 weights, bias or not, T = 1, 3, 9, 17, N over
@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/decoder.h"
+#include "decoder/decoder.h"
 #include "moex.h"
 #include "reference.h"
 #include "testutil.h"

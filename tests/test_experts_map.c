@@ -111,18 +111,18 @@ static void test_decode_switch(void **state) {
     const moex_experts_map before = m;
     step_log log = {&m, "", MOEX_OK};
     /* CUDA: grouped_mm entries decode on batched_mm; others keep theirs */
-    assert_int_equal(moex_experts_map_run_decode(&m, 1, 1, record_step, &log), MOEX_OK);
+    assert_int_equal(moex_experts_map_run_decode(&m, MOEX_DEVICE_CUDA, 1, record_step, &log), MOEX_OK);
     assert_string_equal(log.seen,
                         "{\"\": \"batched_mm\", \"text_config\": \"batched_mm\", \"vision_config\": \"eager\"}");
     assert_memory_equal(&m, &before, sizeof m);
     /* restored when the decode step fails too */
     log.result = MOEX_ERR_DEVICE;
-    assert_int_equal(moex_experts_map_run_decode(&m, 1, 1, record_step, &log), MOEX_ERR_DEVICE);
+    assert_int_equal(moex_experts_map_run_decode(&m, MOEX_DEVICE_CUDA, 1, record_step, &log), MOEX_ERR_DEVICE);
     assert_true(contains(log.seen, "batched_mm"));
     assert_memory_equal(&m, &before, sizeof m);
     /* CPU: no switch; switch turned off: no switch */
     log.result = MOEX_OK;
-    assert_int_equal(moex_experts_map_run_decode(&m, 0, 1, record_step, &log), MOEX_OK);
+    assert_int_equal(moex_experts_map_run_decode(&m, MOEX_DEVICE_CPU, 1, record_step, &log), MOEX_OK);
     assert_false(contains(log.seen, "batched_mm"));
     assert_int_equal(moex_experts_map_run_decode(&m, 1, 0, record_step, &log), MOEX_OK);
     assert_false(contains(log.seen, "batched_mm"));

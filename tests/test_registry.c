@@ -69,7 +69,7 @@ static int naive_supports(const moex_experts_desc *layer, const moex_device_info
 }
 
 /* layer -> bytes for one token's intermediate [I] and accumulator [H] */
-static size_t naive_workspace(const moex_experts_desc *layer, int64_t max_tokens, int num_threads,
+static size_t naive_workspace(const moex_experts_desc *layer, int64_t max_tokens, const moex_context *ctx,
                               void *user) {
     naive_log *log = user;
     log->workspace++;

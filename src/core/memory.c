@@ -3,7 +3,7 @@
 #include "core/internal.h"
 #include <stdlib.h>
 #if MOEX_HAVE_CUDA
-#include "cuda/cuda_api.h"
+#include "core/gpu_runtime.h"
 #endif
 
 static moex_status check_device(moex_device d, const char *what) {

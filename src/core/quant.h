@@ -4,6 +4,10 @@
 #define MOEX_QUANT_H
 
 #include "core/internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 #include <math.h>
 
 /* Largest finite magnitudes. */
@@ -76,5 +80,9 @@ void moex_act_quant_row(const float *x, float *out, int64_t n, moex_dtype wdt, i
  * q e4m3 (K bytes a row) or e2m1x2 (K/2), scale grid with scale_ld entries a row. */
 void moex_dequant_row(const void *q, moex_dtype dt, const void *scale, moex_dtype sdt, int64_t scale_ld,
                       int64_t block_n, int64_t block_k, int64_t r, int64_t K, float *dst);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -3,7 +3,7 @@
 #include "experts/experts_internal.h"
 #include <stdlib.h>
 #if MOEX_HAVE_CUDA
-#include "cuda/cuda_api.h"
+#include "core/gpu_runtime.h"
 #endif
 
 #define MAX_THREADS 1024
@@ -147,9 +147,7 @@ moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backe
         ctx->prepared = p;
         ctx->prepared_capacity = cap;
     }
-    size_t need = b->workspace_bytes
-                      ? b->workspace_bytes(&layer->desc, ctx->options.max_tokens, on_cuda(ctx) ? 0 : ctx->options.num_threads, b->user)
-                      : 0;
+    size_t need = b->workspace_bytes ? b->workspace_bytes(&layer->desc, ctx->options.max_tokens, ctx, b->user) : 0;
     if (need == SIZE_MAX)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
                          "backend \"%s\": the workspace for max_tokens = %lld tokens x top_k = %lld does not fit in memory "
@@ -194,6 +192,14 @@ moex_status moex_context_stream(moex_context *ctx, void **stream) {
     if (st) return st;
     if (!stream) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_stream: stream is NULL");
     *stream = ctx->stream;
+    return MOEX_OK;
+}
+
+moex_status moex_context_status_word(moex_context *ctx, int **word) {
+    moex_status st = need_cuda(ctx, "moex_context_status_word");
+    if (st) return st;
+    if (!word) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_context_status_word: word is NULL");
+    *word = ctx->device_flags;
     return MOEX_OK;
 }
 

@@ -4,6 +4,7 @@
 #define MOEX_EXPERTS_INTERNAL_H
 
 #include "core/internal.h"
+#include "linear/kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -59,14 +60,13 @@ moex_status moex_backend_call_prepare(const moex_backend *b, moex_context *ctx, 
                                       void **state);
 moex_status moex_backend_call_forward(const moex_backend *b, const moex_forward_args *args);
 
-/* ---- built-in backends ------------------------------------------------- */
+/* ---- weight views (weight_views.c) ----------------------------------- */
 
-extern const moex_backend moex_backend_eager;
-extern const moex_backend moex_backend_batched_mm;
-extern const moex_backend moex_backend_grouped_mm;
-extern const moex_backend moex_backend_deepgemm;
-extern const moex_backend moex_backend_deepgemm_megamoe;
-extern const moex_backend moex_backend_sonicmoe;
+/* Weight matrices of expert e as logical B [K, N] starting at output row `base`.
+ * A product must not cross row I of a gated gate_up (gate | up): in the
+ * per-expert layout those are two matrices. */
+moex_bmat moex_gate_up_mat(const moex_experts_desc *d, int64_t e, int64_t base);
+moex_bmat moex_down_mat(const moex_experts_desc *d, int64_t e, int64_t base);
 
 /* ---- activation -------------------------------------------------------- */
 

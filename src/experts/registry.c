@@ -1,6 +1,6 @@
-/* registry.c — backends by name: the built-ins, registered at first use, and
- * the user's own. Append-only; readers see a published count without locking. */
-#include "experts/experts_internal.h"
+/* registry.c — backends by name: the built-ins (the dispatch table's), registered at first use,
+ * and the user's own. Append-only; readers see a published count without locking. */
+#include "experts/dispatch.h"
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -48,12 +48,10 @@ static moex_status add_locked(const moex_backend *b) {
 }
 
 static void register_builtins(void) {
-    const moex_backend *builtins[] = {
-        &moex_backend_eager,    &moex_backend_batched_mm,       &moex_backend_grouped_mm,
-        &moex_backend_deepgemm, &moex_backend_deepgemm_megamoe, &moex_backend_sonicmoe,
-    };
+    int n;
+    const moex_backend *builtins = moex_builtin_backends(&n); /* the dispatch table's (src/backends/table.c) */
     pthread_mutex_lock(&write_lock);
-    for (size_t i = 0; i < sizeof builtins / sizeof builtins[0]; i++) add_locked(builtins[i]);
+    for (int i = 0; i < n; i++) add_locked(&builtins[i]);
     pthread_mutex_unlock(&write_lock);
 }
 

@@ -1,6 +1,6 @@
 /* experts_map.c — the per-sub-config backend map of a model (see experts_map.h). */
 #include "model/experts_map.h"
-#include "experts/experts_internal.h"
+#include "experts/dispatch.h"
 #include "model/json.h"
 #include <stdio.h>
 
@@ -162,17 +162,17 @@ moex_status moex_experts_map_to_json(const moex_experts_map *m, char *buf, size_
     return MOEX_OK;
 }
 
-void moex_experts_map_for_decode(const moex_experts_map *m, int on_cuda, int enabled, moex_experts_map *out) {
+void moex_experts_map_for_decode(const moex_experts_map *m, moex_device_kind device, int enabled, moex_experts_map *out) {
     *out = *m;
-    if (!on_cuda || !enabled) return;
-    for (int i = 0; i < out->n; i++)
-        if (strcmp(out->names[i], "grouped_mm") == 0) snprintf(out->names[i], MOEX_MAP_NAME_LEN, "batched_mm");
+    if (!enabled) return;
+    for (int i = 0; i < out->n; i++) /* the dispatch table says which backend decodes for each */
+        snprintf(out->names[i], MOEX_MAP_NAME_LEN, "%s", moex_dispatch_decode_backend(m->names[i], device));
 }
 
-moex_status moex_experts_map_run_decode(moex_experts_map *m, int on_cuda, int enabled, moex_status (*step)(void *user),
-                                        void *user) {
+moex_status moex_experts_map_run_decode(moex_experts_map *m, moex_device_kind device, int enabled,
+                                        moex_status (*step)(void *user), void *user) {
     moex_experts_map saved = *m;
-    moex_experts_map_for_decode(&saved, on_cuda, enabled, m);
+    moex_experts_map_for_decode(&saved, device, enabled, m);
     moex_status st = step(user);
     *m = saved; /* restored on every path, error or not */
     return st;

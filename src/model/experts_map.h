@@ -42,13 +42,14 @@ const char *moex_experts_map_get(const moex_experts_map *m, const char *key);
 /* The map as a JSON object, e.g. {"": "grouped_mm", "text_config": "eager"}. */
 moex_status moex_experts_map_to_json(const moex_experts_map *m, char *buf, size_t size);
 
-/* The map the decode steps use: a copy of m with every grouped_mm entry on
- * batched_mm when on_cuda and enabled; otherwise an unchanged copy. */
-void moex_experts_map_for_decode(const moex_experts_map *m, int on_cuda, int enabled, moex_experts_map *out);
+/* The map the decode steps use on devices of kind `device`: when enabled, a copy of m with each
+ * backend replaced by the one the dispatch table decodes with (on CUDA: grouped_mm by batched_mm);
+ * otherwise an unchanged copy. */
+void moex_experts_map_for_decode(const moex_experts_map *m, moex_device_kind device, int enabled, moex_experts_map *out);
 
 /* Run step(user) with *m switched for decode (as above), then restore *m,
  * whatever step returns. Returns step's status. */
-moex_status moex_experts_map_run_decode(moex_experts_map *m, int on_cuda, int enabled,
+moex_status moex_experts_map_run_decode(moex_experts_map *m, moex_device_kind device, int enabled,
                                         moex_status (*step)(void *user), void *user);
 
 #endif

@@ -219,7 +219,7 @@ static moex_status run(gen_state *s, int n, const int32_t *const *prompts, const
     if ((st = pick(s, rows, active))) return st;
     double t1 = seconds();
     s->g->prefill_seconds = t1 - t0;
-    st = moex_experts_map_run_decode(&m->map, m->opt.device.kind == MOEX_DEVICE_CUDA, m->opt.decode_switch, decode_all, s);
+    st = moex_experts_map_run_decode(&m->map, m->opt.device.kind, m->opt.decode_switch, decode_all, s);
     s->g->decode_seconds = seconds() - t1;
     return st;
 }

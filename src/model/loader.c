@@ -433,7 +433,7 @@ static moex_status alloc_scratch(moex_model *m) {
 // the decode-step switch would put in its place.
 static moex_status prepare_experts(moex_model *m) {
     moex_experts_map decode;
-    moex_experts_map_for_decode(&m->map, m->opt.device.kind == MOEX_DEVICE_CUDA, m->opt.decode_switch, &decode);
+    moex_experts_map_for_decode(&m->map, m->opt.device.kind, m->opt.decode_switch, &decode);
     const char *backends[2] = {m->map.names[m->map_entry], decode.names[m->map_entry]};
     for (int64_t L = 0; L < m->cfg.num_hidden_layers; L++) {
         if (!m->layers[L].is_moe) continue;

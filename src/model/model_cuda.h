@@ -17,10 +17,10 @@
 #ifndef MOEX_MODEL_CUDA_H
 #define MOEX_MODEL_CUDA_H
 
-#include "model/decoder.h"
+#include "decoder/decoder.h"
 
 #if MOEX_HAVE_CUDA
-#include "cuda/decoder_api.h"
+#include "decoder/cuda/decoder_api.h"
 #endif
 
 typedef struct moex_model moex_model;

@@ -5,7 +5,7 @@
 
 #include "experts/experts_internal.h"
 #include "model/config.h"
-#include "model/decoder.h"
+#include "decoder/decoder.h"
 #include "model/experts_map.h"
 #include "model/model_cuda.h"
 #include "model/safetensors.h"

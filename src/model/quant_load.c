@@ -3,7 +3,6 @@
  * transformers 5.17 saves them), dequantization of the linear layers that have
  * no quantized kernel, and quantize-on-load of the experts (--quantize). */
 #include "model/model_internal.h"
-#include "cpu/common.h"
 #include <stdio.h>
 #include <stdlib.h>
 

@@ -43,9 +43,9 @@
 
 #include "gpu_harness.h"
 #include "moex.h"
-#include "cuda/cuda_api.h"
-#include "cuda/decoder_api.h"
-#include "model/decoder.h"
+#include "core/gpu_runtime.h"
+#include "decoder/cuda/decoder_api.h"
+#include "decoder/decoder.h"
 
 /* ------------------------------------------------------------------------ */
 /* checks                                                                    */

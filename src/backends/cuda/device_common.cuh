@@ -1,0 +1,88 @@
+/* device_common.cuh — device helpers shared by the experts kernels: the views of a layer
+ * that the kernels receive (plain structs passed by value) and the activations. Element loads
+ * and stores are linear/device_elements.cuh's. */
+#ifndef MOEX_DEVICE_COMMON_CUH
+#define MOEX_DEVICE_COMMON_CUH
+
+#include "linear/device_elements.cuh"
+
+/* ---- the layer as kernels see it ------------------------------------------ */
+
+/* One projection of every expert: element (n, k) of expert e (n an output,
+ * k an input feature) is at   base_e + n*n_stride + k*k_stride   (elements),
+ * base_e = ptrs ? ptrs[e] + offset : base + e*expert_stride + offset. */
+typedef struct proj_view {
+    const void *base;
+    const void *const *ptrs; /* device array of E pointers, or NULL */
+    int64_t expert_stride, offset, n_stride, k_stride;
+} proj_view;
+
+/* Bias of one projection: element n of expert e at base + e*expert_stride + offset + n*n_stride; base NULL = none. */
+typedef struct bias_view {
+    const void *base;
+    int64_t expert_stride, offset, n_stride;
+} bias_view;
+
+typedef struct layer_view {
+    int64_t E, H, I, k;
+    int gated;
+    moex_activation act;
+    float alpha, limit;
+    moex_dtype wdt;           /* weights and biases */
+    proj_view gate, up, down; /* gate unused when ungated */
+    bias_view gate_bias, up_bias, down_bias;
+} layer_view;
+
+__device__ __forceinline__ const char *proj_base(const proj_view &p, int64_t e, size_t esz) {
+    const char *b = p.ptrs ? (const char *)p.ptrs[e] : (const char *)p.base + e * p.expert_stride * (int64_t)esz;
+    return b + p.offset * (int64_t)esz;
+}
+
+__device__ __forceinline__ float bias_at(const bias_view &b, moex_dtype dt, int64_t e, int64_t n) {
+    if (!b.base) return 0.0f;
+    return load_elem(b.base, dt, e * b.expert_stride + b.offset + n * b.n_stride);
+}
+
+/* The activation of SPEC "The computation", in f32: act(g) * u (gated) or act(u). */
+__device__ __forceinline__ float activate(const layer_view &L, float g, float u) {
+    switch (L.act) {
+    case MOEX_ACT_SILU: {
+        float a = L.gated ? g : u;
+        float s = a / (1.0f + expf(-a));
+        return L.gated ? s * u : s;
+    }
+    case MOEX_ACT_GELU: {
+        float a = L.gated ? g : u;
+        float s = 0.5f * a * (1.0f + erff(a * 0.70710678118654752f));
+        return L.gated ? s * u : s;
+    }
+    case MOEX_ACT_GELU_TANH: {
+        float a = L.gated ? g : u;
+        float s = 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)));
+        return L.gated ? s * u : s;
+    }
+    case MOEX_ACT_RELU: {
+        float a = L.gated ? g : u;
+        float s = a > 0.0f ? a : 0.0f;
+        return L.gated ? s * u : s;
+    }
+    case MOEX_ACT_GPTOSS_CLAMP: {
+        float gc = fminf(g, L.limit);
+        float uc = fminf(fmaxf(u, -L.limit), L.limit);
+        return (uc + 1.0f) * gc / (1.0f + expf(-L.alpha * gc));
+    }
+    case MOEX_ACT_SWIGLU_LIMIT: {
+        float gc = fminf(g, L.limit);
+        float uc = fminf(fmaxf(u, -L.limit), L.limit);
+        return gc / (1.0f + expf(-gc)) * uc;
+    }
+    }
+    return 0.0f;
+}
+
+/* Expert id (t, j) from an i32/i64 ids tensor with row stride ld. */
+__device__ __forceinline__ int64_t load_id(const void *ids, int is64, int64_t ld, int64_t t, int64_t j) {
+    return is64 ? ((const int64_t *)ids)[t * ld + j] : (int64_t)((const int32_t *)ids)[t * ld + j];
+}
+
+#endif

@@ -1,0 +1,332 @@
+/* backends.cu — the CUDA eager, batched_mm and grouped_mm: support checks,
+ * workspace sizes, prepare (the layer as kernel views, pointer arrays on the
+ * device) and the forwards, which only queue kernels on the context's stream:
+ * no host synchronisation and no allocation, so every forward can be captured
+ * in a CUDA graph.
+ *
+ *   batched_mm  gemv gate/up per pair -> gemv down per pair with the weighted
+ *               sum fused (2 kernels, no routing preparation)
+ *   grouped_mm  routing on the device -> small T: gemv per expert; large T:
+ *               gather, tensor-core grouped GEMM (gate/up + activation),
+ *               grouped GEMM (down) -> reduction in token order
+ *   eager       the same pieces, launched once per expert (empty experts
+ *               return on the device)
+ */
+#include "backends/cuda/cuda_backends.h"
+#include "core/gpu_runtime.h"
+#include "gpu/cuda_check.h"
+#include "backends/cuda/gemm_sm90.cuh"
+#include "backends/cuda/gemv.cuh"
+#include "backends/cuda/routing.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* The three implementations differ only in how they launch the shared pieces. */
+typedef enum cuda_kind { CUDA_EAGER, CUDA_BATCHED_MM, CUDA_GROUPED_MM } cuda_kind;
+
+typedef struct cuda_state {
+    layer_view L;
+    void *ptrs;        /* device: per-expert pointer arrays (gate | up | down), or NULL */
+    int device, num_sms;
+    int tc;            /* the tensor-core path can run this layer */
+    gemm_epilogue epi; /* its gate/up epilogue */
+} cuda_state;
+
+static size_t esize(moex_dtype dt) { return dt == MOEX_F32 ? 4 : 2; }
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* ---- support ---------------------------------------------------------------- */
+
+static int tc_layout(const moex_experts_desc *d, char *why, size_t n) {
+    if (d->expert_up) {
+        snprintf(why, n, "per-expert weight pointers");
+        return 0;
+    }
+    if (d->transposed) {
+        snprintf(why, n, "transposed weights");
+        return 0;
+    }
+    if (d->hidden % 8 || d->intermediate % 8) {
+        snprintf(why, n, "hidden and intermediate must be multiples of 8");
+        return 0;
+    }
+    if (!grouped_gemm_usable(d->gate_up.dtype, d->gate_up.data, d->hidden, why, n)) return 0;
+    return grouped_gemm_usable(d->down.dtype, d->down.data, d->intermediate, why, n);
+}
+
+/* The table gives these implementations float weights only; the device and where the weights are. */
+static int cuda_supports(const moex_experts_desc *d, const moex_device_info *dev, char *why, size_t n) {
+    if (dev->cc_major != 9) {
+        snprintf(why, n, "this build's CUDA kernels are compiled for sm_90a (Hopper: H100, H200); %s has compute "
+                 "capability %d.%d", dev->name, dev->cc_major, dev->cc_minor);
+        return 0;
+    }
+    if (d && d->expert_up && d->expert_device.kind != MOEX_DEVICE_CUDA) {
+        snprintf(why, n, "the per-expert weight pointers must point to GPU memory (expert_device = cuda)");
+        return 0;
+    }
+    return 1;
+}
+
+/* ---- the layer as kernel views ------------------------------------------------ */
+
+static proj_view proj(const void *base, int64_t expert_stride, int64_t offset, int64_t n_stride, int64_t k_stride) {
+    proj_view p = {base, NULL, expert_stride, offset, n_stride, k_stride};
+    return p;
+}
+
+static bias_view bias(const moex_tensor *t, int64_t offset, int64_t n_stride) {
+    bias_view b = {NULL, 0, 0, 0};
+    if (!moex_tensor_present(t)) return b;
+    b.base = t->data;
+    b.expert_stride = t->strides[0];
+    b.offset = offset;
+    b.n_stride = n_stride;
+    return b;
+}
+
+static layer_view make_view(const moex_experts_desc *d, const void *const *dev_ptrs) {
+    layer_view L;
+    memset(&L, 0, sizeof L);
+    const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate, R = d->gated ? 2 * I : I;
+    L.E = E, L.H = H, L.I = I, L.k = d->top_k;
+    L.gated = d->gated, L.act = d->activation, L.alpha = d->alpha, L.limit = d->limit;
+    L.wdt = moex_weight_dtype(d);
+    const int il = d->gated && d->interleaved, tr = d->transposed;
+    if (dev_ptrs) { /* per-expert: gate/up [I, H] (transposed [H, I]), down [H, I] (transposed [I, H]) */
+        proj_view in = tr ? proj(NULL, 0, 0, 1, I) : proj(NULL, 0, 0, H, 1);
+        L.gate = L.up = in;
+        L.gate.ptrs = dev_ptrs, L.up.ptrs = dev_ptrs + E;
+        L.down = tr ? proj(NULL, 0, 0, 1, H) : proj(NULL, 0, 0, I, 1);
+        L.down.ptrs = dev_ptrs + 2 * E;
+        if (!d->gated) L.gate = L.up;
+    } else {
+        const void *gu = d->gate_up.data;
+        /* element (row r of the HF [R, H] matrix, input k): r*H + k, transposed: k*R + r */
+        const int64_t rs = tr ? 1 : H, ks = tr ? R : 1, ES = R * H;
+        L.gate = proj(gu, ES, 0, il ? 2 * rs : rs, ks);
+        L.up = proj(gu, ES, d->gated ? (il ? rs : I * rs) : 0, il ? 2 * rs : rs, ks);
+        if (!d->gated) L.gate = L.up;
+        L.down = tr ? proj(d->down.data, I * H, 0, 1, H) : proj(d->down.data, I * H, 0, I, 1);
+    }
+    L.gate_bias = bias(&d->gate_up_bias, 0, il ? 2 : 1);
+    L.up_bias = bias(&d->gate_up_bias, d->gated ? (il ? 1 : I) : 0, il ? 2 : 1);
+    if (!d->gated) L.gate_bias = L.up_bias;
+    L.down_bias = bias(&d->down_bias, 0, 1);
+    return L;
+}
+
+static moex_status prepare(cuda_kind kind, moex_context *ctx, const moex_experts_desc *d, void **state) {
+    moex_context_options o;
+    moex_status st = moex_context_get_options(ctx, &o);
+    if (st) return st;
+    const int dev = o.device.index;
+    st = moex_cuda_use(dev);
+    if (st) return st;
+    cuda_state *s = (cuda_state *)calloc(1, sizeof *s);
+    if (!s) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_prepare: out of memory");
+    s->device = dev;
+    if ((st = moex_cuda_status(cudaDeviceGetAttribute(&s->num_sms, cudaDevAttrMultiProcessorCount, dev),
+                               "cudaDeviceGetAttribute"))) {
+        free(s);
+        return st;
+    }
+    if (d->expert_up) { /* the E-pointer arrays, uploaded once: gate | up | down */
+        const int64_t E = d->num_experts;
+        const void **host = (const void **)malloc((size_t)(3 * E) * sizeof(void *));
+        if (!host) {
+            free(s);
+            return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_prepare: out of memory");
+        }
+        for (int64_t e = 0; e < E; e++) {
+            host[e] = d->gated ? d->expert_gate[e] : d->expert_up[e];
+            host[E + e] = d->expert_up[e];
+            host[2 * E + e] = d->expert_down[e];
+        }
+        st = moex_cuda_alloc(dev, (size_t)(3 * E) * sizeof(void *), &s->ptrs);
+        if (!st) st = moex_cuda_memcpy(s->ptrs, dev, host, -1, (size_t)(3 * E) * sizeof(void *));
+        free(host);
+        if (st) {
+            moex_cuda_free(dev, s->ptrs);
+            free(s);
+            return st;
+        }
+    }
+    s->L = make_view(d, (const void *const *)s->ptrs);
+    char why[160];
+    s->tc = kind != CUDA_BATCHED_MM && tc_layout(d, why, sizeof why);
+    s->epi = !d->gated ? EPI_UP_ONLY : d->interleaved ? EPI_GATE_UP_INTERLEAVED : EPI_GATE_UP_CONCAT;
+    if (s->tc && (st = grouped_gemm_init())) {
+        moex_cuda_free(dev, s->ptrs);
+        free(s);
+        return st;
+    }
+    *state = s;
+    return MOEX_OK;
+}
+
+static void release(void *state) {
+    cuda_state *s = (cuda_state *)state;
+    if (!s) return;
+    if (s->ptrs) moex_cuda_free(s->device, s->ptrs);
+    free(s);
+}
+
+/* ---- workspace ------------------------------------------------------------------ */
+
+/* Bytes of the streamed path for P pairs: h [P, I] and y [P, H] in f32. */
+static size_t gemv_bytes(const moex_experts_desc *d, int64_t P, int with_y) {
+    return align256((size_t)P * d->intermediate * 4) + (with_y ? align256((size_t)P * d->hidden * 4) : 0);
+}
+
+/* Bytes of the tensor-core path: A [P, H], h [P, I], y [P, H] in the weights' dtype. */
+static size_t tc_bytes(const moex_experts_desc *d, int64_t P) {
+    const size_t es = esize(moex_weight_dtype(d));
+    return 2 * align256((size_t)P * d->hidden * es) + align256((size_t)P * d->intermediate * es);
+}
+
+static size_t workspace_bytes(cuda_kind kind, const moex_experts_desc *d, int64_t max_tokens) {
+    int64_t P;
+    if (!moex_mul_ok(max_tokens, d->top_k, &P) || P > INT32_MAX) return SIZE_MAX;
+    /* every product below stays far inside size_t once P < 2^31 and the layer's sizes validated */
+    if (kind == CUDA_BATCHED_MM) return gemv_bytes(d, P, 0);
+    char why[160];
+    const int tc = tc_layout(d, why, sizeof why);
+    /* the streamed path runs only below the tensor-core crossover, so its buffers stop there */
+    const int64_t small = tc ? grouped_gemm_streamed_rows_max(P, d->num_experts) : P;
+    size_t path = gemv_bytes(d, small, 1);
+    if (tc && tc_bytes(d, P) > path) path = tc_bytes(d, P);
+    return align256(routing_bytes(d->num_experts, P)) + path;
+}
+
+/* ---- forwards ---------------------------------------------------------------------- */
+
+typedef struct fwd {
+    const moex_forward_args *a;
+    const cuda_state *s;
+    cudaStream_t stream;
+    int64_t T, k, E, P;
+    gemv_groups G;
+} fwd;
+
+static moex_status fwd_begin(const moex_forward_args *a, fwd *out) {
+    fwd f;
+    memset(&f, 0, sizeof f);
+    void *stream;
+    moex_status st = moex_context_stream(a->ctx, &stream);
+    if (!st) st = moex_context_status_word(a->ctx, &f.G.flags);
+    if (st) return st;
+    f.a = a;
+    f.s = (const cuda_state *)a->state;
+    f.stream = (cudaStream_t)stream;
+    f.T = a->tokens, f.k = a->layer->top_k, f.E = a->layer->num_experts, f.P = f.T * f.k;
+    f.G.ids = a->ids->data;
+    f.G.ids64 = a->ids->dtype == MOEX_I64;
+    f.G.ids_ld = a->ids->strides[0];
+    f.G.T = f.T, f.G.k = f.k;
+    *out = f;
+    return MOEX_OK;
+}
+
+static moex_status batched_forward(fwd *f) {
+    const moex_forward_args *a = f->a;
+    f->G.pairs = 1;
+    f->G.count = f->P;
+    float *h = (float *)a->workspace;
+    moex_status st = gemv_gate_up(f->s->L, f->G, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], h, f->stream);
+    if (st) return st;
+    return gemv_down_pairs(f->s->L, f->G, h, a->weights->data, a->weights->dtype, a->weights->strides[0], a->out->data,
+                           a->out->dtype, a->out->strides[0], f->stream);
+}
+
+/* Routing, then the per-expert pieces for experts [e_begin, e_end) in `launches` launches
+ * (1 for grouped_mm, one per expert for eager), then the reduction. */
+static moex_status experts_forward(fwd *f, int per_expert) {
+    const moex_forward_args *a = f->a;
+    const cuda_state *s = f->s;
+    const layer_view &L = s->L;
+    char *ws = (char *)a->workspace;
+    routing_dev r = routing_carve(ws, f->E, f->P);
+    ws += align256(routing_bytes(f->E, f->P));
+    const int tc = s->tc && grouped_gemm_pays(f->P, f->E, L.H, per_expert);
+    /* narrow tiles for experts of few rows: the routing counts tiles of their size */
+    const int narrow = tc && grouped_gemm_narrow_pays(f->P, f->E, s->epi);
+    moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E,
+                                   narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS, f->G.flags, f->stream);
+    if (st) return st;
+    const int launches = per_expert ? (int)f->E : 1;
+    if (tc) {
+        const size_t es = esize(L.wdt);
+        void *xa = ws, *hb = ws + align256((size_t)f->P * L.H * es), *y = (char *)hb + align256((size_t)f->P * L.I * es);
+        /* the hidden rows gathered in expert order (and converted to the weights' dtype) */
+        if ((st = routing_gather(r, f->T, f->k, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], xa, L.wdt, L.H,
+                                 f->stream)))
+            return st;
+        const moex_experts_desc *d = a->layer;
+        grouped_gemm_args g1, g2;
+        memset(&g1, 0, sizeof g1);
+        g1.a = xa, g1.a_rows = f->P, g1.b = d->gate_up.data;
+        g1.rows_per_expert = d->gated ? 2 * L.I : L.I, g1.up_offset = L.I;
+        g1.K = L.H, g1.N = L.I, g1.c = hb;
+        g1.offsets = r.offsets, g1.mtile_off = r.mtile_off;
+        g1.epi = s->epi, g1.L = L, g1.dt = L.wdt, g1.narrow = narrow;
+        g2 = g1;
+        g2.a = hb, g2.b = d->down.data, g2.rows_per_expert = L.H, g2.up_offset = 0;
+        g2.K = L.I, g2.N = L.H, g2.c = y, g2.epi = EPI_DOWN;
+        for (int i = 0; i < launches; i++) {
+            g1.e_begin = g2.e_begin = per_expert ? i : 0;
+            g1.e_end = g2.e_end = per_expert ? i + 1 : f->E;
+            if ((st = grouped_gemm_run(&g1, s->num_sms, f->stream))) return st;
+            if ((st = grouped_gemm_run(&g2, s->num_sms, f->stream))) return st;
+        }
+        return routing_reduce(r.pair_slot, y, L.wdt, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0],
+                              f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
+    }
+    float *h = (float *)ws, *y = (float *)(ws + align256((size_t)f->P * L.I * 4));
+    f->G.pairs = 0;
+    f->G.offsets = r.offsets, f->G.slot_token = r.slot_token;
+    f->G.count = per_expert ? 1 : f->E;
+    /* eager launches one expert at a time: too few blocks for the tensor-core kernels' 16-row warps */
+    const int mma = !per_expert && gemv_mma_usable(L, a->hidden->dtype, a->hidden->data, a->hidden->strides[0]);
+    for (int i = 0; i < launches; i++) {
+        f->G.e_begin = per_expert ? i : 0;
+        if (mma)
+            st = gemv_mma_gate_up(L, f->G, a->hidden->data, a->hidden->strides[0], h, f->stream);
+        else
+            st = gemv_gate_up(L, f->G, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], h, f->stream);
+        if (st) return st;
+        if ((st = mma ? gemv_mma_down(L, f->G, h, y, f->stream) : gemv_down_experts(L, f->G, h, y, f->stream)))
+            return st;
+    }
+    return routing_reduce(r.pair_slot, y, MOEX_F32, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0],
+                          f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
+}
+
+static moex_status forward(cuda_kind kind, const moex_forward_args *a) {
+    const cuda_state *s = (const cuda_state *)a->state;
+    if (!s) return moex_fail(MOEX_ERR_INTERNAL, "CUDA forward without a prepared state");
+    moex_status st = moex_cuda_use(s->device);
+    if (st) return st;
+    fwd f;
+    if ((st = fwd_begin(a, &f))) return st;
+    if (kind == CUDA_BATCHED_MM) return batched_forward(&f);
+    return experts_forward(&f, kind == CUDA_EAGER);
+}
+
+/* ---- the three implementations ----------------------------------------------------- */
+
+#define CUDA_IMPL(NAME, KIND)                                                                                      \
+    static size_t NAME##_workspace(const moex_experts_desc *d, int64_t max_tokens, int threads) {                  \
+        return workspace_bytes(KIND, d, max_tokens);                                                               \
+    }                                                                                                              \
+    static moex_status NAME##_prepare(moex_context *ctx, const moex_experts_desc *d, void **state) {               \
+        return prepare(KIND, ctx, d, state);                                                                       \
+    }                                                                                                              \
+    static moex_status NAME##_forward(const moex_forward_args *a) { return forward(KIND, a); }                     \
+    extern "C" const moex_impl moex_cuda_##NAME = {cuda_supports, NAME##_workspace, NAME##_prepare, release,       \
+                                                   NAME##_forward};
+
+CUDA_IMPL(eager, CUDA_EAGER)
+CUDA_IMPL(batched_mm, CUDA_BATCHED_MM)
+CUDA_IMPL(grouped_mm, CUDA_GROUPED_MM)

@@ -1,0 +1,579 @@
+/* gemm_sm90.cu — grouped GEMM for Hopper (sm_90a): TMA loads into 128-byte
+ * swizzled shared memory, wgmma from shared memory, f32 accumulators in
+ * registers, the experts' epilogue applied straight from the registers.
+ *
+ * Tile: 128 rows of A (two consumer warpgroups of 64 rows) x 256 columns of
+ * B (the gate/up epilogues take 128 gate and 128 up columns), k-blocks of 64;
+ * each warpgroup accumulates two halves of 128 columns. Narrow tiles (experts
+ * of few rows): 64 rows of A, warpgroup w taking all of them by half w-1 of B.
+ * One producer warp issues the copies; a ring of STAGES buffers with a full
+ * and an empty mbarrier each. The grid is persistent: block b takes tiles
+ * b, b + grid, ...; the tile list (expert, row tile, column tile) is derived
+ * on the device from the routing offsets, so nothing waits for the host.
+ *
+ *   A [rows, K] row-major; B [E*R, K] row-major (weights as stored: out x in);
+ *   C [rows, N] row-major.
+ */
+#include "backends/cuda/gemm_sm90.cuh"
+#include "gpu/cuda_check.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <pthread.h>
+#include <stdio.h>
+
+namespace {
+
+constexpr int BM = GEMM_TILE_ROWS, NARROW_ROWS = GEMM_NARROW_ROWS, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+constexpr int THREADS = 128 * (CONSUMERS + 1);
+constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+/* the epilogue's staging area, after the stages' barriers: 16 rows x 64 columns (rows padded
+ * to 72 elements: conflict-free) for each of the 8 consumer warps */
+constexpr int SROW = 72, EPI_OFFSET = STAGES * STAGE_BYTES + 128;
+constexpr int EPI_BYTES = 8 * 16 * SROW * 2;
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 128 + EPI_BYTES;
+static_assert(2 * STAGES * 8 <= 128, "barriers");
+/* setmaxnreg: 128 producer + 256 consumer threads share the pool of a block compiled for
+ * 168 registers; asking for more than the pool makes setmaxnreg.inc wait forever. The consumers
+ * take 232 (their two 64-float accumulators), the producer the rest. */
+constexpr int CONSUMER_REGS = 232, PRODUCER_REGS = (384 * 168 - 256 * CONSUMER_REGS) / 128 / 8 * 8;
+static_assert(CONSUMER_REGS % 8 == 0 && CONSUMER_REGS >= 168 && CONSUMER_REGS <= 240, "consumer registers");
+static_assert(PRODUCER_REGS >= 24 && 128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * 168, "register pool");
+
+struct gemm_params {
+    int64_t K, N, rows_per_expert, up_offset, n_tiles, e_begin, e_end;
+    const int *offsets, *mtile_off;
+    void *c;
+    gemm_epilogue epi;
+    layer_view L;
+};
+
+/* ---- PTX wrappers ------------------------------------------------------------ */
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity) {
+    uint32_t done = 0, addr = smem_addr(bar);
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(addr), "r"(parity)
+                     : "memory");
+}
+
+/* Copy the box at (col, row) of map into dst; completes on bar. */
+__device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, uint64_t *bar, int col, int row) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(col), "r"(row), "r"(smem_addr(bar))
+                 : "memory");
+}
+
+/* Matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart. */
+__device__ __forceinline__ uint64_t smem_desc(const void *p) {
+    uint64_t a = smem_addr(p);
+    return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+#define WGMMA_D_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define WGMMA_D_OPS(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+/* d[64 x 128] (+)= A[64 x 16] . B[128 x 16]^T, both from shared memory. */
+__device__ __forceinline__ void wgmma_128(float (&d)[64], uint64_t da, uint64_t db, int accumulate, __nv_bfloat16 *) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WGMMA_D_REGS ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : WGMMA_D_OPS(d)
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_128(float (&d)[64], uint64_t da, uint64_t db, int accumulate, __half *) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WGMMA_D_REGS ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : WGMMA_D_OPS(d)
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+
+/* After a wait: the accumulators are redefined here (an empty asm), so that ptxas sees no
+ * later use depending on an earlier wgmma and injects no wait of its own (C7517). */
+__device__ __forceinline__ void fence_acc(float (&d)[64]) {
+    asm volatile("" : WGMMA_D_OPS(d)::"memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void store_one(__nv_bfloat16 *p, float a) { *p = __float2bfloat16_rn(a); }
+__device__ __forceinline__ void store_one(__half *p, float a) { *p = __float2half_rn(a); }
+
+/* One output value with its biases and activation (out of line: see the epilogue). */
+__device__ __noinline__ float epilogue_value(const layer_view &L, gemm_epilogue epi, int64_t e, int64_t n, float g, float u) {
+    if (epi == EPI_DOWN) return u + bias_at(L.down_bias, L.wdt, e, n);
+    if (epi == EPI_UP_ONLY) return activate(L, 0.0f, u + bias_at(L.up_bias, L.wdt, e, n));
+    return activate(L, g + bias_at(L.gate_bias, L.wdt, e, n), u + bias_at(L.up_bias, L.wdt, e, n));
+}
+
+/* Two values as one 32-bit pair of T. */
+__device__ __forceinline__ uint32_t pack_pair(float a, float b, __nv_bfloat16 *) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *(uint32_t *)&v;
+}
+__device__ __forceinline__ uint32_t pack_pair(float a, float b, __half *) {
+    __half2 v = __floats2half2_rn(a, b);
+    return *(uint32_t *)&v;
+}
+
+__device__ __forceinline__ void sts4(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint4 lds16(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ uint16_t lds2(uint32_t addr) {
+    uint16_t v;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr) : "memory");
+    return v;
+}
+/* 16 bytes to global memory straight from registers (a plain store through the generic pointer
+ * made the compiler copy each piece to the stack first) */
+__device__ __forceinline__ void stg16(void *p, uint4 v) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
+/* The accumulators of one half (HALF_N = 128 columns of the weight tile) of a warpgroup's 64
+ * rows: thread holds rows lane/4 and lane/4 + 8 of its warp's 16, columns 8i + c0, +1 in
+ * dh[4i + 2h], dh[4i + 2h + 1] (h: the row), c0 = 2 (lane % 4). For the concatenated gate/up
+ * layout the half holds 64 gate columns (i < 8) and the 64 up columns that go with them. */
+constexpr int HALF_N = BN / 2;
+
+/* Staged epilogue, one chunk of 64 output columns of a warp's 16 rows (chunk c of the half;
+ * the gate/up half has one): the final values of columns n0 + 8 ii + c0, +1 into the warp's
+ * staging area at shared address stage_w (16 rows of SROW elements). FAST: SiLU(gate) * up
+ * without biases (gate/up), or the plain sum (down), as straight-line code; otherwise the
+ * per-value call. */
+template <typename T, int EPI, bool FAST>
+__device__ __forceinline__ void stage_chunk(const float (&dh)[64], int c, uint32_t stage_w, const layer_view &L,
+                                            int64_t e, int64_t n0, int lane) {
+    const int c0 = 2 * (lane % 4);
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int ii = 0; ii < 8; ii++) {
+            const int64_t n = n0 + 8 * ii + c0;
+            const int i = EPI == EPI_GATE_UP_CONCAT ? ii : 8 * c + ii;
+            float v0 = dh[4 * i + 2 * h], v1 = dh[4 * i + 2 * h + 1];
+            if (EPI == EPI_GATE_UP_CONCAT) {
+                const float u0 = dh[4 * (i + 8) + 2 * h], u1 = dh[4 * (i + 8) + 2 * h + 1];
+                if (FAST) { /* __fdividef: a denominator of inf (v < -88) gives 0, as SiLU does */
+                    v0 = __fdividef(v0, 1.0f + __expf(-v0)) * u0;
+                    v1 = __fdividef(v1, 1.0f + __expf(-v1)) * u1;
+                } else {
+                    v0 = epilogue_value(L, (gemm_epilogue)EPI, e, n, v0, u0);
+                    v1 = epilogue_value(L, (gemm_epilogue)EPI, e, n + 1, v1, u1);
+                }
+            } else if (!FAST) {
+                v0 = epilogue_value(L, (gemm_epilogue)EPI, e, n, 0.0f, v0);
+                v1 = epilogue_value(L, (gemm_epilogue)EPI, e, n + 1, 0.0f, v1);
+            }
+            sts4(stage_w + ((lane / 4 + 8 * h) * SROW + 8 * ii + c0) * 2, pack_pair(v0, v1, (T *)nullptr));
+        }
+}
+
+/* ---- tiles ---------------------------------------------------------------------- */
+
+struct tile {
+    int64_t e, a_row, n;
+    int rows; /* valid rows of A in this tile */
+};
+
+/* Tile t of the list (row tiles of TM rows): experts in order, row tiles fastest within an expert. */
+template <int TM> __device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t) {
+    const int base = p.mtile_off[p.e_begin];
+    int64_t lo = p.e_begin, hi = p.e_end - 1; /* last e with (mtile_off[e] - base) * n_tiles <= t */
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if ((int64_t)(p.mtile_off[mid] - base) * p.n_tiles <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    /* skip experts without tiles that share the same start */
+    while (lo + 1 < p.e_end && p.mtile_off[lo + 1] == p.mtile_off[lo]) lo++;
+    tile r;
+    r.e = lo;
+    const int64_t local = t - (int64_t)(p.mtile_off[lo] - base) * p.n_tiles;
+    const int64_t mt = p.mtile_off[lo + 1] - p.mtile_off[lo];
+    int64_t m, n;
+    if (local <= INT32_MAX) { /* 32-bit division: the 64-bit one is a long subroutine */
+        m = (int64_t)((uint32_t)local % (uint32_t)mt), n = (int64_t)((uint32_t)local / (uint32_t)mt);
+    } else {
+        m = local % mt, n = local / mt;
+    }
+    r.n = n;
+    r.a_row = p.offsets[lo] + m * TM;
+    const int64_t left = p.offsets[lo + 1] - r.a_row;
+    r.rows = (int)(left < TM ? left : TM);
+    return r;
+}
+
+/* ---- the epilogue ------------------------------------------------------------------ */
+
+/* The final values of one half (half 0 or 1: weight rows half*128 .. +128 of the tile) of
+ * warpgroup wg's 64 rows of tile tl into C: biases, activation (gate/up), conversion. Staged
+ * through the warp's area of shared memory and stored as 16-byte row pieces, 8 lanes per row;
+ * the interleaved gate/up layout stores its single values directly. A warp whose 16 rows all
+ * lie past the expert's last row stores nothing. */
+template <typename T, int EPI, bool FAST_ONLY>
+__device__ __forceinline__ void epilogue_half(const float (&dh)[64], int half, const tile &tl, const gemm_params &p,
+                                              unsigned char *smem, int wg, int tid, int row0) {
+    const int warp = tid / 32, lane = tid % 32;
+    const int row_base = row0 + warp * 16;
+    /* FAST_ONLY (the kernels that overlap an epilogue with wgmmas in flight): no call and no
+     * branch that some warps of the warpgroup take and others do not, or ptxas serialises
+     * every wgmma of the kernel (C7518); only the stores are predicated */
+    if (!FAST_ONLY && row_base >= tl.rows) return;
+    const layer_view &L = p.L;
+    const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
+    const bool silu = plain && L.act == MOEX_ACT_SILU;
+    if (EPI == EPI_GATE_UP_INTERLEAVED) { /* columns 2f (gate) and 2f+1 (up): one value per pair */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = row_base + lane / 4 + 8 * h;
+            T *crow = (T *)p.c + (tl.a_row + r) * p.N;
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int64_t n = tl.n * (BN / 2) + half * (HALF_N / 2) + 4 * i + lane % 4;
+                const float g = dh[4 * i + 2 * h], u = dh[4 * i + 2 * h + 1];
+                const float v = silu ? __fdividef(g, 1.0f + __expf(-g)) * u
+                                     : epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, g, u);
+                if (r < tl.rows && n < p.N) store_one(crow + n, v);
+            }
+        }
+        return;
+    }
+    const uint32_t stage_w = smem_addr(smem + EPI_OFFSET) + ((wg - 1) * 4 + warp) * (16 * SROW * 2);
+    /* output columns of this half: 64 (gate/up: gate and up give one column each) or 128 */
+    const int64_t n_half = EPI == EPI_GATE_UP_CONCAT ? tl.n * (BN / 2) + half * (HALF_N / 2) : tl.n * BN + half * HALF_N;
+    const bool fast = FAST_ONLY || (EPI == EPI_GATE_UP_CONCAT ? silu : EPI == EPI_DOWN && plain);
+    constexpr int CHUNKS = EPI == EPI_GATE_UP_CONCAT ? 1 : 2;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; c++) {
+        const int64_t n0 = n_half + 64 * c;
+        if (fast)
+            stage_chunk<T, EPI, true>(dh, c, stage_w, L, tl.e, n0, lane);
+        else if (!FAST_ONLY)
+            stage_chunk<T, EPI, false>(dh, c, stage_w, L, tl.e, n0, lane);
+        __syncwarp();
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int idx = q * 32 + lane, row = idx / 8, piece = idx % 8;
+            const int64_t n = n0 + 8 * piece;
+            if (row_base + row < tl.rows && n < p.N) {
+                const uint32_t src = stage_w + (row * SROW + 8 * piece) * 2;
+                T *dst = (T *)p.c + (tl.a_row + row_base + row) * p.N + n;
+                if (n + 8 <= p.N)
+                    stg16(dst, lds16(src));
+                else /* the last columns of a row (N % 8 != 0) */
+                    for (int j = 0; j < 8 && n + j < p.N; j++) ((uint16_t *)dst)[j] = lds2(src + 2 * j);
+            }
+        }
+        __syncwarp(); /* the staging area is rewritten by the next chunk */
+    }
+}
+
+/* ---- the kernel ------------------------------------------------------------------- */
+
+/* OVERLAP (down and SiLU gate/up without biases, experts of a tile or more): the second half's
+ * epilogue of each tile runs while the next tile's first k-blocks multiply. NARROW (experts of
+ * few rows; not with OVERLAP): tiles of NARROW_ROWS rows, and warpgroup w multiplies all of them
+ * by half w-1 of the weight tile, so no warpgroup multiplies a block of empty rows. */
+template <typename T, int EPI, bool OVERLAP, bool NARROW>
+__global__ void __launch_bounds__(THREADS, 1)
+    grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                        gemm_params p) {
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint64_t *full = (uint64_t *)(smem + STAGES * STAGE_BYTES), *empty = full + STAGES;
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], CONSUMERS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    const int64_t total = (int64_t)(p.mtile_off[p.e_end] - p.mtile_off[p.e_begin]) * p.n_tiles;
+    const int k_blocks = (int)((p.K + BK - 1) / BK);
+
+    if (wg == 0) { /* producer: thread 0 issues the TMA copies */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
+        if (tid != 0) return;
+        int stage = 0, phase = 0;
+        for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+            const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
+            const int64_t b_row = tl.e * p.rows_per_expert;
+            for (int kb = 0; kb < k_blocks; kb++) {
+                mbar_wait(&empty[stage], phase ^ 1);
+                unsigned char *a = smem + stage * STAGE_BYTES, *b = a + A_BYTES;
+                mbar_expect_tx(&full[stage], (NARROW ? NARROW_ROWS * BK * 2 : A_BYTES) + B_BYTES);
+                tma_load(a, &map_a, &full[stage], kb * BK, (int)tl.a_row);
+                if (EPI == EPI_GATE_UP_CONCAT) { /* [gate 0-63, up 0-63 | gate 64-127, up 64-127] of the tile */
+                    for (int q = 0; q < 4; q++)
+                        tma_load(b + q * (B_BYTES / 4), &map_b, &full[stage], kb * BK,
+                                 (int)(b_row + (q & 1) * p.up_offset + tl.n * (BN / 2) + (q >> 1) * (BN / 4)));
+                } else {
+                    tma_load(b, &map_b, &full[stage], kb * BK, (int)(b_row + tl.n * BN));
+                }
+                if (++stage == STAGES) stage = 0, phase ^= 1;
+            }
+        }
+        return;
+    }
+
+    /* consumers: warpgroup wg computes rows (wg-1)*64 .. +64 of each tile, as two halves of
+     * 128 weight rows with their own accumulators. OVERLAP: the second half's epilogue of a
+     * tile waits until the next tile's first k-blocks are issued for the first half, so that
+     * it runs while the tensor cores multiply (the stages of those k-blocks are kept until the
+     * second half has read them too). */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
+    int stage = 0, phase = 0;
+    float acc0[64], acc1[64];
+    tile done = {}; /* the previous tile: its second half waits for its epilogue */
+    bool pending = false;
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const unsigned char *a_base = smem + (wg - 1) * (64 * 128), *b_base = smem + A_BYTES;
+        int prev = -1; /* the stage to release once the next group of wgmmas is issued */
+        int kb = 0;
+        if (OVERLAP && pending) {
+            /* the first k-blocks for the first half, then the previous tile's second half out,
+             * then the same k-blocks for the second half */
+            const int lead = k_blocks < STAGES ? k_blocks : STAGES;
+            int s0 = stage, ph0 = phase;
+            for (int j = 0; j < lead; j++) {
+                mbar_wait(&full[stage], phase);
+                const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES;
+                wgmma_fence();
+#pragma unroll
+                for (int s = 0; s < BK / 16; s++)
+                    wgmma_128(acc0, smem_desc(a + s * 32), smem_desc(b + s * 32), j > 0 || s > 0, (T *)nullptr);
+                wgmma_commit();
+                if (++stage == STAGES) stage = 0, phase ^= 1;
+            }
+            /* only the lead groups are in flight (at most STAGES): a no-op that tells ptxas the
+             * previous tile's wgmmas are complete, so that it injects no wait of its own */
+            wgmma_wait<STAGES>();
+            epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid, (wg - 1) * 64);
+            stage = s0, phase = ph0;
+            for (int j = 0; j < lead; j++) {
+                const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES + HALF_N * 128;
+                wgmma_fence();
+#pragma unroll
+                for (int s = 0; s < BK / 16; s++)
+                    wgmma_128(acc1, smem_desc(a + s * 32), smem_desc(b + s * 32), j > 0 || s > 0, (T *)nullptr);
+                wgmma_commit();
+                wgmma_wait<1>();
+                if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
+                prev = stage;
+                if (++stage == STAGES) stage = 0, phase ^= 1;
+            }
+            kb = lead;
+            pending = false;
+        }
+        /* one group of wgmmas stays in flight: the stage of k-block kb-1 is released once kb's are issued */
+        for (; kb < k_blocks; kb++) {
+            mbar_wait(&full[stage], phase);
+            const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES;
+            wgmma_fence();
+            if (NARROW) { /* all 64 rows of the tile by the warpgroup's half of the weight tile */
+                const unsigned char *an = smem + stage * STAGE_BYTES, *bn = b + (wg - 1) * (HALF_N * 128);
+#pragma unroll
+                for (int s = 0; s < BK / 16; s++)
+                    wgmma_128(acc0, smem_desc(an + s * 32), smem_desc(bn + s * 32), kb > 0 || s > 0, (T *)nullptr);
+            } else {
+#pragma unroll
+                for (int s = 0; s < BK / 16; s++) {
+                    wgmma_128(acc0, smem_desc(a + s * 32), smem_desc(b + s * 32), kb > 0 || s > 0, (T *)nullptr);
+                    wgmma_128(acc1, smem_desc(a + s * 32), smem_desc(b + HALF_N * 128 + s * 32), kb > 0 || s > 0,
+                              (T *)nullptr);
+                }
+            }
+            wgmma_commit();
+            wgmma_wait<1>();
+            if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
+            prev = stage;
+            if (++stage == STAGES) stage = 0, phase ^= 1;
+        }
+        /* the tile (needed by the epilogue only) is found while the last k-block multiplies */
+        const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
+        wgmma_wait<0>();
+        fence_acc(acc0);
+        if (!NARROW) fence_acc(acc1);
+        if (tid == 0) mbar_arrive(&empty[prev]);
+        if (NARROW) { /* the warpgroup's half of the tile's 64 rows */
+            epilogue_half<T, EPI, false>(acc0, wg - 1, tl, p, smem, wg, tid, 0);
+            continue;
+        }
+        epilogue_half<T, EPI, OVERLAP>(acc0, 0, tl, p, smem, wg, tid, (wg - 1) * 64);
+        if (OVERLAP) {
+            done = tl;
+            pending = true;
+        } else {
+            epilogue_half<T, EPI, OVERLAP>(acc1, 1, tl, p, smem, wg, tid, (wg - 1) * 64);
+        }
+    }
+    if (OVERLAP && pending) epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid, (wg - 1) * 64);
+}
+
+/* ---- host side ----------------------------------------------------------------------- */
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled;
+pthread_once_t encode_once = PTHREAD_ONCE_INIT;
+cudaError_t encode_status = cudaSuccess;
+
+void find_encode(void) {
+    cudaDriverEntryPointQueryResult q;
+    encode_status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode_tiled, 12000,
+                                                     cudaEnableDefault, &q);
+    if (encode_status == cudaSuccess && q != cudaDriverEntryPointSuccess) encode_status = cudaErrorSymbolNotFound;
+}
+
+moex_status make_map(CUtensorMap *m, const void *base, int64_t rows, int64_t K, int box_rows, moex_dtype dt,
+                     const char *what) {
+    cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
+    cuuint64_t strides[1] = {(cuuint64_t)K * 2};
+    cuuint32_t box[2] = {BK, (cuuint32_t)box_rows}, elem[2] = {1, 1};
+    CUresult r = encode_tiled(m, dt == MOEX_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                              (void *)base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return moex_fail(MOEX_ERR_DEVICE, "cuTensorMapEncodeTiled for %s ([%lld, %lld], box %d rows) failed: error %d",
+                         what, (long long)rows, (long long)K, box_rows, (int)r);
+    return MOEX_OK;
+}
+
+} // namespace
+
+int grouped_gemm_usable(moex_dtype dt, const void *b, int64_t K, char *why, size_t n) {
+    if (dt != MOEX_BF16 && dt != MOEX_F16) {
+        snprintf(why, n, "the tensor-core path takes bf16 or f16 weights, not %s", moex_dtype_name(dt));
+        return 0;
+    }
+    if ((K * 2) % 16 || ((uintptr_t)b & 15)) {
+        snprintf(why, n, "the tensor-core path needs 16-byte aligned rows (the input size %lld must be a multiple of 8)",
+                 (long long)K);
+        return 0;
+    }
+    return 1;
+}
+
+template <typename T, int EPI, bool OVERLAP, bool NARROW = false> static cudaError_t allow_smem(void) {
+    return cudaFuncSetAttribute(grouped_gemm_kernel<T, EPI, OVERLAP, NARROW>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+}
+
+template <typename T> static cudaError_t allow_smem_all(void) {
+    cudaError_t err = allow_smem<T, EPI_DOWN, false>();
+    if (!err) err = allow_smem<T, EPI_DOWN, true>();
+    if (!err) err = allow_smem<T, EPI_DOWN, false, true>();
+    if (!err) err = allow_smem<T, EPI_GATE_UP_CONCAT, false>();
+    if (!err) err = allow_smem<T, EPI_GATE_UP_CONCAT, true>();
+    if (!err) err = allow_smem<T, EPI_GATE_UP_CONCAT, false, true>();
+    if (!err) err = allow_smem<T, EPI_GATE_UP_INTERLEAVED, false>();
+    if (!err) err = allow_smem<T, EPI_UP_ONLY, false>();
+    return err;
+}
+
+moex_status grouped_gemm_init(void) {
+    pthread_once(&encode_once, find_encode);
+    if (encode_status != cudaSuccess) return moex_cuda_status(encode_status, "finding cuTensorMapEncodeTiled");
+    cudaError_t err = allow_smem_all<__nv_bfloat16>();
+    if (!err) err = allow_smem_all<__half>();
+    return moex_cuda_status(err, "grouped GEMM shared memory size");
+}
+
+/* The kernel of one (dtype, epilogue): narrow tiles, the overlapped epilogue or the plain one
+ * (only down and concatenated gate/up have the first two). */
+template <typename T, int EPI>
+static void launch_kernel(bool narrow, bool overlap, int num_sms, cudaStream_t s, const CUtensorMap &map_a,
+                          const CUtensorMap &map_b, const gemm_params &p) {
+    constexpr bool variants = EPI == EPI_DOWN || EPI == EPI_GATE_UP_CONCAT;
+    if constexpr (variants) {
+        if (narrow) {
+            grouped_gemm_kernel<T, EPI, false, true><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p);
+            return;
+        }
+        if (overlap) {
+            grouped_gemm_kernel<T, EPI, true, false><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p);
+            return;
+        }
+    }
+    grouped_gemm_kernel<T, EPI, false, false><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p);
+}
+
+template <typename T>
+static void launch_epi(gemm_epilogue epi, bool narrow, bool overlap, int num_sms, cudaStream_t s,
+                       const CUtensorMap &map_a, const CUtensorMap &map_b, const gemm_params &p) {
+    switch (epi) {
+    case EPI_DOWN: launch_kernel<T, EPI_DOWN>(narrow, overlap, num_sms, s, map_a, map_b, p); break;
+    case EPI_GATE_UP_CONCAT: launch_kernel<T, EPI_GATE_UP_CONCAT>(narrow, overlap, num_sms, s, map_a, map_b, p); break;
+    case EPI_GATE_UP_INTERLEAVED:
+        launch_kernel<T, EPI_GATE_UP_INTERLEAVED>(narrow, overlap, num_sms, s, map_a, map_b, p);
+        break;
+    case EPI_UP_ONLY: launch_kernel<T, EPI_UP_ONLY>(narrow, overlap, num_sms, s, map_a, map_b, p); break;
+    }
+}
+
+moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s) {
+    CUtensorMap map_a, map_b;
+    const int b_box = g->epi == EPI_GATE_UP_CONCAT ? BN / 4 : BN; /* gate/up: four boxes of 64 rows */
+    int64_t E_rows = g->L.E * g->rows_per_expert;
+    const bool narrow = g->narrow && (g->epi == EPI_DOWN || g->epi == EPI_GATE_UP_CONCAT);
+    if (g->narrow && !narrow)
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: narrow tiles need the down or concatenated gate/up epilogue");
+    moex_status st = make_map(&map_a, g->a, g->a_rows, g->K, narrow ? NARROW_ROWS : BM, g->dt, "A");
+    if (!st) st = make_map(&map_b, g->b, E_rows, g->K, b_box, g->dt, "B");
+    if (st) return st;
+    gemm_params p;
+    p.K = g->K;
+    p.N = g->N;
+    p.rows_per_expert = g->rows_per_expert;
+    p.up_offset = g->up_offset;
+    p.n_tiles = g->epi == EPI_GATE_UP_CONCAT || g->epi == EPI_GATE_UP_INTERLEAVED ? (g->N + BN / 2 - 1) / (BN / 2)
+                                                                                   : (g->N + BN - 1) / BN;
+    p.e_begin = g->e_begin;
+    p.e_end = g->e_end;
+    p.offsets = g->offsets;
+    p.mtile_off = g->mtile_off;
+    p.c = g->c;
+    p.epi = g->epi;
+    p.L = g->L;
+    /* the overlapped epilogue takes the common cases only (no biases; SiLU for gate/up) and
+     * stages every warp's rows, so it pays for experts of a tile or more on average */
+    const layer_view &L = g->L;
+    const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
+    const bool overlap = !narrow && plain && (g->epi == EPI_DOWN || (g->epi == EPI_GATE_UP_CONCAT && L.act == MOEX_ACT_SILU)) &&
+                         g->a_rows >= (int64_t)BM * (g->e_end - g->e_begin);
+    if (g->dt == MOEX_BF16)
+        launch_epi<__nv_bfloat16>(g->epi, narrow, overlap, num_sms, s, map_a, map_b, p);
+    else
+        launch_epi<__half>(g->epi, narrow, overlap, num_sms, s, map_a, map_b, p);
+    return MOEX_CUDA_LAUNCHED("grouped GEMM kernel");
+}

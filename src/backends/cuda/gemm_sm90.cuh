@@ -1,0 +1,76 @@
+/* gemm_sm90.cuh — the Hopper tensor-core grouped GEMM (gemm_sm90.cu):
+ * C[rows of expert e] = A[rows of e] . B_e^T for every expert at once, bf16 or
+ * f16 in, f32 accumulation, with the experts' epilogues fused. */
+#ifndef MOEX_GEMM_SM90_CUH
+#define MOEX_GEMM_SM90_CUH
+
+#include "backends/cuda/device_common.cuh"
+#include "core/internal.h"
+#include <cuda_runtime.h>
+
+/* Rows of A per tile: the routing's tile size (routing_build's tile_rows); GEMM_NARROW_ROWS
+ * with grouped_gemm_args.narrow. */
+#define GEMM_TILE_ROWS 128
+#define GEMM_NARROW_ROWS 64
+
+typedef enum gemm_epilogue {
+    EPI_DOWN = 0,               /* c = acc + down bias */
+    EPI_GATE_UP_CONCAT = 1,     /* c = act(gate + b, up + b); gate rows n, up rows up_offset + n */
+    EPI_GATE_UP_INTERLEAVED = 2,/* gate rows 2n, up rows 2n+1 */
+    EPI_UP_ONLY = 3             /* ungated: c = act(up + b) */
+} gemm_epilogue;
+
+typedef struct grouped_gemm_args {
+    const void *a;             /* A [a_rows, K], rows of expert e at offsets[e] .. offsets[e+1] */
+    int64_t a_rows;
+    const void *b;             /* B [E * rows_per_expert, K]: expert e's matrix from row e*rows_per_expert */
+    int64_t rows_per_expert, up_offset;
+    int64_t K, N;              /* N: outputs per row (H for down, I for gate/up) */
+    void *c;                   /* C [a_rows, N], row stride N */
+    const int *offsets, *mtile_off;
+    int64_t e_begin, e_end;    /* experts computed: [e_begin, e_end) */
+    gemm_epilogue epi;
+    layer_view L;              /* activation and biases */
+    moex_dtype dt;             /* bf16 or f16: A, B and C */
+    int narrow;                /* tiles of GEMM_NARROW_ROWS rows (the routing's tile_rows): for experts of few
+                                  rows; down and concatenated gate/up epilogues, A read with TMA */
+} grouped_gemm_args;
+
+/* ---- size policy: when this kernel family runs --------------------------------------------- */
+
+/* The tensor-core path pays when experts average at least GEMM_MIN_AVG_ROWS rows (P pairs over E
+ * experts: P >= 16 E). grouped_mm also takes it from one row per expert on average when the hidden
+ * size is at least GEMM_LONG_K: each tile's k-loop is then long enough to stream the weights at
+ * about the read rate (deepseek-v3, 64 tokens: 4.73 ms against 5.02 ms streamed; qwen3-30b-a3b,
+ * 64 tokens, hidden size 2048: 0.383 against 0.371 ms). eager's per-expert launches fill too few
+ * SMs for the long-k rule. Below both, the weights are streamed (gemv.cuh). */
+#define GEMM_MIN_AVG_ROWS 16
+#define GEMM_LONG_K 4096
+static inline int grouped_gemm_pays(int64_t P, int64_t E, int64_t H, int per_expert) {
+    return P >= GEMM_MIN_AVG_ROWS * E || (!per_expert && H >= GEMM_LONG_K && P >= E);
+}
+/* The most pairs the streamed path of a layer that could take the tensor cores ever sees. */
+static inline int64_t grouped_gemm_streamed_rows_max(int64_t P, int64_t E) {
+    return P < GEMM_MIN_AVG_ROWS * E ? P : GEMM_MIN_AVG_ROWS * E;
+}
+
+/* Tiles of GEMM_NARROW_ROWS (64) rows pay when experts average at most GEMM_NARROW_AVG rows and
+ * the gate/up layout is concatenated: a 128-row tile of such experts is mostly empty rows, which
+ * the tensor cores multiply all the same (deepseek-v3, 64 tokens: 4.59 against 4.81 ms; 512
+ * tokens: 5.40 against 5.56; qwen3-30b-a3b, 512 tokens: 0.384 against 0.399). */
+#define GEMM_NARROW_AVG 32
+static inline int grouped_gemm_narrow_pays(int64_t P, int64_t E, gemm_epilogue gate_up_epi) {
+    return gate_up_epi == EPI_GATE_UP_CONCAT && P <= GEMM_NARROW_AVG * E;
+}
+
+/* 1 if the tensor-core path can take a layer with these matrices (strides,
+ * alignment, dtype); otherwise 0 and a reason. */
+int grouped_gemm_usable(moex_dtype dt, const void *b, int64_t K, char *why, size_t n);
+
+/* Once per process and device, before capture: kernel attributes. */
+moex_status grouped_gemm_init(void);
+
+/* Queue the GEMM on s with a persistent grid of num_sms blocks. */
+moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s);
+
+#endif

@@ -1,0 +1,441 @@
+/* gemv.cu — memory-bound expert kernels; see gemv.cuh.
+ *
+ * Shapes: x [*, H] (any float dtype, row stride x_ld), h [*, I] f32,
+ * y [*, H] f32. One warp per output feature n; blocks of 8 warps cover 8
+ * consecutive features; grid.y walks the groups. Vector path: 8 weights per
+ * 16-byte load along k; scalar path: any strides. */
+#include "backends/cuda/gemv.cuh"
+#include "gpu/cuda_check.h"
+
+enum { WARPS = 8, ROWS = 8, JCHUNK = 8 };
+
+/* ---- element loads ---------------------------------------------------------- */
+
+__device__ __forceinline__ void load8(const __nv_bfloat16 *p, float *f) {
+    uint4 v = __ldg((const uint4 *)p);
+    const __nv_bfloat162 *q = (const __nv_bfloat162 *)&v;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __bfloat1622float2(q[i]);
+        f[2 * i] = t.x, f[2 * i + 1] = t.y;
+    }
+}
+__device__ __forceinline__ void load8(const __half *p, float *f) {
+    uint4 v = __ldg((const uint4 *)p);
+    const __half2 *q = (const __half2 *)&v;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __half22float2(q[i]);
+        f[2 * i] = t.x, f[2 * i + 1] = t.y;
+    }
+}
+__device__ __forceinline__ void load8(const float *p, float *f) {
+    float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ int64_t input_row(const gemv_groups &G, int64_t r) {
+    return G.pairs ? r / G.k : (int64_t)G.slot_token[r];
+}
+
+/* ---- gate/up + activation ------------------------------------------------------ */
+
+/* Rows r0 .. r0+nr (nr <= R) of one group for feature n: h = act(gate . x, up . x). */
+template <typename WT, typename XT, int R, bool VEC>
+__device__ __forceinline__ void gate_up_rows(const layer_view &L, const gemv_groups &G, const XT *x, int64_t x_ld,
+                                             float *h, int64_t e, int64_t n, int64_t r0, int nr, const WT *wu,
+                                             const WT *wg, int lane) {
+    const int64_t K = L.H;
+    const XT *xr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) xr[r] = x + input_row(G, r0 + (r < nr ? r : nr - 1)) * x_ld;
+    float ag[R], au[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) ag[r] = au[r] = 0.0f;
+    if (VEC) {
+#pragma unroll 4
+        for (int64_t kk = lane * 8; kk < K; kk += 256) {
+            float fu[8], fg[8], fx[8];
+            load8(wu + kk, fu);
+            if (L.gated) load8(wg + kk, fg);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                load8(xr[r] + kk, fx);
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    au[r] += fu[i] * fx[i];
+                    if (L.gated) ag[r] += fg[i] * fx[i];
+                }
+            }
+        }
+    } else {
+        for (int64_t kk = lane; kk < K; kk += 32) {
+            float u = to_f32(wu[kk * L.up.k_stride]);
+            float gv = L.gated ? to_f32(wg[kk * L.gate.k_stride]) : 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float xv = to_f32(xr[r][kk]);
+                au[r] += u * xv;
+                ag[r] += gv * xv;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        au[r] = warp_sum(au[r]);
+        if (L.gated) ag[r] = warp_sum(ag[r]);
+    }
+    if (lane == 0) {
+        const float bu = bias_at(L.up_bias, L.wdt, e, n), bg = L.gated ? bias_at(L.gate_bias, L.wdt, e, n) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (r < nr) h[(r0 + r) * L.I + n] = activate(L, ag[r] + bg, au[r] + bu);
+    }
+}
+
+/* MAXR = 1: one row per group (pairs); else up to ROWS rows a pass, the
+ * unrolled width picked from the rows left so that no row is loaded twice. */
+template <typename WT, typename XT, int MAXR, bool VEC>
+__global__ void __launch_bounds__(WARPS * 32, MAXR == 1 ? 3 : 2) gate_up_kernel(layer_view L, gemv_groups G, const XT *x, int64_t x_ld,
+                                                              float *h) {
+    if (MAXR == 1) asm volatile("griddepcontrol.launch_dependents;");
+    const int lane = threadIdx.x & 31;
+    const int64_t n = blockIdx.x * (int64_t)WARPS + (threadIdx.x >> 5);
+    if (n >= L.I) return;
+    for (int64_t g = blockIdx.y; g < G.count; g += gridDim.y) {
+        int64_t lo, hi;
+        const int64_t e = group_rows(G, L.E, g, &lo, &hi);
+        if (e < 0) continue;
+        const WT *wu = (const WT *)proj_base(L.up, e, sizeof(WT)) + n * L.up.n_stride;
+        const WT *wg = L.gated ? (const WT *)proj_base(L.gate, e, sizeof(WT)) + n * L.gate.n_stride : wu;
+        for (int64_t r0 = lo; r0 < hi; r0 += MAXR) {
+            const int nr = hi - r0 < MAXR ? (int)(hi - r0) : MAXR;
+            if (MAXR == 1 || nr == 1)
+                gate_up_rows<WT, XT, 1, VEC>(L, G, x, x_ld, h, e, n, r0, nr, wu, wg, lane);
+            else if (nr == 2)
+                gate_up_rows<WT, XT, 2, VEC>(L, G, x, x_ld, h, e, n, r0, nr, wu, wg, lane);
+            else if (nr <= 4)
+                gate_up_rows<WT, XT, 4, VEC>(L, G, x, x_ld, h, e, n, r0, nr, wu, wg, lane);
+            else
+                gate_up_rows<WT, XT, ROWS, VEC>(L, G, x, x_ld, h, e, n, r0, nr, wu, wg, lane);
+        }
+    }
+}
+
+/* batched_mm's first half, vector path: a warp computes features n and n+1 of one pair,
+ * four weight rows (gate and up of each) in flight for every load of x; blocks of 8 warps
+ * cover 16 features, so one token's 8 pairs of qwen3-30b-a3b fill one wave of the GPU. */
+template <typename WT, typename XT>
+__global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view L, gemv_groups G, const XT *x,
+                                                                       int64_t x_ld, float *h) {
+    asm volatile("griddepcontrol.launch_dependents;");
+    const int lane = threadIdx.x & 31;
+    const int64_t n = 2 * (blockIdx.x * (int64_t)WARPS + (threadIdx.x >> 5));
+    if (n >= L.I) return;
+    const int two = n + 1 < L.I;
+    const int64_t K = L.H;
+    for (int64_t p = blockIdx.y; p < G.count; p += gridDim.y) {
+        int64_t lo, hi;
+        const int64_t e = group_rows(G, L.E, p, &lo, &hi);
+        if (e < 0) continue;
+        const WT *wu = (const WT *)proj_base(L.up, e, sizeof(WT)) + n * L.up.n_stride;
+        const WT *wg = L.gated ? (const WT *)proj_base(L.gate, e, sizeof(WT)) + n * L.gate.n_stride : wu;
+        const int64_t us = two ? L.up.n_stride : 0, gs = two ? L.gate.n_stride : 0;
+        const XT *xr = x + (p / G.k) * x_ld;
+        float au0 = 0, au1 = 0, ag0 = 0, ag1 = 0;
+        for (int64_t kk = lane * 8; kk < K; kk += 256) {
+            float u0[8], u1[8], g0[8], g1[8], fx[8];
+            load8(wu + kk, u0);
+            load8(wu + us + kk, u1);
+            if (L.gated) {
+                load8(wg + kk, g0);
+                load8(wg + gs + kk, g1);
+            }
+            load8(xr + kk, fx);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                au0 += u0[i] * fx[i];
+                au1 += u1[i] * fx[i];
+                if (L.gated) {
+                    ag0 += g0[i] * fx[i];
+                    ag1 += g1[i] * fx[i];
+                }
+            }
+        }
+        au0 = warp_sum(au0), au1 = warp_sum(au1);
+        if (L.gated) ag0 = warp_sum(ag0), ag1 = warp_sum(ag1);
+        if (lane == 0) {
+            h[p * L.I + n] = activate(L, ag0 + (L.gated ? bias_at(L.gate_bias, L.wdt, e, n) : 0.0f),
+                                      au0 + bias_at(L.up_bias, L.wdt, e, n));
+            if (two)
+                h[p * L.I + n + 1] = activate(L, ag1 + (L.gated ? bias_at(L.gate_bias, L.wdt, e, n + 1) : 0.0f),
+                                              au1 + bias_at(L.up_bias, L.wdt, e, n + 1));
+        }
+    }
+}
+
+/* ---- down, batched: fused weighted sum over the token's pairs ------------------- */
+
+/* Block: NF consecutive features of one token; warp w takes pairs j = j0 + w. The
+ * pair results meet in shared memory and are summed in j order (deterministic). */
+enum { NF = 4 };
+
+template <typename WT, bool VEC>
+__global__ void __launch_bounds__(WARPS * 32, 4) down_pairs_kernel(layer_view L, gemv_groups G, const float *h,
+                                                                    const void *w, moex_dtype wdt, int64_t w_ld,
+                                                                    void *out, moex_dtype odt, int64_t out_ld) {
+    __shared__ float part[WARPS][NF];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t n0 = blockIdx.x * (int64_t)NF, K = L.I;
+    const int nf = L.H - n0 < NF ? (int)(L.H - n0) : NF;
+    bool waited = false;
+    for (int64_t t = blockIdx.y; t < G.T; t += gridDim.y) {
+        float acc = 0.0f; /* thread f < nf: feature n0 + f */
+        for (int64_t j0 = 0; j0 < G.k; j0 += WARPS) {
+            const int64_t j = j0 + warp;
+            const int64_t e = j < G.k ? load_id(G.ids, G.ids64, G.ids_ld, t, j) : -1;
+            const bool ok = e >= 0 && e < L.E;
+            const WT *wd = (const WT *)proj_base(L.down, ok ? e : 0, sizeof(WT)) + n0 * L.down.n_stride;
+            if (!waited) { /* pull the first weights into L2, then wait for h (programmatic dependency) */
+                if (ok && VEC)
+                    for (int f = 0; f < nf; f++)
+                        for (int64_t kk = lane * 8; kk < K; kk += 256)
+                            asm volatile("prefetch.global.L2 [%0];" ::"l"(wd + f * L.down.n_stride + kk));
+                asm volatile("griddepcontrol.wait;" ::: "memory");
+                waited = true;
+            }
+            float p[NF] = {0, 0, 0, 0};
+            if (ok) {
+                const float *hr = h + (t * G.k + j) * K;
+                if (VEC) {
+#pragma unroll 2
+                    for (int64_t kk = lane * 8; kk < K; kk += 256) {
+                        float fh[8], fw[8];
+                        load8(hr + kk, fh);
+#pragma unroll
+                        for (int f = 0; f < NF; f++) {
+                            if (f >= nf) break;
+                            load8(wd + f * L.down.n_stride + kk, fw);
+#pragma unroll
+                            for (int i = 0; i < 8; i++) p[f] += fw[i] * fh[i];
+                        }
+                    }
+                } else {
+                    for (int64_t kk = lane; kk < K; kk += 32)
+                        for (int f = 0; f < nf; f++) p[f] += to_f32(wd[f * L.down.n_stride + kk * L.down.k_stride]) * hr[kk];
+                }
+#pragma unroll
+                for (int f = 0; f < NF; f++) p[f] = warp_sum(p[f]);
+            }
+            if (lane < NF)
+                part[warp][lane] = ok && lane < nf
+                                       ? load_elem(w, wdt, t * w_ld + j) * (p[lane == 0 ? 0 : lane == 1 ? 1 : lane == 2 ? 2 : 3] +
+                                                                            bias_at(L.down_bias, L.wdt, e, n0 + lane))
+                                       : 0.0f;
+            __syncthreads();
+            if (threadIdx.x < nf)
+                for (int q = 0; q < WARPS; q++) acc += part[q][threadIdx.x];
+            __syncthreads();
+        }
+        if (threadIdx.x < nf) store_elem(out, odt, t * out_ld + n0 + threadIdx.x, acc);
+    }
+    if (!waited) asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+/* ---- down, per expert: y rows in slot order ------------------------------------- */
+
+/* DNF features per warp in the streamed down projection of grouped_mm: four weight rows in
+ * flight for each load of h (two reached 60% of the DRAM bandwidth on deepseek-v3). */
+enum { DNF = 4 };
+
+/* Features n .. n+nf (nf <= DNF) for rows r0 .. r0+nr (nr <= R). */
+template <typename WT, int R, bool VEC>
+__device__ __forceinline__ void down_rows(const layer_view &L, const float *h, float *y, int64_t n, int nf, int64_t r0,
+                                          int nr, const WT *wd, const float *bias, int lane) {
+    const int64_t K = L.I, ns = L.down.n_stride;
+    float acc[R][DNF];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int f = 0; f < DNF; f++) acc[r][f] = 0.0f;
+    if (VEC) {
+#pragma unroll 2
+        for (int64_t kk = lane * 8; kk < K; kk += 256) {
+            float fw[DNF][8], fh[8];
+#pragma unroll
+            for (int f = 0; f < DNF; f++)
+                if (f < nf) load8(wd + f * ns + kk, fw[f]);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                load8(h + (r0 + (r < nr ? r : nr - 1)) * K + kk, fh);
+#pragma unroll
+                for (int f = 0; f < DNF; f++)
+                    if (f < nf)
+#pragma unroll
+                        for (int i = 0; i < 8; i++) acc[r][f] += fw[f][i] * fh[i];
+            }
+        }
+    } else {
+        for (int64_t kk = lane; kk < K; kk += 32) {
+            float wv[DNF];
+#pragma unroll
+            for (int f = 0; f < DNF; f++) wv[f] = f < nf ? to_f32(wd[f * ns + kk * L.down.k_stride]) : 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float hv = h[(r0 + (r < nr ? r : nr - 1)) * K + kk];
+#pragma unroll
+                for (int f = 0; f < DNF; f++) acc[r][f] += wv[f] * hv;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int f = 0; f < DNF; f++)
+            if (f < nf) acc[r][f] = warp_sum(acc[r][f]);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (r < nr)
+#pragma unroll
+                for (int f = 0; f < DNF; f++)
+                    if (f < nf) y[(r0 + r) * L.H + n + f] = acc[r][f] + bias[f];
+}
+
+template <typename WT, bool VEC>
+__global__ void __launch_bounds__(WARPS * 32, 2) down_experts_kernel(layer_view L, gemv_groups G, const float *h,
+                                                                      float *y) {
+    const int lane = threadIdx.x & 31;
+    const int64_t n = DNF * (blockIdx.x * (int64_t)WARPS + (threadIdx.x >> 5));
+    if (n >= L.H) return;
+    const int nf = L.H - n < DNF ? (int)(L.H - n) : DNF;
+    for (int64_t g = blockIdx.y; g < G.count; g += gridDim.y) {
+        int64_t lo, hi;
+        const int64_t e = group_rows(G, L.E, g, &lo, &hi);
+        if (e < 0) continue;
+        const WT *wd = (const WT *)proj_base(L.down, e, sizeof(WT)) + n * L.down.n_stride;
+        float bias[DNF];
+#pragma unroll
+        for (int f = 0; f < DNF; f++) bias[f] = f < nf ? bias_at(L.down_bias, L.wdt, e, n + f) : 0.0f;
+        for (int64_t r0 = lo; r0 < hi; r0 += ROWS) {
+            const int nr = hi - r0 < ROWS ? (int)(hi - r0) : ROWS;
+            if (nr == 1)
+                down_rows<WT, 1, VEC>(L, h, y, n, nf, r0, nr, wd, bias, lane);
+            else if (nr == 2)
+                down_rows<WT, 2, VEC>(L, h, y, n, nf, r0, nr, wd, bias, lane);
+            else if (nr <= 4)
+                down_rows<WT, 4, VEC>(L, h, y, n, nf, r0, nr, wd, bias, lane);
+            else
+                down_rows<WT, ROWS, VEC>(L, h, y, n, nf, r0, nr, wd, bias, lane);
+        }
+    }
+}
+
+/* ---- launchers ------------------------------------------------------------------- */
+
+static dim3 grid_of(int64_t features, int64_t groups) {
+    return dim3((unsigned)((features + WARPS - 1) / WARPS), (unsigned)(groups < 65535 ? (groups > 0 ? groups : 1) : 65535));
+}
+
+static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+static int proj_vec(const proj_view &p, size_t wsz, int64_t E) {
+    if (p.k_stride != 1 || (p.n_stride * (int64_t)wsz) % 16 || (p.offset * (int64_t)wsz) % 16) return 0;
+    if (p.ptrs) return 1; /* per-expert matrices: checked by the caller (alignment of each pointer) */
+    return aligned16(p.base) && (p.expert_stride * (int64_t)wsz) % 16 == 0;
+}
+
+int gemv_vectorizable(const layer_view &L, size_t wsz) {
+    return L.H % 8 == 0 && L.I % 8 == 0 && proj_vec(L.up, wsz, L.E) && (!L.gated || proj_vec(L.gate, wsz, L.E)) &&
+           proj_vec(L.down, wsz, L.E);
+}
+
+template <typename WT, typename XT, int R>
+static void launch_gate_up(const layer_view &L, const gemv_groups &G, const void *x, int64_t x_ld, float *h, int vec,
+                           cudaStream_t s) {
+    dim3 grid = grid_of(L.I, G.count);
+    if (R == 1 && vec) /* pairs: two features per warp */
+        gate_up_pairs_kernel<WT, XT><<<grid_of((L.I + 1) / 2, G.count), WARPS * 32, 0, s>>>(L, G, (const XT *)x, x_ld, h);
+    else if (vec)
+        gate_up_kernel<WT, XT, R, true><<<grid, WARPS * 32, 0, s>>>(L, G, (const XT *)x, x_ld, h);
+    else
+        gate_up_kernel<WT, XT, R, false><<<grid, WARPS * 32, 0, s>>>(L, G, (const XT *)x, x_ld, h);
+}
+
+template <typename WT, int R>
+static void gate_up_x(const layer_view &L, const gemv_groups &G, const void *x, moex_dtype xdt, int64_t x_ld, float *h,
+                      int vec, cudaStream_t s) {
+    if (xdt == MOEX_BF16)
+        launch_gate_up<WT, __nv_bfloat16, R>(L, G, x, x_ld, h, vec, s);
+    else if (xdt == MOEX_F16)
+        launch_gate_up<WT, __half, R>(L, G, x, x_ld, h, vec, s);
+    else
+        launch_gate_up<WT, float, R>(L, G, x, x_ld, h, vec, s);
+}
+
+template <int R>
+static void gate_up_w(const layer_view &L, const gemv_groups &G, const void *x, moex_dtype xdt, int64_t x_ld, float *h,
+                      int vec, cudaStream_t s) {
+    if (L.wdt == MOEX_BF16)
+        gate_up_x<__nv_bfloat16, R>(L, G, x, xdt, x_ld, h, vec, s);
+    else if (L.wdt == MOEX_F16)
+        gate_up_x<__half, R>(L, G, x, xdt, x_ld, h, vec, s);
+    else
+        gate_up_x<float, R>(L, G, x, xdt, x_ld, h, vec, s);
+}
+
+static size_t wsize(moex_dtype dt) { return dt == MOEX_F32 ? 4 : 2; }
+
+moex_status gemv_gate_up(const layer_view &L, const gemv_groups &G, const void *x, moex_dtype xdt, int64_t x_ld,
+                         float *h, cudaStream_t s) {
+    int vec = gemv_vectorizable(L, wsize(L.wdt)) && aligned16(x) && (x_ld * (int64_t)wsize(xdt)) % 16 == 0;
+    if (G.pairs)
+        gate_up_w<1>(L, G, x, xdt, x_ld, h, vec, s);
+    else
+        gate_up_w<ROWS>(L, G, x, xdt, x_ld, h, vec, s); /* up to ROWS rows a pass */
+    return MOEX_CUDA_LAUNCHED("gate/up kernel");
+}
+
+moex_status gemv_down_pairs(const layer_view &L, const gemv_groups &G, const float *h, const void *w, moex_dtype wdt,
+                            int64_t w_ld, void *out, moex_dtype odt, int64_t out_ld, cudaStream_t s) {
+    int vec = gemv_vectorizable(L, wsize(L.wdt));
+    /* launched as a programmatic dependent of the gate/up kernel: its blocks start early,
+     * pull their weights into L2 and wait (griddepcontrol.wait) for h */
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = dependent_launch(dim3((unsigned)((L.H + NF - 1) / NF), (unsigned)(G.T < 65535 ? G.T : 65535)),
+                                                    dim3(WARPS * 32), s, &attr);
+    cudaError_t err;
+#define DOWN_PAIRS(WT)                                                                                               \
+    err = vec ? cudaLaunchKernelEx(&cfg, down_pairs_kernel<WT, true>, L, G, h, w, wdt, w_ld, out, odt, out_ld)       \
+              : cudaLaunchKernelEx(&cfg, down_pairs_kernel<WT, false>, L, G, h, w, wdt, w_ld, out, odt, out_ld)
+    if (L.wdt == MOEX_BF16)
+        DOWN_PAIRS(__nv_bfloat16);
+    else if (L.wdt == MOEX_F16)
+        DOWN_PAIRS(__half);
+    else
+        DOWN_PAIRS(float);
+#undef DOWN_PAIRS
+    return moex_cuda_status(err, "down kernel (pairs)");
+}
+
+moex_status gemv_down_experts(const layer_view &L, const gemv_groups &G, const float *h, float *y, cudaStream_t s) {
+    int vec = gemv_vectorizable(L, wsize(L.wdt));
+    dim3 grid = grid_of((L.H + DNF - 1) / DNF, G.count); /* DNF features per warp */
+#define DOWN_EXPERTS(WT)                                                                                             \
+    (vec ? down_experts_kernel<WT, true><<<grid, WARPS * 32, 0, s>>>(L, G, h, y)                                    \
+         : down_experts_kernel<WT, false><<<grid, WARPS * 32, 0, s>>>(L, G, h, y))
+    if (L.wdt == MOEX_BF16)
+        DOWN_EXPERTS(__nv_bfloat16);
+    else if (L.wdt == MOEX_F16)
+        DOWN_EXPERTS(__half);
+    else
+        DOWN_EXPERTS(float);
+#undef DOWN_EXPERTS
+    return MOEX_CUDA_LAUNCHED("down kernel (experts)");
+}

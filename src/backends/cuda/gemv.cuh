@@ -1,0 +1,76 @@
+/* gemv.cuh — the memory-bound expert kernels (gemv.cu): each warp computes
+ * one output feature for a few rows, streaming its weight rows once. They
+ * serve batched_mm (a group per (token, expert) pair), grouped_mm and eager
+ * at small token counts (a group per expert), and every layout the tensor-core
+ * path does not take (any strides, f32, per-expert pointers). */
+#ifndef MOEX_GEMV_CUH
+#define MOEX_GEMV_CUH
+
+#include "backends/cuda/device_common.cuh"
+#include "core/internal.h"
+#include <cuda_runtime.h>
+
+/* Which rows a group covers. pairs = 1: group p = pair (t, j) of ids [T, k],
+ * expert ids[t, j], input row t, output row p. pairs = 0: group g = expert
+ * e_begin + g, input rows slot_token[s] and output rows s for s in
+ * offsets[e] .. offsets[e+1]. */
+typedef struct gemv_groups {
+    int pairs;
+    const void *ids;
+    int ids64;
+    int64_t ids_ld, T, k;
+    const int *offsets, *slot_token;
+    int64_t e_begin, count;
+    int *flags; /* pairs = 1: bad ids (not in [-1, E]) set MOEX_CUDA_FLAG_BAD_ID here */
+} gemv_groups;
+
+/* Expert of group g and its rows [*lo, *hi); -1 when the group is empty or a sentinel. */
+__device__ __forceinline__ int64_t group_rows(const gemv_groups &G, int64_t E, int64_t g, int64_t *lo, int64_t *hi) {
+    if (G.pairs) {
+        int64_t e = load_id(G.ids, G.ids64, G.ids_ld, g / G.k, g % G.k);
+        *lo = g, *hi = g + 1;
+        if (e >= 0 && e < E) return e;
+        if (e != -1 && e != E && G.flags && (threadIdx.x & 31) == 0) atomicOr(G.flags, 1 /* MOEX_CUDA_FLAG_BAD_ID */);
+        return -1;
+    }
+    int64_t e = G.e_begin + g;
+    *lo = G.offsets[e], *hi = G.offsets[e + 1];
+    return *hi > *lo ? e : -1;
+}
+
+/* Launch configuration of a programmatic dependent of the previous kernel on stream s: its
+ * blocks may start once that kernel's blocks have run griddepcontrol.launch_dependents, and
+ * must run griddepcontrol.wait before reading its results. attr must outlive the launch. */
+static inline cudaLaunchConfig_t dependent_launch(dim3 grid, dim3 block, cudaStream_t s, cudaLaunchAttribute *attr) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.stream = s;
+    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr->val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    return cfg;
+}
+
+/* h[row, n] (f32, [*, I]) = act(gate . x + bias, up . x + bias) for every row of every group. */
+moex_status gemv_gate_up(const layer_view &L, const gemv_groups &G, const void *x, moex_dtype xdt, int64_t x_ld,
+                         float *h, cudaStream_t s);
+
+/* batched_mm's second half: out[t, n] = sum_j w[t, j] * (down_e . h[t*k+j] + bias), j in order. */
+moex_status gemv_down_pairs(const layer_view &L, const gemv_groups &G, const float *h, const void *w, moex_dtype wdt,
+                            int64_t w_ld, void *out, moex_dtype odt, int64_t out_ld, cudaStream_t s);
+
+/* y[slot, n] (f32, [*, H]) = down_e . h[slot] + bias for the experts of G (pairs = 0). */
+moex_status gemv_down_experts(const layer_view &L, const gemv_groups &G, const float *h, float *y, cudaStream_t s);
+
+/* 1 if every matrix of L can be read with 16-byte vector loads along k. */
+int gemv_vectorizable(const layer_view &L, size_t wsz);
+
+/* The same per-expert pieces on tensor cores (gemv_mma.cu), for the layers where
+ * gemv_mma_usable: bf16 or f16 weights, x in the same dtype with 16-byte aligned rows,
+ * H and I multiples of 32, vector-loadable matrices. h is [*, I] in the weights' dtype
+ * (rounded as the tensor-core GEMM rounds it); G.pairs must be 0. */
+int gemv_mma_usable(const layer_view &L, moex_dtype xdt, const void *x, int64_t x_ld);
+moex_status gemv_mma_gate_up(const layer_view &L, const gemv_groups &G, const void *x, int64_t x_ld, void *h,
+                             cudaStream_t s);
+moex_status gemv_mma_down(const layer_view &L, const gemv_groups &G, const void *h, float *y, cudaStream_t s);
+
+#endif

@@ -1,0 +1,291 @@
+/* routing.cu — routing preparation on the GPU (histogram, offsets, slots,
+ * gather) and the weighted reduction in token order. No host sync anywhere:
+ * sizes the host cannot know stay on the device, and kernels whose work
+ * depends on them read them there and return early. */
+#include "backends/cuda/routing.cuh"
+#include "core/gpu_runtime.h"
+#include "gpu/cuda_check.h"
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+size_t routing_bytes(int64_t E, int64_t P) {
+    return 2 * align256((size_t)E * 4) + 2 * align256((size_t)(E + 1) * 4) + 2 * align256((size_t)P * 4);
+}
+
+routing_dev routing_carve(void *ws, int64_t E, int64_t P) {
+    char *p = (char *)ws;
+    routing_dev r;
+    r.counts = (int *)p, p += align256((size_t)E * 4);
+    r.cursor = (int *)p, p += align256((size_t)E * 4);
+    r.offsets = (int *)p, p += align256((size_t)(E + 1) * 4);
+    r.mtile_off = (int *)p, p += align256((size_t)(E + 1) * 4);
+    r.pair_slot = (int *)p, p += align256((size_t)P * 4);
+    r.slot_token = (int *)p;
+    return r;
+}
+
+/* ids [T, k] -> counts[e] += 1 per valid pair. Grid-stride over pairs. */
+__global__ void count_kernel(const void *ids, int ids64, int64_t ld, int64_t T, int64_t k, int64_t E, int *counts,
+                             int *flags) {
+    int64_t P = T * k;
+    for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < P; p += (int64_t)gridDim.x * blockDim.x) {
+        int64_t e = load_id(ids, ids64, ld, p / k, p % k);
+        if (e >= 0 && e < E)
+            atomicAdd(&counts[e], 1);
+        else if (e != -1 && e != E)
+            atomicOr(flags, MOEX_CUDA_FLAG_BAD_ID);
+    }
+}
+
+/* One block: exclusive prefix sums of counts (slots) and of their tile counts. */
+__global__ void scan_kernel(const int *counts, int64_t E, int tile_rows, int *offsets, int *mtile_off, int *cursor) {
+    __shared__ int part_rows[1024], part_tiles[1024];
+    const int tid = threadIdx.x, nt = blockDim.x;
+    const int64_t per = (E + nt - 1) / nt, lo = tid * per, hi = lo + per < E ? lo + per : E;
+    int rows = 0, tiles = 0;
+    for (int64_t e = lo; e < hi; e++) {
+        rows += counts[e];
+        tiles += (counts[e] + tile_rows - 1) / tile_rows;
+    }
+    part_rows[tid] = rows;
+    part_tiles[tid] = tiles;
+    __syncthreads();
+    for (int step = 1; step < nt; step *= 2) { /* inclusive Hillis-Steele scan */
+        int r = tid >= step ? part_rows[tid - step] : 0, t = tid >= step ? part_tiles[tid - step] : 0;
+        __syncthreads();
+        part_rows[tid] += r;
+        part_tiles[tid] += t;
+        __syncthreads();
+    }
+    rows = tid ? part_rows[tid - 1] : 0;
+    tiles = tid ? part_tiles[tid - 1] : 0;
+    for (int64_t e = lo; e < hi; e++) {
+        offsets[e] = rows;
+        mtile_off[e] = tiles;
+        cursor[e] = 0;
+        rows += counts[e];
+        tiles += (counts[e] + tile_rows - 1) / tile_rows;
+    }
+    if (tid == nt - 1) {
+        offsets[E] = part_rows[nt - 1];
+        mtile_off[E] = part_tiles[nt - 1];
+    }
+}
+
+/* Each valid pair takes the next slot of its expert. */
+__global__ void scatter_kernel(const void *ids, int ids64, int64_t ld, int64_t T, int64_t k, int64_t E,
+                               const int *offsets, int *cursor, int *pair_slot, int *slot_token) {
+    int64_t P = T * k;
+    for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < P; p += (int64_t)gridDim.x * blockDim.x) {
+        int64_t e = load_id(ids, ids64, ld, p / k, p % k);
+        if (e < 0 || e >= E) {
+            pair_slot[p] = -1;
+            continue;
+        }
+        int slot = offsets[e] + atomicAdd(&cursor[e], 1);
+        pair_slot[p] = slot;
+        slot_token[slot] = (int)(p / k);
+    }
+}
+
+/* Block-aggregated versions of count and scatter: each block takes a contiguous chunk of
+ * PAIRS_PER_THREAD * blockDim pairs, counts them in shared memory and touches each
+ * expert's global counter once (global atomics on few addresses serialise). Shared
+ * memory: E ints (count) or 2E ints (scatter). */
+enum { PAIRS_PER_THREAD = 8 };
+
+__global__ void count_block_kernel(const void *ids, int ids64, int64_t ld, int64_t T, int64_t k, int64_t E, int *counts,
+                                   int *flags) {
+    extern __shared__ int hist[];
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+    __syncthreads();
+    const int64_t P = T * k, p0 = blockIdx.x * (int64_t)blockDim.x * PAIRS_PER_THREAD;
+    for (int i = 0; i < PAIRS_PER_THREAD; i++) {
+        const int64_t p = p0 + i * (int64_t)blockDim.x + threadIdx.x;
+        if (p >= P) break;
+        const int64_t e = load_id(ids, ids64, ld, p / k, p % k);
+        if (e >= 0 && e < E)
+            atomicAdd(&hist[e], 1);
+        else if (e != -1 && e != E)
+            atomicOr(flags, MOEX_CUDA_FLAG_BAD_ID);
+    }
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
+        if (hist[e]) atomicAdd(&counts[e], hist[e]);
+}
+
+__global__ void scatter_block_kernel(const void *ids, int ids64, int64_t ld, int64_t T, int64_t k, int64_t E,
+                                     const int *offsets, int *cursor, int *pair_slot, int *slot_token) {
+    extern __shared__ int sh[];
+    int *hist = sh, *base = sh + E;
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+    __syncthreads();
+    const int64_t P = T * k, p0 = blockIdx.x * (int64_t)blockDim.x * PAIRS_PER_THREAD;
+    int rank[PAIRS_PER_THREAD], ex[PAIRS_PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < PAIRS_PER_THREAD; i++) {
+        const int64_t p = p0 + i * (int64_t)blockDim.x + threadIdx.x;
+        ex[i] = -1;
+        if (p >= P) continue;
+        const int64_t e = load_id(ids, ids64, ld, p / k, p % k);
+        if (e >= 0 && e < E) {
+            ex[i] = (int)e;
+            rank[i] = atomicAdd(&hist[e], 1);
+        }
+    }
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
+        if (hist[e]) base[e] = atomicAdd(&cursor[e], hist[e]);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < PAIRS_PER_THREAD; i++) {
+        const int64_t p = p0 + i * (int64_t)blockDim.x + threadIdx.x;
+        if (p >= P) continue;
+        if (ex[i] < 0) {
+            pair_slot[p] = -1;
+            continue;
+        }
+        const int slot = offsets[ex[i]] + base[ex[i]] + rank[i];
+        pair_slot[p] = slot;
+        slot_token[slot] = (int)(p / k);
+    }
+}
+
+static int grid_for(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    return (int)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int64_t ids_ld, int64_t T, int64_t k,
+                          int64_t E, int tile_rows, int *flags, cudaStream_t s) {
+    moex_status st = moex_cuda_status(cudaMemsetAsync(r.counts, 0, (size_t)E * sizeof(int), s), "routing: clear");
+    if (st) return st;
+    const int64_t P = T * k;
+    const size_t smem = (size_t)E * 2 * sizeof(int);
+    const int64_t chunks = (P + 256 * PAIRS_PER_THREAD - 1) / (256 * PAIRS_PER_THREAD);
+    const int blocked = smem <= 48 * 1024 && chunks <= 65535;
+    if (blocked)
+        count_block_kernel<<<(unsigned)chunks, 256, smem / 2, s>>>(ids, ids64, ids_ld, T, k, E, r.counts, flags);
+    else
+        count_kernel<<<grid_for(P, 256), 256, 0, s>>>(ids, ids64, ids_ld, T, k, E, r.counts, flags);
+    scan_kernel<<<1, 1024, 0, s>>>(r.counts, E, tile_rows, r.offsets, r.mtile_off, r.cursor);
+    if (blocked)
+        scatter_block_kernel<<<(unsigned)chunks, 256, smem, s>>>(ids, ids64, ids_ld, T, k, E, r.offsets, r.cursor,
+                                                                 r.pair_slot, r.slot_token);
+    else
+        scatter_kernel<<<grid_for(P, 256), 256, 0, s>>>(ids, ids64, ids_ld, T, k, E, r.offsets, r.cursor, r.pair_slot,
+                                                        r.slot_token);
+    return MOEX_CUDA_LAUNCHED("routing kernels");
+}
+
+/* One warp per token: its row of hidden is read once and written to the slot of each of its
+ * pairs (k copies; sentinel pairs have none). 16-byte copies when source and destination
+ * agree. Reading per token rather than per slot reads hidden once instead of k times. */
+__global__ void gather_kernel(const int *pair_slot, int64_t T, int64_t k, const void *hidden, moex_dtype hdt,
+                              int64_t ld, void *dst, moex_dtype ddt, int64_t H, int vec) {
+    const int lane = threadIdx.x & 31;
+    for (int64_t t = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; t < T;
+         t += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+        const int *slots = pair_slot + t * k;
+        if (vec) {
+            const size_t esz = hdt == MOEX_F32 ? 4 : 2;
+            const int64_t n16 = H * (int64_t)esz / 16;
+            const uint4 *src = (const uint4 *)((const char *)hidden + t * ld * (int64_t)esz);
+            uint4 *d = (uint4 *)dst;
+            int64_t i = lane;
+            for (; i + 96 < n16; i += 128) { /* four 16-byte loads in flight per lane */
+                const uint4 a = src[i], b = src[i + 32], c = src[i + 64], e = src[i + 96];
+                for (int64_t j = 0; j < k; j++) {
+                    const int slot = slots[j];
+                    if (slot < 0) continue;
+                    uint4 *row = d + slot * n16;
+                    row[i] = a, row[i + 32] = b, row[i + 64] = c, row[i + 96] = e;
+                }
+            }
+            for (; i < n16; i += 32) {
+                const uint4 a = src[i];
+                for (int64_t j = 0; j < k; j++)
+                    if (slots[j] >= 0) d[slots[j] * n16 + i] = a;
+            }
+        } else {
+            for (int64_t i = lane; i < H; i += 32) {
+                const float v = load_elem(hidden, hdt, t * ld + i);
+                for (int64_t j = 0; j < k; j++)
+                    if (slots[j] >= 0) store_elem(dst, ddt, slots[j] * H + i, v);
+            }
+        }
+    }
+}
+
+moex_status routing_gather(const routing_dev &r, int64_t T, int64_t k, const void *hidden, moex_dtype hdt, int64_t ld,
+                           void *dst, moex_dtype dst_dt, int64_t H, cudaStream_t s) {
+    const size_t esz = hdt == MOEX_F32 ? 4 : 2;
+    int vec = hdt == dst_dt && (H * esz) % 16 == 0 && (ld * esz) % 16 == 0 && ((uintptr_t)hidden % 16) == 0;
+    gather_kernel<<<grid_for(T * 32, 256), 256, 0, s>>>(r.pair_slot, T, k, hidden, hdt, ld, dst, dst_dt, H, vec);
+    return MOEX_CUDA_LAUNCHED("gather kernel");
+}
+
+/* One block per token (grid-stride); each thread sums 8 consecutive columns of 16-bit y with
+ * 16-byte loads (H % 8 == 0), in slot order j. */
+template <typename YT, typename OT>
+__global__ void reduce8_kernel(const int *pair_slot, const YT *y, int64_t H, const void *w, moex_dtype wdt, int64_t w_ld,
+                               int64_t T, int64_t k, OT *out, int64_t out_ld) {
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        for (int64_t n = threadIdx.x * 8; n < H; n += blockDim.x * 8) {
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int64_t j = 0; j < k; j++) {
+                int slot = pair_slot[t * k + j];
+                if (slot < 0) continue;
+                const float wj = load_elem(w, wdt, t * w_ld + j);
+                uint4 v = *(const uint4 *)(y + (int64_t)slot * H + n);
+                const YT *q = (const YT *)&v;
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[i] += wj * to_f32(q[i]);
+            }
+            OT r[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) r[i] = from_f32<OT>(acc[i]);
+            if (sizeof(OT) == 2)
+                *(uint4 *)(out + t * out_ld + n) = *(const uint4 *)r;
+            else
+                for (int i = 0; i < 8; i++) out[t * out_ld + n + i] = r[i];
+        }
+    }
+}
+
+/* Any dtypes and sizes: one element per thread. */
+__global__ void reduce_kernel(const int *pair_slot, const void *y, moex_dtype ydt, int64_t H, const void *w,
+                              moex_dtype wdt, int64_t w_ld, int64_t T, int64_t k, void *out, moex_dtype odt,
+                              int64_t out_ld) {
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        for (int64_t n = threadIdx.x; n < H; n += blockDim.x) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < k; j++) {
+                int slot = pair_slot[t * k + j];
+                if (slot < 0) continue;
+                acc += load_elem(w, wdt, t * w_ld + j) * load_elem(y, ydt, (int64_t)slot * H + n);
+            }
+            store_elem(out, odt, t * out_ld + n, acc);
+        }
+    }
+}
+
+moex_status routing_reduce(const int *pair_slot, const void *y, moex_dtype ydt, int64_t H, const void *w,
+                           moex_dtype wdt, int64_t w_ld, int64_t T, int64_t k, void *out, moex_dtype odt,
+                           int64_t out_ld, cudaStream_t s) {
+    int blocks = (int)(T < 65535 ? T : 65535);
+    const size_t osz = odt == MOEX_F32 ? 4 : 2;
+    const int vec = ydt != MOEX_F32 && ydt == odt && H % 8 == 0 && (out_ld * osz) % 16 == 0 && ((uintptr_t)out & 15) == 0;
+    if (vec && ydt == MOEX_BF16) {
+        reduce8_kernel<__nv_bfloat16, __nv_bfloat16><<<blocks, 256, 0, s>>>(pair_slot, (const __nv_bfloat16 *)y, H, w, wdt,
+                                                                           w_ld, T, k, (__nv_bfloat16 *)out, out_ld);
+        return MOEX_CUDA_LAUNCHED("reduce kernel");
+    }
+    if (vec && ydt == MOEX_F16) {
+        reduce8_kernel<__half, __half><<<blocks, 256, 0, s>>>(pair_slot, (const __half *)y, H, w, wdt, w_ld, T, k,
+                                                           (__half *)out, out_ld);
+        return MOEX_CUDA_LAUNCHED("reduce kernel");
+    }
+    reduce_kernel<<<blocks, H >= 512 ? 512 : 256, 0, s>>>(pair_slot, y, ydt, H, w, wdt, w_ld, T, k, out, odt, out_ld);
+    return MOEX_CUDA_LAUNCHED("reduce kernel");
+}

@@ -1,0 +1,40 @@
+/* routing.cuh — routing preparation and the final reduction on the GPU
+ * (routing.cu): pairs sorted by expert without a host synchronisation. */
+#ifndef MOEX_ROUTING_CUH
+#define MOEX_ROUTING_CUH
+
+#include "backends/cuda/device_common.cuh"
+#include "core/internal.h"
+#include <cuda_runtime.h>
+
+/* Device arrays of one routing (all int32; P = T*k pairs). */
+typedef struct routing_dev {
+    int *counts;     /* [E]   pairs per expert */
+    int *cursor;     /* [E]   scatter cursors */
+    int *offsets;    /* [E+1] first slot of each expert; offsets[E] = valid pairs */
+    int *mtile_off;  /* [E+1] prefix of ceil(counts/tile_rows) */
+    int *pair_slot;  /* [P]   slot of pair p = t*k+j, or -1 for a sentinel */
+    int *slot_token; /* [P]   token of each slot */
+} routing_dev;
+
+/* Bytes the arrays need, for E experts and P pairs (each array 256-byte aligned). */
+size_t routing_bytes(int64_t E, int64_t P);
+/* Carve the arrays from ws (device memory of routing_bytes()). */
+routing_dev routing_carve(void *ws, int64_t E, int64_t P);
+
+/* counts, offsets, mtile_off (tiles of tile_rows rows), pair_slot, slot_token.
+ * Bad ids (outside [-1, E]) set MOEX_CUDA_FLAG_BAD_ID in *flags and count as sentinels. */
+moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int64_t ids_ld, int64_t T, int64_t k,
+                          int64_t E, int tile_rows, int *flags, cudaStream_t s);
+
+/* dst[pair_slot[t*k+j]] = hidden[t] for every non-sentinel pair, converted to dst_dt
+ * (each row of hidden read once). */
+moex_status routing_gather(const routing_dev &r, int64_t T, int64_t k, const void *hidden, moex_dtype hdt, int64_t ld,
+                           void *dst, moex_dtype dst_dt, int64_t H, cudaStream_t s);
+
+/* out[t] = sum_j w[t,j] * y[pair_slot[t*k+j]] in j order (f32), stored in out's dtype. */
+moex_status routing_reduce(const int *pair_slot, const void *y, moex_dtype ydt, int64_t H, const void *w,
+                           moex_dtype wdt, int64_t w_ld, int64_t T, int64_t k, void *out, moex_dtype odt,
+                           int64_t out_ld, cudaStream_t s);
+
+#endif

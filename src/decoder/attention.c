@@ -1,0 +1,274 @@
+/* attention.c — the KV cache and causal grouped-query attention over it (see decoder.h). */
+#include "decoder/decoder.h"
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+struct moex_kv_cache {
+    int64_t layers, max_batch, max_seq, kv_heads, head_dim;
+    float *k, *v;  /* [layers, max_batch, kv_heads, max_seq, head_dim] each */
+    int64_t *len;  /* [layers, max_batch]: positions filled */
+};
+
+/* ---- the cache ---------------------------------------------------------- */
+
+moex_status moex_kv_cache_create(int64_t layers, int64_t max_batch, int64_t max_seq, int64_t kv_heads,
+                                 int64_t head_dim, moex_kv_cache **out) {
+    if (!out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "kv_cache_create: out is NULL");
+    const int64_t dims[5] = {layers, max_batch, max_seq, kv_heads, head_dim};
+    static const char *const names[5] = {"layers", "max_batch", "max_seq", "kv_heads", "head_dim"};
+    int64_t n = 1;
+    for (int i = 0; i < 5; i++) {
+        if (dims[i] < 1)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "kv_cache_create: %s = %lld must be >= 1", names[i],
+                             (long long)dims[i]);
+        if (!moex_mul_ok(n, dims[i], &n) || n > (int64_t)(SIZE_MAX / 2 / sizeof(float)) || n > INT64_MAX / 8)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                             "kv_cache_create: layers %lld x max_batch %lld x max_seq %lld x kv_heads %lld x "
+                             "head_dim %lld floats overflows",
+                             (long long)layers, (long long)max_batch, (long long)max_seq, (long long)kv_heads,
+                             (long long)head_dim);
+    }
+    moex_kv_cache *c = calloc(1, sizeof *c);
+    if (c) {
+        c->k = calloc((size_t)n, sizeof(float));
+        c->v = c->k ? calloc((size_t)n, sizeof(float)) : NULL;
+        c->len = c->v ? calloc((size_t)(layers * max_batch), sizeof(int64_t)) : NULL;
+    }
+    if (!c || !c->len) {
+        if (c) {
+            free(c->k);
+            free(c->v);
+        }
+        free(c);
+        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "kv_cache_create: no memory for 2 x %lld floats (%.1f MiB)",
+                         (long long)n, 2.0 * (double)n * 4.0 / 1048576.0);
+    }
+    c->layers = layers;
+    c->max_batch = max_batch;
+    c->max_seq = max_seq;
+    c->kv_heads = kv_heads;
+    c->head_dim = head_dim;
+    *out = c;
+    return MOEX_OK;
+}
+
+void moex_kv_cache_free(moex_kv_cache *cache) {
+    if (!cache) return;
+    free(cache->k);
+    free(cache->v);
+    free(cache->len);
+    free(cache);
+}
+
+moex_status moex_kv_cache_reset(moex_kv_cache *cache, int64_t seq) {
+    if (!cache) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "kv_cache_reset: cache is NULL");
+    if (seq < -1 || seq >= cache->max_batch)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "kv_cache_reset: seq = %lld is outside [0, %lld) (or -1 for all)",
+                         (long long)seq, (long long)cache->max_batch);
+    for (int64_t l = 0; l < cache->layers; l++)
+        for (int64_t s = 0; s < cache->max_batch; s++)
+            if (seq == -1 || s == seq) cache->len[l * cache->max_batch + s] = 0;
+    return MOEX_OK;
+}
+
+moex_status moex_kv_cache_length(const moex_kv_cache *cache, int64_t layer, int64_t seq, int64_t *length) {
+    if (!cache) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "kv_cache_length: cache is NULL");
+    if (!length) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "kv_cache_length: length is NULL");
+    if (layer < 0 || layer >= cache->layers)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "kv_cache_length: layer = %lld is outside [0, %lld)",
+                         (long long)layer, (long long)cache->layers);
+    if (seq < 0 || seq >= cache->max_batch)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "kv_cache_length: seq = %lld is outside [0, %lld)",
+                         (long long)seq, (long long)cache->max_batch);
+    *length = cache->len[layer * cache->max_batch + seq];
+    return MOEX_OK;
+}
+
+size_t moex_kv_cache_bytes(const moex_kv_cache *cache) {
+    if (!cache) return 0;
+    return 2 * sizeof(float) *
+           (size_t)(cache->layers * cache->max_batch * cache->kv_heads * cache->max_seq * cache->head_dim);
+}
+
+// Start of the rows of (layer, seq, kv head) in k or v: [max_seq, head_dim].
+static inline size_t head_offset(const moex_kv_cache *c, int64_t layer, int64_t seq, int64_t h) {
+    return (size_t)(((layer * c->max_batch + seq) * c->kv_heads + h) * c->max_seq) * (size_t)c->head_dim;
+}
+
+/* ---- attention ---------------------------------------------------------- */
+
+// a, b: [n] -> dot product in f32, eight partial sums in a fixed order (vectorisable, deterministic)
+static inline float dot(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) {
+            const float p = a[i + l] * b[i + l];
+            acc[l] += p;
+        }
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++) {
+        const float p = a[i] * b[i];
+        s += p;
+    }
+    return s;
+}
+
+// One query row against positions 0 .. L-1 of one kv head.
+// q: [d], keys, vals: [L, d] -> o: [d]; scores: [L] scratch
+static void attend_row(const float *q, const float *keys, const float *vals, int64_t L, int64_t d, float scale,
+                       float *scores, float *o) {
+    float m = -INFINITY;
+    for (int64_t j = 0; j < L; j++) {
+        const float s = dot(q, keys + j * d, d) * scale; /* matmul(q, k^T) * scaling */
+        scores[j] = s;
+        if (s > m) m = s;
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < L; j++) {
+        const float e = expf(scores[j] - m);
+        scores[j] = e;
+        sum += e;
+    }
+    const float inv = 1.0f / (float)sum;
+    for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
+    for (int64_t j = 0; j < L; j++) {
+        const float w = scores[j] * inv; /* softmax weights, then matmul(weights, v) */
+        const float *vj = vals + j * d;
+        for (int64_t i = 0; i < d; i++) {
+            const float p = w * vj[i];
+            o[i] += p;
+        }
+    }
+}
+
+static int ranges_overlap(const void *a, size_t an, const void *b, size_t bn) {
+    const char *ab = a, *bb = b;
+    return ab < bb + bn && bb < ab + an;
+}
+
+// q: [sum T_i, heads, d], k, v: [sum T_i, kv_heads, d] -> out: [sum T_i, heads * d]
+moex_status moex_attention_forward_batch(moex_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
+                                         int64_t nseq, int64_t heads, const float *q, const float *k, const float *v,
+                                         float *out, int threads) {
+    const char *fn = "attention";
+    if (!cache) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: cache is NULL", fn);
+    if (layer < 0 || layer >= cache->layers)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: layer = %lld is outside [0, %lld)", fn, (long long)layer,
+                         (long long)cache->layers);
+    const int64_t KV = cache->kv_heads, d = cache->head_dim, S = cache->max_seq, B = cache->max_batch;
+    if (heads < 1 || heads % KV != 0)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: heads = %lld is not a positive multiple of kv_heads = %lld",
+                         fn, (long long)heads, (long long)KV);
+    if (threads < 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: threads = %d is negative", fn, threads);
+    if (nseq < 0 || nseq > B)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %lld sequences is outside [0, max_batch = %lld]", fn,
+                         (long long)nseq, (long long)B);
+    if (nseq > 0 && !seqs) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: seqs is NULL (%lld sequences)", fn,
+                                            (long long)nseq);
+    int64_t total = 0;
+    for (int64_t i = 0; i < nseq; i++) {
+        const moex_attn_seq *s = &seqs[i];
+        if (s->seq < 0 || s->seq >= B)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: seqs[%lld].seq = %lld is outside [0, max_batch = %lld)",
+                             fn, (long long)i, (long long)s->seq, (long long)B);
+        for (int64_t j = 0; j < i; j++)
+            if (seqs[j].seq == s->seq)
+                return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: sequence %lld appears twice (seqs[%lld] and seqs[%lld])",
+                                 fn, (long long)s->seq, (long long)j, (long long)i);
+        if (s->tokens < 0 || s->past < 0)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: sequence %lld: tokens = %lld and past = %lld must be >= 0",
+                             fn, (long long)s->seq, (long long)s->tokens, (long long)s->past);
+        const int64_t have = cache->len[layer * B + s->seq];
+        if (s->past > have)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                             "%s: sequence %lld: past = %lld but layer %lld of the cache holds only %lld positions "
+                             "for it",
+                             fn, (long long)s->seq, (long long)s->past, (long long)layer, (long long)have);
+        if (s->tokens > S - s->past)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                             "%s: sequence %lld would hold past %lld + %lld new tokens = %lld positions, more than the "
+                             "cache's max_seq = %lld",
+                             fn, (long long)s->seq, (long long)s->past, (long long)s->tokens,
+                             (long long)(s->past + s->tokens), (long long)S);
+        total += s->tokens; /* <= nseq * max_seq: no overflow beyond the cache's own size */
+    }
+    if (total == 0) return MOEX_OK;
+    if (!q || !k || !v || !out)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL (%lld tokens)", fn,
+                         !q ? "q" : !k ? "k" : !v ? "v" : "out", (long long)total);
+    int64_t hd, qn, kn;
+    if (!moex_mul_ok(heads, d, &hd) || !moex_mul_ok(total, hd, &qn) || qn > INT64_MAX / 4 ||
+        !moex_mul_ok(total, KV * d, &kn))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %lld tokens of %lld heads x %lld overflows", fn,
+                         (long long)total, (long long)heads, (long long)d);
+    const size_t qb = sizeof(float) * (size_t)qn, kb = sizeof(float) * (size_t)kn;
+    if (ranges_overlap(out, qb, k, kb) || ranges_overlap(out, qb, v, kb) || (out != q && ranges_overlap(out, qb, q, qb)))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: out overlaps %s", fn,
+                         ranges_overlap(out, qb, k, kb) ? "k" : ranges_overlap(out, qb, v, kb) ? "v" : "q (other than being q)");
+
+    // Work items are (sequence, head) pairs, each computed start to end by one thread.
+    const int64_t items = nseq * heads;
+    int nt = threads > 0 ? threads : moex_cpu_cores();
+    if (nt < 1) nt = 1;
+    if ((int64_t)nt > items) nt = (int)items;
+    const size_t per_thread = (size_t)(S + d);
+    float *scratch = malloc(sizeof(float) * per_thread * (size_t)nt);
+    int64_t *first = malloc(sizeof(int64_t) * (size_t)nseq); /* first row of each sequence in q, k, v */
+    if (!scratch || !first) {
+        free(scratch);
+        free(first);
+        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "%s: no memory for %d x %zu floats of scratch", fn, nt, per_thread);
+    }
+    int64_t row = 0;
+    for (int64_t i = 0; i < nseq; i++) {
+        first[i] = row;
+        row += seqs[i].tokens;
+    }
+
+    // 1. append k and v at positions past .. past + T - 1
+    for (int64_t i = 0; i < nseq; i++) {
+        const moex_attn_seq *s = &seqs[i];
+        for (int64_t t = 0; t < s->tokens; t++)
+            for (int64_t h = 0; h < KV; h++) {
+                const size_t src = (size_t)(((first[i] + t) * KV + h) * d);
+                const size_t dst = head_offset(cache, layer, s->seq, h) + (size_t)((s->past + t) * d);
+                memcpy(cache->k + dst, k + src, sizeof(float) * (size_t)d);
+                memcpy(cache->v + dst, v + src, sizeof(float) * (size_t)d);
+            }
+        cache->len[layer * B + s->seq] = s->past + s->tokens;
+    }
+
+    // 2. attend: token t of a sequence sees positions 0 .. past + t
+    const float scale = (float)pow((double)d, -0.5); /* head_dim ** -0.5 */
+    const int64_t group = heads / KV;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        float *scores = scratch + per_thread * (size_t)omp_get_thread_num();
+        float *qrow = scores + S;
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < items; it++) {
+            const int64_t i = it / heads, h = it % heads;
+            const moex_attn_seq *s = &seqs[i];
+            const size_t off = head_offset(cache, layer, s->seq, h / group);
+            for (int64_t t = 0; t < s->tokens; t++) {
+                const int64_t r = first[i] + t;
+                memcpy(qrow, q + (r * heads + h) * d, sizeof(float) * (size_t)d); /* out may be q */
+                attend_row(qrow, cache->k + off, cache->v + off, s->past + t + 1, d, scale, scores,
+                           out + (r * heads + h) * d);
+            }
+        }
+    }
+    free(scratch);
+    free(first);
+    return MOEX_OK;
+}
+
+// q: [T, heads, d], k, v: [T, kv_heads, d] -> out: [T, heads * d]
+moex_status moex_attention_forward(moex_kv_cache *cache, int64_t layer, int64_t seq, int64_t heads, const float *q,
+                                   const float *k, const float *v, int64_t T, int64_t past, float *out, int threads) {
+    const moex_attn_seq s = {seq, T, past};
+    return moex_attention_forward_batch(cache, layer, &s, 1, heads, q, k, v, out, threads);
+}
