@@ -214,6 +214,13 @@ const moex_backend *moex_builtin_backends(int *count) {
     return list;
 }
 
+unsigned moex_dispatch_device_formats(moex_device_kind kind) {
+    unsigned f = 0;
+    for (int i = 0; i < N_ROWS; i++)
+        if (TABLE[i].device == kind && TABLE[i].impl) f |= TABLE[i].formats;
+    return f;
+}
+
 const char *moex_dispatch_decode_backend(const char *name, moex_device_kind kind) {
     const row *r = find_row(name, kind, 0);
     return r && r->decode_with ? r->decode_with : name;

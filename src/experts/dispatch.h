@@ -21,6 +21,10 @@ const char *moex_weight_format_name(moex_weight_format f);
 /* The built-in backends, in registration order: *count entries. */
 const moex_backend *moex_builtin_backends(int *count);
 
+/* The weight formats (bits) that some built-in backend runs on devices of `kind`: what a
+ * loader may keep in its stored format there rather than dequantize. */
+unsigned moex_dispatch_device_formats(moex_device_kind kind);
+
 /* The backend that runs decode steps (one new token per sequence) for `name` on devices of
  * `kind`: the table's decode_with for that row, or name itself. */
 const char *moex_dispatch_decode_backend(const char *name, moex_device_kind kind);

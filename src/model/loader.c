@@ -1,6 +1,7 @@
 /* loader.c — moex_model_load: config -> family -> weights (in place from the
  * mapping) -> experts layers -> context, KV cache, scratch. */
 #include "model/model_internal.h"
+#include "experts/dispatch.h"
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -381,9 +382,9 @@ static moex_status check_options(const moex_model_options *o) {
             return moex_fail(MOEX_ERR_UNSUPPORTED, "device cuda:%d is not available (%s); load the model on the cpu",
                              o->device.index, info.reason);
     }
-    if (o->device.kind == MOEX_DEVICE_CUDA && o->quantize)
-        return moex_fail(MOEX_ERR_UNSUPPORTED, "quantize = \"%s\": quantized experts run on the cpu only in this version "
-                         "of moex", o->quantize);
+    if (o->quantize && !(moex_dispatch_device_formats(o->device.kind) & (MOEX_FORMAT_FP8 | MOEX_FORMAT_FP4)))
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "quantize = \"%s\": no experts backend runs quantized experts on %s in this "
+                         "version of moex", o->quantize, o->device.kind == MOEX_DEVICE_CUDA ? "cuda" : "the cpu");
     if (o->dtype != MOEX_F32 && o->dtype != MOEX_BF16)
         return moex_fail(MOEX_ERR_UNSUPPORTED, "compute dtype %s is not supported (f32, bf16)", moex_dtype_name(o->dtype));
     if (o->max_batch < 1 || o->max_batch > 4096 || o->max_seq < 1 || o->max_seq > ((int64_t)1 << 24) ||
@@ -448,9 +449,10 @@ static moex_status prepare_experts(moex_model *m) {
 static moex_status load(moex_model *m, const char *dir) {
     moex_status st = moex_config_load(dir, &m->cfg);
     if (st || (st = check_family(&m->cfg)) || (st = check_config(m, dir)) || (st = model_quant_setup(m))) return st;
-    if (m->opt.device.kind == MOEX_DEVICE_CUDA && m->quant.on && !m->opt.dequantize)
-        return moex_fail(MOEX_ERR_UNSUPPORTED, "this checkpoint's experts are FP8: quantized experts run on the cpu only "
-                         "in this version of moex; load it with dequantize = 1 (--dequantize) to run on cuda");
+    if (m->quant.on && !m->opt.dequantize && !(moex_dispatch_device_formats(m->opt.device.kind) & MOEX_FORMAT_FP8))
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "this checkpoint's experts are FP8: no experts backend runs FP8 experts on "
+                         "%s in this version of moex; load it with dequantize = 1 (--dequantize)",
+                         m->opt.device.kind == MOEX_DEVICE_CUDA ? "cuda" : "the cpu");
     if (m->opt.device.kind == MOEX_DEVICE_CUDA && (st = model_gpu_state(m))) return st;
     moex_config *c = &m->cfg;
     snprintf(m->prefix, sizeof m->prefix, "%s", c->text_from_sub_config ? "model.language_model." : "model.");

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# ab_bench.sh OLD_TREE OUT_DIR — time an older moex (a source tree, e.g. from `git archive`)
+# against this one on the GPU, interleaved, in one run: both are built (Release, CUDA), then
+# AB_ROUNDS rounds each run `moex bench` of the old and the new binary in turn (the order
+# alternates between rounds) at the same cases, and dev/ab_compare.py writes one CSV with the
+# median of each case per binary and their ratio.
+#
+# Environment: AB_ROUNDS (2), AB_RUNS (--runs, 10), AB_QWEN_TOKENS (1,64,16384),
+# AB_DEEPSEEK_TOKENS (64,16384), AB_BACKENDS (batched_mm,grouped_mm), OLD_BUILD_CMD (how the old
+# tree is built: by default its own scripts/gpu_suite.sh with SUITE_STEPS=none),
+# MOEX_DEPS_DIR (cJSON sources for either build, peer-run/deps).
+set -uo pipefail
+if [ $# -ne 2 ]; then
+  echo "usage: $0 OLD_TREE OUT_DIR" >&2
+  exit 2
+fi
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OLD=$(cd "$1" && pwd) || exit 2
+mkdir -p "$2" && OUT=$(cd "$2" && pwd) || exit 2
+ROUNDS=${AB_ROUNDS:-2}
+RUNS=${AB_RUNS:-10}
+QWEN_TOKENS=${AB_QWEN_TOKENS:-1,64,16384}
+DEEPSEEK_TOKENS=${AB_DEEPSEEK_TOKENS:-64,16384}
+BACKENDS=${AB_BACKENDS:-batched_mm,grouped_mm}
+export MOEX_DEPS_DIR=${MOEX_DEPS_DIR:-$ROOT/peer-run/deps}
+WORK=$(mktemp -d)
+say() { echo "[$(date -u +%H:%M:%S)] $*"; }
+
+say "building the old tree ($OLD)"
+( cd "$OLD" && BUILD_DIR=build-gpu SUITE_STEPS=none SUITE_BUDGET_S=400 bash scripts/gpu_suite.sh "$WORK/old-build" ) \
+  >"$WORK/old-build.log" 2>&1 || { tail -30 "$WORK/old-build.log"; say "old build failed"; }
+say "building this tree"
+( cd "$ROOT" && BUILD_DIR=build-gpu SUITE_STEPS=none SUITE_BUDGET_S=400 bash scripts/gpu_suite.sh "$WORK/new-build" ) \
+  >"$WORK/new-build.log" 2>&1 || { tail -30 "$WORK/new-build.log"; say "new build failed"; }
+OLD_BIN="$OLD/build-gpu/moex"
+NEW_BIN="$ROOT/build-gpu/moex"
+for b in "$OLD_BIN" "$NEW_BIN"; do [ -x "$b" ] || { say "missing $b"; exit 1; }; done
+
+bench() { # binary shape tokens csv
+  "$1" bench --device cuda --shape "$2" --tokens "$3" --dtype bf16 --backends "$BACKENDS" --graph both \
+    --backend-max-tokens batched_mm=512 --runs "$RUNS" --reference off --csv "$4" >/dev/null
+}
+for r in $(seq 1 "$ROUNDS"); do
+  order="old new"
+  [ $((r % 2)) -eq 0 ] && order="new old"
+  for tag in $order; do
+    bin=$OLD_BIN
+    [ "$tag" = new ] && bin=$NEW_BIN
+    for shape in qwen3-30b-a3b deepseek-v3; do
+      toks=$QWEN_TOKENS
+      [ "$shape" = deepseek-v3 ] && toks=$DEEPSEEK_TOKENS
+      say "round $r: $tag $shape at $toks tokens"
+      bench "$bin" "$shape" "$toks" "$WORK/${tag}_${shape}_r${r}.csv" || say "FAILED: $tag $shape round $r"
+    done
+  done
+done
+GPU_TAG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z' 'a-z' |
+  sed 's/nvidia//; s/[^a-z0-9]\+/-/g; s/^-//; s/-$//')
+python3 "$ROOT/dev/ab_compare.py" "$WORK" "$OUT/$(date -u +%Y-%m-%d)_cuda-${GPU_TAG:-gpu}_old-vs-new-main.csv" \
+  --old "$(cd "$OLD" && cat .ab-commit 2>/dev/null || echo old)" --new "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo new)"
