@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu_profile.sh OUT_DIR — where the time of the CUDA backends goes, kernel by kernel: runs
 # `moex bench --device cuda` under Nsight Compute (ncu) for a few cases and summarises each
-# kernel's duration and the throughputs that bound it (bench/cuda-notes.md keeps the results).
+# kernel's duration and the throughputs that bound it (dev/notes/cuda-notes.md keeps the results).
 #
 # Needs build-gpu/moex (scripts/gpu_suite.sh builds it; SUITE_STEPS=none only builds) and
 # ncu (on PATH, or in the CUDA toolkit's or Nsight Compute's usual places). Writes, in OUT_DIR:

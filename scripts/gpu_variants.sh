@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu_variants.sh OUT_DIR [NAME=CUDA_FLAGS ...] — time build-time variants of the CUDA
-# kernels side by side on one GPU (bench/cuda-notes.md keeps the results).
+# kernels side by side on one GPU (dev/notes/cuda-notes.md keeps the results).
 #
 # Builds moex once per variant (in build-var-NAME/, in parallel), runs every variant's
 # tests/gpu/test_cuda_backends (all at once), then `moex bench --device cuda` for the cases in

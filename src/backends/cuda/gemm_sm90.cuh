@@ -41,9 +41,9 @@ typedef struct grouped_gemm_args {
 /* The tensor-core path pays when experts average at least GEMM_MIN_AVG_ROWS rows (P pairs over E
  * experts: P >= 16 E). grouped_mm also takes it from one row per expert on average when the hidden
  * size is at least GEMM_LONG_K: each tile's k-loop is then long enough to stream the weights at
- * about the read rate (deepseek-v3, 64 tokens: 4.73 ms against 5.02 ms streamed; qwen3-30b-a3b,
- * 64 tokens, hidden size 2048: 0.383 against 0.371 ms). eager's per-expert launches fill too few
- * SMs for the long-k rule. Below both, the weights are streamed (gemv.cuh). */
+ * about the read rate, which a hidden size of 2048 is not (timings: dev/notes/cuda-notes.md).
+ * eager's per-expert launches fill too few SMs for the long-k rule. Below both, the weights are
+ * streamed (gemv.cuh). */
 #define GEMM_MIN_AVG_ROWS 16
 #define GEMM_LONG_K 4096
 static inline int grouped_gemm_pays(int64_t P, int64_t E, int64_t H, int per_expert) {
@@ -56,8 +56,7 @@ static inline int64_t grouped_gemm_streamed_rows_max(int64_t P, int64_t E) {
 
 /* Tiles of GEMM_NARROW_ROWS (64) rows pay when experts average at most GEMM_NARROW_AVG rows and
  * the gate/up layout is concatenated: a 128-row tile of such experts is mostly empty rows, which
- * the tensor cores multiply all the same (deepseek-v3, 64 tokens: 4.59 against 4.81 ms; 512
- * tokens: 5.40 against 5.56; qwen3-30b-a3b, 512 tokens: 0.384 against 0.399). */
+ * the tensor cores multiply all the same (faster on both shapes: dev/notes/cuda-notes.md). */
 #define GEMM_NARROW_AVG 32
 static inline int grouped_gemm_narrow_pays(int64_t P, int64_t E, gemm_epilogue gate_up_epi) {
     return gate_up_epi == EPI_GATE_UP_CONCAT && P <= GEMM_NARROW_AVG * E;
