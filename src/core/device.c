@@ -49,8 +49,7 @@ int moex_cpu_cores(void) {
 }
 
 #if MOEX_HAVE_CUDA
-/* Provided by src/cuda/ when the library is built with CUDA. */
-moex_status moex_cuda_device_query(int index, moex_device_info *info);
+#include "core/gpu_runtime.h" /* moex_cuda_device_query, implemented by src/gpu/runtime.cu */
 #endif
 
 moex_status moex_device_query(moex_device device, moex_device_info *info) {

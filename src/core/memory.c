@@ -1,5 +1,5 @@
 /* memory.c — allocation and copies on either device (moex_device_alloc,
- * moex_device_free, moex_memcpy). The CUDA half lives in src/cuda/runtime.cu. */
+ * moex_device_free, moex_memcpy). The CUDA half is src/gpu/runtime.cu (core/gpu_runtime.h). */
 #include "core/internal.h"
 #include <stdlib.h>
 #if MOEX_HAVE_CUDA

@@ -1,5 +1,5 @@
 /* experts_internal.h — layer, context and registry internals shared by the
- * experts front end (src/experts) and the backends (src/cpu, src/cuda). */
+ * experts front end (src/experts) and the backends (src/backends). */
 #ifndef MOEX_EXPERTS_INTERNAL_H
 #define MOEX_EXPERTS_INTERNAL_H
 
