@@ -29,13 +29,17 @@
 #include "layouts.h"
 #include "reference.h"
 #include "testutil.h"
+#include "backend_list.h"
 
 /* ------------------------------------------------------------------------ */
 /* tables                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static const char *const CPU_BACKENDS[] = {"eager", "batched_mm", "grouped_mm"};
-#define N_BACKENDS 3
+/* The backends run: every registered one whose supports() takes the CPU (backend_list.h), found
+ * in main(); a case skips those that refuse its layer. */
+static const char *CPU_BACKENDS[BACKEND_LIST_MAX];
+static int N_BACKENDS;
+static const moex_device CPU_DEVICE = {MOEX_DEVICE_CPU, 0};
 
 /* ------------------------------------------------------------------------ */
 /* one test case                                                             */
@@ -219,8 +223,10 @@ static void prepare_or_fail(moex_context *ctx, moex_layer *layer, const char *ba
                  describe(c, backend));
 }
 
-/* prepare backend on (ctx, layer) -> 1 if it worked, else 0 and a PROBLEM */
+/* prepare backend on (ctx, layer) -> 1 if it worked, else 0: a PROBLEM, or the backend refuses
+ * the layer (moex_backend_supports; skipped without one) */
 static int prepare_soft(moex_context *ctx, moex_layer *layer, const char *backend, const xcase *c) {
+    if (!backend_takes(backend, layer, CPU_DEVICE)) return 0; /* refuses this layer: skipped */
     moex_status st = moex_prepare(ctx, layer, backend);
     if (st == MOEX_OK) return 1;
     PROBLEM("moex_prepare failed: %s: %s [%s]", moex_status_str(st), moex_last_error(),
@@ -399,6 +405,7 @@ static void test_sentinels(void **state) {
             moex_context *ctx = make_ctx(2, c.T);
             moex_layer *layer = make_layer(&r.L.desc, &c);
             for (int b = 0; b < N_BACKENDS; b++) {
+                if (!backend_takes(CPU_BACKENDS[b], layer, CPU_DEVICE)) continue; /* refuses this layer */
                 outbuf o;
                 prepare_or_fail(ctx, layer, CPU_BACKENDS[b], &c);
                 outbuf_init(&o, c.T, c.H, r.os, c.dt);
@@ -436,6 +443,7 @@ static void test_all_sentinels(void **state) {
     moex_context *ctx = make_ctx(2, c.T);
     moex_layer *layer = make_layer(&r.L.desc, &c);
     for (int b = 0; b < N_BACKENDS; b++) {
+        if (!backend_takes(CPU_BACKENDS[b], layer, CPU_DEVICE)) continue; /* refuses this layer */
         outbuf o;
         prepare_or_fail(ctx, layer, CPU_BACKENDS[b], &c);
         outbuf_init(&o, c.T, c.H, r.os, c.dt);
@@ -467,6 +475,7 @@ static void test_t0_writes_nothing(void **state) {
     moex_context *ctx = make_ctx(2, 8);
     moex_layer *layer = make_layer(&r.L.desc, &c);
     for (int b = 0; b < N_BACKENDS; b++) {
+        if (!backend_takes(CPU_BACKENDS[b], layer, CPU_DEVICE)) continue; /* refuses this layer */
         prepare_or_fail(ctx, layer, CPU_BACKENDS[b], &c);
         unsigned char buf[GUARD_BYTES];
         memset(buf, GUARD_BYTE, sizeof buf);
@@ -501,6 +510,7 @@ static void test_t_equals_max_tokens(void **state) {
     moex_context *ctx = make_ctx(2, 37);
     moex_layer *layer = make_layer(&r.L.desc, &c);
     for (int b = 0; b < N_BACKENDS; b++) {
+        if (!backend_takes(CPU_BACKENDS[b], layer, CPU_DEVICE)) continue; /* refuses this layer */
         outbuf o;
         prepare_or_fail(ctx, layer, CPU_BACKENDS[b], &c);
         outbuf_init(&o, c.T, c.H, r.os, c.dt);
@@ -564,6 +574,7 @@ static void test_thread_determinism(void **state) {
         xrun_setup(&r, &c);
         moex_layer *layer = make_layer(&r.L.desc, &c);
         for (int b = 0; b < N_BACKENDS; b++) {
+            if (!backend_takes(CPU_BACKENDS[b], layer, CPU_DEVICE)) continue; /* refuses this layer */
             outbuf o[3];
             for (int n = 0; n < 3; n++) {
                 moex_context *ctx = make_ctx(threads[n], c.T);
@@ -616,6 +627,7 @@ static void test_concurrent_layer(void **state) {
     xrun_setup(&r, &c);
     moex_layer *layer = make_layer(&r.L.desc, &c);
     for (int b = 0; b < N_BACKENDS; b++) {
+        if (!backend_takes(CPU_BACKENDS[b], layer, CPU_DEVICE)) continue; /* refuses this layer */
         moex_context *ctx0 = make_ctx(1, c.T);
         prepare_or_fail(ctx0, layer, CPU_BACKENDS[b], &c);
         outbuf expect;
@@ -1084,6 +1096,7 @@ static void test_bad_forward_backend_and_context(void **state) {
         moex_context *small = make_ctx(2, 36);
         moex_layer *layer = make_layer(&big.L.desc, &c);
         for (int b = 0; b < N_BACKENDS; b++) {
+            if (!backend_takes(CPU_BACKENDS[b], layer, CPU_DEVICE)) continue; /* refuses this layer */
             prepare_or_fail(small, layer, CPU_BACKENDS[b], &c);
             moex_tensor o = ref_tensor_2d(f.out_mem, MOEX_F32, 37, 16, 16);  /* 37*16*4 < 4096 */
             expect_forward_fails(&f, small, layer, CPU_BACKENDS[b], &big.th, &big.tids, &big.tw, &o,
@@ -1467,6 +1480,13 @@ static void test_layer_keeps_desc_copy(void **state) {
 }
 
 int main(void) {
+    const backend_list cpu = cpu_backends();
+    for (int i = 0; i < cpu.n; i++) CPU_BACKENDS[i] = cpu.name[i];
+    N_BACKENDS = cpu.n;
+    if (N_BACKENDS == 0) {
+        fprintf(stderr, "test_experts: no registered backend takes the CPU\n");
+        return 1;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_product),
         cmocka_unit_test(test_all_layouts_activations),

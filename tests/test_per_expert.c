@@ -1,6 +1,6 @@
 /* test_per_expert.c — layers whose experts live in separate matrices (expert_gate /
  * expert_up / expert_down pointer arrays, as checkpoints with `experts.N.gate_proj`
- * store them): every CPU backend against the float64 reference of the same weights
+ * store them): every registered backend that takes the CPU (and the layer) against the float64 reference of the same weights
  * stacked, and the layout's bad inputs. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,8 +14,8 @@
 #include "moex.h"
 #include "reference.h"
 #include "testutil.h"
+#include "backend_list.h"
 
-static const char *const BACKENDS[] = {"eager", "batched_mm", "grouped_mm"};
 
 /* Per-expert copies of a stacked (not interleaved) layer: separate allocations, so that
  * nothing can rely on the experts being adjacent. */
@@ -100,16 +100,21 @@ static void run_case(const ref_layer_spec *s, int64_t T, uint64_t seed) {
     moex_context *ctx = NULL;
     assert_int_equal(moex_context_create(&o, &ctx), MOEX_OK);
     const double bound = s->dtype == MOEX_F32 ? 1e-10 : s->dtype == MOEX_F16 ? 1e-6 : 1e-4;
-    for (size_t b = 0; b < sizeof BACKENDS / sizeof BACKENDS[0]; b++) {
+    const moex_device cpu = {MOEX_DEVICE_CPU, 0};
+    const backend_list backends = cpu_backends(); /* every registered backend that takes the CPU */
+    if (backends.n == 0) PROBLEM("no registered backend takes the CPU");
+    for (int b = 0; b < backends.n; b++) {
+        const char *be = backends.name[b];
+        if (!backend_takes(be, layer, cpu)) continue; /* refuses this layer */
         memset(out, 0, (size_t)(T * s->H) * 4);
-        if (moex_prepare(ctx, layer, BACKENDS[b]) != MOEX_OK ||
-            moex_experts_forward(ctx, layer, BACKENDS[b], &tx, &tid, &tw, &tout) != MOEX_OK) {
-            PROBLEM("%s: %s", BACKENDS[b], moex_last_error());
+        if (moex_prepare(ctx, layer, be) != MOEX_OK ||
+            moex_experts_forward(ctx, layer, be, &tx, &tid, &tw, &tout) != MOEX_OK) {
+            PROBLEM("%s: %s", be, moex_last_error());
             continue;
         }
         double nmse = ref_nmse(out, s->dtype, T, s->H, s->H, want);
         if (!(nmse <= bound))
-            PROBLEM("%s %s gated=%d transposed=%d bias=%d T=%lld E=%lld H=%lld I=%lld: NMSE %.3g > %.0e", BACKENDS[b],
+            PROBLEM("%s %s gated=%d transposed=%d bias=%d T=%lld E=%lld H=%lld I=%lld: NMSE %.3g > %.0e", be,
                     moex_dtype_name(s->dtype), s->gated, s->transposed, s->bias, (long long)T, (long long)s->E,
                     (long long)s->H, (long long)s->I, nmse, bound);
     }

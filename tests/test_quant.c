@@ -1,7 +1,7 @@
 #define _POSIX_C_SOURCE 200809L /* alarm */
 /* test_quant.c — quantized experts: the e4m3 / e2m1 / ue8m0 codecs over every
  * code, moex_quantize / moex_dequantize (recipe, odd sizes, bad input), and
- * the three CPU backends on FP8 (float and UE8M0 scales) and FP4 layers
+ * every registered backend that takes the CPU on FP8 (float and UE8M0 scales) and FP4 layers
  * against the float64 reference that applies the same quantization (SPEC
  * bound 1e-4) and against the unquantized layer (the bound of docs/backends.md). */
 #include <setjmp.h>
@@ -17,9 +17,13 @@
 #include "core/quant.h" /* the kernels' reading of e4m3 codes */
 #include "reference.h"
 #include "testutil.h"
+#include "backend_list.h"
 
-static const char *const CPU_BACKENDS[] = {"eager", "batched_mm", "grouped_mm"};
-#define N_BACKENDS 3
+/* The backends run: every registered one whose supports() takes the CPU (backend_list.h), found
+ * in main(); a case skips those that refuse its layer. */
+static const char *CPU_BACKENDS[BACKEND_LIST_MAX];
+static int N_BACKENDS;
+static const moex_device CPU_DEVICE = {MOEX_DEVICE_CPU, 0};
 
 /* Bounds stated in docs/backends.md: NMSE of a quantized layer against the unquantized one. */
 #define NMSE_VS_PLAIN_FP8 1e-2
@@ -390,7 +394,8 @@ static void run_qcase(const qcase *c) {
     ref_experts_forward(&L.plain.desc, &tx, &tids, &tw, plain);
     ref_round_all(want, c->T * c->H, c->act);
     const double vs_plain = c->f == MOEX_QUANT_FP4 ? NMSE_VS_PLAIN_FP4 : NMSE_VS_PLAIN_FP8;
-    void *first = malloc((size_t)(c->T * c->H) * 4);
+    void *first[BACKEND_LIST_MAX]; /* each backend's output with 1 thread */
+    for (int b = 0; b < N_BACKENDS; b++) first[b] = malloc((size_t)(c->T * c->H) * 4);
     for (int threads = 1; threads <= 3; threads += 2) {
         moex_context_options o = moex_context_default_options();
         o.num_threads = threads;
@@ -399,6 +404,7 @@ static void run_qcase(const qcase *c) {
         assert_int_equal(moex_context_create(&o, &ctx), MOEX_OK);
         for (int b = 0; b < N_BACKENDS; b++) {
             const char *be = CPU_BACKENDS[b];
+            if (!backend_takes(be, layer, CPU_DEVICE)) continue; /* refuses this layer */
             moex_status st = moex_prepare(ctx, layer, be);
             if (!st) st = moex_experts_forward(ctx, layer, be, &tx, &tids, &tw, &tout);
             if (st) {
@@ -413,13 +419,14 @@ static void run_qcase(const qcase *c) {
             if (ep > vs_plain)
                 PROBLEM("%s %s T=%lld: NMSE %.3g vs the unquantized layer > %g", be, moex_quant_format_name(c->f),
                         (long long)c->T, ep, vs_plain);
-            if (threads == 1 && b == 2) memcpy(first, out, (size_t)(c->T * c->H) * 4);
-            if (threads == 3 && b == 2 && memcmp(first, out, (size_t)(c->T * c->H) * 4))
-                PROBLEM("grouped_mm %s T=%lld: 1 and 3 threads differ", moex_quant_format_name(c->f), (long long)c->T);
+            if (threads == 1) memcpy(first[b], out, (size_t)(c->T * c->H) * 4);
+            if (threads == 3 && memcmp(first[b], out, (size_t)(c->T * c->H) * 4))
+                PROBLEM("%s %s T=%lld: 1 and 3 threads differ", be, moex_quant_format_name(c->f), (long long)c->T);
         }
         moex_context_free(ctx);
     }
-    free(first), free(x), free(out), free(ids), free(w), free(want), free(plain);
+    for (int b = 0; b < N_BACKENDS; b++) free(first[b]);
+    free(x), free(out), free(ids), free(w), free(want), free(plain);
     moex_layer_free(layer);
     qlayer_destroy(&L);
 }
@@ -596,6 +603,7 @@ static void test_fp8_huge_blocks(void **state) {
         moex_context *ctx;
         assert_int_equal(moex_context_create(&o, &ctx), MOEX_OK);
         for (int b = 0; b < N_BACKENDS; b++) {
+            if (!backend_takes(CPU_BACKENDS[b], layer, CPU_DEVICE)) continue; /* refuses this layer */
             memset(out, 0xFF, sizeof out);
             moex_status st = moex_prepare(ctx, layer, CPU_BACKENDS[b]);
             if (!st) st = moex_experts_forward(ctx, layer, CPU_BACKENDS[b], &tx, &tids, &tw, &tout);
@@ -619,6 +627,13 @@ static void test_fp8_huge_blocks(void **state) {
 }
 
 int main(void) {
+    const backend_list cpu = cpu_backends();
+    for (int i = 0; i < cpu.n; i++) CPU_BACKENDS[i] = cpu.name[i];
+    N_BACKENDS = cpu.n;
+    if (N_BACKENDS == 0) {
+        fprintf(stderr, "test_quant: no registered backend takes the CPU\n");
+        return 1;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_e4m3_all_codes),
         cmocka_unit_test(test_e2m1_all_codes),

@@ -22,6 +22,10 @@
 #define CUDA_IMPL(name) NULL /* the row stands; supports() says this build has no CUDA */
 #endif
 
+#if MOEX_TEST_BACKENDS
+extern const moex_impl moex_test_rows; /* tests/backends/test_rows.c */
+#endif
+
 #define CPU MOEX_DEVICE_CPU
 #define CUDA MOEX_DEVICE_CUDA
 #define FLOAT MOEX_FORMAT_FLOAT
@@ -44,6 +48,9 @@ static const row TABLE[] = {
     {"eager",       CUDA,   FLOAT,             CUDA_IMPL(eager),       NULL},
     {"batched_mm",  CUDA,   FLOAT,             CUDA_IMPL(batched_mm),  NULL},
     {"grouped_mm",  CUDA,   FLOAT,             CUDA_IMPL(grouped_mm),  "batched_mm"},
+#if MOEX_TEST_BACKENDS /* the test copy of the library only (tests/backends/test_rows.c) */
+    {"test_rows",   CPU,    FLOAT | FP8 | FP4, &moex_test_rows,        NULL},
+#endif
 };
 #define N_ROWS ((int)(sizeof TABLE / sizeof TABLE[0]))
 
@@ -62,6 +69,9 @@ static const builtin BUILTINS[] = {
     {"deepgemm_megamoe", "one fused expert-parallel kernel: dispatch, gate/up, SwiGLU, down, combine (several GPUs)",
      moex_megamoe_needs},
     {"sonicmoe", "fused bf16 routed forward in grouped-GEMM kernels (SM90+, gated activations)", moex_sonicmoe_needs},
+#if MOEX_TEST_BACKENDS
+    {"test_rows", "test only: token by token, slot by slot, f32 straight from the layer description", NULL},
+#endif
 };
 #define N_BUILTINS ((int)(sizeof BUILTINS / sizeof BUILTINS[0]))
 

@@ -1,7 +1,7 @@
 /*
- * test_cuda_backends.c — the CUDA experts backends (eager, batched_mm,
- * grouped_mm) against the float64 reference of tests/reference.c, through the
- * public API only. Plain C (no test framework), so that it builds wherever
+ * test_cuda_backends.c — the CUDA experts backends (every registered backend whose
+ * supports() takes the GPU: eager, batched_mm, grouped_mm today) against the float64
+ * reference of tests/reference.c, through the public API only. Plain C (no test framework), so that it builds wherever
  * the library builds with CUDA.
  *
  *   - sizes of tests/test_experts.c (small product, every layout x activation,
@@ -41,6 +41,7 @@
 #include "moex.h"
 #include "layouts.h"
 #include "reference.h"
+#include "backend_list.h"
 
 /* ------------------------------------------------------------------------ */
 /* checks                                                                    */
@@ -83,8 +84,10 @@ static double now_s(void) {
 /* tables (as tests/test_experts.c)                                          */
 /* ------------------------------------------------------------------------ */
 
-static const char *const BACKENDS[] = {"eager", "batched_mm", "grouped_mm"};
-#define N_BACKENDS 3
+/* The backends run: every registered one whose supports() takes the GPU (backend_list.h), found
+ * in main(); a case skips those that refuse its layer. */
+static const char *BACKENDS[BACKEND_LIST_MAX];
+static int N_BACKENDS;
 
 /* ------------------------------------------------------------------------ */
 /* device memory                                                             */
@@ -484,6 +487,7 @@ static void run_case(const gcase *c, int determinism) {
     unsigned char *first = determinism ? malloc(r.out_bytes + 1) : NULL;
     for (int b = 0; ctx && layer && b < N_BACKENDS; b++) {
         const char *be = BACKENDS[b];
+        if (!backend_takes(be, layer, g_dev)) continue; /* refuses this layer */
         st = moex_prepare(ctx, layer, be);
         if (st != MOEX_OK) {
             fail_at(__FILE__, __LINE__, "prepare: %s: %s [%s]", moex_status_str(st), moex_last_error(),
@@ -695,6 +699,7 @@ static void test_all_sentinels(void) {
         moex_layer *layer = NULL;
         CHECK(moex_layer_create(&r.D.desc, &layer) == MOEX_OK, "layer: %s", moex_last_error());
         for (int b = 0; ctx && layer && b < N_BACKENDS; b++) {
+            if (!backend_takes(BACKENDS[b], layer, g_dev)) continue; /* refuses this layer */
             if (moex_prepare(ctx, layer, BACKENDS[b]) != MOEX_OK) {
                 fail_at(__FILE__, __LINE__, "prepare %s: %s", BACKENDS[b], moex_last_error());
                 continue;
@@ -760,6 +765,7 @@ static void test_bad_inputs(void) {
     int64_t T = c.T, H = c.H, k = c.k;
     for (int b = 0; b < N_BACKENDS; b++) {
         const char *be = BACKENDS[b];
+        if (!backend_takes(be, layer, g_dev)) continue; /* refuses this layer */
         if (moex_prepare(ctx, layer, be) != MOEX_OK) {
             fail_at(__FILE__, __LINE__, "prepare %s: %s", be, moex_last_error());
             continue;
@@ -807,6 +813,7 @@ static void test_bad_inputs(void) {
             moex_layer *l2 = NULL;
             CHECK(moex_layer_create(&r2.D.desc, &l2) == MOEX_OK, "layer: %s", moex_last_error());
             for (int b = 0; small && l2 && b < N_BACKENDS; b++) {
+                if (!backend_takes(BACKENDS[b], l2, g_dev)) continue; /* refuses this layer */
                 if (moex_prepare(small, l2, BACKENDS[b]) != MOEX_OK) {
                     fail_at(__FILE__, __LINE__, "prepare %s: %s", BACKENDS[b], moex_last_error());
                     continue;
@@ -826,6 +833,7 @@ static void test_bad_inputs(void) {
         for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++)
             for (int b = 0; b < N_BACKENDS; b++) {
                 const char *be = BACKENDS[b];
+                if (!backend_takes(be, layer, g_dev)) continue; /* refuses this layer (not prepared above) */
                 unsigned char *ids = malloc(ib);
                 if (!ids) continue;
                 memcpy(ids, r.ids, ib);
@@ -947,6 +955,7 @@ static void test_graph_replay(void) {
             unsigned char *graph_out = malloc(r.out_bytes + 1);
             moex_graph *g = NULL;
             moex_status st = MOEX_OK;
+            if (layer && !backend_takes(be, layer, g_dev)) goto next; /* refuses this layer */
             if (!ctx || !layer || !graph_out || moex_prepare(ctx, layer, be) != MOEX_OK) {
                 fail_at(__FILE__, __LINE__, "graph setup [%s]: %s", describe(&c, be), moex_last_error());
                 goto next;
@@ -1044,6 +1053,13 @@ int main(int argc, char **argv) {
     printf("test_cuda_backends: moex %s on %s (compute capability %d.%d, %d GPU(s))%s\n", moex_version(),
            info.name, info.cc_major, info.cc_minor, info.cuda_devices, g_quick ? ", quick subset" : "");
     fflush(stdout);
+    const backend_list gpu = backends_on(g_dev);
+    for (int i = 0; i < gpu.n; i++) BACKENDS[i] = gpu.name[i];
+    N_BACKENDS = gpu.n;
+    printf("test_cuda_backends: backends taking cuda:%d:", g_dev.index);
+    for (int i = 0; i < N_BACKENDS; i++) printf(" %s", BACKENDS[i]);
+    printf("\n");
+    CHECK(N_BACKENDS > 0, "no registered backend takes cuda:%d", g_dev.index);
     static const test_entry TESTS[] = {
         {"cpu_context_graph", test_cpu_context_graph},
         {"small_product", test_small_product},
