@@ -9,11 +9,14 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+_Static_assert(BENCH_PATH_MAX >= PATH_MAX, "out_file.target must hold a realpath()");
 
 static const int MAX_THREADS = 4096;
 static const char *const DEFAULT_BACKENDS = "eager,batched_mm,grouped_mm";

@@ -7,7 +7,6 @@
 
 #include "moex.h"
 
-#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -17,6 +16,8 @@ enum { MAX_TOKEN_COUNTS = 32, MAX_BACKENDS = 16, MAX_DTYPES = 6, NAME_LEN = 64 }
 /* The most tokens of one case (--tokens, --backend-max-tokens). */
 enum { MAX_TOKENS = 1 << 24 };
 enum { GRAPH_DEFAULT = -1, GRAPH_OFF = 0, GRAPH_ON = 1, GRAPH_BOTH = 2 };
+/* Room for a path as realpath() writes it (PATH_MAX on Linux; checked in bench_options.c). */
+enum { BENCH_PATH_MAX = 4096 };
 
 /* A named MoE shape (--shape). */
 typedef struct bench_shape {
@@ -29,7 +30,7 @@ typedef struct bench_shape {
 typedef struct out_file {
     const char *opt;       /* "--csv" or "--plot" */
     const char *path;      /* as given; NULL: not asked for */
-    char target[PATH_MAX]; /* the file written: path, or the regular file that a symlink path names */
+    char target[BENCH_PATH_MAX]; /* the file written: path, or the regular file that a symlink path names */
     int in_place;          /* 1: an existing file that is not a regular one (a device, a FIFO): written
                               directly; 0: written to a temp file beside target, then renamed */
 } out_file;
