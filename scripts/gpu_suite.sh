@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # gpu_suite.sh OUT_DIR — the GPU suite, on a machine with an NVIDIA GPU:
-#   1. checks the build dependencies; what is missing (pkg-config, cJSON,
-#      OpenBLAS, cmocka) is made inside the build directory from sources in
-#      the repository, or left out cleanly — nothing is installed system-wide;
+#   1. checks the build dependencies: cJSON, when none is installed, is compiled by
+#      the build from its sources in MOEX_DEPS_DIR (-DMOEX_CJSON_SOURCE_DIR); OpenBLAS
+#      is not used (-DMOEX_OPENBLAS=OFF: only the CPU bench's sgemm ceiling needs it);
+#      without cmocka the CPU test programs are left out — nothing is installed, and
+#      pkg-config is not needed;
 #   2. builds moex with CUDA (Release) in build-gpu/;
 #   3. runs tests/gpu/test_cuda_backends, tests/gpu/test_cuda_decoder and
 #      tests/gpu/test_cuda_model (whole models, GPU against CPU), then a quick
@@ -14,7 +16,7 @@
 #   5. runs scripts/tf_generate_compare.py (whole-model generation, transformers
 #      beside moex generate --device cuda on a random qwen3-30b-a3b-shaped
 #      checkpoint written under the build directory), when torch is there;
-#   6. runs the peer benchmark (peer-run/tf_experts_bench.py, transformers'
+#   6. runs the peer benchmark (dev/peer/tf_experts_bench.py, transformers'
 #      own backends) plain and under torch.compile, when torch is there, into one
 #      CSV (its column `compiled` tells the two apart);
 #   7. prints a summary, with moex beside the peer case by case (scripts/peer_compare.py).
@@ -36,14 +38,13 @@
 #   PEER_COMPILED_TOKENS_QWEN, PEER_COMPILED_TOKENS_DEEPSEEK
 #                    token counts of the compiled peer (1,16384 and 64,16384)
 #   MEMCHECK_RESERVE_S  seconds kept for the memcheck step, which runs last (60)
-#   MOEX_DEPS_DIR    where dependency sources are looked for (peer-run/deps):
-#                    cJSON/cJSON.c and cJSON/cJSON.h
+#   MOEX_DEPS_DIR    where dependency sources are looked for (peer-run/deps, a folder git
+#                    ignores): cJSON/cJSON.c and cJSON/cJSON.h, compiled into moex when the
+#                    machine has no cJSON installed
 #   SUITE_STEPS      the steps to run after the build, comma-separated, from
 #                    test,memcheck,bench,compare,peer (all of them). "none" only builds: on a
 #                    machine that keeps build-gpu/ between runs, build once with
 #                    SUITE_STEPS=none, then run the rest (the build is then incremental)
-#   SUITE_FORCE_DEPS 1: make the pkg-config, cJSON and OpenBLAS stand-ins even where the
-#                    real ones are installed (to check that path on any machine)
 set -uo pipefail
 
 if [ $# -ne 1 ]; then
@@ -71,7 +72,6 @@ PEER_COMPILED_TOKENS_QWEN=${PEER_COMPILED_TOKENS_QWEN:-1,16384}
 PEER_COMPILED_TOKENS_DEEPSEEK=${PEER_COMPILED_TOKENS_DEEPSEEK:-64,16384}
 MEMCHECK_RESERVE=${MEMCHECK_RESERVE_S:-60}  # seconds the peer leaves for memcheck
 DEPS_SRC=${MOEX_DEPS_DIR:-$ROOT/peer-run/deps}
-DEPS="$BUILD/deps"   # what this script makes: prefix with bin/, include/, lib/, lib/pkgconfig/
 STEPS_WANTED=",${SUITE_STEPS:-test,memcheck,bench,compare,peer},"
 START=$(date +%s)
 want() { case "$STEPS_WANTED" in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
@@ -136,202 +136,28 @@ command -v cmake >/dev/null 2>&1 && cmake --version | head -1
 echo "cpus: $(nproc)  git: $(git rev-parse --short HEAD 2>/dev/null || echo none)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
 
 # ---------------------------------------------------------------- dependencies
-# Made here when missing, under $DEPS only:
-#   pkg-config: a small Python stand-in that reads the .pc files of $DEPS and the system's
-#   libcjson:   built from $DEPS_SRC/cJSON (MIT; cJSON.c and cJSON.h)
-#   openblas:   a plain-C stand-in for the two functions moex's CPU ceiling uses
-#               (correct but slow; `moex bench --device cuda` never calls it)
-#   cmocka:     not made: the CPU test programs are left out (MOEX_BUILD_TESTS=OFF);
-#               test_cuda_backends does not need it
-mkdir -p "$DEPS/bin" "$DEPS/include" "$DEPS/lib/pkgconfig"
-export PKG_CONFIG_PATH="$DEPS/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
-CMAKE_EXTRA=()
-
-make_pkg_config_standin() {
-  cat >"$DEPS/bin/pkg-config" <<'PYEOF'
-#!/usr/bin/env python3
-"""A minimal pkg-config for the GPU suite: the queries CMake's FindPkgConfig makes."""
-import os, re, sys
-
-def find_pc(name):
-    dirs = [d for d in os.environ.get("PKG_CONFIG_PATH", "").split(":") if d]
-    dirs += ["/usr/lib/x86_64-linux-gnu/pkgconfig", "/usr/lib/pkgconfig", "/usr/share/pkgconfig",
-             "/usr/local/lib/pkgconfig", "/usr/lib64/pkgconfig"]
-    for d in dirs:
-        p = os.path.join(d, name + ".pc")
-        if os.path.isfile(p):
-            return p
-    return None
-
-def parse(path):
-    vars_, fields = {}, {}
-    def subst(v):
-        for _ in range(10):
-            v2 = re.sub(r"\$\{(\w+)\}", lambda m: vars_.get(m.group(1), ""), v)
-            if v2 == v:
-                break
-            v = v2
-        return v
-    for line in open(path):
-        line = line.split("#", 1)[0].strip()
-        m = re.match(r"^([\w.]+)\s*=\s*(.*)$", line)
-        if m:
-            vars_[m.group(1)] = subst(m.group(2))
-            continue
-        m = re.match(r"^([\w.]+)\s*:\s*(.*)$", line)
-        if m:
-            fields[m.group(1)] = subst(m.group(2))
-    return vars_, fields
-
-def main(argv):
-    opts = [a for a in argv if a.startswith("--")]
-    mods = [a for a in argv if not a.startswith("--")]
-    mods = [re.split(r"[<>=]", m)[0] for m in mods if m and not re.match(r"^[<>=]", m) and not re.match(r"^[\d.]+$", m)]
-    if "--version" in opts:
-        print("0.29.2")
-        return 0
-    pcs = []
-    for m in mods:
-        p = find_pc(m)
-        if not p:
-            if "--print-errors" in opts:
-                sys.stderr.write("Package %s was not found in the pkg-config search path.\n" % m)
-            return 1
-        pcs.append(parse(p))
-    out = []
-    for o in opts:
-        if o == "--exists":
-            continue
-        if o == "--modversion":
-            for v, f in pcs:
-                print(f.get("Version", "0"))
-            return 0
-        if o.startswith("--variable="):
-            for v, f in pcs:
-                print(v.get(o.split("=", 1)[1], ""))
-            return 0
-    libs = " ".join(f.get("Libs", "") for v, f in pcs).split()
-    cflags = " ".join(f.get("Cflags", "") for v, f in pcs).split()
-    for o in opts:
-        if o == "--libs": out += libs
-        elif o == "--libs-only-l": out += [x for x in libs if x.startswith("-l")]
-        elif o == "--libs-only-L": out += [x for x in libs if x.startswith("-L")]
-        elif o == "--libs-only-other": out += [x for x in libs if not x.startswith(("-l", "-L"))]
-        elif o == "--cflags": out += cflags
-        elif o == "--cflags-only-I": out += [x for x in cflags if x.startswith("-I")]
-        elif o == "--cflags-only-other": out += [x for x in cflags if not x.startswith("-I")]
-    if out:
-        print(" ".join(out))
-    return 0
-
-sys.exit(main(sys.argv[1:]))
-PYEOF
-  chmod +x "$DEPS/bin/pkg-config"
-}
-
-make_cjson() {
-  local src="$DEPS_SRC/cJSON"
-  if [ ! -f "$src/cJSON.c" ] || [ ! -f "$src/cJSON.h" ]; then
-    say "cJSON is missing and $src/cJSON.c, cJSON.h are not there: cannot build moex"
-    return 1
-  fi
-  mkdir -p "$DEPS/include/cjson" "$DEPS/obj"
-  cp "$src/cJSON.h" "$DEPS/include/cjson/cJSON.h" &&
-    cc -O2 -fPIC -std=c99 -c "$src/cJSON.c" -o "$DEPS/obj/cJSON.o" &&
-    ar rcs "$DEPS/lib/libcjson.a" "$DEPS/obj/cJSON.o" || return 1
-  cat >"$DEPS/lib/pkgconfig/libcjson.pc" <<EOF
-prefix=$DEPS
-libdir=\${prefix}/lib
-includedir=\${prefix}/include
-Name: libcjson
-Description: cJSON built by gpu_suite.sh from $src
-Version: 1.7.18
-Libs: -L\${libdir} -lcjson
-Cflags: -I\${includedir}
-EOF
-  say "cJSON built from $src into $DEPS"
-}
-
-make_openblas_standin() {
-  mkdir -p "$DEPS/obj"
-  cat >"$DEPS/include/cblas.h" <<'EOF'
-/* cblas.h — stand-in made by gpu_suite.sh where OpenBLAS is missing: only what moex's CPU
- * ceiling uses, computed by a plain loop (correct, slow). Not for CPU measurements. */
-#ifndef MOEX_SUITE_CBLAS_H
-#define MOEX_SUITE_CBLAS_H
-enum CBLAS_ORDER { CblasRowMajor = 101, CblasColMajor = 102 };
-enum CBLAS_TRANSPOSE { CblasNoTrans = 111, CblasTrans = 112, CblasConjTrans = 113 };
-void cblas_sgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int m, int n,
-                 int k, float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,
-                 int ldc);
-void openblas_set_num_threads(int n);
-#endif
-EOF
-  cat >"$DEPS/obj/cblas_standin.c" <<'EOF'
-#include <cblas.h>
-void openblas_set_num_threads(int n) { (void)n; }
-void cblas_sgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int m, int n,
-                 int k, float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,
-                 int ldc) {
-    /* row-major view; a column-major call is the row-major product of the transposes */
-    if (order == CblasColMajor) {
-        cblas_sgemm(CblasRowMajor, tb, ta, n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
-        return;
-    }
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j < n; j++) {
-            float s = 0.0f;
-            for (int p = 0; p < k; p++) {
-                float x = ta == CblasNoTrans ? a[(long)i * lda + p] : a[(long)p * lda + i];
-                float y = tb == CblasNoTrans ? b[(long)p * ldb + j] : b[(long)j * ldb + p];
-                s += x * y;
-            }
-            c[(long)i * ldc + j] = alpha * s + (beta == 0.0f ? 0.0f : beta * c[(long)i * ldc + j]);
-        }
-}
-EOF
-  cc -O2 -fPIC -I"$DEPS/include" -c "$DEPS/obj/cblas_standin.c" -o "$DEPS/obj/cblas_standin.o" &&
-    ar rcs "$DEPS/lib/libcblas_standin.a" "$DEPS/obj/cblas_standin.o" || return 1
-  cat >"$DEPS/lib/pkgconfig/openblas.pc" <<EOF
-prefix=$DEPS
-Name: openblas
-Description: stand-in made by gpu_suite.sh (OpenBLAS was not found)
-Version: 0.0.0
-Libs: -L\${prefix}/lib -lcblas_standin
-Cflags: -I\${prefix}/include
-EOF
-  say "OpenBLAS not found: a slow stand-in for cblas_sgemm is used (CPU ceilings only; not used on cuda)"
-}
-
+# Nothing is made or installed here; CMake is told what to do about what the machine lacks:
+#   cJSON:    an installed one (pkg-config's libcjson, or cjson/cJSON.h and the library cjson),
+#             else compiled by the build from $DEPS_SRC/cJSON (MIT; cJSON.c and cJSON.h);
+#   OpenBLAS: not used (-DMOEX_OPENBLAS=OFF): only `moex bench --device cpu`'s sgemm ceiling
+#             needs it; `--device cuda` never does;
+#   cmocka:   the CPU test programs need it; without it they are left out (MOEX_BUILD_TESTS=OFF);
+#             the GPU test programs do not need it.
+CMAKE_EXTRA=(-DMOEX_OPENBLAS=OFF)
 deps_step() {
-  local have_pc=1 force=${SUITE_FORCE_DEPS:-0}
-  if [ "$force" = 1 ] || ! command -v pkg-config >/dev/null 2>&1; then
-    have_pc=0
-    if ! command -v python3 >/dev/null 2>&1; then
-      say "neither pkg-config nor python3: cannot configure moex"
-      return 1
-    fi
-    make_pkg_config_standin
-    CMAKE_EXTRA+=("-DPKG_CONFIG_EXECUTABLE=$DEPS/bin/pkg-config")
-    export PATH="$DEPS/bin:$PATH"
-    say "pkg-config not found: using a minimal stand-in ($DEPS/bin/pkg-config)"
+  if [ -f "$DEPS_SRC/cJSON/cJSON.c" ] && [ -f "$DEPS_SRC/cJSON/cJSON.h" ]; then
+    CMAKE_EXTRA+=("-DMOEX_CJSON_SOURCE_DIR=$DEPS_SRC/cJSON")
+    echo "cJSON: sources in $DEPS_SRC/cJSON (compiled when no installed cJSON is found)"
+  else
+    echo "cJSON: no sources in $DEPS_SRC/cJSON: the build needs an installed cJSON"
   fi
-  if [ "$force" = 1 ] || ! pkg-config --exists libcjson; then
-    make_cjson || return 1
-  fi
-  if [ "$force" = 1 ] || ! pkg-config --exists openblas; then
-    make_openblas_standin || return 1
-  fi
-  if pkg-config --exists cmocka; then
+  if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists cmocka; then
     CMAKE_EXTRA+=(-DMOEX_BUILD_TESTS=ON)
   else
     CMAKE_EXTRA+=(-DMOEX_BUILD_TESTS=OFF)
-    say "cmocka not found: the CPU test programs are not built (test_cuda_backends does not need it)"
+    say "cmocka not found: the CPU test programs are not built (the GPU ones do not need it)"
   fi
-  echo "pkg-config: $(command -v pkg-config) (stand-in: $((1 - have_pc)))"
-  for m in libcjson openblas cmocka; do
-    printf '  %-9s %s\n' "$m" "$(pkg-config --modversion "$m" 2>/dev/null || echo missing)"
-  done
+  echo "OpenBLAS: not used (moex bench --device cuda does not need it)"
   return 0
 }
 
@@ -390,7 +216,7 @@ MOEX="$BUILD/moex"
 TEST="$BUILD/tests/gpu/test_cuda_backends"
 DECODER_TEST="$BUILD/tests/gpu/test_cuda_decoder"
 MODEL_TEST="$BUILD/tests/gpu/test_cuda_model"
-PEER="$ROOT/peer-run/tf_experts_bench.py"
+PEER="$ROOT/dev/peer/tf_experts_bench.py"
 export ROOT BUILD CUDA_ARCH OUT GPU_TAG DATE BENCH_LIMITS BENCH_RUNS PEER_TOKENS MOEX TEST DECODER_TEST MODEL_TEST PEER
 export -f build_step test_step decoder_test_step model_test_step memcheck_step decoder_memcheck_step bench_shape bench_warm compare_step peer_run
 if run_step build 300 build_step "${CMAKE_EXTRA[@]}"; then

@@ -1,123 +1,17 @@
 /*
- * bench.h — the `moex bench` command (tools/bench.c), its ceilings
- * (tools/bench_ceilings.c) and its SVG plot (tools/svg_plot.c).
+ * bench.h — the `moex bench` command (tools/bench.c). Its parts: the options
+ * (bench_options.h), the run written once for every device (bench_run.h) with a
+ * runner per device (tools/bench_cpu.c, tools/bench_cuda.c), the synthetic layer
+ * (bench_layer.h), the ceilings (bench_ceilings.h), the table, CSV and plot
+ * (bench_table.h, bench_output.h, svg_plot.h).
  */
 #ifndef MOEX_TOOLS_BENCH_H
 #define MOEX_TOOLS_BENCH_H
-
-#include "moex.h"
-#include <stddef.h>
-#include <stdio.h>
 
 /**
  * `moex bench ...`: argv[0] is "bench". Returns the process exit code:
  * 0 ok, 1 runtime failure (a moex call, I/O), 2 usage error (nothing written).
  */
 int moex_cli_bench(int argc, char **argv);
-
-/* ------------------------------------------------------------------------ */
-/* Ceilings (tools/bench_ceilings.c, compiled with -mavx2)                   */
-/* ------------------------------------------------------------------------ */
-
-/*
- * Both functions use AVX2 instructions anywhere in their code: call them only
- * after checking at run time that the CPU has AVX2.
- * Each returns 0, or -1 with a message in err (err_size bytes).
- */
-
-/** OpenBLAS cblas_sgemm 2048x2048x2048 on `threads` threads: median of 11 after a warm-up, GFLOP/s. */
-int bench_ceiling_gemm(int threads, double *gflops, char *err, size_t err_size);
-
-/** AVX2 sum over 1 GiB of f32 on `threads` OpenMP threads: median of 11 after a warm-up, GB/s. */
-int bench_ceiling_read(int threads, double *gbps, char *err, size_t err_size);
-
-/* ------------------------------------------------------------------------ */
-/* Quantized weights (tools/bench_quant.c)                                  */
-/* ------------------------------------------------------------------------ */
-
-/**
- * w [E, N, K] of dtype dt -> newly allocated codes and scales (free both, also on failure)
- * in `format` (FP8: 128 x 128 blocks, FP4: 1 x 32), and the views q and scale over them.
- * Parallel over experts. Returns 0, or 1 after printing why.
- */
-int bench_quantize(const void *w, moex_dtype dt, int64_t E, int64_t N, int64_t K, moex_quant_format format,
-                   int threads, void **codes, void **scales, moex_tensor *q, moex_tensor *scale);
-
-/* ------------------------------------------------------------------------ */
-/* SVG plot (tools/svg_plot.c)                                              */
-/* ------------------------------------------------------------------------ */
-
-/** One line of a plot: n points (x[i], y[i]); points with x or y <= 0 or not finite are skipped. */
-typedef struct svg_series {
-    const char *name;
-    int n;
-    const double *x;
-    const double *y;
-} svg_series;
-
-/** A log-log line plot. All strings are plain text (escaped when written); subtitle may be NULL. */
-typedef struct svg_plot {
-    const char *title;
-    const char *subtitle;
-    const char *x_label;
-    const char *y_label;
-    int nseries;
-    const svg_series *series;
-} svg_plot;
-
-/**
- * Write `plot` as a self-contained SVG document to f: log-log axes with
- * decade ticks and labels, one polyline with markers per series, a legend.
- * Returns 0, or -1 if writing failed (ferror).
- */
-int svg_plot_write(FILE *f, const svg_plot *plot);
-
-/* ------------------------------------------------------------------------ */
-/* GPU ceilings and timing (tools/bench_ceilings_cuda.cu; CUDA builds only) */
-/* ------------------------------------------------------------------------ */
-
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-/*
- * Each returns 0, or -1 with a message in err (err_size bytes); device is the
- * CUDA ordinal. Warm-up, then the median of 11 runs timed with CUDA events.
- */
-
-/** cuBLAS bf16 GEMM 8192^3 (cublasGemmEx, f32 accumulation, random data): TFLOP/s. */
-int bench_cuda_ceiling_gemm_bf16(int device, double *tflops, char *err, size_t err_size);
-
-/** cuBLASLt FP8 e4m3 GEMM 8192^3 (TN, f32 accumulation, bf16 output, random data): TFLOP/s. */
-int bench_cuda_ceiling_gemm_fp8(int device, double *tflops, char *err, size_t err_size);
-
-/** A kernel summing 16-byte loads over a 4 GiB buffer: GB/s read. */
-int bench_cuda_ceiling_read(int device, double *gbps, char *err, size_t err_size);
-
-/** CUDA events on a borrowed stream (a moex context's), and a 512 MiB L2-flush buffer. */
-typedef struct bench_cuda_timer bench_cuda_timer;
-
-/** stream: a cudaStream_t as from moex_context_stream(). */
-int bench_cuda_timer_create(int device, void *stream, bench_cuda_timer **out, char *err, size_t err_size);
-void bench_cuda_timer_free(bench_cuda_timer *t);
-/** Overwrite the flush buffer on the stream (evicting L2) and wait for it. */
-int bench_cuda_flush_l2(bench_cuda_timer *t, char *err, size_t err_size);
-/** Record the start event on the stream. */
-int bench_cuda_timer_start(bench_cuda_timer *t, char *err, size_t err_size);
-/** Record the stop event, wait for it, and give the milliseconds since the start event. */
-int bench_cuda_timer_stop(bench_cuda_timer *t, double *ms, char *err, size_t err_size);
-/**
- * The read floor of one case: one launch of the read kernel over a[0, a_bytes) and then
- * b[0, b_bytes) (multiples of 16), on the timer's stream, L2 flushed before each run when
- * flush is 1. Warm-up, then the median ms of 11 runs.
- */
-int bench_cuda_read_floor(bench_cuda_timer *t, const void *a, size_t a_bytes, const void *b, size_t b_bytes,
-                          int flush, double *ms, char *err, size_t err_size);
-/** Free and total device memory in bytes (cudaMemGetInfo). */
-int bench_cuda_memory(int device, double *free_bytes, double *total_bytes, char *err, size_t err_size);
-
-#ifdef __cplusplus
-}
-#endif
 
 #endif /* MOEX_TOOLS_BENCH_H */

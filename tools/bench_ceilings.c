@@ -1,28 +1,24 @@
 /*
- * bench_ceilings.c — the CPU ceilings `moex bench` measures in its own
- * process before the cases (see shared/BENCHMARKS.md):
- *   - GEMM: OpenBLAS cblas_sgemm 2048x2048x2048 on the bench's threads;
- *   - read bandwidth: an AVX2 sum over a 1 GiB f32 buffer, split over the
- *     bench's threads with OpenMP.
- * Both report the median of 11 timed repetitions after one warm-up: the same
- * statistic as the backends' times, so that the fractions compare like with like.
+ * bench_ceilings.c — the CPU read-bandwidth ceiling `moex bench` measures in its own process
+ * before the cases (see shared/BENCHMARKS.md): an AVX2 sum over a 1 GiB f32 buffer, split over
+ * the bench's threads with OpenMP. It reports the median of 11 timed repetitions after one
+ * warm-up: the same statistic as the backends' times, so that the fractions compare like with
+ * like. The GEMM ceiling is tools/bench_ceiling_sgemm.c.
  *
  * This file is compiled with -mavx2: the caller checks for AVX2 first.
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "bench.h"
+#include "bench_ceilings.h"
+#include "bench_host.h"
 
-#include <cblas.h>
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <time.h>
 
 enum {
-    GEMM_N = 2048,
     CEILING_REPS = 11,
     READ_ALIGN = 64,
     READ_FLOATS_PER_STEP = 64 /* 8 accumulators x 8 floats = 4 cache lines */
@@ -30,76 +26,6 @@ enum {
 
 /* 1 GiB of f32. */
 static const size_t READ_BYTES = (size_t)1 << 30;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* ------------------------------------------------------------------ GEMM */
-
-static void fill_pattern(float *a, size_t n, uint32_t seed)
-{
-    uint32_t s = seed * 2654435761u + 1u;
-    for (size_t i = 0; i < n; i++) {
-        s = s * 1664525u + 1013904223u;
-        a[i] = (float)(s >> 8) * (1.0f / 8388608.0f) - 1.0f; /* [-1, 1) */
-    }
-}
-
-static double time_one_sgemm(const float *a, const float *b, float *c)
-{
-    double t0 = now_s();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, GEMM_N, GEMM_N, GEMM_N, 1.0f, a,
-                GEMM_N, b, GEMM_N, 0.0f, c, GEMM_N);
-    return now_s() - t0;
-}
-
-/* Median of n times (sorts them in place). */
-static double median(double *t, int n)
-{
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && t[j - 1] > t[j]; j--) {
-            double x = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = x;
-        }
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
-
-int bench_ceiling_gemm(int threads, double *gflops, char *err, size_t err_size)
-{
-    size_t n = (size_t)GEMM_N * GEMM_N;
-    float *a = aligned_alloc(READ_ALIGN, n * sizeof(float));
-    float *b = aligned_alloc(READ_ALIGN, n * sizeof(float));
-    float *c = aligned_alloc(READ_ALIGN, n * sizeof(float));
-    if (!a || !b || !c) {
-        snprintf(err, err_size, "out of memory for the %dx%d sgemm ceiling", GEMM_N, GEMM_N);
-        free(a);
-        free(b);
-        free(c);
-        return -1;
-    }
-    fill_pattern(a, n, 1);
-    fill_pattern(b, n, 2);
-    memset(c, 0, n * sizeof(float));
-
-    openblas_set_num_threads(threads);
-    (void)time_one_sgemm(a, b, c); /* warm-up: thread pool, page faults */
-    double times[CEILING_REPS];
-    for (int r = 0; r < CEILING_REPS; r++) {
-        double t = time_one_sgemm(a, b, c);
-        times[r] = t;
-    }
-    double mid = median(times, CEILING_REPS);
-    free(a);
-    free(b);
-    free(c);
-    *gflops = 2.0 * GEMM_N * (double)GEMM_N * GEMM_N / mid / 1e9;
-    return 0;
-}
 
 /* ------------------------------------------------------------------ read */
 
@@ -157,14 +83,14 @@ static void touch_buffer(float *buf, size_t n, int threads)
 static double time_one_read(const float *buf, size_t n, int threads, volatile float *sink)
 {
     float total = 0.0f;
-    double t0 = now_s();
+    double t0 = bench_now_s();
 #pragma omp parallel num_threads(threads) reduction(+ : total)
     {
         size_t b, e;
         thread_slice(n, omp_get_thread_num(), omp_get_num_threads(), &b, &e);
         total += sum_avx2(buf + b, e - b);
     }
-    double t = now_s() - t0;
+    double t = bench_now_s() - t0;
     *sink = total;
     return t;
 }
@@ -185,7 +111,7 @@ int bench_ceiling_read(int threads, double *gbps, char *err, size_t err_size)
         double t = time_one_read(buf, n, threads, &sink);
         times[r] = t;
     }
-    double mid = median(times, CEILING_REPS);
+    double mid = bench_median(times, CEILING_REPS);
     free(buf);
     if (!(sink > 0.0f)) { /* every element is 1.0f */
         snprintf(err, err_size, "the read-bandwidth sum came out wrong (%g)", (double)sink);

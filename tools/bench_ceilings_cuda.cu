@@ -1,7 +1,7 @@
 /*
  * bench_ceilings_cuda.cu — the GPU ceilings `moex bench --device cuda`
  * measures in its own process before the cases (see shared/BENCHMARKS.md),
- * and the CUDA timing helpers bench.c (plain C) uses:
+ * and the CUDA timing helpers tools/bench_cuda.c (plain C) uses:
  *   - cuBLAS bf16 GEMM 8192^3 (cublasGemmEx, f32 accumulation, bf16 output)
  *     on random data (not zeros: zeros run faster and flatter the ceiling);
  *   - cuBLASLt FP8 e4m3 GEMM 8192^3 (TN layout, as cuBLASLt requires for
@@ -11,7 +11,7 @@
  * with its own pair of CUDA events. Every CUDA and cuBLAS status is checked;
  * a failure is returned as -1 with a message, never an abort.
  */
-#include "bench.h"
+#include "bench_ceilings.h"
 
 #include <cublasLt.h>
 #include <cublas_v2.h>

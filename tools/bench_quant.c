@@ -1,7 +1,7 @@
 /* bench_quant.c — quantized weights for `moex bench --dtype fp8|fp8-ue8m0|fp4`:
  * the synthetic bf16 weights quantized with moex_quantize, expert by expert
  * in parallel. */
-#include "bench.h"
+#include "bench_quant.h"
 #include <stdio.h>
 #include <stdlib.h>
 

@@ -3,7 +3,7 @@
  * `moex bench --plot`. No dependencies; the output is a self-contained SVG
  * document a browser shows as is.
  */
-#include "bench.h"
+#include "svg_plot.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
-# gpu_variants.sh OUT_DIR [NAME=CUDA_FLAGS ...] — time build-time variants of the CUDA
-# kernels side by side on one GPU (dev/notes/cuda-notes.md keeps the results).
+# gpu_variants.sh OUT_DIR [NAME=CUDA_FLAGS ...] — time variants of moex side by side on one
+# GPU (dev/notes/cuda-notes.md keeps the results).
 #
 # Builds moex once per variant (in build-var-NAME/, in parallel), runs every variant's
 # tests/gpu/test_cuda_backends (all at once), then `moex bench --device cuda` for the cases in
 # VARIANT_CASES, and writes OUT_DIR/variants.csv (the variant's name, then the bench row)
-# and OUT_DIR/variants.log. Without arguments the variants are the grouped GEMM's:
-#   main        the defaults
-#   regs200     GEMM_CONSUMER_REGS=200 (the register split the direct copy needs)
-#   direct      GEMM_DIRECT_A=1 (hidden rows copied by index; 200 consumer registers)
-# Other switches: GROUPED_TC_MIN_ROWS=N (grouped_mm takes the tensor-core GEMM from N rows per
-# expert on average, 16 by default; with VARIANT_CASES at 64 or 512 tokens).
-# Run scripts/gpu_suite.sh OUT_DIR SUITE_STEPS=none first on a machine without cJSON or
-# pkg-config: the variants reuse the dependencies it makes in build-gpu/deps.
-# Every step is time-limited, so one hung variant cannot take the run with it.
+# and OUT_DIR/variants.log. Without arguments there is one variant:
+#   main        this checkout as it is, default flags
+# NAME=CUDA_FLAGS builds this checkout with extra nvcc flags (CMAKE_CUDA_FLAGS). The kernels
+# have no build-time switches any more (GEMM_DIRECT_A and the like were removed): to time a
+# variant of the code, make it a git branch and build it from its own worktree, e.g.
+#   git worktree add ../moex-try try-branch && (cd ../moex-try && dev/gpu_variants.sh OUT_TRY)
+# and compare OUT_TRY/variants.csv with this checkout's OUT_DIR/variants.csv (same GPU, one
+# run after the other).
+# cJSON is compiled from MOEX_DEPS_DIR/cJSON (default peer-run/deps) where none is installed;
+# OpenBLAS is not used. Every step is time-limited, so one hung variant cannot take the run
+# with it.
 #
 # Environment: VARIANT_CASES (qwen3-30b-a3b:16384,deepseek-v3:16384), VARIANT_BACKENDS
 # (grouped_mm), VARIANT_RUNS (10), CUDA_ARCH (90a), VARIANT_TESTS (1; 0 builds and runs no
-# test program: a quicker first look, whose numbers still need the tests of the winner).
-# Five variants at once take several minutes to build (each gets a fifth of the cores).
+# test program: a quicker first look, whose numbers still need the tests of the winner),
+# MOEX_DEPS_DIR (peer-run/deps). Several variants at once share the cores.
 set -uo pipefail
 if [ $# -lt 1 ]; then
   echo "usage: $0 OUT_DIR [NAME=CUDA_FLAGS ...]" >&2
@@ -30,7 +32,7 @@ OUT=$(cd "$1" && pwd)
 shift
 cd "$ROOT" || exit 2
 VARIANTS=("$@")
-[ ${#VARIANTS[@]} -eq 0 ] && VARIANTS=("main=" "regs200=-DGEMM_CONSUMER_REGS=200" "direct=-DGEMM_DIRECT_A=1")
+[ ${#VARIANTS[@]} -eq 0 ] && VARIANTS=("main=")
 CASES=${VARIANT_CASES:-qwen3-30b-a3b:16384,deepseek-v3:16384}
 BACKENDS=${VARIANT_BACKENDS:-grouped_mm}
 RUNS=${VARIANT_RUNS:-10}
@@ -42,13 +44,9 @@ LOG="$OUT/variants.log"
 : >"$LOG"
 exec > >(tee -a "$LOG") 2>&1
 
-DEPS="$ROOT/build-gpu/deps"
-EXTRA=()
-if [ -x "$DEPS/bin/pkg-config" ]; then
-  export PATH="$DEPS/bin:$PATH"
-  EXTRA+=("-DPKG_CONFIG_EXECUTABLE=$DEPS/bin/pkg-config")
-fi
-[ -d "$DEPS/lib/pkgconfig" ] && export PKG_CONFIG_PATH="$DEPS/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+DEPS_SRC=${MOEX_DEPS_DIR:-$ROOT/peer-run/deps}
+EXTRA=(-DMOEX_OPENBLAS=OFF)
+[ -f "$DEPS_SRC/cJSON/cJSON.c" ] && EXTRA+=("-DMOEX_CJSON_SOURCE_DIR=$DEPS_SRC/cJSON")
 jobs=$(( $(nproc) / ${#VARIANTS[@]} ))
 [ "$jobs" -lt 1 ] && jobs=1
 
