@@ -141,8 +141,8 @@ echo "cpus: $(nproc)  git: $(git rev-parse --short HEAD 2>/dev/null || echo none
 #             else compiled by the build from $DEPS_SRC/cJSON (MIT; cJSON.c and cJSON.h);
 #   OpenBLAS: not used (-DMOEX_OPENBLAS=OFF): only `moex bench --device cpu`'s sgemm ceiling
 #             needs it; `--device cuda` never does;
-#   cmocka:   the CPU test programs need it; without it they are left out (MOEX_BUILD_TESTS=OFF);
-#             the GPU test programs do not need it.
+#   cmocka:   the tests/test_*.c programs need it; without it the build leaves them out and
+#             builds the rest (backend_ops, the GPU programs, the script tests), which ctest runs.
 CMAKE_EXTRA=(-DMOEX_OPENBLAS=OFF)
 deps_step() {
   if [ -f "$DEPS_SRC/cJSON/cJSON.c" ] && [ -f "$DEPS_SRC/cJSON/cJSON.h" ]; then
@@ -151,11 +151,9 @@ deps_step() {
   else
     echo "cJSON: no sources in $DEPS_SRC/cJSON: the build needs an installed cJSON"
   fi
-  if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists cmocka; then
-    CMAKE_EXTRA+=(-DMOEX_BUILD_TESTS=ON)
-  else
-    CMAKE_EXTRA+=(-DMOEX_BUILD_TESTS=OFF)
-    say "cmocka not found: the CPU test programs are not built (the GPU ones do not need it)"
+  CMAKE_EXTRA+=(-DMOEX_BUILD_TESTS=ON)
+  if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists cmocka; }; then
+    say "cmocka not found: the tests/test_*.c programs are not built (ctest runs the others)"
   fi
   echo "OpenBLAS: not used (moex bench --device cuda does not need it)"
   return 0
@@ -174,8 +172,11 @@ BUILD_OK=0
 build_step() { # extra cmake arguments
   cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" "$@" || return 1
-  cmake --build "$BUILD" -j"$(nproc)" --target moex test_cuda_backends test_cuda_decoder test_cuda_model || return 1
+  cmake --build "$BUILD" -j"$(nproc)" || return 1
 }
+# every other test the build has (backend_ops on the CPU and the GPU, the CLI and script tests);
+# the GPU programs ran as their own steps
+ctest_step() { ctest --test-dir "$BUILD" --output-on-failure -LE gpu 2>&1 | tee "$BUILD/ctest.out"; }
 test_step() { "$TEST" 2>&1 | tee "$BUILD/test_cuda_backends.out"; }
 decoder_test_step() { "$DECODER_TEST" 2>&1 | tee "$BUILD/test_cuda_decoder.out"; }
 model_test_step() { "$MODEL_TEST" 2>&1 | tee "$BUILD/test_cuda_model.out"; }
@@ -218,7 +219,7 @@ DECODER_TEST="$BUILD/tests/gpu/test_cuda_decoder"
 MODEL_TEST="$BUILD/tests/gpu/test_cuda_model"
 PEER="$ROOT/dev/peer/tf_experts_bench.py"
 export ROOT BUILD CUDA_ARCH OUT GPU_TAG DATE BENCH_LIMITS BENCH_RUNS PEER_TOKENS MOEX TEST DECODER_TEST MODEL_TEST PEER
-export -f build_step test_step decoder_test_step model_test_step memcheck_step decoder_memcheck_step bench_shape bench_warm compare_step peer_run
+export -f build_step ctest_step test_step decoder_test_step model_test_step memcheck_step decoder_memcheck_step bench_shape bench_warm compare_step peer_run
 if run_step build 300 build_step "${CMAKE_EXTRA[@]}"; then
   BUILD_OK=1
 fi
@@ -243,6 +244,8 @@ elif [ $BUILD_OK -eq 1 ] && [ -x "$TEST" ]; then
     else
       record test_cuda_model "not run" 0 "not built"
     fi
+    run_step "ctest (the other tests)" 200 ctest_step
+    CTEST_LINE=$(grep -a 'tests passed\|tests failed' "$BUILD/ctest.out" | tail -1)
   fi
 else
   record test_cuda_backends "not run" 0 "build failed"
@@ -328,6 +331,7 @@ echo
 echo "tests:    ${TEST_LINE:-none}"
 echo "decoder:  ${DECODER_LINE:-none}"
 echo "model:    ${MODEL_LINE:-none}"
+echo "ctest:    ${CTEST_LINE:-none}"
 echo "memcheck: ${MEMCHECK_LINE:-none}"
 echo "memcheck decoder: ${DECODER_MEMCHECK_LINE:-none}"
 for f in "$OUT"/moex_*_cuda_*.csv; do
