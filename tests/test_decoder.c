@@ -10,7 +10,8 @@
  *     against full causal attention in float64; heads 5 / kv 1 and others),
  *     activations, gated MLP, shared expert, sampling (greedy tie rule,
  *     warper semantics against a float64 transcription, determinism,
- *     frequencies), threads 1 and 2 bitwise equal
+ *     frequencies), threads 1 and 2 bitwise equal; the CPU op table's own ops
+ *     and linear/activation.h against moex_activate
  *   - a guard region after every output; bad inputs: status, message,
  *     outputs (and the cache) untouched
  * Tolerance: NMSE <= 1e-10 against the float64 reference (inputs decoded exactly).
@@ -27,6 +28,8 @@
 #include <string.h>
 
 #include "decoder/decoder.h"
+#include "decoder/ops.h"
+#include "linear/activation.h"
 #include "moex.h"
 #include "reference.h"
 #include "testutil.h"
@@ -1192,6 +1195,63 @@ static void test_sample(void **state) {
     end_problems();
 }
 
+/* ------------------------------------------------------------------------ */
+/* the step's op table on the CPU (decoder/ops.h) and the shared activations */
+/* ------------------------------------------------------------------------ */
+
+/* The ops that are the table's own (not a decoder.h call): positions, the last rows, argmax
+ * (a NaN row marked -1 - index, as on the device), the residual add, bf16 rounding, the shared
+ * expert's gate; and linear/activation.h's functions equal to moex_activate's bit for bit. */
+static void test_ops_cpu(void **state) {
+    (void)state;
+    const moex_decoder_env e = {&moex_decoder_ops_cpu, {MOEX_DEVICE_CPU, 0}, 1, NULL, NULL, NULL, NULL, NULL};
+    const moex_decoder_ops *op = e.ops;
+    const moex_attn_seq seqs[3] = {{0, 2, 5}, {2, 0, 3}, {1, 3, 0}};
+    int64_t pos[7];
+    assert_int_equal(op->positions(&e, seqs, 3, 7, pos), MOEX_OK);
+    const int64_t want_pos[7] = {5, 6, 0, 1, 2, 0, 0};
+    assert_memory_equal(pos, want_pos, sizeof pos);
+    float x[5 * 2], last[3 * 2];
+    for (int i = 0; i < 10; i++) x[i] = (float)i;
+    assert_int_equal(op->gather_last_rows(&e, x, 2, seqs, 3, last), MOEX_OK);
+    const float want_last[6] = {2, 3, 0, 0, 8, 9};
+    assert_memory_equal(last, want_last, sizeof last);
+    const float lg[3 * 4] = {1, 3, 3, 2, -INFINITY, -1, -2, -1, 0, 1, NAN, 5};
+    int64_t tok[3];
+    assert_int_equal(op->argmax(&e, lg, 3, 4, tok), MOEX_OK);
+    assert_true(tok[0] == 1 && tok[1] == 1 && tok[2] == -3);
+    float a[3] = {1.0f, 1e-8f, -2.5f}, b[3] = {2.0f, 1.0f, 0.5f};
+    assert_int_equal(op->add(&e, a, b, a, 3), MOEX_OK);
+    assert_true(a[0] == 3.0f && a[1] == 1.0f + 1e-8f && a[2] == -2.0f);
+    float r[2] = {1.00390625f /* 1 + 2^-8: a bf16 tie, to even */, 1.01171875f};
+    assert_int_equal(op->round_bf16(&e, r, 2), MOEX_OK);
+    assert_true(r[0] == 1.0f && r[1] == 1.015625f);
+    const float gl[2] = {0.0f, -1.5f};
+    float y[2 * 3] = {1, 2, 3, 4, 5, 6};
+    assert_int_equal(op->scale_rows_sigmoid(&e, gl, y, 2, 3), MOEX_OK);
+    volatile float v15 = 1.5f, v7 = 7.0f, va = -1.702f; /* computed at run time, as in the library */
+    const float s1 = 1.0f / (1.0f + expf(v15));
+    assert_true(y[0] == 0.5f && y[2] == 1.5f && y[3] == s1 * 4.0f && y[5] == s1 * 6.0f);
+    /* the header's functions are what moex_activate computes */
+    static const moex_activation acts[4] = {MOEX_ACT_SILU, MOEX_ACT_GELU, MOEX_ACT_GELU_TANH, MOEX_ACT_RELU};
+    float in[9] = {-30.0f, -3.7f, -0.5f, -1e-20f, 0.0f, 0.3f, 2.0f, 11.0f, NAN}, out[9];
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(moex_activate(acts[k], in, out, 9), MOEX_OK);
+        for (int i = 0; i < 9; i++) {
+            const float h = moex_act_plain(acts[k], in[i]);
+            if (memcmp(&h, &out[i], sizeof h) != 0)
+                PROBLEM("%s(%g): header %.9g, moex_activate %.9g", moex_activation_name(acts[k]), (double)in[i],
+                        (double)h, (double)out[i]);
+        }
+    }
+    assert_true(isnan(moex_act_relu(NAN)) && moex_act_relu(-0.0f) == 0.0f && !signbit(moex_act_relu(-0.0f)));
+    /* the clamped kinds: min(g, limit), clamp(u, +-limit) */
+    volatile float v9 = 9.0f, vm9 = -9.0f, alpha = 1.702f;
+    assert_true(moex_act_swiglu_limit(v9, vm9, v7) == moex_act_silu(v7) * -7.0f);
+    assert_true(moex_act_gptoss_clamp(v9, v9, alpha, v7) == 8.0f * (7.0f / (1.0f + expf(va * v7))));
+    end_problems();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),
@@ -1210,6 +1270,7 @@ int main(void) {
         cmocka_unit_test(test_rng),
         cmocka_unit_test(test_sampling_probs),
         cmocka_unit_test(test_sample),
+        cmocka_unit_test(test_ops_cpu),
     };
     return cmocka_run_group_tests_name("decoder", tests, NULL, NULL);
 }

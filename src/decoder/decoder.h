@@ -20,7 +20,10 @@
  *
  * Files: linear.c (linear, embedding), norm.c (RMSNorm), rope.c (RoPE,
  * interleaved MRoPE), attention.c (KV cache, attention), mlp.c (activations,
- * gated MLP, shared expert), sampling.c (generator, greedy, sampling).
+ * gated MLP, shared expert), sampling.c (generator, greedy, sampling). The
+ * activations' formulas are linear/activation.h's (shared with the GPU). ops.h
+ * puts these calls (ops_cpu.c) and their device twins (ops_cuda.c) behind one
+ * table, over which model/step.c writes the decoder step once.
  */
 #ifndef MOEX_MODEL_DECODER_H
 #define MOEX_MODEL_DECODER_H

@@ -1,43 +1,11 @@
 /* mlp.c — activations, the dense gated MLP and qwen2_moe's gated shared expert (see decoder.h). */
 #include "decoder/decoder.h"
+#include "linear/activation.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-/* ---- activations (PyTorch's CPU formulas, f32) ----------------------------- */
-
-static inline float act_silu(float x) {
-    const float e = expf(-x);
-    const float den = 1.0f + e;
-    return x / den;
-}
-
-static inline float act_gelu(float x) {
-    const float a = x * (float)0.70710678118654752440 /* M_SQRT1_2 */;
-    const float half_x = x * 0.5f;
-    const float one_erf = 1.0f + erff(a);
-    return half_x * one_erf;
-}
-
-static inline float act_gelu_tanh(float x) {
-    const float beta = (float)0.79788456080286535588 /* M_SQRT2 * M_2_SQRTPI * 0.5 */, kappa = 0.044715f;
-    const float x2 = x * x;
-    const float x3 = x2 * x;
-    const float kx3 = kappa * x3;
-    const float sum = x + kx3;
-    const float inner = beta * sum;
-    const float half_x = 0.5f * x;
-    const float one_tanh = 1.0f + tanhf(inner);
-    return half_x * one_tanh;
-}
-
-static inline float act_relu(float x) { return x > 0.0f ? x : (x == x ? 0.0f : x); /* NaN stays NaN */ }
-
-static inline float act_sigmoid(float x) {
-    const float e = expf(-x);
-    const float den = 1.0f + e;
-    return 1.0f / den;
-}
+/* ---- activations (linear/activation.h: PyTorch's CPU formulas, f32) ----------- */
 
 static moex_status check_act(const char *fn, moex_activation act) {
     if (act == MOEX_ACT_SILU || act == MOEX_ACT_GELU || act == MOEX_ACT_GELU_TANH || act == MOEX_ACT_RELU)
@@ -51,10 +19,10 @@ static moex_status check_act(const char *fn, moex_activation act) {
 // x: [n] -> y: [n]
 static void activate(moex_activation act, const float *x, float *y, int64_t n) {
     switch (act) {
-    case MOEX_ACT_SILU: for (int64_t i = 0; i < n; i++) y[i] = act_silu(x[i]); break;
-    case MOEX_ACT_GELU: for (int64_t i = 0; i < n; i++) y[i] = act_gelu(x[i]); break;
-    case MOEX_ACT_GELU_TANH: for (int64_t i = 0; i < n; i++) y[i] = act_gelu_tanh(x[i]); break;
-    default: for (int64_t i = 0; i < n; i++) y[i] = act_relu(x[i]); break;
+    case MOEX_ACT_SILU: for (int64_t i = 0; i < n; i++) y[i] = moex_act_silu(x[i]); break;
+    case MOEX_ACT_GELU: for (int64_t i = 0; i < n; i++) y[i] = moex_act_gelu(x[i]); break;
+    case MOEX_ACT_GELU_TANH: for (int64_t i = 0; i < n; i++) y[i] = moex_act_gelu_tanh(x[i]); break;
+    default: for (int64_t i = 0; i < n; i++) y[i] = moex_act_relu(x[i]); break;
     }
 }
 
@@ -77,7 +45,7 @@ moex_status moex_activate(moex_activation act, const float *x, float *y, int64_t
 moex_status moex_sigmoid(const float *x, float *y, int64_t n) {
     moex_status st = check_elementwise("sigmoid", x, y, n);
     if (st) return st;
-    for (int64_t i = 0; i < n; i++) y[i] = act_sigmoid(x[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = moex_act_sigmoid(x[i]);
     return MOEX_OK;
 }
 
@@ -178,7 +146,7 @@ moex_status moex_shared_expert(const moex_mlp_w *mlp, const moex_linear_w *gate,
     if (!st) st = run_mlp(mlp, x, T, y, threads);
     if (!st)
         for (int64_t t = 0; t < T; t++) {
-            const float sg = act_sigmoid(s[t]); /* F.sigmoid(gate) * shared_expert_output */
+            const float sg = moex_act_sigmoid(s[t]); /* F.sigmoid(gate) * shared_expert_output */
             float *yt = y + t * H;
             for (int64_t i = 0; i < H; i++) {
                 const float p = sg * yt[i];

@@ -43,7 +43,7 @@ typedef struct gen_state {
     int32_t *last;        /* [n] the token each prompt feeds next */
     int64_t *past;        /* [n] */
     int *done;            /* [n] */
-    int64_t *tokens;      /* [n] greedy tokens chosen on the device (CUDA) */
+    int64_t *tokens;      /* [n] greedy tokens chosen by the step */
     int64_t decode_steps; /* decode steps run so far */
 } gen_state;
 
@@ -74,22 +74,19 @@ static moex_status pick(gen_state *s, const int64_t *rows, int64_t nrows) {
     return MOEX_OK;
 }
 
-// One decode step of k sequences. On CUDA a greedy step brings back only the tokens
-// (argmax on the device), and with cuda_graph it replays the step captured for k sequences.
+// One decode step of k sequences. A greedy step brings back only the tokens (the argmax of
+// the step's op table: on CUDA the logits stay on the device); with cuda_graph it replays the
+// step captured for k sequences.
 static moex_status decode_step(gen_state *s, const model_step_seq *seqs, const int64_t *rows, int64_t k) {
     moex_model *m = s->m;
     if (m->inject_decode_error > 0 && ++s->decode_steps == m->inject_decode_error) {
         m->inject_decode_error = 0;
         return moex_fail(MOEX_ERR_DEVICE, "decode step %lld failed on purpose (test hook)", (long long)s->decode_steps);
     }
-    if (!m->gpu) {
-        moex_status st = moex_model_step(m, seqs, k, s->logits);
-        return st ? st : pick(s, rows, k);
-    }
     const int greedy = !(s->o->temperature > 0);
-    moex_status st = model_gpu_step(m, seqs, k, greedy ? NULL : s->logits, greedy ? s->tokens : NULL, s->o->cuda_graph);
+    moex_status st = model_step(m, seqs, k, s->logits, greedy ? s->tokens : NULL, s->o->cuda_graph);
     if (st || !greedy) return st ? st : pick(s, rows, k);
-    for (int64_t r = 0; r < k; r++) /* the device marks a row with a NaN logit as -1 - its index */
+    for (int64_t r = 0; r < k; r++) /* a row with a NaN logit is marked -1 - its index */
         if (s->tokens[r] < 0)
             return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sample_greedy: logits[%lld] is NaN (prompt %lld)",
                              (long long)(-1 - s->tokens[r]), (long long)rows[r]);
@@ -180,7 +177,7 @@ static moex_status prefill(gen_state *s, int n, const int32_t *const *prompts, c
             room -= take;
         }
         if (k == 0) return MOEX_OK;
-        moex_status st = m->gpu ? model_gpu_step(m, seqs, k, step_logits, NULL, 0) : moex_model_step(m, seqs, k, step_logits);
+        moex_status st = model_step(m, seqs, k, step_logits, NULL, 0);
         if (st) return st;
         for (int64_t r = 0; r < k; r++) {
             int64_t i = who[r];
@@ -196,7 +193,7 @@ static moex_status run(gen_state *s, int n, const int32_t *const *prompts, const
     const int64_t V = m->cfg.vocab_size;
     int64_t rows[n];
     for (int i = 0; i < n; i++) {
-        moex_status st = m->gpu ? model_gpu_reset(m, i) : moex_kv_cache_reset(m->cache, i);
+        moex_status st = model_kv_reset(m, i);
         if (st) return st;
         s->past[i] = lens[i];
         s->g->prefill_tokens += lens[i];

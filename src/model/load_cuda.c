@@ -1,6 +1,7 @@
 /* load_cuda.c — the device side of a model loaded with device = CUDA: every
  * weight a step needs uploaded once, the device KV cache, the cuBLAS handle and
- * the scratch (see model_cuda.h). */
+ * the scratch, and the step state m->run over them with the CUDA op table (see
+ * model_cuda.h). */
 #include "model/model_internal.h"
 #include <stdlib.h>
 
@@ -159,7 +160,7 @@ static moex_status upload_layers(moex_model *m) {
     if (!g->layers) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the device layer table");
     for (int64_t L = 0; L < c->num_hidden_layers; L++) {
         const model_layer *ly = &m->layers[L];
-        gpu_layer *gl = &g->layers[L];
+        model_layer_w *gl = &g->layers[L];
         moex_status st = upload_vec(m, ly->in_norm, c->hidden_size, &gl->in_norm);
         if (!st) st = upload_vec(m, ly->post_norm, c->hidden_size, &gl->post_norm);
         if (!st) st = upload_vec(m, ly->q_norm, c->head_dim, &gl->q_norm);
@@ -180,21 +181,23 @@ static moex_status upload_layers(moex_model *m) {
 // The embedding in the linear layers' dtype (exact for f32), shared with a tied lm_head.
 static moex_status upload_embed_head(moex_model *m) {
     model_gpu *g = m->gpu;
+    model_run *r = &m->run;
     const moex_config *c = &m->cfg;
     const moex_dtype dt = weight_dtype(m);
-    moex_status st = upload(g, m->embed, m->embed_dtype, (size_t)(c->vocab_size * c->hidden_size), dt, &g->embed);
+    moex_status st = upload(g, m->embed, m->embed_dtype, (size_t)(c->vocab_size * c->hidden_size), dt, &r->embed);
     if (st) return st;
-    g->embed_dtype = dt;
-    if ((st = upload_vec(m, m->final_norm, c->hidden_size, &g->final_norm))) return st;
+    r->embed_dtype = dt;
+    if ((st = upload_vec(m, m->final_norm, c->hidden_size, &r->final_norm))) return st;
     if (c->tie_word_embeddings) {
-        g->lm_head = (moex_linear_w){g->embed, dt, c->vocab_size, c->hidden_size, NULL, MOEX_F32};
+        r->lm_head = (moex_linear_w){r->embed, dt, c->vocab_size, c->hidden_size, NULL, MOEX_F32};
         return MOEX_OK;
     }
-    return upload_linear(m, &m->lm_head, &g->lm_head);
+    return upload_linear(m, &m->lm_head, &r->lm_head);
 }
 
 static moex_status alloc_scratch(moex_model *m) {
     model_gpu *g = m->gpu;
+    model_run *r = &m->run;
     const moex_config *c = &m->cfg;
     const size_t T = (size_t)m->opt.max_tokens, B = (size_t)m->opt.max_batch, H = (size_t)c->hidden_size;
     const size_t d = (size_t)c->head_dim, qd = (size_t)c->num_attention_heads * d;
@@ -206,24 +209,26 @@ static moex_status alloc_scratch(moex_model *m) {
     if (inter > widest_in) widest_in = inter;
     const size_t E = (size_t)(c->num_experts > 0 ? c->num_experts : 1);
     const size_t K = (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1);
-    float **f[] = {&g->x, &g->h, &g->mlp, &g->tmp, &g->attn, &g->q, &g->k, &g->v, &g->gate, &g->up, &g->cos, &g->sin,
-                   &g->router_logits, &g->route_w, &g->gate_logit, &g->last, &g->normed, &g->logits, &g->inv_freq};
+    float *inv_freq = NULL;
+    float **f[] = {&r->x, &r->h, &r->mlp, &r->tmp, &r->attn, &r->q, &r->k, &r->v, &r->gate, &r->up, &r->cos, &r->sin,
+                   &r->router_logits, &r->route_w, &r->gate_logit, &r->last, &r->normed, &r->logits, &inv_freq};
     const size_t n[] = {T * H, T * H, T * H, T * H, T * qd, T * qd, T * kvd, T * kvd, T * inter, T * inter,
                         T * (d / 2), T * (d / 2), T * E, T * K, T, B * H, B * H, B * (size_t)c->vocab_size, d / 2};
     moex_status st = MOEX_OK;
     for (size_t i = 0; !st && i < sizeof n / sizeof n[0]; i++)
         st = dev_alloc(g, n[i] * sizeof(float), &g->scratch_bytes, (void **)f[i]);
-    if (!st) st = dev_alloc(g, T * K * sizeof(int32_t), &g->scratch_bytes, (void **)&g->route_ids);
-    if (!st) st = dev_alloc(g, T * sizeof(int64_t), &g->scratch_bytes, (void **)&g->positions);
-    if (!st) st = dev_alloc(g, T * sizeof(int64_t), &g->scratch_bytes, (void **)&g->tokens);
-    if (!st) st = dev_alloc(g, B * sizeof(int64_t), &g->scratch_bytes, (void **)&g->argmax);
-    if (!st) st = dev_alloc(g, B * sizeof(moex_attn_seq), &g->scratch_bytes, (void **)&g->seqs);
+    if (!st) st = dev_alloc(g, T * K * sizeof(int32_t), &g->scratch_bytes, (void **)&r->route_ids);
+    if (!st) st = dev_alloc(g, T * sizeof(int64_t), &g->scratch_bytes, (void **)&r->positions);
+    if (!st) st = dev_alloc(g, T * sizeof(int64_t), &g->scratch_bytes, (void **)&r->tokens);
+    if (!st) st = dev_alloc(g, B * sizeof(int64_t), &g->scratch_bytes, (void **)&r->argmax);
+    if (!st) st = dev_alloc(g, B * sizeof(moex_attn_seq), &g->scratch_bytes, (void **)&r->seqs);
     if (!st && m->opt.dtype == MOEX_BF16) {
-        st = dev_alloc(g, T * H * 2, &g->scratch_bytes, (void **)&g->h16);
-        if (!st) st = dev_alloc(g, T * H * 2, &g->scratch_bytes, (void **)&g->out16);
-        if (!st) st = dev_alloc(g, T * widest_in * 2, &g->scratch_bytes, &g->x16);
+        st = dev_alloc(g, T * H * 2, &g->scratch_bytes, (void **)&r->h16);
+        if (!st) st = dev_alloc(g, T * H * 2, &g->scratch_bytes, (void **)&r->out16);
+        if (!st) st = dev_alloc(g, T * widest_in * 2, &g->scratch_bytes, &r->env.x16);
     }
-    if (!st) st = upload_into(g, g->inv_freq, m->inv_freq, MOEX_F32, d / 2, MOEX_F32);
+    if (!st) st = upload_into(g, inv_freq, m->inv_freq, MOEX_F32, d / 2, MOEX_F32);
+    r->inv_freq = inv_freq;
     return st;
 }
 
@@ -244,6 +249,15 @@ moex_status model_gpu_load(moex_model *m) {
                   (size_t)c->num_key_value_heads * (size_t)m->opt.max_seq * (size_t)c->head_dim;
     if ((st = moex_cuda_blas_create(g->dev.index, 0, &g->blas))) return st;
     g->scratch_bytes += g->blas.workspace_bytes;
+    /* the step: the CUDA op table on the context's stream, the device weights and scratch */
+    model_run *r = &m->run;
+    r->env.ops = &moex_decoder_ops_cuda;
+    r->env.device = g->dev;
+    r->env.kv = &g->cache;
+    r->env.stream = g->stream;
+    r->env.flags = g->flags;
+    r->env.blas = &g->blas;
+    r->layers = g->layers;
     return alloc_scratch(m);
 }
 
@@ -260,7 +274,5 @@ void model_gpu_free(moex_model *m) {
     free(g);
     m->gpu = NULL;
 }
-
-moex_status model_gpu_reset(moex_model *m, int64_t seq) { return moex_cuda_kv_cache_reset(&m->gpu->cache, seq, m->gpu->stream); }
 
 #endif

@@ -411,22 +411,27 @@ static moex_status alloc_scratch(moex_model *m) {
     if ((size_t)c->intermediate_size > wide) wide = (size_t)c->intermediate_size;
     if ((size_t)c->shared_expert_intermediate_size > wide) wide = (size_t)c->shared_expert_intermediate_size;
     if (qd > wide) wide = qd;
-    float **f[] = {&m->x, &m->h, &m->mlp, &m->tmp, &m->attn, &m->q, &m->k, &m->v, &m->cos, &m->sin, &m->router_logits,
-                   &m->route_w};
+    const size_t B = (size_t)m->opt.max_batch, K = (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1);
+    model_run *r = &m->run;
+    float **f[] = {&r->x, &r->h, &r->mlp, &r->tmp, &r->attn, &r->q, &r->k, &r->v, &r->cos, &r->sin, &r->router_logits,
+                   &r->route_w, &r->gate_logit};
     const size_t n[] = {T * H, T * H, T * H, T * wide, T * qd, T * qd, T * kvd, T * kvd, T * d / 2 + 1, T * d / 2 + 1,
-                        T * (size_t)(c->num_experts > 0 ? c->num_experts : 1),
-                        T * (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1)};
+                        T * (size_t)(c->num_experts > 0 ? c->num_experts : 1), T * K, T};
     for (size_t i = 0; i < sizeof n / sizeof n[0]; i++)
         if (!(*f[i] = malloc(n[i] * sizeof(float)))) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
     if (m->opt.dtype == MOEX_BF16) {
-        m->h16 = malloc(T * H * sizeof(uint16_t));
-        m->out16 = malloc(T * H * sizeof(uint16_t));
-        if (!m->h16 || !m->out16) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
+        r->h16 = malloc(T * H * sizeof(uint16_t));
+        r->out16 = malloc(T * H * sizeof(uint16_t));
+        if (!r->h16 || !r->out16) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
     }
-    m->route_ids = malloc(T * (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1) * sizeof(int32_t));
-    m->positions = malloc(T * sizeof(int64_t));
+    r->last = r->h, r->normed = r->tmp; /* max_tokens >= max_batch rows */
+    r->route_ids = malloc(T * K * sizeof(int32_t));
+    r->positions = malloc(T * sizeof(int64_t));
+    r->tokens = malloc(T * sizeof(int64_t));
+    r->seqs = malloc(B * sizeof(moex_attn_seq));
     m->inv_freq = malloc((d / 2 + 1) * sizeof(float));
-    if (!m->route_ids || !m->positions || !m->inv_freq) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
+    if (!r->route_ids || !r->positions || !r->tokens || !r->seqs || !m->inv_freq)
+        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
     return moex_rope_inv_freq(c->head_dim, c->rope.theta, m->inv_freq);
 }
 
@@ -495,7 +500,7 @@ static moex_status load(moex_model *m, const char *dir) {
     if ((st = moex_kv_cache_create(c->num_hidden_layers, m->opt.max_batch, m->opt.max_seq, c->num_key_value_heads,
                                    c->head_dim, &m->cache)))
         return st;
-    return alloc_scratch(m);
+    return (st = alloc_scratch(m)) ? st : model_run_cpu(m);
 }
 
 moex_status moex_model_load(const char *dir, const moex_model_options *options, moex_model **out) {
@@ -516,6 +521,7 @@ moex_status moex_model_load(const char *dir, const moex_model_options *options, 
 void moex_model_free(moex_model *m) {
     if (!m) return;
     if (m->gpu && m->ctx) moex_context_synchronize(m->ctx); /* nothing in flight on what is freed below */
+    const int host_run = m->opt.device.kind != MOEX_DEVICE_CUDA; /* m->run's scratch is host memory */
     model_gpu_free(m);
     for (int64_t L = 0; m->layers && L < m->cfg.num_hidden_layers; L++) {
         moex_layer_free(m->layers[L].experts);
@@ -524,13 +530,20 @@ void moex_model_free(moex_model *m) {
     free(m->layers);
     moex_context_free(m->ctx);
     moex_kv_cache_free(m->cache);
-    float *f[] = {m->x, m->h, m->mlp, m->tmp, m->attn, m->q, m->k, m->v, m->cos, m->sin, m->router_logits, m->route_w,
-                  m->inv_freq};
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
-    free(m->route_ids);
-    free(m->positions);
-    free(m->h16);
-    free(m->out16);
+    free(m->inv_freq);
+    if (host_run) { /* the CPU's scratch (on CUDA it is device memory, freed above) */
+        model_run *r = &m->run;
+        float *f[] = {r->x, r->h, r->mlp, r->tmp, r->attn, r->q, r->k, r->v, r->cos, r->sin, r->router_logits,
+                      r->route_w, r->gate_logit};
+        for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
+        free(r->route_ids);
+        free(r->positions);
+        free(r->tokens);
+        free(r->seqs);
+        free(r->h16);
+        free(r->out16);
+    }
+    free(m->host_layers);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     moex_checkpoint_close(m->ckpt);

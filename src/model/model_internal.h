@@ -1,11 +1,14 @@
 /* model_internal.h — the loaded model: weights (views into the checkpoint's
- * mapping), experts layers, the backend map, the KV cache and scratch. */
+ * mapping), experts layers, the backend map, the KV cache, and what a step
+ * runs with (model_run: the decoder's op table, the weights and the scratch it
+ * reads, on the CPU or on the device). */
 #ifndef MOEX_MODEL_INTERNAL_H
 #define MOEX_MODEL_INTERNAL_H
 
 #include "experts/experts_internal.h"
 #include "model/config.h"
 #include "decoder/decoder.h"
+#include "decoder/ops.h"
 #include "model/experts_map.h"
 #include "model/model_cuda.h"
 #include "model/safetensors.h"
@@ -24,6 +27,35 @@ typedef struct model_layer {
     moex_mlp_w shared;               /* qwen2_moe shared expert */
     moex_linear_w shared_gate;       /* [1, H] */
 } model_layer;
+
+/* The weights of one layer that a step reads besides the experts: views of model_layer's on the
+ * CPU, their device copies on CUDA (load_cuda.c). */
+typedef struct model_layer_w {
+    moex_vec_w in_norm, post_norm, q_norm, k_norm;
+    moex_linear_w q, k, v, o, router, shared_gate;
+    moex_mlp_w dense, shared;
+} model_layer_w;
+
+/* What one step (step.c) runs with, all of it in the memory of env's op table: host memory
+ * with moex_decoder_ops_cpu, device memory with moex_decoder_ops_cuda. */
+typedef struct model_run {
+    moex_decoder_env env;         /* the op table, its threads or stream, handle, KV cache */
+    const model_layer_w *layers;  /* [num_hidden_layers] */
+    const void *embed;            /* [V, H]; also the lm_head's weight when tied */
+    moex_dtype embed_dtype;
+    moex_vec_w final_norm;
+    moex_linear_w lm_head;
+    const float *inv_freq;        /* [head_dim / 2] */
+    /* scratch, sized for max_tokens rows; last, normed: max_batch rows (on the CPU they are h and
+     * tmp); gate, up: the dense MLPs' [T, I] (CUDA only: the CPU's MLP allocates its own);
+     * logits [max_batch, V] and argmax [max_batch]: NULL on the CPU, which writes the caller's */
+    float *x, *h, *q, *k, *v, *attn, *mlp, *tmp, *gate, *up, *cos, *sin, *router_logits, *route_w, *gate_logit;
+    float *last, *normed, *logits;
+    int32_t *route_ids;
+    int64_t *positions, *tokens, *argmax;
+    moex_attn_seq *seqs;          /* [max_batch] the step's sequences */
+    uint16_t *h16, *out16;        /* bf16 compute: the experts' input and output */
+} model_run;
 
 /* The checkpoint's quantization_config (FP8 only), as the loader uses it. */
 typedef struct model_quant {
@@ -48,13 +80,10 @@ struct moex_model {
     moex_experts_map map;
     int map_entry;                   /* the map entry the MoE layers follow */
     moex_context *ctx;
-    moex_kv_cache *cache;
-    float *inv_freq;                 /* [head_dim / 2] */
-    /* scratch, sized for max_tokens rows */
-    float *x, *h, *q, *k, *v, *attn, *mlp, *tmp, *cos, *sin, *router_logits, *route_w;
-    int32_t *route_ids;
-    int64_t *positions;
-    uint16_t *h16, *out16;           /* bf16 compute: the experts' input and output */
+    moex_kv_cache *cache;            /* the CPU's KV cache (CUDA: model_gpu's) */
+    float *inv_freq;                 /* [head_dim / 2] (host) */
+    model_run run;                   /* what a step runs with (the CPU's scratch is malloc'd, freed with the model) */
+    model_layer_w *host_layers;      /* the CPU's run.layers */
     void **owned;                    /* bf16 copies of weights stored in another dtype */
     int n_owned, cap_owned;
     model_gpu *gpu;                  /* device = CUDA: the device side (model_cuda.h); NULL on the cpu */
@@ -89,12 +118,24 @@ moex_status model_dequantize_tensor(moex_model *m, const moex_ckpt_tensor *t, co
 /* --quantize: turn the plain experts of d into quantized per-expert matrices owned by the model. */
 moex_status model_quantize_experts(moex_model *m, model_layer *ly, moex_experts_desc *d);
 
-moex_status moex_model_step(moex_model *m, const model_step_seq *seqs, int64_t nseq, float *logits);
+/* ---- the step (step.c), written once over m->run.env's op table ---- */
 
-/* The host side of a step, shared by both devices: the sizes against the load options and
- * the token ids against the vocabulary checked, attn[nseq] filled, the new tokens stacked
- * into *tokens (malloc'd, *total of them; the caller frees it). */
-moex_status model_step_inputs(const moex_model *m, const model_step_seq *seqs, int64_t nseq, moex_attn_seq *attn,
-                              int64_t *total, int64_t **tokens);
+/* One forward step over nseq (1 .. max_batch) sequences. The step's token ids and
+ * descriptors are copied into the table's memory, the step runs (on CUDA it is queued, or,
+ * with use_graph and one new token per sequence, replayed from the graph captured for this
+ * batch size, capturing it the first time; use_graph needs a model on CUDA), the context is
+ * synchronised once and the results land in host memory:
+ *   logits [nseq, V] (required): each sequence's last new token's logits; when tokens is
+ *          given too, the CPU computes them there but the device does not copy them back;
+ *   tokens [nseq] or NULL: the greedy tokens, -1 - i for a row whose first NaN logit is i. */
+moex_status model_step(moex_model *m, const model_step_seq *seqs, int64_t nseq, float *logits, int64_t *tokens,
+                       int use_graph);
+
+/* Forget sequence seq (every one for -1) in the KV cache the step uses. */
+moex_status model_kv_reset(moex_model *m, int64_t seq);
+
+/* On the CPU, after the load: m->run over the host weights, m->cache and the scratch loader.c
+ * allocated (CUDA: model_gpu_load fills m->run). */
+moex_status model_run_cpu(moex_model *m);
 
 #endif

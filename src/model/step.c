@@ -1,92 +1,162 @@
-/* step.c — one forward step of the decoder over several sequences:
- *   tokens [T] -> embed -> L x (attention with KV cache, MoE or dense MLP) -> norm -> lm_head
- * Only each sequence's last new token gets logits. */
+/* step.c — one forward step of the decoder over several sequences, written once over the op
+ * table of m->run.env (decoder/ops.h): the CPU's building blocks, or the device's, which only
+ * queue work on the context's stream:
+ *   ids -> embed -> L x (attention with the KV cache, MoE or dense MLP)
+ *       -> last rows -> norm -> lm_head (-> argmax)
+ * Only each sequence's last new token gets logits. The step's inputs (ids, sequence
+ * descriptors) are read from buffers of the table's memory, so that on CUDA a decode step can
+ * be captured once per batch size and replayed; the one synchronisation is before the results
+ * are copied back. */
 #include "model/model_internal.h"
-#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 // bf16 compute: every activation is rounded to bf16 where the peer stores one.
-static void round_act(const moex_model *m, float *x, int64_t n) {
-    if (m->opt.dtype != MOEX_BF16) return;
-    for (int64_t i = 0; i < n; i++) x[i] = moex_bf16_to_f32(moex_f32_to_bf16(x[i]));
-}
-
-// Rotary cos/sin for the step's positions (qwen3_vl_moe: multimodal sections; for
-// text the three position ids are equal).
-static moex_status rope_tables(moex_model *m, int64_t T) {
-    const moex_config *c = &m->cfg;
-    if (c->rope.n_mrope_section == 3) {
-        int64_t sec[3] = {c->rope.mrope_section[0], c->rope.mrope_section[1], c->rope.mrope_section[2]};
-        return moex_mrope_cos_sin(m->inv_freq, c->head_dim, sec, m->positions, m->positions, m->positions, T, m->cos,
-                                  m->sin);
-    }
-    return moex_rope_cos_sin(m->inv_freq, c->head_dim, m->positions, T, m->cos, m->sin);
+static moex_status R(const moex_model *m, float *x, int64_t n) {
+    const moex_decoder_env *e = &m->run.env;
+    return m->opt.dtype == MOEX_BF16 ? e->ops->round_bf16(e, x, n) : MOEX_OK;
 }
 
 // x [T, H] += attention(rmsnorm(x)) for layer L.
-static moex_status attention_block(moex_model *m, const model_layer *ly, int64_t L, const moex_attn_seq *seqs,
-                                   int64_t nseq, int64_t T) {
+static moex_status attention_block(moex_model *m, const model_layer_w *ly, int64_t L, int64_t nseq, int64_t T) {
     const moex_config *c = &m->cfg;
+    model_run *r = &m->run;
+    const moex_decoder_env *e = &r->env;
+    const moex_decoder_ops *op = e->ops;
     const int64_t H = c->hidden_size, d = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
-    const int th = m->ctx->options.num_threads;
-    moex_status st = moex_rmsnorm(m->x, T, H, ly->in_norm.data, ly->in_norm.dtype, c->rms_norm_eps, m->h);
-    round_act(m, m->h, T * H);
-    if (st || (st = moex_linear(&ly->q, m->h, T, m->q, th)) || (st = moex_linear(&ly->k, m->h, T, m->k, th)) ||
-        (st = moex_linear(&ly->v, m->h, T, m->v, th)))
-        return st;
-    round_act(m, m->q, T * nh * d);
-    round_act(m, m->k, T * nkv * d);
-    round_act(m, m->v, T * nkv * d);
-    if (ly->q_norm.data) {
-        if ((st = moex_rmsnorm_heads(m->q, T, nh, d, ly->q_norm.data, ly->q_norm.dtype, c->rms_norm_eps, m->q)) ||
-            (st = moex_rmsnorm_heads(m->k, T, nkv, d, ly->k_norm.data, ly->k_norm.dtype, c->rms_norm_eps, m->k)))
-            return st;
+    moex_status st = op->rmsnorm(e, r->x, T, H, ly->in_norm.data, ly->in_norm.dtype, c->rms_norm_eps, r->h);
+    if (!st) st = R(m, r->h, T * H);
+    if (!st) st = op->linear(e, &ly->q, r->h, T, r->q);
+    if (!st) st = op->linear(e, &ly->k, r->h, T, r->k);
+    if (!st) st = op->linear(e, &ly->v, r->h, T, r->v);
+    if (!st) st = R(m, r->q, T * nh * d);
+    if (!st) st = R(m, r->k, T * nkv * d);
+    if (!st) st = R(m, r->v, T * nkv * d);
+    if (!st && ly->q_norm.data) {
+        st = op->rmsnorm_heads(e, r->q, T, nh, d, ly->q_norm.data, ly->q_norm.dtype, c->rms_norm_eps, r->q);
+        if (!st) st = op->rmsnorm_heads(e, r->k, T, nkv, d, ly->k_norm.data, ly->k_norm.dtype, c->rms_norm_eps, r->k);
     }
-    if ((st = moex_rope_apply(m->q, T, nh, d, m->cos, m->sin)) || (st = moex_rope_apply(m->k, T, nkv, d, m->cos, m->sin)))
-        return st;
-    round_act(m, m->q, T * nh * d);
-    round_act(m, m->k, T * nkv * d);
-    if ((st = moex_attention_forward_batch(m->cache, L, seqs, nseq, nh, m->q, m->k, m->v, m->attn, th))) return st;
-    round_act(m, m->attn, T * nh * d);
-    if ((st = moex_linear(&ly->o, m->attn, T, m->tmp, th))) return st;
-    round_act(m, m->tmp, T * H);
-    for (int64_t i = 0; i < T * H; i++) m->x[i] += m->tmp[i];
-    round_act(m, m->x, T * H);
-    return MOEX_OK;
+    if (!st) st = op->rope_apply(e, r->q, T, nh, d, r->cos, r->sin);
+    if (!st) st = op->rope_apply(e, r->k, T, nkv, d, r->cos, r->sin);
+    if (!st) st = R(m, r->q, T * nh * d);
+    if (!st) st = R(m, r->k, T * nkv * d);
+    if (!st) st = op->attention(e, L, r->seqs, nseq, T, nh, r->q, r->k, r->v, r->attn);
+    if (!st) st = R(m, r->attn, T * nh * d);
+    if (!st) st = op->linear(e, &ly->o, r->attn, T, r->tmp);
+    if (!st) st = R(m, r->tmp, T * H);
+    if (!st) st = op->add(e, r->x, r->tmp, r->x, T * H);
+    if (!st) st = R(m, r->x, T * H);
+    return st;
 }
 
-// mlp [T, H] = experts(h) (+ the shared expert) for an MoE layer.
-static moex_status moe_block(moex_model *m, const model_layer *ly, int64_t T) {
+// mlp [T, H] = experts(h) (+ the shared expert with its sigmoid gate) for an MoE layer.
+static moex_status moe_block(moex_model *m, const model_layer *ly, const model_layer_w *lw, int64_t T) {
     const moex_config *c = &m->cfg;
+    model_run *r = &m->run;
+    const moex_decoder_env *e = &r->env;
+    const moex_decoder_ops *op = e->ops;
     const int64_t H = c->hidden_size, E = c->num_experts, k = c->num_experts_per_tok;
-    const int th = m->ctx->options.num_threads;
-    moex_status st = moex_linear(&ly->router, m->h, T, m->router_logits, th);
-    if (st) return st;
-    round_act(m, m->router_logits, T * E);
     const int bf16 = m->opt.dtype == MOEX_BF16;
-    moex_tensor logits, ids, w, hidden, out;
-    int64_t ls[2] = {T, E}, ks[2] = {T, k}, hs[2] = {T, H};
-    moex_tensor_init(&logits, m->router_logits, MOEX_F32, 2, ls);
-    moex_tensor_init(&ids, m->route_ids, MOEX_I32, 2, ks);
-    moex_tensor_init(&w, m->route_w, MOEX_F32, 2, ks);
-    if (bf16) moex_convert(m->h, MOEX_F32, m->h16, MOEX_BF16, (size_t)(T * H));
-    moex_tensor_init(&hidden, bf16 ? (void *)m->h16 : (void *)m->h, bf16 ? MOEX_BF16 : MOEX_F32, 2, hs);
-    moex_tensor_init(&out, bf16 ? (void *)m->out16 : (void *)m->mlp, bf16 ? MOEX_BF16 : MOEX_F32, 2, hs);
-    if ((st = moex_route(&m->router, &logits, &ids, &w))) return st;
-    round_act(m, m->route_w, T * k);
+    moex_status st = op->linear(e, &lw->router, r->h, T, r->router_logits);
+    if (!st) st = R(m, r->router_logits, T * E);
+    if (!st) st = op->route(e, &m->router, r->router_logits, T, r->route_ids, r->route_w);
+    if (!st) st = R(m, r->route_w, T * k);
+    if (!st && bf16) st = op->convert(e, r->h, MOEX_F32, r->h16, MOEX_BF16, T * H);
+    if (st) return st;
+    /* the experts: the public call, on tensors of the table's memory */
+    moex_tensor ids, w, hidden, out;
+    int64_t ks[2] = {T, k}, hs[2] = {T, H};
+    if ((st = moex_tensor_init(&ids, r->route_ids, MOEX_I32, 2, ks)) ||
+        (st = moex_tensor_init(&w, r->route_w, MOEX_F32, 2, ks)) ||
+        (st = moex_tensor_init(&hidden, bf16 ? (void *)r->h16 : (void *)r->h, bf16 ? MOEX_BF16 : MOEX_F32, 2, hs)) ||
+        (st = moex_tensor_init(&out, bf16 ? (void *)r->out16 : (void *)r->mlp, bf16 ? MOEX_BF16 : MOEX_F32, 2, hs)))
+        return st;
+    ids.device = w.device = hidden.device = out.device = e->device;
     if ((st = moex_experts_forward(m->ctx, ly->experts, m->map.names[m->map_entry], &hidden, &ids, &w, &out))) return st;
-    if (bf16) moex_convert(m->out16, MOEX_BF16, m->mlp, MOEX_F32, (size_t)(T * H));
-    if (ly->has_shared) {
-        if ((st = moex_shared_expert(&ly->shared, &ly->shared_gate, m->h, T, m->tmp, th))) return st;
-        round_act(m, m->tmp, T * H);
-        for (int64_t i = 0; i < T * H; i++) m->mlp[i] += m->tmp[i];
-        round_act(m, m->mlp, T * H);
-    }
-    return MOEX_OK;
+    if (bf16 && (st = op->convert(e, r->out16, MOEX_BF16, r->mlp, MOEX_F32, T * H))) return st;
+    if (!ly->has_shared) return MOEX_OK;
+    st = op->mlp(e, &lw->shared, r->h, T, r->tmp, r->gate, r->up);
+    if (!st) st = op->linear(e, &lw->shared_gate, r->h, T, r->gate_logit);
+    if (!st) st = op->scale_rows_sigmoid(e, r->gate_logit, r->tmp, T, H);
+    if (!st) st = R(m, r->tmp, T * H);
+    if (!st) st = op->add(e, r->mlp, r->tmp, r->mlp, T * H);
+    if (!st) st = R(m, r->mlp, T * H);
+    return st;
 }
 
-moex_status model_step_inputs(const moex_model *m, const model_step_seq *seqs, int64_t nseq, moex_attn_seq *attn,
-                              int64_t *total, int64_t **tokens) {
+// The whole step: reads run.tokens [T] and run.seqs [nseq]; writes logits [nseq, V] and, when
+// argmax is not NULL, the greedy tokens argmax [nseq].
+static moex_status queue_step(moex_model *m, int64_t nseq, int64_t T, float *logits, int64_t *argmax) {
+    const moex_config *c = &m->cfg;
+    model_run *r = &m->run;
+    const moex_decoder_env *e = &r->env;
+    const moex_decoder_ops *op = e->ops;
+    const int64_t H = c->hidden_size, V = c->vocab_size;
+    moex_status st = op->embedding(e, r->embed, r->embed_dtype, V, H, r->tokens, T, r->x);
+    if (!st) st = R(m, r->x, T * H);
+    if (!st) st = op->positions(e, r->seqs, nseq, T, r->positions);
+    // rotary cos/sin for the step's positions (qwen3_vl_moe: multimodal sections; for text the
+    // three position ids are equal)
+    if (!st && c->rope.n_mrope_section == 3) {
+        int64_t sec[3] = {c->rope.mrope_section[0], c->rope.mrope_section[1], c->rope.mrope_section[2]};
+        st = op->mrope_cos_sin(e, r->inv_freq, c->head_dim, sec, r->positions, r->positions, r->positions, T, r->cos,
+                               r->sin);
+    } else if (!st) {
+        st = op->rope_cos_sin(e, r->inv_freq, c->head_dim, r->positions, T, r->cos, r->sin);
+    }
+    for (int64_t L = 0; !st && L < c->num_hidden_layers; L++) {
+        const model_layer *ly = &m->layers[L];
+        const model_layer_w *lw = &r->layers[L];
+        st = attention_block(m, lw, L, nseq, T);
+        if (!st) st = op->rmsnorm(e, r->x, T, H, lw->post_norm.data, lw->post_norm.dtype, c->rms_norm_eps, r->h);
+        if (!st) st = R(m, r->h, T * H);
+        if (!st) st = ly->is_moe ? moe_block(m, ly, lw, T) : op->mlp(e, &lw->dense, r->h, T, r->mlp, r->gate, r->up);
+        if (!st) st = R(m, r->mlp, T * H);
+        if (!st) st = op->add(e, r->x, r->mlp, r->x, T * H);
+        if (!st) st = R(m, r->x, T * H);
+    }
+    // the last new token of each sequence -> final norm -> logits
+    if (!st) st = op->gather_last_rows(e, r->x, H, r->seqs, nseq, r->last);
+    if (!st) st = op->rmsnorm(e, r->last, nseq, H, r->final_norm.data, r->final_norm.dtype, c->rms_norm_eps, r->normed);
+    if (!st) st = R(m, r->normed, nseq * H);
+    if (!st) st = op->linear(e, &r->lm_head, r->normed, nseq, logits);
+    if (!st) st = R(m, logits, nseq * V);
+    if (!st && argmax) st = op->argmax(e, logits, nseq, V, argmax);
+    return st;
+}
+
+// CUDA: replay the graph captured for a decode step of nseq sequences (capture it first when
+// there is none, or when the experts backend changed since). Graphs exist only on the device.
+static moex_status graph_step(moex_model *m, int64_t nseq, float *logits, int64_t *argmax) {
+    model_gpu *g = m->gpu;
+    if (!g || !g->graphs)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "a graph-captured step needs a model loaded on cuda");
+    gpu_graph *gg = &g->graphs[nseq];
+    const char *backend = m->map.names[m->map_entry];
+    if (gg->graph && strcmp(gg->backend, backend) != 0) {
+        moex_graph_free(gg->graph);
+        gg->graph = NULL;
+    }
+    if (!gg->graph) {
+        moex_status st = moex_graph_begin(m->ctx);
+        if (st) return st;
+        st = queue_step(m, nseq, nseq, logits, argmax);
+        moex_graph *graph = NULL;
+        moex_status end = moex_graph_end(m->ctx, &graph); /* always ends the capture, also after an error */
+        if (st || end) {
+            moex_graph_free(graph);
+            return st ? st : end;
+        }
+        gg->graph = graph;
+        snprintf(gg->backend, sizeof gg->backend, "%s", backend);
+    }
+    return moex_graph_launch(gg->graph, m->ctx);
+}
+
+// The host side of a step: the sizes against the load options and the token ids against the
+// vocabulary checked, attn[nseq] filled, the new tokens stacked into tok [*total].
+static moex_status step_inputs(const moex_model *m, const model_step_seq *seqs, int64_t nseq, moex_attn_seq *attn,
+                               int64_t *total, int64_t **tokens) {
     const moex_config *c = &m->cfg;
     int64_t T = 0;
     *total = 0;
@@ -116,39 +186,59 @@ moex_status model_step_inputs(const moex_model *m, const model_step_seq *seqs, i
     return MOEX_OK;
 }
 
-moex_status moex_model_step(moex_model *m, const model_step_seq *seqs, int64_t nseq, float *logits) {
+moex_status model_step(moex_model *m, const model_step_seq *seqs, int64_t nseq, float *logits, int64_t *tokens,
+                       int use_graph) {
     const moex_config *c = &m->cfg;
-    const int64_t H = c->hidden_size;
-    const int th = m->ctx->options.num_threads;
+    model_run *r = &m->run;
+    const moex_decoder_env *e = &r->env;
+    if (nseq < 1 || nseq > m->opt.max_batch)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%lld sequences in a step; the model was loaded for 1 to max_batch = %lld",
+                         (long long)nseq, (long long)m->opt.max_batch);
+    if (!logits) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "a step needs a logits buffer");
     int64_t T = 0, *tok = NULL;
-    moex_attn_seq attn[nseq > 0 ? nseq : 1];
-    moex_status st = model_step_inputs(m, seqs, nseq, attn, &T, &tok);
+    moex_attn_seq attn[nseq];
+    moex_status st = step_inputs(m, seqs, nseq, attn, &T, &tok);
     if (st) return st;
-    for (int64_t s = 0, t = 0; s < nseq; s++)
-        for (int64_t i = 0; i < seqs[s].n_new; i++) m->positions[t++] = seqs[s].past + i;
-    st = moex_embedding(m->embed, m->embed_dtype, c->vocab_size, H, tok, T, m->x);
+    // The previous step was synchronised: the buffers are free to be rewritten.
+    st = e->ops->copy_in(e, r->tokens, tok, (size_t)T * sizeof *tok);
     free(tok);
-    round_act(m, m->x, T * H);
-    if (st || (st = rope_tables(m, T))) return st;
+    if (!st) st = e->ops->copy_in(e, r->seqs, attn, (size_t)nseq * sizeof *attn);
+    if (st) return st;
+    // where the table computes the results: its own buffers, or (the CPU's) the caller's
+    float *lg = r->logits ? r->logits : logits;
+    int64_t *am = r->argmax ? r->argmax : tokens;
+    st = use_graph && T == nseq ? graph_step(m, nseq, lg, am) : queue_step(m, nseq, T, lg, am);
+    moex_status sync = moex_context_synchronize(m->ctx); /* also after an error: nothing left in flight */
+    if (st || sync) return st ? st : sync;
+    if (!tokens && lg != logits &&
+        (st = e->ops->copy_out(e, logits, lg, (size_t)(nseq * c->vocab_size) * sizeof(float))))
+        return st;
+    if (tokens && am != tokens && (st = e->ops->copy_out(e, tokens, am, (size_t)nseq * sizeof(int64_t)))) return st;
+    return MOEX_OK;
+}
+
+moex_status model_kv_reset(moex_model *m, int64_t seq) { return m->run.env.ops->kv_reset(&m->run.env, seq); }
+
+moex_status model_run_cpu(moex_model *m) {
+    const moex_config *c = &m->cfg;
+    model_run *r = &m->run;
+    m->host_layers = calloc((size_t)c->num_hidden_layers, sizeof *m->host_layers);
+    if (!m->host_layers) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the layer table");
     for (int64_t L = 0; L < c->num_hidden_layers; L++) {
         const model_layer *ly = &m->layers[L];
-        if ((st = attention_block(m, ly, L, attn, nseq, T))) return st;
-        if ((st = moex_rmsnorm(m->x, T, H, ly->post_norm.data, ly->post_norm.dtype, c->rms_norm_eps, m->h))) return st;
-        round_act(m, m->h, T * H);
-        st = ly->is_moe ? moe_block(m, ly, T) : moex_gated_mlp(&ly->dense, m->h, T, m->mlp, th);
-        if (st) return st;
-        round_act(m, m->mlp, T * H);
-        for (int64_t i = 0; i < T * H; i++) m->x[i] += m->mlp[i];
-        round_act(m, m->x, T * H);
+        m->host_layers[L] = (model_layer_w){ly->in_norm, ly->post_norm, ly->q_norm,     ly->k_norm,
+                                            ly->q,       ly->k,         ly->v,          ly->o,
+                                            ly->router,  ly->shared_gate, ly->dense,    ly->shared};
     }
-    // the last new token of each sequence -> final norm -> logits
-    for (int64_t s = 0, t = 0; s < nseq; s++) {
-        t += seqs[s].n_new;
-        memcpy(m->h + s * H, m->x + (t - 1) * H, sizeof(float) * (size_t)H);
-    }
-    if ((st = moex_rmsnorm(m->h, nseq, H, m->final_norm.data, m->final_norm.dtype, c->rms_norm_eps, m->tmp))) return st;
-    round_act(m, m->tmp, nseq * H);
-    if ((st = moex_linear(&m->lm_head, m->tmp, nseq, logits, th))) return st;
-    round_act(m, logits, nseq * c->vocab_size);
+    r->env.ops = &moex_decoder_ops_cpu;
+    r->env.device = (moex_device){MOEX_DEVICE_CPU, 0};
+    r->env.threads = m->ctx->options.num_threads;
+    r->env.kv = m->cache;
+    r->layers = m->host_layers;
+    r->embed = m->embed;
+    r->embed_dtype = m->embed_dtype;
+    r->final_norm = m->final_norm;
+    r->lm_head = m->lm_head;
+    r->inv_freq = m->inv_freq;
     return MOEX_OK;
 }

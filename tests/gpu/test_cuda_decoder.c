@@ -20,6 +20,9 @@
  *     gated MLP and qwen2_moe's shared expert composed from the pieces
  *   - a CUDA graph of linear + positions + rope + attention + argmax, replayed for
  *     several decode steps with new inputs in the same buffers
+ *   - the step's two op tables (decoder/ops.h) on the same inputs: the table's
+ *     own ops exact (copies, positions, last rows, argmax, adds, bf16 rounding,
+ *     conversion), the shared-expert gate and a gated MLP close
  *
  * Bounds: f32 results within rtol 1e-5 of the CPU (most are bit-equal but for
  * the device's expf/erff/tanhf); GEMM-based ones also NMSE <= 1e-10 (SPEC's
@@ -30,6 +33,9 @@
  * Exit status: 0 all passed, 1 a check failed, 77 no usable CUDA device (skip).
  */
 #define _POSIX_C_SOURCE 200809L
+#ifndef MOEX_HAVE_CUDA
+#define MOEX_HAVE_CUDA 1 /* built only with CUDA: decoder/ops.h declares the CUDA op table then */
+#endif
 
 #include <math.h>
 #include <stdarg.h>
@@ -46,6 +52,7 @@
 #include "core/gpu_runtime.h"
 #include "decoder/cuda/decoder_api.h"
 #include "decoder/decoder.h"
+#include "decoder/ops.h"
 
 /* ------------------------------------------------------------------------ */
 /* checks                                                                    */
@@ -996,6 +1003,94 @@ typedef struct test_entry {
     void (*fn)(void);
 } test_entry;
 
+/* ------------------------------------------------------------------------ */
+/* the step's op tables: CPU and CUDA on the same inputs                    */
+/* ------------------------------------------------------------------------ */
+
+static void test_op_tables(void) {
+    moex_cuda_blas blas;
+    MUST(moex_cuda_blas_create(g_gpu, 0, &blas));
+    const moex_decoder_env ce = {&moex_decoder_ops_cpu, {MOEX_DEVICE_CPU, 0}, 2, NULL, NULL, NULL, NULL, NULL};
+    const moex_decoder_env ge = {&moex_decoder_ops_cuda, {MOEX_DEVICE_CUDA, g_gpu}, 0, NULL, g_stream, g_flags, &blas,
+                                 NULL};
+    const moex_decoder_ops *c = ce.ops, *g = ge.ops;
+    enum { NSEQ = 3, T = 9, H = 40, I = 72, V = 301 };
+    const moex_attn_seq seqs[NSEQ] = {{0, 4, 3}, {2, 0, 5}, {1, 5, 0}};
+    moex_attn_seq *dseqs = dmalloc(sizeof seqs);
+    MUST(g->copy_in(&ge, dseqs, seqs, sizeof seqs));
+    // positions and the last rows: exact
+    int64_t cpos[T], gpos[T], *dpos = dmalloc(sizeof gpos);
+    MUST(c->positions(&ce, seqs, NSEQ, T, cpos));
+    MUST(g->positions(&ge, dseqs, NSEQ, T, dpos));
+    sync_flags();
+    MUST(g->copy_out(&ge, gpos, dpos, sizeof gpos));
+    CHECK(memcmp(cpos, gpos, sizeof cpos) == 0, "op tables: positions differ");
+    float x[T * H], cl[NSEQ * H], gl[NSEQ * H];
+    fill(x, T * H, -3, 3);
+    float *dx = dup_to_dev(x, sizeof x), *dl = dmalloc(sizeof gl);
+    MUST(c->gather_last_rows(&ce, x, H, seqs, NSEQ, cl));
+    MUST(g->gather_last_rows(&ge, dx, H, dseqs, NSEQ, dl));
+    sync_flags();
+    MUST(g->copy_out(&ge, gl, dl, sizeof gl));
+    CHECK(memcmp(cl, gl, sizeof cl) == 0, "op tables: last rows differ");
+    // argmax with a tie, a NaN and a -inf row: exact
+    static float lg[NSEQ * V];
+    fill(lg, NSEQ * V, -5, 5);
+    lg[7] = lg[100] = 9.0f, lg[V + 30] = NAN;
+    for (int i = 0; i < V; i++) lg[2 * V + i] = -INFINITY;
+    float *dlg = dup_to_dev(lg, sizeof lg);
+    int64_t ct[NSEQ], gt[NSEQ], *dt = dmalloc(sizeof gt);
+    MUST(c->argmax(&ce, lg, NSEQ, V, ct));
+    MUST(g->argmax(&ge, dlg, NSEQ, V, dt));
+    sync_flags();
+    MUST(g->copy_out(&ge, gt, dt, sizeof gt));
+    CHECK(memcmp(ct, gt, sizeof ct) == 0 && ct[0] == 7 && ct[1] == -31 && ct[2] == 0,
+          "op tables: argmax cpu %lld %lld %lld, gpu %lld %lld %lld", (long long)ct[0], (long long)ct[1],
+          (long long)ct[2], (long long)gt[0], (long long)gt[1], (long long)gt[2]);
+    // the residual add, bf16 rounding, conversion: exact
+    float y[T * H], cy[T * H], gy[T * H];
+    fill(y, T * H, -3, 3);
+    float *dy = dup_to_dev(y, sizeof y);
+    MUST(c->add(&ce, x, y, cy, T * H));
+    MUST(g->add(&ge, dx, dy, dy, T * H));
+    MUST(c->round_bf16(&ce, cy, T * H));
+    MUST(g->round_bf16(&ge, dy, T * H));
+    uint16_t c16[T * H], g16[T * H], *d16 = dmalloc(sizeof g16);
+    MUST(c->convert(&ce, x, MOEX_F32, c16, MOEX_BF16, T * H));
+    MUST(g->convert(&ge, dx, MOEX_F32, d16, MOEX_BF16, T * H));
+    sync_flags();
+    MUST(g->copy_out(&ge, gy, dy, sizeof gy));
+    MUST(g->copy_out(&ge, g16, d16, sizeof g16));
+    CHECK(memcmp(cy, gy, sizeof cy) == 0, "op tables: add + bf16 rounding differ");
+    CHECK(memcmp(c16, g16, sizeof c16) == 0, "op tables: conversion to bf16 differs");
+    // the shared expert's gate (the device's expf) and a gated MLP (cuBLAS): close
+    float sgl[T], cs[T * H], gs[T * H];
+    fill(sgl, T, -6, 6);
+    memcpy(cs, x, sizeof cs);
+    float *dsg = dup_to_dev(sgl, sizeof sgl), *dsc = dup_to_dev(x, sizeof x);
+    MUST(c->scale_rows_sigmoid(&ce, sgl, cs, T, H));
+    MUST(g->scale_rows_sigmoid(&ge, dsg, dsc, T, H));
+    sync_flags();
+    MUST(g->copy_out(&ge, gs, dsc, sizeof gs));
+    close_f32("op tables: shared-expert gate", gs, cs, T * H, 2e-6, 1e-7);
+    lin_pair wg, wu, wd;
+    lin_make(&wg, I, H, MOEX_F32, 0, MOEX_F32), lin_make(&wu, I, H, MOEX_F32, 0, MOEX_F32);
+    lin_make(&wd, H, I, MOEX_F32, 0, MOEX_F32);
+    const moex_mlp_w cm = {wg.cpu, wu.cpu, wd.cpu, MOEX_ACT_SILU}, gm = {wg.gpu, wu.gpu, wd.gpu, MOEX_ACT_SILU};
+    float cmo[T * H], gmo[T * H];
+    float *dgate = dmalloc(sizeof(float) * T * I), *dup_ = dmalloc(sizeof(float) * T * I), *dmo = dmalloc(sizeof gmo);
+    MUST(c->mlp(&ce, &cm, x, T, cmo, NULL, NULL));
+    MUST(g->mlp(&ge, &gm, dx, T, dmo, dgate, dup_));
+    sync_flags();
+    MUST(g->copy_out(&ge, gmo, dmo, sizeof gmo));
+    close_f32("op tables: gated mlp", gmo, cmo, T * H, 1e-4, 1e-5 * max_abs(cmo, T * H));
+    check_nmse("op tables: gated mlp", gmo, cmo, T * H, 1e-10);
+    lin_free(&wg), lin_free(&wu), lin_free(&wd);
+    dfree(dseqs), dfree(dpos), dfree(dx), dfree(dl), dfree(dlg), dfree(dt), dfree(dy), dfree(d16);
+    dfree(dsg), dfree(dsc), dfree(dgate), dfree(dup_), dfree(dmo);
+    moex_cuda_blas_free(&blas);
+}
+
 int main(int argc, char **argv) {
     if (gpu_test_args("test_cuda_decoder", argc, argv, &g_quick, &g_gpu)) return 2;
     moex_device dev = {MOEX_DEVICE_CUDA, g_gpu};
@@ -1020,6 +1115,7 @@ int main(int argc, char **argv) {
         {"embedding", test_embedding}, {"rmsnorm", test_rmsnorm},         {"rope", test_rope},
         {"attention", test_attention}, {"routers", test_routers},         {"elementwise", test_elementwise},
         {"argmax", test_argmax},       {"linear", test_linear},           {"graph_decode", test_graph_decode},
+        {"op_tables", test_op_tables},
     };
     int failed_tests = 0, n = (int)(sizeof TESTS / sizeof TESTS[0]);
     for (int i = 0; i < n; i++) {

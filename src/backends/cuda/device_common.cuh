@@ -4,6 +4,7 @@
 #ifndef MOEX_DEVICE_COMMON_CUH
 #define MOEX_DEVICE_COMMON_CUH
 
+#include "linear/activation.h"
 #include "linear/device_elements.cuh"
 
 /* ---- the layer as kernels see it ------------------------------------------ */
@@ -43,41 +44,21 @@ __device__ __forceinline__ float bias_at(const bias_view &b, moex_dtype dt, int6
     return load_elem(b.base, dt, e * b.expert_stride + b.offset + n * b.n_stride);
 }
 
-/* The activation of SPEC "The computation", in f32: act(g) * u (gated) or act(u). */
+/* The activation of SPEC "The computation", in f32: act(g) * u (gated) or act(u), with
+ * linear/activation.h's formulas (those of the CPU backends, rounded op by op as they are). */
 __device__ __forceinline__ float activate(const layer_view &L, float g, float u) {
+    const float a = L.gated ? g : u;
+    float s;
     switch (L.act) {
-    case MOEX_ACT_SILU: {
-        float a = L.gated ? g : u;
-        float s = a / (1.0f + expf(-a));
-        return L.gated ? s * u : s;
+    case MOEX_ACT_SILU: s = moex_act_silu(a); break;
+    case MOEX_ACT_GELU: s = moex_act_gelu(a); break;
+    case MOEX_ACT_GELU_TANH: s = moex_act_gelu_tanh(a); break;
+    case MOEX_ACT_RELU: s = moex_act_relu(a); break;
+    case MOEX_ACT_GPTOSS_CLAMP: return moex_act_gptoss_clamp(g, u, L.alpha, L.limit);
+    case MOEX_ACT_SWIGLU_LIMIT: return moex_act_swiglu_limit(g, u, L.limit);
+    default: return 0.0f;
     }
-    case MOEX_ACT_GELU: {
-        float a = L.gated ? g : u;
-        float s = 0.5f * a * (1.0f + erff(a * 0.70710678118654752f));
-        return L.gated ? s * u : s;
-    }
-    case MOEX_ACT_GELU_TANH: {
-        float a = L.gated ? g : u;
-        float s = 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)));
-        return L.gated ? s * u : s;
-    }
-    case MOEX_ACT_RELU: {
-        float a = L.gated ? g : u;
-        float s = a > 0.0f ? a : 0.0f;
-        return L.gated ? s * u : s;
-    }
-    case MOEX_ACT_GPTOSS_CLAMP: {
-        float gc = fminf(g, L.limit);
-        float uc = fminf(fmaxf(u, -L.limit), L.limit);
-        return (uc + 1.0f) * gc / (1.0f + expf(-L.alpha * gc));
-    }
-    case MOEX_ACT_SWIGLU_LIMIT: {
-        float gc = fminf(g, L.limit);
-        float uc = fminf(fmaxf(u, -L.limit), L.limit);
-        return gc / (1.0f + expf(-gc)) * uc;
-    }
-    }
-    return 0.0f;
+    return L.gated ? moex_rn_mul(s, u) : s;
 }
 
 /* Expert id (t, j) from an i32/i64 ids tensor with row stride ld. */

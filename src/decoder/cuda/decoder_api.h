@@ -1,5 +1,5 @@
 /* decoder_api.h — the C boundary of the decoder's GPU building blocks (the
- * decoder_*.cu files of src/cuda): the device counterparts of model/decoder.h
+ * decoder_*.cu files of src/decoder/cuda): the device counterparts of decoder/decoder.h
  * and of the routers of experts/router.c. Internal, not installed; exists only
  * when the library is built with MOEX_HAVE_CUDA. No CUDA types: streams and
  * cuBLAS handles travel as void pointers.
@@ -16,7 +16,7 @@
  *     of the status word `flags` (int32 device memory, may be NULL) and the
  *     row it concerns is skipped or zeroed, as documented per call.
  *   - Activations are f32, row-major, contiguous, as on the CPU. Each kernel
- *     rounds the way its CPU twin in src/model does (same operations, same
+ *     rounds the way its CPU twin in src/decoder does (same operations, same
  *     order where the order is fixed there, no fused multiply-add across
  *     separate ops); the only differences left are the device's expf/erff/tanhf
  *     (within 2 ulp) and reductions in double done in another order.

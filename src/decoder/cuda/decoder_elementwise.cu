@@ -4,35 +4,12 @@
  * bf16 rounding (step.c's round_act), dtype conversion, the gather of
  * each sequence's last row and the positions of a step's rows. Each one thread per element, grid-stride. */
 #include "decoder/cuda/decoder_kernels.cuh"
+#include "linear/activation.h"
 
-/* ---- activations: mlp.c's formulas, one rounding per op ------------------- */
+/* ---- activations: linear/activation.h's, shared with mlp.c (one rounding per op) ---- */
 
-__device__ __forceinline__ float dense_silu(float x) { return div_rn(x, add_rn(1.0f, expf(-x))); }
-
-__device__ __forceinline__ float dense_gelu(float x) {
-    const float a = mul_rn(x, (float)0.70710678118654752440);
-    return mul_rn(mul_rn(x, 0.5f), add_rn(1.0f, erff(a)));
-}
-
-__device__ __forceinline__ float dense_gelu_tanh(float x) {
-    const float beta = (float)0.79788456080286535588, kappa = 0.044715f;
-    const float x3 = mul_rn(mul_rn(x, x), x);
-    const float inner = mul_rn(beta, add_rn(x, mul_rn(kappa, x3)));
-    return mul_rn(mul_rn(0.5f, x), add_rn(1.0f, tanhf(inner)));
-}
-
-__device__ __forceinline__ float dense_relu(float x) { return x > 0.0f ? x : (x == x ? 0.0f : x); }
-
-__device__ __forceinline__ float dense_sigmoid(float x) { return div_rn(1.0f, add_rn(1.0f, expf(-x))); }
-
-__device__ __forceinline__ float dense_act(moex_activation act, float x) {
-    switch (act) {
-    case MOEX_ACT_SILU: return dense_silu(x);
-    case MOEX_ACT_GELU: return dense_gelu(x);
-    case MOEX_ACT_GELU_TANH: return dense_gelu_tanh(x);
-    default: return dense_relu(x);
-    }
-}
+/* The four plain kinds (check_act refuses the others before a launch). */
+__device__ __forceinline__ float dense_act(moex_activation act, float x) { return moex_act_plain(act, x); }
 
 static moex_status check_act(const char *fn, moex_activation act) {
     if (act == MOEX_ACT_SILU || act == MOEX_ACT_GELU || act == MOEX_ACT_GELU_TANH || act == MOEX_ACT_RELU)
@@ -66,7 +43,7 @@ extern "C" moex_status moex_cuda_activate(moex_activation act, const float *x, f
 
 // x: [n] -> y: [n]
 __global__ void sigmoid_kernel(const float *x, float *y, int64_t n) {
-    GRID_STRIDE(i, n) y[i] = dense_sigmoid(x[i]);
+    GRID_STRIDE(i, n) y[i] = moex_act_sigmoid(x[i]);
 }
 
 extern "C" moex_status moex_cuda_sigmoid(const float *x, float *y, int64_t n, void *stream) {
@@ -106,7 +83,7 @@ extern "C" moex_status moex_cuda_gated_act(moex_activation act, const float *gat
 
 // gate_logit: [T], y: [T, H] in place
 __global__ void scale_rows_sigmoid_kernel(const float *gate_logit, float *y, int64_t T, int64_t H) {
-    GRID_STRIDE(idx, T * H) y[idx] = mul_rn(dense_sigmoid(gate_logit[idx / H]), y[idx]);
+    GRID_STRIDE(idx, T * H) y[idx] = mul_rn(moex_act_sigmoid(gate_logit[idx / H]), y[idx]);
 }
 
 extern "C" moex_status moex_cuda_scale_rows_sigmoid(const float *gate_logit, float *y, int64_t T, int64_t H,
