@@ -636,7 +636,7 @@ static void test_large(void) {
         run_case(&c, 1);
     }
     /* hidden size >= 4096 with 1 to 16 rows per expert: grouped_mm's tensor-core GEMM (the
-     * long-k rule of backends.cu), a last k-block of 8 columns, partial column tiles */
+     * long-k rule of grouped_gemm_pays), a last k-block of 8 columns, partial column tiles */
     for (int d = 1; d < 3; d++) {
         gcase c = gcase_make(19, 24, 2, 4104, 136, FLOAT_DTYPES[d], 6200u + (uint64_t)d);
         c.sentinel_prob = 0.05;

@@ -1,5 +1,5 @@
 /*
- * test_cuda_decoder.c — the decoder's GPU building blocks (src/cuda/decoder_api.h)
+ * test_cuda_decoder.c — the decoder's GPU building blocks (src/decoder/cuda/decoder_api.h)
  * against their CPU twins in src/model and src/experts/router.c, on random
  * inputs of deliberately odd sizes. Plain C (no test framework).
  *

@@ -1,4 +1,4 @@
-/* backends.cu — the CUDA eager, batched_mm and grouped_mm: support checks,
+/* experts.cu — the CUDA eager, batched_mm and grouped_mm: support checks,
  * workspace sizes, prepare (the layer as kernel views, pointer arrays on the
  * device) and the forwards, which only queue kernels on the context's stream:
  * no host synchronisation and no allocation, so every forward can be captured
