@@ -10,13 +10,19 @@
  *         kernels, else the plain streamed ones (backends/cuda/gemv.cu).
  * So "what runs bf16 grouped_mm at 64 tokens on an H200" is the row {grouped_mm, cuda, float}
  * (moex_cuda_grouped_mm, experts.cu) and grouped_gemm_pays(64 * top_k pairs, E, H). */
-#include "backends/cpu/cpu_backends.h"
+#include "backends/impl.h"
 #include "backends/planned.h"
 #include "experts/dispatch.h"
 #include <stdio.h>
 #include <stdlib.h>
+/* The implementations the rows point to, each defined in its own file. */
+extern const moex_impl moex_cpu_eager;      /* backends/cpu/eager.c: per expert hit, its tokens' rows */
+extern const moex_impl moex_cpu_batched_mm; /* backends/cpu/batched_mm.c: per (token, expert) pair */
+extern const moex_impl moex_cpu_grouped_mm; /* backends/cpu/grouped_mm.c: pairs sorted by expert, grouped GEMMs */
 #if MOEX_HAVE_CUDA
-#include "backends/cuda/cuda_backends.h"
+extern const moex_impl moex_cuda_eager;      /* backends/cuda/experts.cu: the grouped pieces, once per expert */
+extern const moex_impl moex_cuda_batched_mm; /* streamed gate/up and down per pair */
+extern const moex_impl moex_cuda_grouped_mm; /* routing on the device, then streamed or tensor-core GEMMs */
 #define CUDA_IMPL(name) (&moex_cuda_##name)
 #else
 #define CUDA_IMPL(name) NULL /* the row stands; supports() says this build has no CUDA */

@@ -10,7 +10,7 @@
  * It is compiled only into the test copy of the library (MOEX_TEST_BACKENDS=1, see the tests
  * section of CMakeLists.txt): adding a built-in backend touches this file, its table row and
  * BUILTINS entry, and its line of documentation. */
-#include "backends/cpu/cpu_backends.h" /* moex_cpu_layer_supports: the CPU's condition on quantized layers */
+#include "backends/cpu/common.h" /* moex_cpu_layer_supports: the CPU's condition on quantized layers */
 #include "backends/impl.h"
 #include <stdint.h>
 

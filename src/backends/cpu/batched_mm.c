@@ -9,7 +9,6 @@
  * Quantized experts: x is quantized per token once, h per pair before down; the
  * kernels read the weights' codes in place.
  */
-#include "backends/cpu/cpu_backends.h"
 #include "backends/cpu/common.h"
 #include <omp.h>
 

@@ -1,6 +1,5 @@
 /* common.c — shared pieces of the CPU backends (see common.h). */
 #include "backends/cpu/common.h"
-#include "backends/cpu/cpu_backends.h"
 #include <omp.h>
 
 void *moex_ws_take(moex_ws *ws, size_t bytes) {

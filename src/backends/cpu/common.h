@@ -4,7 +4,7 @@
 #ifndef MOEX_CPU_COMMON_H
 #define MOEX_CPU_COMMON_H
 
-#include "experts/experts_internal.h"
+#include "backends/impl.h"
 #include "linear/gemm.h"
 #include <stdio.h>
 
@@ -92,5 +92,9 @@ moex_rows moex_quantize_rows(const moex_cpu_kernels *kr, const moex_experts_desc
 /* Eager's reference path: rows r0 .. r1 of expert e dequantized to f32, counting the R = (gated ? 2I : I)
  * gate_up rows first (into gate_up [R, H], physical row order) and then the H down rows (into down [H, I]). */
 void moex_dequantize_expert(const moex_experts_desc *d, int64_t e, int64_t r0, int64_t r1, float *gate_up, float *down);
+
+/* The CPU implementations' condition on a layer (their moex_impl.supports): quantized experts
+ * need dynamic activation scales. */
+int moex_cpu_layer_supports(const moex_experts_desc *layer, const moex_device_info *dev, char *why, size_t n);
 
 #endif

@@ -12,7 +12,6 @@
  * dequantized to f32 first (moex_dequant_row), xe and he are quantized per row
  * as in batched_mm and grouped_mm, and the products run on the f32 copy.
  */
-#include "backends/cpu/cpu_backends.h"
 #include "backends/cpu/common.h"
 #include <omp.h>
 

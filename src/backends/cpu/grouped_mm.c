@@ -11,7 +11,6 @@
  * Quantized experts: x is quantized per token before gate/up and h per row before
  * down; the kernels read the weights' codes in place (decoded into the packed
  * panels, or streamed). */
-#include "backends/cpu/cpu_backends.h"
 #include "backends/cpu/common.h"
 #include <omp.h>
 

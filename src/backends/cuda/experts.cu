@@ -12,7 +12,7 @@
  *   eager       the same pieces, launched once per expert (empty experts
  *               return on the device)
  */
-#include "backends/cuda/cuda_backends.h"
+#include "backends/impl.h"
 #include "core/gpu_runtime.h"
 #include "gpu/cuda_check.h"
 #include "backends/cuda/gemm_sm90.cuh"
