@@ -6,9 +6,10 @@
 # median of each case per binary and their ratio.
 #
 # Environment: AB_ROUNDS (2), AB_RUNS (--runs, 10), AB_QWEN_TOKENS (1,64,16384),
-# AB_DEEPSEEK_TOKENS (64,16384), AB_BACKENDS (batched_mm,grouped_mm), OLD_BUILD_CMD (how the old
-# tree is built: by default its own scripts/gpu_suite.sh with SUITE_STEPS=none),
-# MOEX_DEPS_DIR (cJSON sources for either build, peer-run/deps).
+# AB_DEEPSEEK_TOKENS (64,16384), AB_BACKENDS (batched_mm,grouped_mm), AB_OLD_LABEL and
+# AB_NEW_LABEL (what the CSV calls the two trees, e.g. their commits: a copy of a tree may not
+# carry its git history), MOEX_DEPS_DIR (cJSON sources for either build, peer-run/deps).
+# Each tree is built by its own scripts/gpu_suite.sh with SUITE_STEPS=none.
 set -uo pipefail
 if [ $# -ne 2 ]; then
   echo "usage: $0 OLD_TREE OUT_DIR" >&2
@@ -57,4 +58,4 @@ done
 GPU_TAG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z' 'a-z' |
   sed 's/nvidia//; s/[^a-z0-9]\+/-/g; s/^-//; s/-$//')
 python3 "$ROOT/dev/ab_compare.py" "$WORK" "$OUT/$(date -u +%Y-%m-%d)_cuda-${GPU_TAG:-gpu}_old-vs-new-main.csv" \
-  --old "$(cd "$OLD" && cat .ab-commit 2>/dev/null || echo old)" --new "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo new)"
+  --old "${AB_OLD_LABEL:-old}" --new "${AB_NEW_LABEL:-new}"
