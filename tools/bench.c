@@ -2,7 +2,7 @@
  * bench.c — `moex bench`: times the experts layer of a named MoE shape
  * through moex backends on synthetic weights and fresh random routings, and
  * prints each case also as a fraction of ceilings measured in the same
- * process (see shared/BENCHMARKS.md).
+ * process (docs/backends.md, "Measured", says how moex measures).
  *
  * Flow: parse and validate every argument (tools/bench_options.c; exit 2, nothing
  * written) -> per --dtype, one pass (tools/bench_run.c) with the device's runner

@@ -1,6 +1,6 @@
 /*
  * bench_ceiling_sgemm.c — the CPU GEMM ceiling `moex bench` measures in its own process
- * before the cases (see shared/BENCHMARKS.md): OpenBLAS cblas_sgemm 2048x2048x2048 on the
+ * before the cases (docs/backends.md, "Measured", says how moex measures): OpenBLAS cblas_sgemm 2048x2048x2048 on the
  * bench's threads, the median of 11 timed repetitions after one warm-up. Compiled only when
  * OpenBLAS is found (CMakeLists.txt); without it the CPU bench leaves gemm_frac empty.
  */

@@ -1,6 +1,6 @@
 /*
  * bench_ceilings.c — the CPU read-bandwidth ceiling `moex bench` measures in its own process
- * before the cases (see shared/BENCHMARKS.md): an AVX2 sum over a 1 GiB f32 buffer, split over
+ * before the cases (docs/backends.md, "Measured", says how moex measures): an AVX2 sum over a 1 GiB f32 buffer, split over
  * the bench's threads with OpenMP. It reports the median of 11 timed repetitions after one
  * warm-up: the same statistic as the backends' times, so that the fractions compare like with
  * like. The GEMM ceiling is tools/bench_ceiling_sgemm.c.

@@ -1,6 +1,6 @@
 /*
  * bench_ceilings_cuda.cu — the GPU ceilings `moex bench --device cuda`
- * measures in its own process before the cases (see shared/BENCHMARKS.md),
+ * measures in its own process before the cases (docs/backends.md, "Measured", says how moex measures),
  * and the CUDA timing helpers tools/bench_cuda.c (plain C) uses:
  *   - cuBLAS bf16 GEMM 8192^3 (cublasGemmEx, f32 accumulation, bf16 output)
  *     on random data (not zeros: zeros run faster and flatter the ceiling);

@@ -17,7 +17,7 @@
 #define MOEX_BENCH_HAVE_OPENBLAS 0
 #endif
 
-/* Figures of this 2-core machine (BENCHMARKS.md); a ceiling more than 15% below warns. */
+/* Known figures of the 2-core Zen 3 machine moex is developed on; a ceiling more than 15% below warns. */
 static const double REF_SGEMM_GFLOPS_2T = 140.0;
 static const double REF_READ_GBPS_1T = 18.0;
 static const double REF_READ_GBPS_2T = 28.0;
@@ -86,7 +86,7 @@ static void compare_ceilings(bench_state *st)
         return;
     double gemm_ref = REF_SGEMM_GFLOPS_2T * st->threads / 2.0;
     double read_ref = st->threads == 1 ? REF_READ_GBPS_1T : REF_READ_GBPS_2T;
-    printf("reference (BENCHMARKS.md, this machine, %d thread%s): sgemm %.0f GFLOP/s, read %.0f "
+    printf("reference (the 2-core Zen 3 machine's known figures, %d thread%s): sgemm %.0f GFLOP/s, read %.0f "
            "GB/s; measured %.0f%% and %.0f%% of them\n",
            st->threads, st->threads == 1 ? "" : "s", gemm_ref, read_ref,
            100.0 * st->gemm_gflops / gemm_ref, 100.0 * st->read_gbps / read_ref);

@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Figures of the H200 (BENCHMARKS.md, "Limits on the H200"); a ceiling 15% below warns. */
+/* Known figures of the H200 (its measured GEMM and read rates); a ceiling 15% below warns. */
 static const double REF_H200_BF16_TFLOPS = 789.0;
 static const double REF_H200_FP8_TFLOPS = 1531.0;
 static const double REF_H200_READ_GBPS = 4250.0;
@@ -117,7 +117,7 @@ static int cuda_ceilings(bench_state *st)
            "TFLOP/s, device read of 4 GiB %.1f GB/s\n",
            st->gpu_bf16_tflops, st->gpu_fp8_tflops, st->gpu_read_gbps);
     if (strstr(st->gpu.name, "H200")) {
-        printf("reference (BENCHMARKS.md, H200): bf16 GEMM %.0f TFLOP/s, FP8 GEMM %.0f TFLOP/s, "
+        printf("reference (the H200's known figures): bf16 GEMM %.0f TFLOP/s, FP8 GEMM %.0f TFLOP/s, "
                "read %.0f GB/s; measured %.0f%%, %.0f%% and %.0f%% of them\n",
                REF_H200_BF16_TFLOPS, REF_H200_FP8_TFLOPS, REF_H200_READ_GBPS,
                100.0 * st->gpu_bf16_tflops / REF_H200_BF16_TFLOPS,
