@@ -15,6 +15,7 @@
 #include "experts/dispatch.h"
 #include <stdio.h>
 #include <stdlib.h>
+
 /* The implementations the rows point to, each defined in its own file. */
 extern const moex_impl moex_cpu_eager;      /* backends/cpu/eager.c: per expert hit, its tokens' rows */
 extern const moex_impl moex_cpu_batched_mm; /* backends/cpu/batched_mm.c: per (token, expert) pair */
