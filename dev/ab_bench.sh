@@ -5,7 +5,8 @@
 # alternates between rounds) at the same cases, and dev/ab_compare.py writes one CSV with the
 # median of each case per binary and their ratio.
 #
-# Environment: AB_ROUNDS (2), AB_RUNS (--runs, 10), AB_QWEN_TOKENS (1,64,16384),
+# Environment: AB_ROUNDS (2), AB_RUNS (--runs, 10), AB_SHAPES ("qwen3-30b-a3b deepseek-v3"),
+# AB_QWEN_TOKENS (1,64,16384),
 # AB_DEEPSEEK_TOKENS (64,16384), AB_BACKENDS (batched_mm,grouped_mm), AB_OLD_LABEL and
 # AB_NEW_LABEL (what the CSV calls the two trees, e.g. their commits: a copy of a tree may not
 # carry its git history), MOEX_DEPS_DIR (cJSON sources for either build, peer-run/deps).
@@ -47,7 +48,7 @@ for r in $(seq 1 "$ROUNDS"); do
   for tag in $order; do
     bin=$OLD_BIN
     [ "$tag" = new ] && bin=$NEW_BIN
-    for shape in qwen3-30b-a3b deepseek-v3; do
+    for shape in ${AB_SHAPES:-qwen3-30b-a3b deepseek-v3}; do
       toks=$QWEN_TOKENS
       [ "$shape" = deepseek-v3 ] && toks=$DEEPSEEK_TOKENS
       say "round $r: $tag $shape at $toks tokens"

@@ -270,6 +270,41 @@ __global__ void reduce_kernel(const int *pair_slot, const void *y, moex_dtype yd
     }
 }
 
+/* f32 y (the streamed path), H % 4 == 0: thread (t, 4 columns) over a grid of T x (H / 1024)
+ * blocks, so that few tokens still fill the GPU. Per group of 8 slots the slots, weights and y
+ * rows are loaded first, all independent (a sentinel slot reads row 0 and is not added), then
+ * added in slot order j: the sums of reduce_kernel, without its chain of dependent loads. */
+__global__ void reduce4_f32_kernel(const int *pair_slot, const float *y, int64_t H, const void *w, moex_dtype wdt,
+                                   int64_t w_ld, int64_t T, int64_t k, void *out, moex_dtype odt, int64_t out_ld) {
+    const int64_t n = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (n >= H) return;
+    for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int64_t j0 = 0; j0 < k; j0 += 8) {
+            int slot[8];
+            float wj[8];
+            float4 v[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                slot[i] = j0 + i < k ? pair_slot[t * k + j0 + i] : -1;
+                wj[i] = j0 + i < k ? load_elem(w, wdt, t * w_ld + j0 + i) : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = *(const float4 *)(y + (int64_t)(slot[i] < 0 ? 0 : slot[i]) * H + n);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                if (slot[i] < 0) continue;
+                acc[0] += wj[i] * v[i].x;
+                acc[1] += wj[i] * v[i].y;
+                acc[2] += wj[i] * v[i].z;
+                acc[3] += wj[i] * v[i].w;
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < 4; c++) store_elem(out, odt, t * out_ld + n + c, acc[c]);
+    }
+}
+
 moex_status routing_reduce(const int *pair_slot, const void *y, moex_dtype ydt, int64_t H, const void *w,
                            moex_dtype wdt, int64_t w_ld, int64_t T, int64_t k, void *out, moex_dtype odt,
                            int64_t out_ld, cudaStream_t s) {
@@ -284,6 +319,11 @@ moex_status routing_reduce(const int *pair_slot, const void *y, moex_dtype ydt, 
     if (vec && ydt == MOEX_F16) {
         reduce8_kernel<__half, __half><<<blocks, 256, 0, s>>>(pair_slot, (const __half *)y, H, w, wdt, w_ld, T, k,
                                                            (__half *)out, out_ld);
+        return MOEX_CUDA_LAUNCHED("reduce kernel");
+    }
+    if (ydt == MOEX_F32 && H % 4 == 0 && ((uintptr_t)y & 15) == 0) {
+        const dim3 grid((unsigned)((H / 4 + 255) / 256), (unsigned)blocks);
+        reduce4_f32_kernel<<<grid, 256, 0, s>>>(pair_slot, (const float *)y, H, w, wdt, w_ld, T, k, out, odt, out_ld);
         return MOEX_CUDA_LAUNCHED("reduce kernel");
     }
     reduce_kernel<<<blocks, H >= 512 ? 512 : 256, 0, s>>>(pair_slot, y, ydt, H, w, wdt, w_ld, T, k, out, odt, out_ld);
