@@ -151,6 +151,83 @@ __global__ void scatter_block_kernel(const void *ids, int ids64, int64_t ld, int
     }
 }
 
+/* Few pairs (P <= SMALL_PAIRS, E <= SMALL_E): the whole routing in one block and one launch,
+ * where the memset and the three kernels above take four: each pair's rank within its expert
+ * from the shared-memory count, the two scans of scan_kernel, then the slots. The same arrays
+ * and values (the order of an expert's slots is, as there, whatever the atomics give).
+ * Shared memory: hist[E], then 2 x SMALL_THREADS ints for the scans. */
+enum { SMALL_THREADS = 1024, SMALL_PAIRS = SMALL_THREADS * PAIRS_PER_THREAD, SMALL_E = 8192 };
+
+__global__ void __launch_bounds__(SMALL_THREADS)
+    routing_small_kernel(const void *ids, int ids64, int64_t ld, int64_t T, int64_t k, int64_t E, int tile_rows,
+                         int *counts, int *offsets, int *mtile_off, int *pair_slot, int *slot_token, int *flags) {
+    extern __shared__ int sh[];
+    int *hist = sh, *part_rows = sh + E, *part_tiles = part_rows + SMALL_THREADS;
+    const int tid = threadIdx.x, nt = blockDim.x;
+    for (int64_t e = tid; e < E; e += nt) hist[e] = 0;
+    __syncthreads();
+    const int64_t P = T * k;
+    int rank[PAIRS_PER_THREAD], ex[PAIRS_PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < PAIRS_PER_THREAD; i++) {
+        const int64_t p = i * (int64_t)nt + tid;
+        ex[i] = -1;
+        if (p >= P) continue;
+        const int64_t e = load_id(ids, ids64, ld, p / k, p % k);
+        if (e >= 0 && e < E) {
+            ex[i] = (int)e;
+            rank[i] = atomicAdd(&hist[e], 1);
+        } else if (e != -1 && e != E) {
+            atomicOr(flags, MOEX_CUDA_FLAG_BAD_ID);
+        }
+    }
+    __syncthreads();
+    const int64_t per = (E + nt - 1) / nt, lo = tid * per, hi = lo + per < E ? lo + per : E;
+    int rows = 0, tiles = 0;
+    for (int64_t e = lo; e < hi; e++) {
+        rows += hist[e];
+        tiles += (hist[e] + tile_rows - 1) / tile_rows;
+    }
+    part_rows[tid] = rows;
+    part_tiles[tid] = tiles;
+    __syncthreads();
+    for (int step = 1; step < nt; step *= 2) { /* inclusive Hillis-Steele scan */
+        int r = tid >= step ? part_rows[tid - step] : 0, t = tid >= step ? part_tiles[tid - step] : 0;
+        __syncthreads();
+        part_rows[tid] += r;
+        part_tiles[tid] += t;
+        __syncthreads();
+    }
+    rows = tid ? part_rows[tid - 1] : 0;
+    tiles = tid ? part_tiles[tid - 1] : 0;
+    for (int64_t e = lo; e < hi; e++) { /* hist[e] becomes the expert's first slot */
+        const int c = hist[e];
+        counts[e] = c;
+        offsets[e] = rows;
+        mtile_off[e] = tiles;
+        hist[e] = rows;
+        rows += c;
+        tiles += (c + tile_rows - 1) / tile_rows;
+    }
+    if (tid == nt - 1) {
+        offsets[E] = part_rows[nt - 1];
+        mtile_off[E] = part_tiles[nt - 1];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < PAIRS_PER_THREAD; i++) {
+        const int64_t p = i * (int64_t)nt + tid;
+        if (p >= P) continue;
+        if (ex[i] < 0) {
+            pair_slot[p] = -1;
+            continue;
+        }
+        const int slot = hist[ex[i]] + rank[i];
+        pair_slot[p] = slot;
+        slot_token[slot] = (int)(p / k);
+    }
+}
+
 static int grid_for(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
     return (int)(b < 1 ? 1 : b > 65535 ? 65535 : b);
@@ -158,9 +235,16 @@ static int grid_for(int64_t n, int threads) {
 
 moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int64_t ids_ld, int64_t T, int64_t k,
                           int64_t E, int tile_rows, int *flags, cudaStream_t s) {
+    const int64_t P = T * k;
+    if (P <= SMALL_PAIRS && E <= SMALL_E) { /* (E + 2048) ints: at most 40 KiB, no opt-in needed */
+        const size_t small_smem = ((size_t)E + 2 * SMALL_THREADS) * sizeof(int);
+        routing_small_kernel<<<1, SMALL_THREADS, small_smem, s>>>(ids, ids64, ids_ld, T, k, E, tile_rows, r.counts,
+                                                                 r.offsets, r.mtile_off, r.pair_slot, r.slot_token,
+                                                                 flags);
+        return MOEX_CUDA_LAUNCHED("routing kernel");
+    }
     moex_status st = moex_cuda_status(cudaMemsetAsync(r.counts, 0, (size_t)E * sizeof(int), s), "routing: clear");
     if (st) return st;
-    const int64_t P = T * k;
     const size_t smem = (size_t)E * 2 * sizeof(int);
     const int64_t chunks = (P + 256 * PAIRS_PER_THREAD - 1) / (256 * PAIRS_PER_THREAD);
     const int blocked = smem <= 48 * 1024 && chunks <= 65535;
