@@ -30,6 +30,10 @@
 
 #include "core/internal.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ------------------------------------------------------------------------ */
 /* Linear layers and embeddings                                              */
 /* ------------------------------------------------------------------------ */
@@ -230,6 +234,10 @@ moex_status moex_attention_forward_batch(moex_kv_cache *cache, int64_t layer, co
 // x: [n] -> y: [n]
 moex_status moex_activate(moex_activation act, const float *x, float *y, int64_t n);
 
+/** MOEX_OK when act is one of the four kinds moex_activate takes; else MOEX_ERR_INVALID_ARGUMENT
+ *  naming fn and the activation. The device twin (decoder/cuda) checks with it too. */
+moex_status moex_dense_act_check(const char *fn, moex_activation act);
+
 /** y = 1 / (1 + expf(-x)) in f32 (torch.sigmoid). y may equal x. */
 // x: [n] -> y: [n]
 moex_status moex_sigmoid(const float *x, float *y, int64_t n);
@@ -248,6 +256,10 @@ typedef struct moex_mlp_w {
  */
 // x: [T, H] -> y: [T, H]
 moex_status moex_gated_mlp(const moex_mlp_w *mlp, const float *x, int64_t T, float *y, int threads);
+
+/** The shared expert's gate applied in place: y[t, :] = sigmoid(gate_logit[t]) * y[t, :]. */
+// gate_logit: [T], y: [T, H]
+void moex_scale_rows_sigmoid(const float *gate_logit, float *y, int64_t T, int64_t H);
 
 /**
  * qwen2_moe's shared expert: y = sigmoid(x . gate_w) * mlp(x), the scalar
@@ -318,5 +330,9 @@ moex_status moex_sampling_probs(const float *logits, int64_t V, const moex_sampl
 // logits: [V] -> *token
 moex_status moex_sample(const float *logits, int64_t V, const moex_sampling *params, moex_rng *rng,
                         int64_t *token);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* MOEX_MODEL_DECODER_H */

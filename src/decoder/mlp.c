@@ -7,7 +7,7 @@
 
 /* ---- activations (linear/activation.h: PyTorch's CPU formulas, f32) ----------- */
 
-static moex_status check_act(const char *fn, moex_activation act) {
+moex_status moex_dense_act_check(const char *fn, moex_activation act) {
     if (act == MOEX_ACT_SILU || act == MOEX_ACT_GELU || act == MOEX_ACT_GELU_TANH || act == MOEX_ACT_RELU)
         return MOEX_OK;
     return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
@@ -34,7 +34,7 @@ static moex_status check_elementwise(const char *fn, const float *x, const float
 
 // x: [n] -> y: [n]
 moex_status moex_activate(moex_activation act, const float *x, float *y, int64_t n) {
-    moex_status st = check_act("activate", act);
+    moex_status st = moex_dense_act_check("activate", act);
     if (!st) st = check_elementwise("activate", x, y, n);
     if (st) return st;
     activate(act, x, y, n);
@@ -53,7 +53,7 @@ moex_status moex_sigmoid(const float *x, float *y, int64_t n) {
 
 static moex_status check_mlp(const char *fn, const moex_mlp_w *m) {
     if (!m) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the MLP description is NULL", fn);
-    moex_status st = check_act(fn, m->act);
+    moex_status st = moex_dense_act_check(fn, m->act);
     if (st) return st;
     const int64_t I = m->gate.out_features, H = m->gate.in_features;
     if (m->up.out_features != I || m->up.in_features != H)
@@ -126,6 +126,17 @@ moex_status moex_gated_mlp(const moex_mlp_w *mlp, const float *x, int64_t T, flo
 }
 
 // x: [T, H], gate: weight [1, H] -> y: [T, H]
+void moex_scale_rows_sigmoid(const float *gate_logit, float *y, int64_t T, int64_t H) {
+    for (int64_t t = 0; t < T; t++) {
+        const float sg = moex_act_sigmoid(gate_logit[t]); /* F.sigmoid(gate) * shared_expert_output */
+        float *yt = y + t * H;
+        for (int64_t i = 0; i < H; i++) {
+            const float p = sg * yt[i];
+            yt[i] = p;
+        }
+    }
+}
+
 moex_status moex_shared_expert(const moex_mlp_w *mlp, const moex_linear_w *gate, const float *x, int64_t T, float *y,
                                int threads) {
     const char *fn = "shared_expert";
@@ -144,15 +155,7 @@ moex_status moex_shared_expert(const moex_mlp_w *mlp, const moex_linear_w *gate,
     if (!s) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "%s: no memory for %lld floats", fn, (long long)T);
     st = moex_linear(gate, x, T, s, threads); /* shared_expert_gate(x): [T, 1] */
     if (!st) st = run_mlp(mlp, x, T, y, threads);
-    if (!st)
-        for (int64_t t = 0; t < T; t++) {
-            const float sg = moex_act_sigmoid(s[t]); /* F.sigmoid(gate) * shared_expert_output */
-            float *yt = y + t * H;
-            for (int64_t i = 0; i < H; i++) {
-                const float p = sg * yt[i];
-                yt[i] = p;
-            }
-        }
+    if (!st) moex_scale_rows_sigmoid(s, y, T, H);
     free(s);
     return st;
 }

@@ -1,7 +1,6 @@
 /* ops_cpu.c — the decoder's op table on the CPU (ops.h): the building blocks of decoder.h and
  * moex_route, in host memory. Each op runs at once. */
 #include "decoder/ops.h"
-#include "linear/activation.h"
 #include <string.h>
 
 static moex_status cpu_copy(const moex_decoder_env *e, void *dst, const void *src, size_t bytes) {
@@ -91,14 +90,7 @@ static moex_status cpu_mlp(const moex_decoder_env *e, const moex_mlp_w *w, const
 static moex_status cpu_scale_rows_sigmoid(const moex_decoder_env *e, const float *gate_logit, float *y, int64_t T,
                                           int64_t H) {
     (void)e;
-    for (int64_t t = 0; t < T; t++) {
-        const float sg = moex_act_sigmoid(gate_logit[t]); /* F.sigmoid(gate) * shared_expert_output */
-        float *yt = y + t * H;
-        for (int64_t i = 0; i < H; i++) {
-            const float p = sg * yt[i];
-            yt[i] = p;
-        }
-    }
+    moex_scale_rows_sigmoid(gate_logit, y, T, H);
     return MOEX_OK;
 }
 

@@ -8,17 +8,8 @@
 
 /* ---- activations: linear/activation.h's, shared with mlp.c (one rounding per op) ---- */
 
-/* The four plain kinds (check_act refuses the others before a launch). */
+/* The four plain kinds (moex_dense_act_check refuses the others before a launch). */
 __device__ __forceinline__ float dense_act(moex_activation act, float x) { return moex_act_plain(act, x); }
-
-static moex_status check_act(const char *fn, moex_activation act) {
-    if (act == MOEX_ACT_SILU || act == MOEX_ACT_GELU || act == MOEX_ACT_GELU_TANH || act == MOEX_ACT_RELU)
-        return MOEX_OK;
-    return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
-                     "%s: activation %s (%d) is not one of silu, gelu, gelu_tanh, relu (the clamped kinds are for "
-                     "experts only)",
-                     fn, moex_activation_name(act), (int)act);
-}
 
 static moex_status check_n(const char *fn, int64_t n, const void *a, const void *b) {
     if (n < 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: n = %lld is negative", fn, (long long)n);
@@ -34,7 +25,7 @@ __global__ void activate_kernel(moex_activation act, const float *x, float *y, i
 }
 
 extern "C" moex_status moex_cuda_activate(moex_activation act, const float *x, float *y, int64_t n, void *stream) {
-    moex_status st = check_act("cuda activate", act);
+    moex_status st = moex_dense_act_check("cuda activate", act);
     if (!st) st = check_n("cuda activate", n, x, y);
     if (st || n == 0) return st;
     activate_kernel LAUNCH_1D(n)(act, x, y, n);
@@ -68,7 +59,7 @@ __global__ void gated_act_kernel(moex_activation act, const float *gate, const f
 extern "C" moex_status moex_cuda_gated_act(moex_activation act, const float *gate, const float *up, int64_t ld,
                                            int64_t T, int64_t I, float *h, void *stream) {
     const char *fn = "cuda gated_act";
-    moex_status st = check_act(fn, act);
+    moex_status st = moex_dense_act_check(fn, act);
     if (st) return st;
     if (T < 0 || I < 1 || ld < I || (T > 0 && ld > INT64_MAX / 4 / T))
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: T = %lld, I = %lld, ld = %lld: need T >= 0, 1 <= I <= ld", fn,
