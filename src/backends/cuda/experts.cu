@@ -6,7 +6,8 @@
  *
  *   batched_mm  gemv gate/up per pair -> gemv down per pair with the weighted
  *               sum fused (2 kernels, no routing preparation)
- *   grouped_mm  routing on the device -> small T: gemv per expert; large T:
+ *   grouped_mm  routing on the device -> small T: both projections streamed per expert
+ *               in one launch (bf16/f16; else gemv per expert, 2 kernels); large T:
  *               gather, tensor-core grouped GEMM (gate/up + activation),
  *               grouped GEMM (down) -> reduction in token order
  *   eager       the same pieces, launched once per expert (empty experts
@@ -157,6 +158,7 @@ static moex_status prepare(cuda_kind kind, moex_context *ctx, const moex_experts
     char why[160];
     s->tc = kind != CUDA_BATCHED_MM && tc_layout(d, why, sizeof why);
     s->epi = !d->gated ? EPI_UP_ONLY : d->interleaved ? EPI_GATE_UP_INTERLEAVED : EPI_GATE_UP_CONCAT;
+    if (kind == CUDA_GROUPED_MM) gemv_mma_init();
     if (s->tc && (st = grouped_gemm_init())) {
         moex_cuda_free(dev, s->ptrs);
         free(s);
@@ -252,8 +254,10 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     const int tc = s->tc && grouped_gemm_pays(f->P, f->E, L.H, per_expert);
     /* narrow tiles for experts of few rows: the routing counts tiles of their size */
     const int narrow = tc && grouped_gemm_narrow_pays(f->P, f->E, s->epi);
+    /* eager launches one expert at a time: too few blocks for the tensor-core kernels' 16-row warps */
+    const int mma = !tc && !per_expert && gemv_mma_usable(L, a->hidden->dtype, a->hidden->data, a->hidden->strides[0]);
     moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E,
-                                   narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS, f->G.flags, f->stream);
+                                   narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS, mma, f->G.flags, f->stream);
     if (st) return st;
     const int launches = per_expert ? (int)f->E : 1;
     if (tc) {
@@ -287,18 +291,15 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     f->G.pairs = 0;
     f->G.offsets = r.offsets, f->G.slot_token = r.slot_token;
     f->G.count = per_expert ? 1 : f->E;
-    /* eager launches one expert at a time: too few blocks for the tensor-core kernels' 16-row warps */
-    const int mma = !per_expert && gemv_mma_usable(L, a->hidden->dtype, a->hidden->data, a->hidden->strides[0]);
-    for (int i = 0; i < launches; i++) {
+    if (mma)
+        st = gemv_mma_experts(L, f->G, r.hit, r.mtile_off + f->E, r.sched, a->hidden->data, a->hidden->strides[0], h, y,
+                              s->num_sms, f->stream);
+    for (int i = 0; !mma && !st && i < launches; i++) {
         f->G.e_begin = per_expert ? i : 0;
-        if (mma)
-            st = gemv_mma_gate_up(L, f->G, a->hidden->data, a->hidden->strides[0], h, f->stream);
-        else
-            st = gemv_gate_up(L, f->G, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], h, f->stream);
-        if (st) return st;
-        if ((st = mma ? gemv_mma_down(L, f->G, h, y, f->stream) : gemv_down_experts(L, f->G, h, y, f->stream)))
-            return st;
+        st = gemv_gate_up(L, f->G, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], h, f->stream);
+        if (!st) st = gemv_down_experts(L, f->G, h, y, f->stream);
     }
+    if (st) return st;
     return routing_reduce(r.pair_slot, y, MOEX_F32, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0],
                           f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
 }

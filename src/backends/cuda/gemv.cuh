@@ -64,13 +64,16 @@ moex_status gemv_down_experts(const layer_view &L, const gemv_groups &G, const f
 /* 1 if every matrix of L can be read with 16-byte vector loads along k. */
 int gemv_vectorizable(const layer_view &L, size_t wsz);
 
-/* The same per-expert pieces on tensor cores (gemv_mma.cu), for the layers where
- * gemv_mma_usable: bf16 or f16 weights, x in the same dtype with 16-byte aligned rows,
- * H and I multiples of 32, vector-loadable matrices. h is [*, I] in the weights' dtype
- * (rounded as the tensor-core GEMM rounds it); G.pairs must be 0. */
+/* grouped_mm's streamed forward on tensor cores in one launch (gemv_mma.cu), for the layers
+ * where gemv_mma_usable: bf16 or f16 weights, x in the same dtype with 16-byte aligned rows,
+ * H and I multiples of 32, vector-loadable matrices. G.pairs = 0, over all E experts; hit,
+ * n_hit (= mtile_off + E) and sched are those of routing_build with hits = 1, sched zeroed
+ * there for each launch. h is [P, I] in the weights' dtype (rounded as the tensor-core GEMM
+ * rounds it), y [P, H] f32; a persistent grid of num_sms x (the blocks an SM holds). */
 int gemv_mma_usable(const layer_view &L, moex_dtype xdt, const void *x, int64_t x_ld);
-moex_status gemv_mma_gate_up(const layer_view &L, const gemv_groups &G, const void *x, int64_t x_ld, void *h,
-                             cudaStream_t s);
-moex_status gemv_mma_down(const layer_view &L, const gemv_groups &G, const void *h, float *y, cudaStream_t s);
+/* Once per process, outside capture (prepare): the grid's size. */
+void gemv_mma_init(void);
+moex_status gemv_mma_experts(const layer_view &L, const gemv_groups &G, const int *hit, const int *n_hit, int *sched,
+                             const void *x, int64_t x_ld, void *h, float *y, int num_sms, cudaStream_t s);
 
 #endif

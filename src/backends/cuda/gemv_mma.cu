@@ -1,5 +1,5 @@
-/* gemv_mma.cu — the streamed expert kernels on tensor cores (mma.sync m16n8k16),
- * for bf16/f16 weights and inputs; see gemv.cuh. The plain kernels of gemv.cu
+/* gemv_mma.cu — grouped_mm's streamed forward on tensor cores (mma.sync m16n8k16) in one
+ * launch, for bf16/f16 weights and inputs; see gemv.cuh. The plain kernels of gemv.cu
  * spend one FMA per weight and row in f32, which costs as much as the read once
  * an expert has four or more rows; here a warp multiplies 16 weight rows by up
  * to 32 input rows per k step on the tensor cores and the kernel stays bound by
@@ -7,9 +7,9 @@
  *
  * Shapes: W [N, K] of one expert (rows n_stride apart, k contiguous), x [rows, K]
  * (T, rows x_ld apart), h [P, I] (T), y [P, H] (f32). A warp owns 16 output
- * features n0 .. n0+15 (the mma's M) and an expert's rows in passes of 8*NT (its
- * N, NT tiles of 8); a block of GU_WARPS or DOWN_WARPS warps covers 16 features per
- * warp; grid.y walks the experts. k advances 32 at a time: lane (g = lane/4,
+ * features n0 .. n0+15 (the mma's M) of one expert per work item and the expert's rows
+ * in passes of 8*NT (its N, NT tiles of 8); the items and their order are at
+ * experts_mma_kernel. k advances 32 at a time: lane (g = lane/4,
  * t = lane%4) loads 16 bytes of weight rows g and g+8 and of input row g at k0 + 8t. The two mma steps of
  * the chunk take k0+8t+{0..3} and k0+8t+{4..7} as their logical k 2t..2t+1 and
  * 2t+8..2t+9: the same permutation of k on both operands, so the dot products
@@ -17,9 +17,10 @@
 #include "backends/cuda/gemv.cuh"
 #include "gpu/cuda_check.h"
 
-/* warps per block: 4 for gate/up (a block streams 64 features x K; smaller blocks leave a
- * shorter last wave when K is large), 8 for down */
-enum { GU_WARPS = 4, DOWN_WARPS = 8, MFEAT = 16, KCHUNK = 32 };
+#include <pthread.h>
+
+/* FUSED_WARPS warps a block (each takes its own items), at least FUSED_MIN_BLOCKS blocks an SM */
+enum { FUSED_WARPS = 4, FUSED_MIN_BLOCKS = 4, MFEAT = 16, KCHUNK = 32 };
 
 template <typename T> __device__ __forceinline__ void mma16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                                               uint32_t a3, uint32_t b0, uint32_t b1);
@@ -57,7 +58,15 @@ __device__ __forceinline__ uint4 ld16(const void *p) {
                  : "l"(p));
     return v;
 }
+/* The input rows x (not written by the kernel): the read-only path. */
 __device__ __forceinline__ uint4 ld16_or_zero(const void *p) { return p ? __ldg((const uint4 *)p) : make_uint4(0, 0, 0, 0); }
+/* Rows of h, written by other warps of the same kernel: a plain (coherent) load, after the
+ * acquire of their count. */
+__device__ __forceinline__ uint4 ld16_written_or_zero(const void *p) {
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (p) asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    return v;
+}
 
 /* ---- gate/up + activation: h[slot, n] = act(gate_n . x + b, up_n . x + b) ------ */
 
@@ -103,32 +112,25 @@ __device__ __forceinline__ void gate_up_pass(const layer_view &L, const gemv_gro
     }
 }
 
+/* One warp item of gate/up: features n0 .. n0+15 of expert e for all its rows, in passes of up
+ * to 32 rows. Rows past I (I % 16 != 0) read the last row again and are not stored. */
 template <typename T>
-__global__ void __launch_bounds__(GU_WARPS * 32, 4) gate_up_mma_kernel(layer_view L, gemv_groups G, const T *x,
-                                                                     int64_t x_ld, T *h) {
-    asm volatile("griddepcontrol.launch_dependents;"); /* the down kernel may start its blocks */
-    const int lane = threadIdx.x & 31;
-    const int64_t n0 = MFEAT * (blockIdx.x * (int64_t)GU_WARPS + (threadIdx.x >> 5));
-    if (n0 >= L.I) return;
+__device__ __forceinline__ void gate_up_item(const layer_view &L, const gemv_groups &G, const T *x, int64_t x_ld, T *h,
+                                             int64_t e, int64_t n0, int lane) {
     const int g = lane >> 2;
-    /* rows past I (I % 16 != 0) read the last row again and are not stored */
     const int64_t nlo = n0 + g < L.I ? n0 + g : L.I - 1, nhi = n0 + g + 8 < L.I ? n0 + g + 8 : L.I - 1;
-    for (int64_t grp = blockIdx.y; grp < G.count; grp += gridDim.y) {
-        int64_t lo, hi;
-        const int64_t e = group_rows(G, L.E, grp, &lo, &hi);
-        if (e < 0) continue;
-        const T *wu = (const T *)proj_base(L.up, e, sizeof(T)), *wg = L.gated ? (const T *)proj_base(L.gate, e, sizeof(T)) : wu;
-        const T *ulo = wu + nlo * L.up.n_stride, *uhi = wu + nhi * L.up.n_stride;
-        const T *glo = wg + nlo * L.gate.n_stride, *ghi = wg + nhi * L.gate.n_stride;
-        for (int64_t r0 = lo; r0 < hi; r0 += 32) {
-            const int nr = hi - r0 < 32 ? (int)(hi - r0) : 32;
-            if (nr <= 8)
-                gate_up_pass<T, 1>(L, G, x, x_ld, h, e, n0, r0, nr, ulo, uhi, glo, ghi, lane);
-            else if (nr <= 16)
-                gate_up_pass<T, 2>(L, G, x, x_ld, h, e, n0, r0, nr, ulo, uhi, glo, ghi, lane);
-            else
-                gate_up_pass<T, 4>(L, G, x, x_ld, h, e, n0, r0, nr, ulo, uhi, glo, ghi, lane);
-        }
+    const int64_t lo = G.offsets[e], hi = G.offsets[e + 1];
+    const T *wu = (const T *)proj_base(L.up, e, sizeof(T)), *wg = L.gated ? (const T *)proj_base(L.gate, e, sizeof(T)) : wu;
+    const T *ulo = wu + nlo * L.up.n_stride, *uhi = wu + nhi * L.up.n_stride;
+    const T *glo = wg + nlo * L.gate.n_stride, *ghi = wg + nhi * L.gate.n_stride;
+    for (int64_t r0 = lo; r0 < hi; r0 += 32) {
+        const int nr = hi - r0 < 32 ? (int)(hi - r0) : 32;
+        if (nr <= 8)
+            gate_up_pass<T, 1>(L, G, x, x_ld, h, e, n0, r0, nr, ulo, uhi, glo, ghi, lane);
+        else if (nr <= 16)
+            gate_up_pass<T, 2>(L, G, x, x_ld, h, e, n0, r0, nr, ulo, uhi, glo, ghi, lane);
+        else
+            gate_up_pass<T, 4>(L, G, x, x_ld, h, e, n0, r0, nr, ulo, uhi, glo, ghi, lane);
     }
 }
 
@@ -151,7 +153,7 @@ __device__ __forceinline__ void down_pass(const layer_view &L, const T *h, float
     for (int64_t k0 = 8 * t; k0 < K; k0 += KCHUNK) {
         const uint4 wl = ld16(wlo + k0), wh = ld16(whi + k0);
 #pragma unroll
-        for (int j = 0; j < NT; j++) mma_chunk<T>(c[j], wl, wh, ld16_or_zero(hr[j] ? hr[j] + k0 : NULL));
+        for (int j = 0; j < NT; j++) mma_chunk<T>(c[j], wl, wh, ld16_written_or_zero(hr[j] ? hr[j] + k0 : NULL));
     }
 #pragma unroll
     for (int f = 0; f < 2; f++) {
@@ -168,50 +170,72 @@ __device__ __forceinline__ void down_pass(const layer_view &L, const T *h, float
     }
 }
 
+/* One warp item of down: features n0 .. n0+15 of expert e for all its rows. */
 template <typename T>
-__global__ void __launch_bounds__(DOWN_WARPS * 32, 2) down_mma_kernel(layer_view L, gemv_groups G, const T *h, float *y) {
-    const int lane = threadIdx.x & 31;
-    const int64_t n0 = MFEAT * (blockIdx.x * (int64_t)DOWN_WARPS + (threadIdx.x >> 5));
-    if (n0 >= L.H) return;
+__device__ __forceinline__ void down_item(const layer_view &L, const gemv_groups &G, const T *h, float *y, int64_t e,
+                                          int64_t n0, int lane) {
     const int g = lane >> 2;
     const int64_t nlo = n0 + g < L.H ? n0 + g : L.H - 1, nhi = n0 + g + 8 < L.H ? n0 + g + 8 : L.H - 1;
-    { /* launched as a programmatic dependent of the gate/up kernel: pull the first 512 bytes of
-       * this warp's rows of its first expert into L2, then wait for h */
-        int64_t lo, hi;
-        const int64_t e = blockIdx.y < G.count ? group_rows(G, L.E, blockIdx.y, &lo, &hi) : -1;
-        if (e >= 0) {
-            const T *w = (const T *)proj_base(L.down, e, sizeof(T));
-            const int64_t k = 64 * (lane & 3) < L.I ? 64 * (lane & 3) : 0;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(w + nlo * L.down.n_stride + k));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(w + nhi * L.down.n_stride + k));
-        }
-        asm volatile("griddepcontrol.wait;" ::: "memory");
+    const int64_t lo = G.offsets[e], hi = G.offsets[e + 1];
+    const T *w = (const T *)proj_base(L.down, e, sizeof(T));
+    const T *wlo = w + nlo * L.down.n_stride, *whi = w + nhi * L.down.n_stride;
+    for (int64_t r0 = lo; r0 < hi; r0 += 32) {
+        const int nr = hi - r0 < 32 ? (int)(hi - r0) : 32;
+        if (nr <= 8)
+            down_pass<T, 1>(L, h, y, e, n0, r0, nr, wlo, whi, lane);
+        else if (nr <= 16)
+            down_pass<T, 2>(L, h, y, e, n0, r0, nr, wlo, whi, lane);
+        else
+            down_pass<T, 4>(L, h, y, e, n0, r0, nr, wlo, whi, lane);
     }
-    for (int64_t grp = blockIdx.y; grp < G.count; grp += gridDim.y) {
-        int64_t lo, hi;
-        const int64_t e = group_rows(G, L.E, grp, &lo, &hi);
-        if (e < 0) continue;
-        const T *w = (const T *)proj_base(L.down, e, sizeof(T));
-        const T *wlo = w + nlo * L.down.n_stride, *whi = w + nhi * L.down.n_stride;
-        for (int64_t r0 = lo; r0 < hi; r0 += 32) {
-            const int nr = hi - r0 < 32 ? (int)(hi - r0) : 32;
-            if (nr <= 8)
-                down_pass<T, 1>(L, h, y, e, n0, r0, nr, wlo, whi, lane);
-            else if (nr <= 16)
-                down_pass<T, 2>(L, h, y, e, n0, r0, nr, wlo, whi, lane);
-            else
-                down_pass<T, 4>(L, h, y, e, n0, r0, nr, wlo, whi, lane);
+}
+
+/* ---- the forward in one launch ----------------------------------------------------------
+ *
+ * Work items, handed out in order by one counter (sched): first gate/up items (hit expert j,
+ * 16 features f) for j = 0 .. n_hit-1, f = 0 .. ceil(I/16)-1, then down items (j, 16 features
+ * of H) in the same order. A warp takes the next item when it finishes one, so every SM keeps
+ * streaming weights until the last item, with no kernel boundary between the projections.
+ * A down item of expert e waits until done[e] (sched[e]) counts all ceil(I/16) gate/up items of
+ * e: those were handed out before any down item, to warps that are running and never wait, so
+ * the wait ends (and in practice is over: the first down items are the first experts'). */
+
+__device__ __forceinline__ int ld_acquire(const int *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(FUSED_WARPS * 32, FUSED_MIN_BLOCKS)
+    experts_mma_kernel(layer_view L, gemv_groups G, const int *hit, const int *n_hit, int *sched, const T *x,
+                       int64_t x_ld, T *h, float *y) {
+    const int lane = threadIdx.x & 31;
+    const int64_t fg_gu = (L.I + MFEAT - 1) / MFEAT, fg_dn = (L.H + MFEAT - 1) / MFEAT;
+    const int64_t hits = *n_hit, n_gu = hits * fg_gu, total = n_gu + hits * fg_dn;
+    int *done = sched;
+    unsigned long long *next = (unsigned long long *)(sched + ((L.E + 1) & ~(int64_t)1));
+    for (;;) {
+        unsigned long long item = 0;
+        if (lane == 0) item = atomicAdd(next, 1ull);
+        item = __shfl_sync(0xffffffffu, item, 0);
+        if (item >= (unsigned long long)total) return;
+        if (item < (unsigned long long)n_gu) {
+            const int64_t e = hit[item / fg_gu];
+            gate_up_item<T>(L, G, x, x_ld, h, e, MFEAT * (int64_t)(item % fg_gu), lane);
+            __threadfence(); /* this lane's h stores before the count (the pattern of a grid reduction) */
+            __syncwarp();
+            if (lane == 0) atomicAdd(&done[e], 1);
+        } else {
+            item -= n_gu;
+            const int64_t e = hit[item / fg_dn];
+            while (ld_acquire(&done[e]) < fg_gu) __nanosleep(128);
+            down_item<T>(L, G, h, y, e, MFEAT * (int64_t)(item % fg_dn), lane);
         }
     }
 }
 
-/* ---- launchers ------------------------------------------------------------------- */
-
-static dim3 mma_grid(int64_t features, int64_t groups, int warps) {
-    const int64_t per_block = (int64_t)MFEAT * warps;
-    return dim3((unsigned)((features + per_block - 1) / per_block),
-                (unsigned)(groups < 65535 ? (groups > 0 ? groups : 1) : 65535));
-}
+/* ---- launcher ----------------------------------------------------------------------- */
 
 int gemv_mma_usable(const layer_view &L, moex_dtype xdt, const void *x, int64_t x_ld) {
     if (L.wdt != MOEX_BF16 && L.wdt != MOEX_F16) return 0;
@@ -219,25 +243,32 @@ int gemv_mma_usable(const layer_view &L, moex_dtype xdt, const void *x, int64_t 
     return L.H % KCHUNK == 0 && L.I % KCHUNK == 0 && gemv_vectorizable(L, 2);
 }
 
-moex_status gemv_mma_gate_up(const layer_view &L, const gemv_groups &G, const void *x, int64_t x_ld, void *h,
-                             cudaStream_t s) {
-    const dim3 grid = mma_grid(L.I, G.count, GU_WARPS);
-    if (L.wdt == MOEX_BF16)
-        gate_up_mma_kernel<__nv_bfloat16><<<grid, GU_WARPS * 32, 0, s>>>(L, G, (const __nv_bfloat16 *)x, x_ld,
-                                                                       (__nv_bfloat16 *)h);
-    else
-        gate_up_mma_kernel<__half><<<grid, GU_WARPS * 32, 0, s>>>(L, G, (const __half *)x, x_ld, (__half *)h);
-    return MOEX_CUDA_LAUNCHED("gate/up kernel (tensor cores)");
+/* Blocks an SM holds of the kernel, per dtype (the same on every device of a build): set by
+ * gemv_mma_init before any forward, so that none is asked for while a graph is captured. */
+static int g_blocks_bf16, g_blocks_f16;
+
+template <typename T> static int resident_blocks(void) {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, experts_mma_kernel<T>, FUSED_WARPS * 32, 0) != cudaSuccess)
+        (void)cudaGetLastError();
+    return b < 1 ? FUSED_MIN_BLOCKS : b;
 }
 
-moex_status gemv_mma_down(const layer_view &L, const gemv_groups &G, const void *h, float *y, cudaStream_t s) {
-    /* a programmatic dependent of the gate/up kernel: its blocks fill the SMs that the gate/up
-     * kernel's last wave leaves idle and wait there (griddepcontrol.wait) for h */
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = dependent_launch(mma_grid(L.H, G.count, DOWN_WARPS), dim3(DOWN_WARPS * 32), s, &attr);
-    const cudaError_t err =
-        L.wdt == MOEX_BF16
-            ? cudaLaunchKernelEx(&cfg, down_mma_kernel<__nv_bfloat16>, L, G, (const __nv_bfloat16 *)h, y)
-            : cudaLaunchKernelEx(&cfg, down_mma_kernel<__half>, L, G, (const __half *)h, y);
-    return moex_cuda_status(err, "down kernel (tensor cores)");
+static pthread_once_t g_blocks_once = PTHREAD_ONCE_INIT;
+static void find_blocks(void) {
+    g_blocks_bf16 = resident_blocks<__nv_bfloat16>();
+    g_blocks_f16 = resident_blocks<__half>();
+}
+
+void gemv_mma_init(void) { pthread_once(&g_blocks_once, find_blocks); }
+
+moex_status gemv_mma_experts(const layer_view &L, const gemv_groups &G, const int *hit, const int *n_hit, int *sched,
+                             const void *x, int64_t x_ld, void *h, float *y, int num_sms, cudaStream_t s) {
+    if (L.wdt == MOEX_BF16)
+        experts_mma_kernel<__nv_bfloat16><<<num_sms * (g_blocks_bf16 ? g_blocks_bf16 : FUSED_MIN_BLOCKS), FUSED_WARPS * 32, 0, s>>>(
+            L, G, hit, n_hit, sched, (const __nv_bfloat16 *)x, x_ld, (__nv_bfloat16 *)h, y);
+    else
+        experts_mma_kernel<__half><<<num_sms * (g_blocks_f16 ? g_blocks_f16 : FUSED_MIN_BLOCKS), FUSED_WARPS * 32, 0, s>>>(
+            L, G, hit, n_hit, sched, (const __half *)x, x_ld, (__half *)h, y);
+    return MOEX_CUDA_LAUNCHED("streamed experts kernel (tensor cores)");
 }

@@ -9,7 +9,8 @@
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 size_t routing_bytes(int64_t E, int64_t P) {
-    return 2 * align256((size_t)E * 4) + 2 * align256((size_t)(E + 1) * 4) + 2 * align256((size_t)P * 4);
+    return 3 * align256((size_t)E * 4) + 2 * align256((size_t)(E + 1) * 4) + 2 * align256((size_t)P * 4) +
+           align256((size_t)(E + 4) * 4);
 }
 
 routing_dev routing_carve(void *ws, int64_t E, int64_t P) {
@@ -20,7 +21,9 @@ routing_dev routing_carve(void *ws, int64_t E, int64_t P) {
     r.offsets = (int *)p, p += align256((size_t)(E + 1) * 4);
     r.mtile_off = (int *)p, p += align256((size_t)(E + 1) * 4);
     r.pair_slot = (int *)p, p += align256((size_t)P * 4);
-    r.slot_token = (int *)p;
+    r.slot_token = (int *)p, p += align256((size_t)P * 4);
+    r.hit = (int *)p, p += align256((size_t)E * 4);
+    r.sched = (int *)p;
     return r;
 }
 
@@ -37,18 +40,17 @@ __global__ void count_kernel(const void *ids, int ids64, int64_t ld, int64_t T, 
     }
 }
 
-/* One block: exclusive prefix sums of counts (slots) and of their tile counts. */
-__global__ void scan_kernel(const int *counts, int64_t E, int tile_rows, int *offsets, int *mtile_off, int *cursor) {
-    __shared__ int part_rows[1024], part_tiles[1024];
+/* Tiles of tile_rows rows that c rows take (no overflow for any c >= 0). */
+__device__ __forceinline__ int tiles_of(int c, int tile_rows) { return c > 0 ? (c - 1) / tile_rows + 1 : 0; }
+
+/* The scans of routing: thread tid of nt owns experts [lo, hi) (E / nt of them, rounded up);
+ * *rows and *tiles come in as its experts' sums of count(e) and of tiles_of(count(e)) and leave
+ * as the exclusive prefix of those sums over the threads before it; the totals are returned in
+ * part_rows[nt-1] and part_tiles[nt-1] (shared memory of nt ints each). The whole block calls it. */
+__device__ void block_scan(int *part_rows, int *part_tiles, int *rows, int *tiles) {
     const int tid = threadIdx.x, nt = blockDim.x;
-    const int64_t per = (E + nt - 1) / nt, lo = tid * per, hi = lo + per < E ? lo + per : E;
-    int rows = 0, tiles = 0;
-    for (int64_t e = lo; e < hi; e++) {
-        rows += counts[e];
-        tiles += (counts[e] + tile_rows - 1) / tile_rows;
-    }
-    part_rows[tid] = rows;
-    part_tiles[tid] = tiles;
+    part_rows[tid] = *rows;
+    part_tiles[tid] = *tiles;
     __syncthreads();
     for (int step = 1; step < nt; step *= 2) { /* inclusive Hillis-Steele scan */
         int r = tid >= step ? part_rows[tid - step] : 0, t = tid >= step ? part_tiles[tid - step] : 0;
@@ -57,14 +59,30 @@ __global__ void scan_kernel(const int *counts, int64_t E, int tile_rows, int *of
         part_tiles[tid] += t;
         __syncthreads();
     }
-    rows = tid ? part_rows[tid - 1] : 0;
-    tiles = tid ? part_tiles[tid - 1] : 0;
+    *rows = tid ? part_rows[tid - 1] : 0;
+    *tiles = tid ? part_tiles[tid - 1] : 0;
+}
+
+/* One block: exclusive prefix sums of counts (slots) and of their tile counts; with hit, the
+ * list of experts with rows (tile_rows then covers any expert: one tile each). */
+__global__ void scan_kernel(const int *counts, int64_t E, int tile_rows, int *offsets, int *mtile_off, int *cursor,
+                            int *hit) {
+    __shared__ int part_rows[1024], part_tiles[1024];
+    const int tid = threadIdx.x, nt = blockDim.x;
+    const int64_t per = (E + nt - 1) / nt, lo = tid * per, hi = lo + per < E ? lo + per : E;
+    int rows = 0, tiles = 0;
+    for (int64_t e = lo; e < hi; e++) {
+        rows += counts[e];
+        tiles += tiles_of(counts[e], tile_rows);
+    }
+    block_scan(part_rows, part_tiles, &rows, &tiles);
     for (int64_t e = lo; e < hi; e++) {
         offsets[e] = rows;
         mtile_off[e] = tiles;
         cursor[e] = 0;
+        if (hit && counts[e]) hit[tiles] = (int)e;
         rows += counts[e];
-        tiles += (counts[e] + tile_rows - 1) / tile_rows;
+        tiles += tiles_of(counts[e], tile_rows);
     }
     if (tid == nt - 1) {
         offsets[E] = part_rows[nt - 1];
@@ -160,11 +178,14 @@ enum { SMALL_THREADS = 1024, SMALL_PAIRS = SMALL_THREADS * PAIRS_PER_THREAD, SMA
 
 __global__ void __launch_bounds__(SMALL_THREADS)
     routing_small_kernel(const void *ids, int ids64, int64_t ld, int64_t T, int64_t k, int64_t E, int tile_rows,
-                         int *counts, int *offsets, int *mtile_off, int *pair_slot, int *slot_token, int *flags) {
+                         int *counts, int *offsets, int *mtile_off, int *pair_slot, int *slot_token, int *hit,
+                         int *sched, int *flags) {
     extern __shared__ int sh[];
     int *hist = sh, *part_rows = sh + E, *part_tiles = part_rows + SMALL_THREADS;
     const int tid = threadIdx.x, nt = blockDim.x;
     for (int64_t e = tid; e < E; e += nt) hist[e] = 0;
+    if (sched)
+        for (int64_t e = tid; e < E + 4; e += nt) sched[e] = 0;
     __syncthreads();
     const int64_t P = T * k;
     int rank[PAIRS_PER_THREAD], ex[PAIRS_PER_THREAD];
@@ -186,28 +207,18 @@ __global__ void __launch_bounds__(SMALL_THREADS)
     int rows = 0, tiles = 0;
     for (int64_t e = lo; e < hi; e++) {
         rows += hist[e];
-        tiles += (hist[e] + tile_rows - 1) / tile_rows;
+        tiles += tiles_of(hist[e], tile_rows);
     }
-    part_rows[tid] = rows;
-    part_tiles[tid] = tiles;
-    __syncthreads();
-    for (int step = 1; step < nt; step *= 2) { /* inclusive Hillis-Steele scan */
-        int r = tid >= step ? part_rows[tid - step] : 0, t = tid >= step ? part_tiles[tid - step] : 0;
-        __syncthreads();
-        part_rows[tid] += r;
-        part_tiles[tid] += t;
-        __syncthreads();
-    }
-    rows = tid ? part_rows[tid - 1] : 0;
-    tiles = tid ? part_tiles[tid - 1] : 0;
+    block_scan(part_rows, part_tiles, &rows, &tiles);
     for (int64_t e = lo; e < hi; e++) { /* hist[e] becomes the expert's first slot */
         const int c = hist[e];
         counts[e] = c;
         offsets[e] = rows;
         mtile_off[e] = tiles;
+        if (hit && c) hit[tiles] = (int)e;
         hist[e] = rows;
         rows += c;
-        tiles += (c + tile_rows - 1) / tile_rows;
+        tiles += tiles_of(c, tile_rows);
     }
     if (tid == nt - 1) {
         offsets[E] = part_rows[nt - 1];
@@ -234,16 +245,19 @@ static int grid_for(int64_t n, int threads) {
 }
 
 moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int64_t ids_ld, int64_t T, int64_t k,
-                          int64_t E, int tile_rows, int *flags, cudaStream_t s) {
+                          int64_t E, int tile_rows, int hits, int *flags, cudaStream_t s) {
     const int64_t P = T * k;
+    int *hit = hits ? r.hit : NULL, *sched = hits ? r.sched : NULL;
+    if (hits) tile_rows = INT32_MAX; /* one tile per expert with rows */
     if (P <= SMALL_PAIRS && E <= SMALL_E) { /* (E + 2048) ints: at most 40 KiB, no opt-in needed */
         const size_t small_smem = ((size_t)E + 2 * SMALL_THREADS) * sizeof(int);
         routing_small_kernel<<<1, SMALL_THREADS, small_smem, s>>>(ids, ids64, ids_ld, T, k, E, tile_rows, r.counts,
-                                                                 r.offsets, r.mtile_off, r.pair_slot, r.slot_token,
-                                                                 flags);
+                                                                 r.offsets, r.mtile_off, r.pair_slot, r.slot_token, hit,
+                                                                 sched, flags);
         return MOEX_CUDA_LAUNCHED("routing kernel");
     }
     moex_status st = moex_cuda_status(cudaMemsetAsync(r.counts, 0, (size_t)E * sizeof(int), s), "routing: clear");
+    if (!st && sched) st = moex_cuda_status(cudaMemsetAsync(sched, 0, (size_t)(E + 4) * sizeof(int), s), "routing: clear");
     if (st) return st;
     const size_t smem = (size_t)E * 2 * sizeof(int);
     const int64_t chunks = (P + 256 * PAIRS_PER_THREAD - 1) / (256 * PAIRS_PER_THREAD);
@@ -252,7 +266,7 @@ moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int6
         count_block_kernel<<<(unsigned)chunks, 256, smem / 2, s>>>(ids, ids64, ids_ld, T, k, E, r.counts, flags);
     else
         count_kernel<<<grid_for(P, 256), 256, 0, s>>>(ids, ids64, ids_ld, T, k, E, r.counts, flags);
-    scan_kernel<<<1, 1024, 0, s>>>(r.counts, E, tile_rows, r.offsets, r.mtile_off, r.cursor);
+    scan_kernel<<<1, 1024, 0, s>>>(r.counts, E, tile_rows, r.offsets, r.mtile_off, r.cursor, hit);
     if (blocked)
         scatter_block_kernel<<<(unsigned)chunks, 256, smem, s>>>(ids, ids64, ids_ld, T, k, E, r.offsets, r.cursor,
                                                                  r.pair_slot, r.slot_token);

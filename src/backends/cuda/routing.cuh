@@ -15,6 +15,9 @@ typedef struct routing_dev {
     int *mtile_off;  /* [E+1] prefix of ceil(counts/tile_rows) */
     int *pair_slot;  /* [P]   slot of pair p = t*k+j, or -1 for a sentinel */
     int *slot_token; /* [P]   token of each slot */
+    int *hit;        /* [E]   routing_build with hits: the experts with rows, in expert order */
+    int *sched;      /* [E+4] routing_build with hits: zeroed for the one-launch streamed forward
+                               (gemv.cuh's gemv_mma_experts) */
 } routing_dev;
 
 /* Bytes the arrays need, for E experts and P pairs (each array 256-byte aligned). */
@@ -23,9 +26,12 @@ size_t routing_bytes(int64_t E, int64_t P);
 routing_dev routing_carve(void *ws, int64_t E, int64_t P);
 
 /* counts, offsets, mtile_off (tiles of tile_rows rows), pair_slot, slot_token.
- * Bad ids (outside [-1, E]) set MOEX_CUDA_FLAG_BAD_ID in *flags and count as sentinels. */
+ * Bad ids (outside [-1, E]) set MOEX_CUDA_FLAG_BAD_ID in *flags and count as sentinels.
+ * hits = 1 (for gemv_mma_experts): tiles are whole experts, so mtile_off[e] is the number of
+ * experts before e that have rows and mtile_off[E] the number of them, hit[] lists them, and
+ * sched is zeroed. */
 moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int64_t ids_ld, int64_t T, int64_t k,
-                          int64_t E, int tile_rows, int *flags, cudaStream_t s);
+                          int64_t E, int tile_rows, int hits, int *flags, cudaStream_t s);
 
 /* dst[pair_slot[t*k+j]] = hidden[t] for every non-sentinel pair, converted to dst_dt
  * (each row of hidden read once). */
