@@ -49,18 +49,6 @@ template <typename T> __device__ __forceinline__ void mma_chunk(float c[4], uint
 
 /* ---- loads --------------------------------------------------------------------------- */
 
-/* The input rows x (not written by the kernel): the read-only path. */
-__device__ __forceinline__ uint4 ld16_or_zero(const void *p) { return p ? __ldg((const uint4 *)p) : make_uint4(0, 0, 0, 0); }
-/* Rows of h, written by other warps of the same kernel: a plain (coherent) load, after the
- * acquire of their count. */
-__device__ __forceinline__ uint4 ld16_written_or_zero(const void *p) {
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (p) asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-template <int WRITTEN> __device__ __forceinline__ uint4 ld_input(const void *p) {
-    return WRITTEN ? ld16_written_or_zero(p) : ld16_or_zero(p);
-}
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -91,9 +79,13 @@ __device__ __forceinline__ uint4 lds16(const void *p) {
 
 template <int KT> __device__ __forceinline__ int swz(int r, int c) { return c ^ ((r & 1) << 2); }
 
-template <typename T, int MATS, int KT>
-__device__ __forceinline__ void issue_stage(const T *const (&w)[MATS], int64_t ns, int nvalid, int64_t k0, int64_t kt,
-                                            T *buf, int lane) {
+/* Rows of a stage: MATS x 16 weight rows, then XROWS input rows. */
+enum { XROWS = 16 };
+
+template <typename T, int MATS, int NT, int KT>
+__device__ __forceinline__ void issue_stage(const T *const (&w)[MATS], int64_t ns, int nvalid,
+                                            const T *const (&xs)[8 * NT * KT / 256], int64_t k0, int64_t kt, T *buf,
+                                            int lane) {
     constexpr int CPR = KT / 8, RPI = 32 / CPR;
     const int c = lane % CPR;
     if (8 * c >= kt) return;
@@ -104,14 +96,31 @@ __device__ __forceinline__ void issue_stage(const T *const (&w)[MATS], int64_t n
             const int r = i * RPI + lane / CPR, src_r = r < nvalid ? r : nvalid - 1;
             cp16(buf + (m * 16 + r) * KT + 8 * swz<KT>(r, c), w[m] + src_r * ns + k0 + 8 * c);
         }
+    T *X = buf + MATS * 16 * KT;
+#pragma unroll
+    for (int i = 0; i < 8 * NT / RPI; i++) {
+        const int r = i * RPI + lane / CPR;
+        cp16(X + r * KT + 8 * swz<KT>(r, c), xs[i] + k0 + 8 * c);
+    }
 }
 
-/* c[m][j] += rows of matrix m . input tile j over all K; x[j]: this lane's input row of tile j
- * (token row g of the tile), or NULL past the rows. The k mapping is the header's: lane (g, t)
+/* The input rows this lane copies: row i * RPI + lane / CPR of the tile, for i < 8 NT / RPI
+ * (rows past nr copy row nr - 1: their results are not stored). */
+template <int NT, int KT>
+__device__ __forceinline__ int copy_row(int i, int nr, int lane) {
+    constexpr int CPR = KT / 8, RPI = 32 / CPR;
+    const int r = i * RPI + lane / CPR;
+    return r < nr ? r : nr - 1;
+}
+
+/* c[m][j] += rows of matrix m . input tile j over all K, with both the weights and the input
+ * rows (xs: copy_row's rows) brought by the stages. The k mapping is the header's: lane (g, t)
  * takes inputs k0 + 8t .. k0 + 8t + 7 of each 32-wide chunk of weights and inputs alike. */
-template <typename T, int NT, int MATS, int KT, int STAGES, int WRITTEN>
+template <typename T, int NT, int MATS, int KT, int STAGES>
 __device__ __forceinline__ void stream_rows(const T *const (&w)[MATS], int64_t ns, int nvalid, int64_t K,
-                                            const T *const (&x)[NT], float (&c)[MATS][NT][4], T *ring, int lane) {
+                                            const T *const (&xs)[8 * NT * KT / 256], float (&c)[MATS][NT][4], T *ring,
+                                            int lane) {
+    constexpr int STAGE = (MATS * 16 + XROWS) * KT;
     const int g = lane >> 2, t = lane & 3;
     const int64_t nst = (K + KT - 1) / KT;
 #pragma unroll
@@ -122,24 +131,23 @@ __device__ __forceinline__ void stream_rows(const T *const (&w)[MATS], int64_t n
             for (int i = 0; i < 4; i++) c[m][j][i] = 0.0f;
 #pragma unroll
     for (int p = 0; p < STAGES - 1; p++) {
-        if (p < nst) issue_stage<T, MATS, KT>(w, ns, nvalid, p * KT, K - p * KT, ring + p * MATS * 16 * KT, lane);
+        if (p < nst) issue_stage<T, MATS, NT, KT>(w, ns, nvalid, xs, p * KT, K - p * KT, ring + p * STAGE, lane);
         cp_commit();
     }
     for (int64_t st = 0; st < nst; st++) {
         const int64_t p = st + STAGES - 1;
-        if (p < nst)
-            issue_stage<T, MATS, KT>(w, ns, nvalid, p * KT, K - p * KT, ring + (p % STAGES) * MATS * 16 * KT, lane);
+        if (p < nst) issue_stage<T, MATS, NT, KT>(w, ns, nvalid, xs, p * KT, K - p * KT, ring + (p % STAGES) * STAGE, lane);
         cp_commit();
         cp_wait<STAGES - 1>();
         __syncwarp();
-        const T *buf = ring + (st % STAGES) * MATS * 16 * KT;
-        const int64_t k0 = st * KT, kt = K - k0 < KT ? K - k0 : KT;
+        const T *buf = ring + (st % STAGES) * STAGE, *X = buf + MATS * 16 * KT;
+        const int64_t kt = K - st * KT < KT ? K - st * KT : KT;
 #pragma unroll
         for (int s = 0; s < KT / 32; s++) {
             if (32 * s >= kt) break;
             uint4 xv[NT];
 #pragma unroll
-            for (int j = 0; j < NT; j++) xv[j] = ld_input<WRITTEN>(x[j] ? x[j] + k0 + 32 * s + 8 * t : NULL);
+            for (int j = 0; j < NT; j++) xv[j] = lds16(X + (j * 8 + g) * KT + 8 * swz<KT>(g, 4 * s + t));
 #pragma unroll
             for (int m = 0; m < MATS; m++) {
                 const uint4 lo = lds16(buf + (m * 16 + g) * KT + 8 * swz<KT>(g, 4 * s + t));
@@ -159,12 +167,13 @@ __device__ __forceinline__ void gate_up_pass(const layer_view &L, const gemv_gro
                                              int64_t e, int64_t n0, int64_t r0, int nr, const T *const (&w)[MATS],
                                              T *ring, int lane) {
     const int g = lane >> 2, t = lane & 3;
-    const T *xr[NT];
+    const T *xs[8 * NT * KT / 256];
 #pragma unroll
-    for (int j = 0; j < NT; j++) xr[j] = j * 8 + g < nr ? x + (int64_t)G.slot_token[r0 + j * 8 + g] * x_ld : NULL;
+    for (int i = 0; i < 8 * NT * KT / 256; i++)
+        xs[i] = x + (int64_t)G.slot_token[r0 + copy_row<NT, KT>(i, nr, lane)] * x_ld;
     float c[MATS][NT][4];
     const int nvalid = L.I - n0 < 16 ? (int)(L.I - n0) : 16;
-    stream_rows<T, NT, MATS, KT, STAGES, 0>(w, L.up.n_stride, nvalid, L.H, xr, c, ring, lane);
+    stream_rows<T, NT, MATS, KT, STAGES>(w, L.up.n_stride, nvalid, L.H, xs, c, ring, lane);
     /* c[.][j][0], [1]: feature n0+g, rows 2t, 2t+1 of tile j; [2], [3]: feature n0+g+8. Matrix 0 is
      * the gate of a gated layer, the last one the up projection. */
 #pragma unroll
@@ -194,14 +203,12 @@ __device__ __forceinline__ void gate_up_item(const layer_view &L, const gemv_gro
     const T *w[MATS];
     w[MATS - 1] = wu;
     if (MATS == 2) w[0] = (const T *)proj_base(L.gate, e, sizeof(T)) + n0 * L.gate.n_stride;
-    for (int64_t r0 = lo; r0 < hi; r0 += 32) {
-        const int nr = hi - r0 < 32 ? (int)(hi - r0) : 32;
+    for (int64_t r0 = lo; r0 < hi; r0 += XROWS) {
+        const int nr = hi - r0 < XROWS ? (int)(hi - r0) : XROWS;
         if (nr <= 8)
             gate_up_pass<T, 1, MATS, KT, STAGES>(L, G, x, x_ld, h, e, n0, r0, nr, w, ring, lane);
-        else if (nr <= 16)
-            gate_up_pass<T, 2, MATS, KT, STAGES>(L, G, x, x_ld, h, e, n0, r0, nr, w, ring, lane);
         else
-            gate_up_pass<T, 4, MATS, KT, STAGES>(L, G, x, x_ld, h, e, n0, r0, nr, w, ring, lane);
+            gate_up_pass<T, 2, MATS, KT, STAGES>(L, G, x, x_ld, h, e, n0, r0, nr, w, ring, lane);
     }
 }
 
@@ -211,12 +218,12 @@ template <typename T, int NT, int KT, int STAGES>
 __device__ __forceinline__ void down_pass(const layer_view &L, const T *h, float *y, int64_t e, int64_t n0, int64_t r0,
                                           int nr, const T *const (&w)[1], T *ring, int lane) {
     const int g = lane >> 2, t = lane & 3;
-    const T *hr[NT];
+    const T *xs[8 * NT * KT / 256];
 #pragma unroll
-    for (int j = 0; j < NT; j++) hr[j] = j * 8 + g < nr ? h + (r0 + j * 8 + g) * L.I : NULL;
+    for (int i = 0; i < 8 * NT * KT / 256; i++) xs[i] = h + (r0 + copy_row<NT, KT>(i, nr, lane)) * L.I;
     float c[1][NT][4];
     const int nvalid = L.H - n0 < 16 ? (int)(L.H - n0) : 16;
-    stream_rows<T, NT, 1, KT, STAGES, 1>(w, L.down.n_stride, nvalid, L.I, hr, c, ring, lane);
+    stream_rows<T, NT, 1, KT, STAGES>(w, L.down.n_stride, nvalid, L.I, xs, c, ring, lane);
 #pragma unroll
     for (int f = 0; f < 2; f++) {
         const int64_t n = n0 + g + 8 * f;
@@ -238,14 +245,12 @@ __device__ __forceinline__ void down_item(const layer_view &L, const gemv_groups
                                           int64_t n0, T *ring, int lane) {
     const int64_t lo = G.offsets[e], hi = G.offsets[e + 1];
     const T *const w[1] = {(const T *)proj_base(L.down, e, sizeof(T)) + n0 * L.down.n_stride};
-    for (int64_t r0 = lo; r0 < hi; r0 += 32) {
-        const int nr = hi - r0 < 32 ? (int)(hi - r0) : 32;
+    for (int64_t r0 = lo; r0 < hi; r0 += XROWS) {
+        const int nr = hi - r0 < XROWS ? (int)(hi - r0) : XROWS;
         if (nr <= 8)
             down_pass<T, 1, KT, STAGES>(L, h, y, e, n0, r0, nr, w, ring, lane);
-        else if (nr <= 16)
-            down_pass<T, 2, KT, STAGES>(L, h, y, e, n0, r0, nr, w, ring, lane);
         else
-            down_pass<T, 4, KT, STAGES>(L, h, y, e, n0, r0, nr, w, ring, lane);
+            down_pass<T, 2, KT, STAGES>(L, h, y, e, n0, r0, nr, w, ring, lane);
     }
 }
 
@@ -276,7 +281,8 @@ template <typename T, typename C>
 __global__ void __launch_bounds__(C::WARPS * 32, 1)
     experts_mma_kernel(layer_view L, gemv_groups G, const int *hit, const int *n_hit, int *sched, const T *x,
                        int64_t x_ld, T *h, float *y) {
-    constexpr int ST2 = C::RING / (2 * 16 * C::KT * (int)sizeof(T)), ST1 = 2 * ST2;
+    constexpr int ST2 = C::RING / ((2 * 16 + XROWS) * C::KT * (int)sizeof(T)),
+                  ST1 = C::RING / ((16 + XROWS) * C::KT * (int)sizeof(T));
     static_assert(ST2 >= 2, "two stages at least");
     extern __shared__ __align__(128) unsigned char smem[];
     T *ring = (T *)(smem + (threadIdx.x >> 5) * C::RING);
@@ -329,8 +335,8 @@ typedef struct stream_variant {
      WARPS, (RING) * (WARPS), {0, 0}}
 
 static stream_variant g_variants[] = {
-    STREAM_VARIANT(128, 24 << 10, 8), STREAM_VARIANT(64, 24 << 10, 8), STREAM_VARIANT(64, 16 << 10, 12),
-    STREAM_VARIANT(128, 32 << 10, 6), STREAM_VARIANT(256, 48 << 10, 4),
+    STREAM_VARIANT(64, 18 << 10, 12), STREAM_VARIANT(128, 27 << 10, 8), STREAM_VARIANT(64, 27 << 10, 8),
+    STREAM_VARIANT(64, 13824, 16), STREAM_VARIANT(128, 36 << 10, 6),
 };
 static int g_variant;
 
