@@ -2,15 +2,16 @@
  * launch, for bf16/f16 weights and inputs; see gemv.cuh. The plain kernels of gemv.cu
  * spend one FMA per weight and row in f32, which costs as much as the read once
  * an expert has four or more rows; here a warp multiplies 16 weight rows by up
- * to 32 input rows per k step on the tensor cores and the kernel stays bound by
- * the weight stream.
+ * to 16 input rows per k step on the tensor cores and the kernel stays bound by
+ * the weight stream, which cp.async brings into each warp's ring in shared memory
+ * together with the input rows (see "the weight stream of one warp").
  *
  * Shapes: W [N, K] of one expert (rows n_stride apart, k contiguous), x [rows, K]
  * (T, rows x_ld apart), h [P, I] (T), y [P, H] (f32). A warp owns 16 output
  * features n0 .. n0+15 (the mma's M) of one expert per work item and the expert's rows
  * in passes of 8*NT (its N, NT tiles of 8); the items and their order are at
- * experts_mma_kernel. k advances 32 at a time: lane (g = lane/4,
- * t = lane%4) loads 16 bytes of weight rows g and g+8 and of input row g at k0 + 8t. The two mma steps of
+ * experts_mma_kernel. k advances 32 at a time: lane (g = lane/4, t = lane%4) reads
+ * 16 bytes of weight rows g and g+8 and of input row g at k0 + 8t from the stage. The two mma steps of
  * the chunk take k0+8t+{0..3} and k0+8t+{4..7} as their logical k 2t..2t+1 and
  * 2t+8..2t+9: the same permutation of k on both operands, so the dot products
  * are unchanged and every load is a whole 16-byte piece. */
@@ -18,7 +19,6 @@
 #include "gpu/cuda_check.h"
 
 #include <pthread.h>
-#include <stdlib.h>
 
 enum { MFEAT = 16, KCHUNK = 32 };
 
@@ -270,22 +270,22 @@ __device__ __forceinline__ int ld_acquire(const int *p) {
     return v;
 }
 
-/* A configuration of the kernel: KT inputs a stage, RING bytes of shared memory a warp, WARPS
- * warps a block. Gate/up of a gated layer streams two matrices, so its stages hold half as many
- * inputs' worth of rows per byte: ST2 stages; down and ungated gate/up ST1 = 2 * ST2. */
-template <int KT_, int RING_, int WARPS_> struct stream_cfg {
-    enum { KT = KT_, RING = RING_, WARPS = WARPS_ };
-};
+/* The configuration: STREAM_KT inputs a stage (128-byte runs of every row), RING bytes of shared
+ * memory a warp, STREAM_WARPS warps a block, one block an SM (216 KiB). A stage of gated
+ * gate/up holds 2 x 16 weight rows and the input rows, ST2 = 2 of them fit the ring; down and
+ * ungated gate/up ST1 = 3. Measured against 8 and 12 warps, 128-input stages and deeper rings
+ * (dev/notes/cuda-notes.md, "cp.async"). */
+enum { STREAM_KT = 64, STREAM_WARPS = 16, RING = 13824 };
 
-template <typename T, typename C>
-__global__ void __launch_bounds__(C::WARPS * 32, 1)
+template <typename T>
+__global__ void __launch_bounds__(STREAM_WARPS * 32, 1)
     experts_mma_kernel(layer_view L, gemv_groups G, const int *hit, const int *n_hit, int *sched, const T *x,
                        int64_t x_ld, T *h, float *y) {
-    constexpr int ST2 = C::RING / ((2 * 16 + XROWS) * C::KT * (int)sizeof(T)),
-                  ST1 = C::RING / ((16 + XROWS) * C::KT * (int)sizeof(T));
+    constexpr int KT = STREAM_KT, ST2 = RING / ((2 * 16 + XROWS) * KT * (int)sizeof(T)),
+                  ST1 = RING / ((16 + XROWS) * KT * (int)sizeof(T));
     static_assert(ST2 >= 2, "two stages at least");
     extern __shared__ __align__(128) unsigned char smem[];
-    T *ring = (T *)(smem + (threadIdx.x >> 5) * C::RING);
+    T *ring = (T *)(smem + (threadIdx.x >> 5) * RING);
     const int lane = threadIdx.x & 31;
     const int64_t fg_gu = (L.I + MFEAT - 1) / MFEAT, fg_dn = (L.H + MFEAT - 1) / MFEAT;
     const int64_t hits = *n_hit, n_gu = hits * fg_gu, total = n_gu + hits * fg_dn;
@@ -299,9 +299,9 @@ __global__ void __launch_bounds__(C::WARPS * 32, 1)
         if (item < (unsigned long long)n_gu) {
             const int64_t e = hit[item / fg_gu], n0 = MFEAT * (int64_t)(item % fg_gu);
             if (L.gated)
-                gate_up_item<T, 2, C::KT, ST2>(L, G, x, x_ld, h, e, n0, ring, lane);
+                gate_up_item<T, 2, KT, ST2>(L, G, x, x_ld, h, e, n0, ring, lane);
             else
-                gate_up_item<T, 1, C::KT, ST1>(L, G, x, x_ld, h, e, n0, ring, lane);
+                gate_up_item<T, 1, KT, ST1>(L, G, x, x_ld, h, e, n0, ring, lane);
             __threadfence(); /* this lane's h stores before the count (the pattern of a grid reduction) */
             __syncwarp();
             if (lane == 0) atomicAdd(&done[e], 1);
@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(C::WARPS * 32, 1)
             item -= n_gu;
             const int64_t e = hit[item / fg_dn];
             while (ld_acquire(&done[e]) < fg_gu) __nanosleep(128);
-            down_item<T, C::KT, ST1>(L, G, h, y, e, MFEAT * (int64_t)(item % fg_dn), ring, lane);
+            down_item<T, KT, ST1>(L, G, h, y, e, MFEAT * (int64_t)(item % fg_dn), ring, lane);
         }
     }
 }
@@ -323,48 +323,41 @@ int gemv_mma_usable(const layer_view &L, moex_dtype xdt, const void *x, int64_t 
 }
 
 
-typedef struct stream_variant {
-    const void *kernel[2]; /* bf16, f16 */
-    int warps, smem;       /* threads / 32 and shared memory a block */
-    int blocks[2];         /* blocks an SM holds (gemv_mma_init) */
-} stream_variant;
-
-#define STREAM_VARIANT(KT, RING, WARPS)                                                                            \
-    {{(const void *)experts_mma_kernel<__nv_bfloat16, stream_cfg<KT, RING, WARPS>>,                              \
-      (const void *)experts_mma_kernel<__half, stream_cfg<KT, RING, WARPS>>},                                    \
-     WARPS, (RING) * (WARPS), {0, 0}}
-
-static stream_variant g_variants[] = {
-    STREAM_VARIANT(64, 18 << 10, 12), STREAM_VARIANT(128, 27 << 10, 8), STREAM_VARIANT(64, 27 << 10, 8),
-    STREAM_VARIANT(64, 13824, 16), STREAM_VARIANT(128, 36 << 10, 6),
-};
-static int g_variant;
-
+static const int STREAM_SMEM = RING * STREAM_WARPS;
+static int g_blocks[2]; /* blocks an SM holds, bf16 and f16 (gemv_mma_init): 1, or 0 if none fits */
+static cudaError_t g_init_err;
 static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
-static void init_variants(void) {
-    const char *v = getenv("MOEX_DEV_STREAM");
-    if (v && atoi(v) >= 0 && atoi(v) < (int)(sizeof g_variants / sizeof g_variants[0])) g_variant = atoi(v);
-    for (size_t i = 0; i < sizeof g_variants / sizeof g_variants[0]; i++)
-        for (int d = 0; d < 2; d++) {
-            stream_variant *sv = &g_variants[i];
-            int b = 0;
-            if (cudaFuncSetAttribute(sv->kernel[d], cudaFuncAttributeMaxDynamicSharedMemorySize, sv->smem) != cudaSuccess ||
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, sv->kernel[d], sv->warps * 32, sv->smem) != cudaSuccess)
-                (void)cudaGetLastError();
-            sv->blocks[d] = b;
-        }
+
+template <typename T> static cudaError_t allow_smem(int *blocks) {
+    cudaError_t err = cudaFuncSetAttribute(experts_mma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, STREAM_SMEM);
+    if (!err) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, experts_mma_kernel<T>, STREAM_WARPS * 32,
+                                                                 STREAM_SMEM);
+    return err;
 }
 
-void gemv_mma_init(void) { pthread_once(&g_init_once, init_variants); }
+static void init_blocks(void) {
+    g_init_err = allow_smem<__nv_bfloat16>(&g_blocks[0]);
+    if (!g_init_err) g_init_err = allow_smem<__half>(&g_blocks[1]);
+}
+
+moex_status gemv_mma_init(void) {
+    pthread_once(&g_init_once, init_blocks);
+    return moex_cuda_status(g_init_err, "streamed experts kernel: shared memory size");
+}
 
 moex_status gemv_mma_experts(const layer_view &L, const gemv_groups &G, const int *hit, const int *n_hit, int *sched,
                              const void *x, int64_t x_ld, void *h, float *y, int num_sms, cudaStream_t s) {
-    const stream_variant *sv = &g_variants[g_variant];
     const int d = L.wdt == MOEX_BF16 ? 0 : 1;
-    if (sv->blocks[d] < 1) return moex_cuda_status(cudaErrorInvalidConfiguration, "streamed experts kernel: no block fits an SM");
-    void *args[] = {(void *)&L, (void *)&G, (void *)&hit, (void *)&n_hit, (void *)&sched, (void *)&x, (void *)&x_ld,
-                    (void *)&h, (void *)&y};
-    return moex_cuda_status(cudaLaunchKernel(sv->kernel[d], dim3(num_sms * sv->blocks[d]), dim3(sv->warps * 32), args,
-                                             (size_t)sv->smem, s),
-                            "streamed experts kernel (tensor cores)");
+    if (g_blocks[d] < 1)
+        return moex_fail(MOEX_ERR_INTERNAL, "streamed experts kernel: %d bytes of shared memory per block do not fit an SM "
+                         "(or gemv_mma_init was not called)", STREAM_SMEM);
+    const dim3 grid((unsigned)(num_sms * g_blocks[d])), block(STREAM_WARPS * 32);
+    if (d == 0)
+        experts_mma_kernel<__nv_bfloat16><<<grid, block, STREAM_SMEM, s>>>(L, G, hit, n_hit, sched,
+                                                                          (const __nv_bfloat16 *)x, x_ld,
+                                                                          (__nv_bfloat16 *)h, y);
+    else
+        experts_mma_kernel<__half><<<grid, block, STREAM_SMEM, s>>>(L, G, hit, n_hit, sched, (const __half *)x, x_ld,
+                                                                   (__half *)h, y);
+    return MOEX_CUDA_LAUNCHED("streamed experts kernel (tensor cores)");
 }
