@@ -71,8 +71,8 @@ int gemv_vectorizable(const layer_view &L, size_t wsz);
  * there for each launch. h is [P, I] in the weights' dtype (rounded as the tensor-core GEMM
  * rounds it), y [P, H] f32; a persistent grid of num_sms x (the blocks an SM holds). */
 int gemv_mma_usable(const layer_view &L, moex_dtype xdt, const void *x, int64_t x_ld);
-/* Once per process, outside capture (prepare): the grid's size. */
-void gemv_mma_init(void);
+/* Once per process, outside capture (prepare): the kernel's shared memory size and grid. */
+moex_status gemv_mma_init(void);
 moex_status gemv_mma_experts(const layer_view &L, const gemv_groups &G, const int *hit, const int *n_hit, int *sched,
                              const void *x, int64_t x_ld, void *h, float *y, int num_sms, cudaStream_t s);
 
