@@ -18,6 +18,7 @@
 #include "gpu/cuda_check.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 
 /* FUSED_WARPS warps a block (each takes its own items), at least FUSED_MIN_BLOCKS blocks an SM */
 enum { FUSED_WARPS = 4, FUSED_MIN_BLOCKS = 4, MFEAT = 16, KCHUNK = 32 };
@@ -114,7 +115,7 @@ __device__ __forceinline__ void gate_up_pass(const layer_view &L, const gemv_gro
 
 /* One warp item of gate/up: features n0 .. n0+15 of expert e for all its rows, in passes of up
  * to 32 rows. Rows past I (I % 16 != 0) read the last row again and are not stored. */
-template <typename T>
+template <typename T, int MAXNT>
 __device__ __forceinline__ void gate_up_item(const layer_view &L, const gemv_groups &G, const T *x, int64_t x_ld, T *h,
                                              int64_t e, int64_t n0, int lane) {
     const int g = lane >> 2;
@@ -123,11 +124,11 @@ __device__ __forceinline__ void gate_up_item(const layer_view &L, const gemv_gro
     const T *wu = (const T *)proj_base(L.up, e, sizeof(T)), *wg = L.gated ? (const T *)proj_base(L.gate, e, sizeof(T)) : wu;
     const T *ulo = wu + nlo * L.up.n_stride, *uhi = wu + nhi * L.up.n_stride;
     const T *glo = wg + nlo * L.gate.n_stride, *ghi = wg + nhi * L.gate.n_stride;
-    for (int64_t r0 = lo; r0 < hi; r0 += 32) {
-        const int nr = hi - r0 < 32 ? (int)(hi - r0) : 32;
-        if (nr <= 8)
+    for (int64_t r0 = lo; r0 < hi; r0 += 8 * MAXNT) {
+        const int nr = hi - r0 < 8 * MAXNT ? (int)(hi - r0) : 8 * MAXNT;
+        if (MAXNT == 1 || nr <= 8)
             gate_up_pass<T, 1>(L, G, x, x_ld, h, e, n0, r0, nr, ulo, uhi, glo, ghi, lane);
-        else if (nr <= 16)
+        else if (MAXNT == 2 || nr <= 16)
             gate_up_pass<T, 2>(L, G, x, x_ld, h, e, n0, r0, nr, ulo, uhi, glo, ghi, lane);
         else
             gate_up_pass<T, 4>(L, G, x, x_ld, h, e, n0, r0, nr, ulo, uhi, glo, ghi, lane);
@@ -171,7 +172,7 @@ __device__ __forceinline__ void down_pass(const layer_view &L, const T *h, float
 }
 
 /* One warp item of down: features n0 .. n0+15 of expert e for all its rows. */
-template <typename T>
+template <typename T, int MAXNT>
 __device__ __forceinline__ void down_item(const layer_view &L, const gemv_groups &G, const T *h, float *y, int64_t e,
                                           int64_t n0, int lane) {
     const int g = lane >> 2;
@@ -179,11 +180,11 @@ __device__ __forceinline__ void down_item(const layer_view &L, const gemv_groups
     const int64_t lo = G.offsets[e], hi = G.offsets[e + 1];
     const T *w = (const T *)proj_base(L.down, e, sizeof(T));
     const T *wlo = w + nlo * L.down.n_stride, *whi = w + nhi * L.down.n_stride;
-    for (int64_t r0 = lo; r0 < hi; r0 += 32) {
-        const int nr = hi - r0 < 32 ? (int)(hi - r0) : 32;
-        if (nr <= 8)
+    for (int64_t r0 = lo; r0 < hi; r0 += 8 * MAXNT) {
+        const int nr = hi - r0 < 8 * MAXNT ? (int)(hi - r0) : 8 * MAXNT;
+        if (MAXNT == 1 || nr <= 8)
             down_pass<T, 1>(L, h, y, e, n0, r0, nr, wlo, whi, lane);
-        else if (nr <= 16)
+        else if (MAXNT == 2 || nr <= 16)
             down_pass<T, 2>(L, h, y, e, n0, r0, nr, wlo, whi, lane);
         else
             down_pass<T, 4>(L, h, y, e, n0, r0, nr, wlo, whi, lane);
@@ -206,8 +207,8 @@ __device__ __forceinline__ int ld_acquire(const int *p) {
     return v;
 }
 
-template <typename T>
-__global__ void __launch_bounds__(FUSED_WARPS * 32, FUSED_MIN_BLOCKS)
+template <typename T, int MINB, int MAXNT>
+__global__ void __launch_bounds__(FUSED_WARPS * 32, MINB)
     experts_mma_kernel(layer_view L, gemv_groups G, const int *hit, const int *n_hit, int *sched, const T *x,
                        int64_t x_ld, T *h, float *y) {
     const int lane = threadIdx.x & 31;
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(FUSED_WARPS * 32, FUSED_MIN_BLOCKS)
         if (item >= (unsigned long long)total) return;
         if (item < (unsigned long long)n_gu) {
             const int64_t e = hit[item / fg_gu];
-            gate_up_item<T>(L, G, x, x_ld, h, e, MFEAT * (int64_t)(item % fg_gu), lane);
+            gate_up_item<T, MAXNT>(L, G, x, x_ld, h, e, MFEAT * (int64_t)(item % fg_gu), lane);
             __threadfence(); /* this lane's h stores before the count (the pattern of a grid reduction) */
             __syncwarp();
             if (lane == 0) atomicAdd(&done[e], 1);
@@ -230,7 +231,7 @@ __global__ void __launch_bounds__(FUSED_WARPS * 32, FUSED_MIN_BLOCKS)
             item -= n_gu;
             const int64_t e = hit[item / fg_dn];
             while (ld_acquire(&done[e]) < fg_gu) __nanosleep(128);
-            down_item<T>(L, G, h, y, e, MFEAT * (int64_t)(item % fg_dn), lane);
+            down_item<T, MAXNT>(L, G, h, y, e, MFEAT * (int64_t)(item % fg_dn), lane);
         }
     }
 }
@@ -243,32 +244,37 @@ int gemv_mma_usable(const layer_view &L, moex_dtype xdt, const void *x, int64_t 
     return L.H % KCHUNK == 0 && L.I % KCHUNK == 0 && gemv_vectorizable(L, 2);
 }
 
-/* Blocks an SM holds of the kernel, per dtype (the same on every device of a build): set by
- * gemv_mma_init before any forward, so that none is asked for while a graph is captured. */
-static int g_blocks_bf16, g_blocks_f16;
-
-template <typename T> static int resident_blocks(void) {
-    int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, experts_mma_kernel<T>, FUSED_WARPS * 32, 0) != cudaSuccess)
-        (void)cudaGetLastError();
-    return b < 1 ? FUSED_MIN_BLOCKS : b;
-}
-
+#define OCC_VARIANT(MINB, MAXNT) \
+    {(const void *)experts_mma_kernel<__nv_bfloat16, MINB, MAXNT>, (const void *)experts_mma_kernel<__half, MINB, MAXNT>}
+enum { NVAR = 11 };
+static const void *g_kernels[NVAR][2] = {OCC_VARIANT(4, 4), OCC_VARIANT(5, 4), OCC_VARIANT(6, 4), OCC_VARIANT(8, 4),
+                                        OCC_VARIANT(6, 2), OCC_VARIANT(8, 2), OCC_VARIANT(8, 1), OCC_VARIANT(5, 2), OCC_VARIANT(4, 4), OCC_VARIANT(4, 4), OCC_VARIANT(4, 4)};
+/* variants 8, 9, 10: shared memory padding that leaves 3, 2 or 1 blocks an SM */
+static const int g_pad[NVAR] = {0, 0, 0, 0, 0, 0, 0, 0, 3, 2, 1};
+static int smem_of(int v) { return g_pad[v] ? (200 << 10) / g_pad[v] : 0; }
+static int g_blocks[NVAR][2], g_v;
 static pthread_once_t g_blocks_once = PTHREAD_ONCE_INIT;
 static void find_blocks(void) {
-    g_blocks_bf16 = resident_blocks<__nv_bfloat16>();
-    g_blocks_f16 = resident_blocks<__half>();
+    const char *v = getenv("MOEX_DEV_OCC");
+    if (v && atoi(v) >= 0 && atoi(v) < NVAR) g_v = atoi(v);
+    for (int i = 0; i < NVAR; i++)
+        for (int d = 0; d < 2; d++) {
+            int b = 0;
+            if ((smem_of(i) && cudaFuncSetAttribute(g_kernels[i][d], cudaFuncAttributeMaxDynamicSharedMemorySize, smem_of(i)) != cudaSuccess) ||
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, g_kernels[i][d], FUSED_WARPS * 32, smem_of(i)) != cudaSuccess)
+                (void)cudaGetLastError();
+            g_blocks[i][d] = b < 1 ? 4 : b;
+        }
 }
 
 void gemv_mma_init(void) { pthread_once(&g_blocks_once, find_blocks); }
 
 moex_status gemv_mma_experts(const layer_view &L, const gemv_groups &G, const int *hit, const int *n_hit, int *sched,
                              const void *x, int64_t x_ld, void *h, float *y, int num_sms, cudaStream_t s) {
-    if (L.wdt == MOEX_BF16)
-        experts_mma_kernel<__nv_bfloat16><<<num_sms * (g_blocks_bf16 ? g_blocks_bf16 : FUSED_MIN_BLOCKS), FUSED_WARPS * 32, 0, s>>>(
-            L, G, hit, n_hit, sched, (const __nv_bfloat16 *)x, x_ld, (__nv_bfloat16 *)h, y);
-    else
-        experts_mma_kernel<__half><<<num_sms * (g_blocks_f16 ? g_blocks_f16 : FUSED_MIN_BLOCKS), FUSED_WARPS * 32, 0, s>>>(
-            L, G, hit, n_hit, sched, (const __half *)x, x_ld, (__half *)h, y);
-    return MOEX_CUDA_LAUNCHED("streamed experts kernel (tensor cores)");
+    const int d = L.wdt == MOEX_BF16 ? 0 : 1;
+    void *args[] = {(void *)&L, (void *)&G, (void *)&hit, (void *)&n_hit, (void *)&sched, (void *)&x, (void *)&x_ld,
+                    (void *)&h, (void *)&y};
+    return moex_cuda_status(cudaLaunchKernel(g_kernels[g_v][d], dim3(num_sms * g_blocks[g_v][d]), dim3(FUSED_WARPS * 32),
+                                             args, (size_t)smem_of(g_v), s),
+                            "streamed experts kernel (tensor cores)");
 }
