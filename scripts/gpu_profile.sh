@@ -47,7 +47,7 @@ echo "ncu: $NCU ($("$NCU" --version | tail -1))"
 
 # the experts' kernels only (not the bench's ceilings, weight generation or L2 flush), by
 # function name
-KERNELS='regex:^(grouped_gemm|gate_up|down|gather|reduce|count|scan|scatter)[a-z0-9_]*_kernel$'
+KERNELS='regex:^(grouped_gemm|experts|routing|gate_up|down|gather|reduce|count|scan|scatter)[a-z0-9_]*_kernel$'
 IFS=, read -ra list <<<"$CASES"
 status=0
 for c in "${list[@]}"; do

@@ -667,8 +667,10 @@ static void test_large(void) {
 
 /* The streamed kernels on tensor cores (bf16/f16, H and I multiples of 32, k contiguous,
  * fewer than 16 rows per expert on average): 1 to 30 rows per expert, so every tile
- * count of gemv_mma.cu runs, and one expert with over 70 rows (three passes of up to 32);
- * fused and per-expert matrices, gated, interleaved, ungated. */
+ * count of gemv_mma.cu runs, and one expert with over 70 rows (five passes of up to 16);
+ * H = 160 and I = 96 end in part-filled stages of 64 inputs; fused and per-expert matrices,
+ * gated, interleaved, ungated. Last, more pairs than the one-launch routing takes (8400 over
+ * 600 experts), so that the routing's memset clears the kernel's schedule. */
 static void test_streamed_tensor_cores(void) {
     static const int layouts[] = {0, 5, 9};
     for (int d = 1; d < 3; d++)
@@ -681,6 +683,9 @@ static void test_streamed_tensor_cores(void) {
             c.hot_rows = l == 1 ? 0 : 70;
             run_case(&c, 0);
         }
+    gcase big = gcase_make(4200, 600, 2, 64, 32, FLOAT_DTYPES[2], 7100u);
+    big.act = MOEX_ACT_SILU;
+    run_case(&big, 0);
 }
 
 /* Every token all sentinels: exact zeros everywhere. */
