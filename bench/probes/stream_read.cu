@@ -1,5 +1,5 @@
-/* stream_read.cu — how fast the streamed expert kernels' access patterns can read the
- * weights, with no arithmetic: a probe for dev/notes/cuda-notes.md, not part of moex.
+/* stream_read.cu — a diagnostic, not part of moex: how fast the streamed expert kernels' access
+ * patterns can read the weights, with no arithmetic (results: dev/notes/cuda-notes.md).
  *
  * Weights as qwen3-30b-a3b stores them (bf16): E experts of gate/up [2I, H] and down [H, I].
  * A warp item is 16 rows of one expert (gate rows n0..n0+15 and up rows I+n0.. for gate/up,
@@ -13,7 +13,8 @@
  * Every pattern reads every byte of the region once; the loads are xor-summed into a
  * never-taken store. Timed with events after a 256 MiB write that flushes L2; median of RUNS.
  *
- *   nvcc -O3 -arch=sm_90a -o stream_read stream_read.cu && ./stream_read [experts]
+ *   build: the CMake target stream_read_probe (CUDA builds), or nvcc -O3 -arch=sm_90a stream_read.cu
+ *   run:   stream_read_probe [experts]   (CSV on stdout; a few seconds on an H200)
  * Output: CSV pattern,region,lanes,stagger,hint,warps x blocks an SM (0: all that fit),ms,GBps */
 #include <cuda_runtime.h>
 #include <stdint.h>
