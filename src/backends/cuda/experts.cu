@@ -158,7 +158,8 @@ static moex_status prepare(cuda_kind kind, moex_context *ctx, const moex_experts
     char why[160];
     s->tc = kind != CUDA_BATCHED_MM && tc_layout(d, why, sizeof why);
     s->epi = !d->gated ? EPI_UP_ONLY : d->interleaved ? EPI_GATE_UP_INTERLEAVED : EPI_GATE_UP_CONCAT;
-    if ((kind == CUDA_GROUPED_MM && (st = gemv_mma_init())) || (s->tc && (st = grouped_gemm_init()))) {
+    const int mma_dtype = s->L.wdt == MOEX_BF16 || s->L.wdt == MOEX_F16; /* gemv_mma_usable's first condition */
+    if ((kind == CUDA_GROUPED_MM && mma_dtype && (st = gemv_mma_init())) || (s->tc && (st = grouped_gemm_init()))) {
         moex_cuda_free(dev, s->ptrs);
         free(s);
         return st;
