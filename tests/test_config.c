@@ -1,6 +1,6 @@
 /*
  * test_config.c — config.json / generation_config.json: the four families
- * (qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe), key aliases, rope_parameters
+ * (qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe, olmoe), key aliases, rope_parameters
  * vs rope_scaling vs rope_theta, eos as an integer or a list, the generation
  * config override, sub-config listing, quantization_config, wrong types,
  * missing keys and cross-checks, each error with its message.
@@ -181,6 +181,36 @@ static void test_mixtral(void **state) {
     assert_int_equal(c.bos_token_id, 1);
     assert_int_equal(c.n_eos, 1);
     assert_int_equal(c.eos_token_ids[0], 2);
+    moex_config_free(&c);
+}
+
+/* OLMoE: the absent keys take OlmoeConfig's defaults (64 experts, top-8, 2048-wide experts,
+ * as many kv heads as heads, rms eps 1e-5, eos 50279, no bos, rope theta 10000); its
+ * attention_bias covers o_proj; clip_qkv null is no clamp, a number is kept. */
+static void test_olmoe(void **state) {
+    (void)state;
+    moex_config c = parse_ok("{\"model_type\":\"olmoe\",\"vocab_size\":50304,\"hidden_size\":2048,"
+                             "\"num_hidden_layers\":16,\"num_attention_heads\":16,\"clip_qkv\":null}");
+    assert_int_equal(c.num_experts, 64);
+    assert_int_equal(c.num_experts_per_tok, 8);
+    assert_int_equal(c.intermediate_size, 2048);
+    assert_int_equal(c.num_key_value_heads, 16);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.norm_topk_prob, 0);
+    assert_true(c.rms_norm_eps == 1e-5);
+    assert_true(c.rope.theta == 10000.0);
+    assert_int_equal(c.bos_token_id, -1);
+    assert_int_equal(c.n_eos, 1);
+    assert_int_equal(c.eos_token_ids[0], 50279);
+    assert_int_equal(c.attention_bias, 0);
+    assert_int_equal(c.has_clip_qkv, 0);
+    moex_config_free(&c);
+    c = parse_ok("{\"model_type\":\"olmoe\",\"vocab_size\":8,\"hidden_size\":8,\"num_hidden_layers\":2,"
+                 "\"num_attention_heads\":2,\"attention_bias\":true,\"clip_qkv\":8}");
+    assert_int_equal(c.attention_bias, 1);
+    assert_int_equal(c.o_proj_bias, 1);
+    assert_int_equal(c.has_clip_qkv, 1);
+    assert_true(c.clip_qkv == 8.0);
     moex_config_free(&c);
 }
 
@@ -642,7 +672,8 @@ static void test_fixture_configs(void **state) {
     (void)state;
     const char *root = MOEX_FIXTURES; /* defined by the build for every test program */
     static const struct { const char *fam; int64_t experts; int norm; int sub; } fx[] = {
-        {"qwen2_moe", 8, 0, 0}, {"qwen3_moe", 8, 1, 0}, {"mixtral", 4, 1, 0}, {"qwen3_vl_moe", 8, 1, 2}};
+        {"qwen2_moe", 8, 0, 0}, {"qwen3_moe", 8, 1, 0}, {"mixtral", 4, 1, 0}, {"qwen3_vl_moe", 8, 1, 2},
+        {"olmoe", 8, 0, 0}};
     for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
         char dir[600];
         snprintf(dir, sizeof dir, "%s/%s", root, fx[i].fam);
@@ -673,6 +704,7 @@ int main(void) {
         cmocka_unit_test(test_qwen2_moe),
         cmocka_unit_test(test_qwen3_moe),
         cmocka_unit_test(test_mixtral),
+        cmocka_unit_test(test_olmoe),
         cmocka_unit_test(test_qwen3_vl_moe),
         cmocka_unit_test(test_aliases),
         cmocka_unit_test(test_rope),

@@ -5,7 +5,8 @@
  *   - a layer's two norms in different dtypes: each read in its own (same logits as
  *     the same values stored in one dtype);
  *   - config keys transformers honours and moex does not implement (hidden_act, rope
- *     types, partial_rotary_factor, sliding windows, mrope_section): refused at load by
+ *     types, partial_rotary_factor, sliding windows, mrope_section, olmoe's clip_qkv and
+ *     a head_dim its q_norm cannot span): refused at load by
  *     name; a sliding window that cannot bind loads and matches transformers;
  *   - the absent keys: transformers' defaults of the family;
  *   - num_hidden_layers far beyond the checkpoint: refused before any allocation;
@@ -403,6 +404,11 @@ static void test_unsupported_keys(void **state) {
          "num_experts_per_tok = 0", "config.json"},
         {"num_hidden_layers 2^31-1", "qwen3_moe", {"num_hidden_layers", "2147483647"}, 0, MOEX_ERR_NOT_FOUND,
          "num_hidden_layers = 2147483647", "model.layers.2147483646.input_layernorm.weight"},
+        {"olmoe clip_qkv", "olmoe", {"clip_qkv", "8.0"}, 0, MOEX_ERR_UNSUPPORTED, "clip_qkv = 8", NULL},
+        {"olmoe clip_qkv string", "olmoe", {"clip_qkv", "\"8\""}, 0, MOEX_ERR_FORMAT, "clip_qkv", NULL},
+        {"olmoe head_dim", "olmoe", {"head_dim", "8"}, 0, MOEX_ERR_FORMAT, "head_dim = 8", "hidden_size = 64"},
+        {"olmoe no experts", "olmoe", {"num_experts", "0", "num_experts_per_tok", "0"}, 0, MOEX_ERR_FORMAT,
+         "num_experts = 0", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const key_case *k = &cases[i];

@@ -25,7 +25,8 @@
 #endif
 
 static const char *const FIXTURES[] = {"qwen2_moe", "qwen2_moe-fused", "qwen3_moe", "qwen3_moe-fused", "mixtral",
-                                       "mixtral-fused", "qwen3_vl_moe", "qwen3_vl_moe-per_expert"};
+                                       "mixtral-fused", "qwen3_vl_moe", "qwen3_vl_moe-per_expert", "olmoe",
+                                       "olmoe-fused"};
 
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -134,6 +135,33 @@ static void test_model_experts_map(void **state) {
     assert_int_equal(moex_model_get_experts(m, buf, sizeof buf), MOEX_OK); /* unchanged after a failure */
     assert_string_equal(buf, "{\"\": \"grouped_mm\", \"text_config\": \"grouped_mm\", \"vision_config\": \"grouped_mm\"}");
     moex_model_free(m);
+}
+
+/* moex_model_info.features names what each family runs, read from the checkpoint. */
+static void test_model_features(void **state) {
+    (void)state;
+    static const struct { const char *fixture, *want[3]; } cases[] = {
+        {"olmoe", {"q/k norm over the whole rows", "router softmax top-2", "head_dim 16"}},
+        {"qwen3_moe", {"q/k norm per head", "renormalised", "theta 1e+06"}},
+        {"qwen2_moe", {"q/k/v biases", "gated shared expert", "1 dense layer(s)"}},
+        {"qwen3_vl_moe", {"mrope sections 4/2/2", "q/k norm per head", "2 kv heads"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s", MOEX_FIXTURES, cases[i].fixture);
+        moex_model_options mo = moex_model_default_options();
+        mo.max_seq = 16;
+        mo.max_tokens = 16;
+        moex_model *m = NULL;
+        assert_int_equal(moex_model_load(dir, &mo, &m), MOEX_OK);
+        moex_model_info in;
+        assert_int_equal(moex_model_get_info(m, &in), MOEX_OK);
+        for (int j = 0; j < 3; j++)
+            if (!contains(in.features, cases[i].want[j]))
+                PROBLEM("%s: features \"%s\" lack \"%s\"", cases[i].fixture, in.features, cases[i].want[j]);
+        moex_model_free(m);
+    }
+    end_problems();
 }
 
 static void test_model_load_errors(void **state) {
@@ -325,6 +353,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixtures_match_transformers),
         cmocka_unit_test(test_model_experts_map),
+        cmocka_unit_test(test_model_features),
         cmocka_unit_test(test_model_load_errors),
         cmocka_unit_test(test_unknown_family_and_missing_tensor),
         cmocka_unit_test(test_eos_and_sampling),

@@ -104,6 +104,10 @@ typedef struct moex_model_info {
     size_t gpu_weight_bytes;    /**< every weight a step reads, experts included, in the compute dtype */
     size_t gpu_kv_cache_bytes;  /**< the KV cache: 2 * layers * max_batch * kv_heads * max_seq * head_dim f32 */
     size_t gpu_workspace_bytes; /**< activations scratch, the cuBLAS workspace and the experts context's workspace */
+    /** The family's features as loaded, one line: attention (heads, kv heads, head_dim, q/k norm per head or
+     *  over whole rows, biases), rope, router, shared expert, dense layers, e.g. "attention: 4 heads, 2 kv heads,
+     *  head_dim 16, q/k norm over the whole rows; rope default (theta 10000); router softmax top-2". */
+    char features[256];
 } moex_model_info;
 
 moex_status moex_model_get_info(const moex_model *model, moex_model_info *info);

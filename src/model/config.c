@@ -21,10 +21,10 @@ typedef struct jobj {
     const char *pfx;
 } jobj;
 
-typedef enum family { FAM_OTHER, FAM_QWEN2_MOE, FAM_QWEN3_MOE, FAM_MIXTRAL, FAM_QWEN3_VL_MOE } family;
+typedef enum family { FAM_OTHER, FAM_QWEN2_MOE, FAM_QWEN3_MOE, FAM_MIXTRAL, FAM_QWEN3_VL_MOE, FAM_OLMOE } family;
 
 /* What an absent key means: the defaults of transformers' config class of each family
- * (Qwen2MoeConfig, Qwen3MoeConfig, MixtralConfig, Qwen3VLMoeTextConfig). kv_heads 0 means
+ * (Qwen2MoeConfig, Qwen3MoeConfig, MixtralConfig, Qwen3VLMoeTextConfig, OlmoeConfig). kv_heads 0 means
  * num_attention_heads. */
 typedef struct family_defaults {
     int64_t kv_heads, experts, top_k, intermediate, moe_intermediate, shared_intermediate;
@@ -38,6 +38,7 @@ static const family_defaults DEFAULTS[] = {
     [FAM_QWEN3_MOE] = {4, 128, 8, 6144, 768, 0, 10000.0, -1, -1},
     [FAM_MIXTRAL] = {8, 8, 2, 14336, 0, 0, 1000000.0, 1, 2},
     [FAM_QWEN3_VL_MOE] = {16, 60, 4, 5632, 1408, 0, 500000.0, -1, -1},
+    [FAM_OLMOE] = {0, 64, 8, 2048, 0, 0, 10000.0, -1, 50279},
 };
 
 /* ---- typed getters ------------------------------------------------------ */
@@ -209,6 +210,7 @@ static family family_of(const char *model_type) {
     if (strcmp(model_type, "qwen3_moe") == 0) return FAM_QWEN3_MOE;
     if (strcmp(model_type, "mixtral") == 0) return FAM_MIXTRAL;
     if (strcmp(model_type, "qwen3_vl_moe") == 0) return FAM_QWEN3_VL_MOE;
+    if (strcmp(model_type, "olmoe") == 0) return FAM_OLMOE;
     return FAM_OTHER;
 }
 
@@ -470,7 +472,7 @@ static moex_status text_sizes(jobj t, family fam, moex_config *c) {
 
 /* The rest of the text parameters: norms, activation, biases, tying, rope, tokens, router. */
 static moex_status text_rest(jobj root, jobj t, family fam, moex_config *c) {
-    c->rms_norm_eps = fam == FAM_MIXTRAL ? 1e-5 : 1e-6;
+    c->rms_norm_eps = fam == FAM_MIXTRAL || fam == FAM_OLMOE ? 1e-5 : 1e-6;
     moex_status st = get_num(t, "rms_norm_eps", 1, &c->rms_norm_eps, NULL);
     strcpy(c->hidden_act, "silu");
     if (st == MOEX_OK) st = get_str(t, "hidden_act", c->hidden_act, sizeof c->hidden_act, NULL);
@@ -479,9 +481,11 @@ static moex_status text_rest(jobj root, jobj t, family fam, moex_config *c) {
      * (o never), the Qwen3 families' q/k/v/o from attention_bias, Mixtral's none */
     c->attention_bias = fam == FAM_QWEN2_MOE || fam == FAM_OTHER;
     if (st == MOEX_OK && fam == FAM_QWEN2_MOE) st = get_bool(t, "qkv_bias", &c->attention_bias, NULL);
-    if (st == MOEX_OK && (fam == FAM_QWEN3_MOE || fam == FAM_QWEN3_VL_MOE))
+    if (st == MOEX_OK && (fam == FAM_QWEN3_MOE || fam == FAM_QWEN3_VL_MOE || fam == FAM_OLMOE))
         st = get_bool(t, "attention_bias", &c->attention_bias, NULL);
-    c->o_proj_bias = (fam == FAM_QWEN3_MOE || fam == FAM_QWEN3_VL_MOE) && c->attention_bias;
+    c->o_proj_bias = (fam == FAM_QWEN3_MOE || fam == FAM_QWEN3_VL_MOE || fam == FAM_OLMOE) && c->attention_bias;
+    /* olmoe clamps q, k and v to [-clip_qkv, clip_qkv] when the key is a number */
+    if (st == MOEX_OK && fam == FAM_OLMOE) st = get_num(t, "clip_qkv", 1, &c->clip_qkv, &c->has_clip_qkv);
     if (st == MOEX_OK) st = sliding(t, fam, c);
     if (st == MOEX_OK) st = get_bool(root, "tie_word_embeddings", &c->tie_word_embeddings, &f);
     if (st == MOEX_OK && !f && t.o != root.o) st = get_bool(t, "tie_word_embeddings", &c->tie_word_embeddings, NULL);

@@ -5,7 +5,7 @@
  * The text parameters come from "text_config" when the file has one (e.g.
  * qwen3_vl_moe), else from the top level. Unknown keys are ignored; JSON null
  * counts as absent; an absent key takes the default of transformers' config class
- * for the family (qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe's text config); a known key of the wrong JSON type, a non-integral or
+ * for the family (qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe's text config, olmoe); a known key of the wrong JSON type, a non-integral or
  * out-of-range integer, or a missing required key (vocab_size, hidden_size,
  * num_hidden_layers, num_attention_heads) is MOEX_ERR_FORMAT with a message
  * naming the key (e.g. "config: text_config.hidden_size = 1.5 is not an
@@ -67,7 +67,9 @@ typedef struct moex_config {
     int tie_word_embeddings;      /* top level, else text_config, else 0 */
     int attention_bias;           /* biases on q, k, v: qwen2_moe qkv_bias (default 1); qwen3 families
                                      attention_bias (default 0, also on o); mixtral none */
-    int o_proj_bias;              /* bias on o_proj too (qwen3 families with attention_bias) */
+    int o_proj_bias;              /* bias on o_proj too (qwen3 families and olmoe with attention_bias) */
+    int has_clip_qkv;             /* olmoe: clip_qkv is a number (null or absent: no clamp) */
+    double clip_qkv;
     char hidden_act[MOEX_CONFIG_NAME_LEN];  /* default "silu" */
     moex_rope_config rope;
     /* sliding-window attention as transformers derives it per family (use_sliding_window,

@@ -163,8 +163,10 @@ static moex_status upload_layers(moex_model *m) {
         model_layer_w *gl = &g->layers[L];
         moex_status st = upload_vec(m, ly->in_norm, c->hidden_size, &gl->in_norm);
         if (!st) st = upload_vec(m, ly->post_norm, c->hidden_size, &gl->post_norm);
-        if (!st) st = upload_vec(m, ly->q_norm, c->head_dim, &gl->q_norm);
-        if (!st) st = upload_vec(m, ly->k_norm, c->head_dim, &gl->k_norm);
+        const int64_t qn = m->qk_norm_rows ? c->num_attention_heads * c->head_dim : c->head_dim,
+                      kn = m->qk_norm_rows ? c->num_key_value_heads * c->head_dim : c->head_dim;
+        if (!st) st = upload_vec(m, ly->q_norm, qn, &gl->q_norm);
+        if (!st) st = upload_vec(m, ly->k_norm, kn, &gl->k_norm);
         if (!st) st = upload_linear(m, &ly->q, &gl->q);
         if (!st) st = upload_linear(m, &ly->k, &gl->k);
         if (!st) st = upload_linear(m, &ly->v, &gl->v);

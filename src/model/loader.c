@@ -2,10 +2,11 @@
  * mapping) -> experts layers -> context, KV cache, scratch. */
 #include "model/model_internal.h"
 #include "experts/dispatch.h"
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-static const char *const FAMILIES[] = {"qwen2_moe", "qwen3_moe", "mixtral", "qwen3_vl_moe"};
+static const char *const FAMILIES[] = {"qwen2_moe", "qwen3_moe", "mixtral", "qwen3_vl_moe", "olmoe"};
 
 moex_model_options moex_model_default_options(void) {
     moex_model_options o;
@@ -257,7 +258,7 @@ static moex_status load_layer(moex_model *m, int64_t L, model_layer *ly) {
     const moex_config *c = &m->cfg;
     const int64_t H = c->hidden_size, d = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int qwen3 = !strcmp(c->model_type, "qwen3_moe") || !strcmp(c->model_type, "qwen3_vl_moe");
-    const int mixtral = !strcmp(c->model_type, "mixtral");
+    const int mixtral = !strcmp(c->model_type, "mixtral"), olmoe = !strcmp(c->model_type, "olmoe");
     char base[160], name[320];
     snprintf(base, sizeof base, "%slayers.%lld", m->prefix, (long long)L);
     moex_status st;
@@ -272,15 +273,15 @@ static moex_status load_layer(moex_model *m, int64_t L, model_layer *ly) {
         snprintf(name, sizeof name, "%s.self_attn.%s", base, proj[i]);
         if ((st = get_linear(m, name, outs[i], ins[i], i < 3 ? c->attention_bias : c->o_proj_bias, w[i]))) return st;
     }
-    if (qwen3) {
+    if (qwen3 || olmoe) { /* per head (qwen3 families) or over the whole q and k rows (olmoe) */
         snprintf(name, sizeof name, "%s.self_attn.q_norm.weight", base);
-        if ((st = get_vec(m, name, d, &ly->q_norm))) return st;
+        if ((st = get_vec(m, name, olmoe ? nh * d : d, &ly->q_norm))) return st;
         snprintf(name, sizeof name, "%s.self_attn.k_norm.weight", base);
-        if ((st = get_vec(m, name, d, &ly->k_norm))) return st;
+        if ((st = get_vec(m, name, olmoe ? nkv * d : d, &ly->k_norm))) return st;
     }
     char moe[200];
     snprintf(moe, sizeof moe, "%s.%s", base, mixtral ? "block_sparse_moe" : "mlp");
-    ly->is_moe = mixtral || is_moe_layer(c, L);
+    ly->is_moe = mixtral || olmoe || is_moe_layer(c, L); /* mixtral and olmoe: every layer */
     if (!ly->is_moe) return get_mlp(m, moe, H, c->intermediate_size, &ly->dense);
     snprintf(name, sizeof name, "%s.gate", moe);
     if ((st = get_linear(m, name, c->num_experts, H, 0, &ly->router))) return st;
@@ -303,7 +304,7 @@ static moex_status check_family(const moex_config *c) {
     for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++)
         if (!strcmp(c->model_type, FAMILIES[i])) return MOEX_OK;
     return moex_fail(MOEX_ERR_UNSUPPORTED,
-                     "model_type \"%s\" is not supported; supported: qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe",
+                     "model_type \"%s\" is not supported; supported: qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe, olmoe",
                      c->model_type);
 }
 
@@ -346,6 +347,20 @@ static moex_status check_config(moex_model *m, const char *dir) {
                          "these only where the window never binds: max_seq = %lld must be <= %lld", dir, sep,
                          c->sliding_source, c->n_sliding_layers, (long long)c->first_sliding_layer,
                          (long long)c->sliding_window, (long long)m->opt.max_seq, (long long)c->sliding_window);
+    }
+    if (!strcmp(c->model_type, "olmoe")) {
+        if (c->has_clip_qkv)
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %sclip_qkv = %g is not supported (moex runs olmoe "
+                             "without the clamp of q, k and v: clip_qkv null)", dir, sep, pfx, c->clip_qkv);
+        if (c->num_attention_heads * c->head_dim != c->hidden_size)
+            return moex_fail(MOEX_ERR_FORMAT, "%s%sconfig.json: %shead_dim = %lld with %lld heads gives q rows of %lld, "
+                             "but olmoe's q_norm spans hidden_size = %lld", dir, sep, pfx, (long long)c->head_dim,
+                             (long long)c->num_attention_heads, (long long)(c->num_attention_heads * c->head_dim),
+                             (long long)c->hidden_size);
+        if (c->num_experts < 1)
+            return moex_fail(MOEX_ERR_FORMAT, "%s%sconfig.json: %snum_experts = %lld; every olmoe layer is a mixture "
+                             "of experts", dir, sep, pfx, (long long)c->num_experts);
+        m->qk_norm_rows = 1;
     }
     if (c->num_experts > 0 && c->num_experts_per_tok < 1)
         return moex_fail(MOEX_ERR_FORMAT, "%s%sconfig.json: %snum_experts_per_tok = %lld; a model with %lld experts "
@@ -571,6 +586,39 @@ const moex_layer *moex_model_experts_layer(const moex_model *m, int64_t i) {
     return NULL;
 }
 
+// Append printf-style text to out[0 .. size) at *n, truncating at the end.
+static void append(char *out, size_t size, size_t *n, const char *fmt, ...) {
+    if (*n >= size) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int r = vsnprintf(out + *n, size - *n, fmt, ap);
+    va_end(ap);
+    if (r > 0) *n += (size_t)r;
+}
+
+// moex_model_info.features: what the loaded family runs, in one line.
+static void describe_features(const moex_model *m, char *out, size_t size) {
+    const moex_config *c = &m->cfg;
+    const model_layer *l0 = c->num_hidden_layers > 0 ? &m->layers[0] : NULL;
+    size_t n = 0;
+    out[0] = '\0';
+    append(out, size, &n, "attention: %lld heads, %lld kv heads, head_dim %lld", (long long)c->num_attention_heads,
+           (long long)c->num_key_value_heads, (long long)c->head_dim);
+    if (l0 && l0->q_norm.data) append(out, size, &n, m->qk_norm_rows ? ", q/k norm over the whole rows" : ", q/k norm per head");
+    if (c->attention_bias) append(out, size, &n, c->o_proj_bias ? ", q/k/v/o biases" : ", q/k/v biases");
+    append(out, size, &n, "; rope %s (theta %g", c->rope.type, c->rope.theta);
+    if (c->rope.n_mrope_section)
+        append(out, size, &n, ", mrope sections %lld/%lld/%lld", (long long)c->rope.mrope_section[0],
+               (long long)c->rope.mrope_section[1], (long long)c->rope.mrope_section[2]);
+    append(out, size, &n, "); router softmax top-%lld%s", (long long)c->num_experts_per_tok,
+           c->norm_topk_prob ? " renormalised" : "");
+    int has_shared = 0;
+    for (int64_t L = 0; L < c->num_hidden_layers; L++) has_shared |= m->layers[L].has_shared;
+    if (has_shared) append(out, size, &n, "; gated shared expert");
+    if (c->num_hidden_layers > m->n_moe)
+        append(out, size, &n, "; %lld dense layer(s)", (long long)(c->num_hidden_layers - m->n_moe));
+}
+
 moex_status moex_model_get_info(const moex_model *m, moex_model_info *info) {
     if (!m || !info) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_model_get_info: null argument");
     moex_model_info v;
@@ -594,6 +642,7 @@ moex_status moex_model_get_info(const moex_model *m, moex_model_info *info) {
         v.gpu_kv_cache_bytes = m->gpu->kv_bytes;
         v.gpu_workspace_bytes = m->gpu->scratch_bytes + moex_context_workspace_bytes(m->ctx);
     }
+    describe_features(m, v.features, sizeof v.features);
     const moex_layer *first = moex_model_experts_layer(m, 0);
     if (first) {
         const moex_experts_desc *d = moex_layer_desc(first);

@@ -73,6 +73,8 @@ struct moex_model {
     const void *embed;               /* [V, H] */
     moex_dtype embed_dtype;
     moex_vec_w final_norm;           /* [H] */
+    int qk_norm_rows;                /* olmoe: q_norm / k_norm span the whole q / k row (nh*d, nkv*d),
+                                        not each head (the qwen3 families) */
     moex_linear_w lm_head;
     model_layer *layers;
     int64_t n_moe;

@@ -32,7 +32,10 @@ static moex_status attention_block(moex_model *m, const model_layer_w *ly, int64
     if (!st) st = R(m, r->q, T * nh * d);
     if (!st) st = R(m, r->k, T * nkv * d);
     if (!st) st = R(m, r->v, T * nkv * d);
-    if (!st && ly->q_norm.data) {
+    if (!st && ly->q_norm.data && m->qk_norm_rows) { /* olmoe: over each token's whole q and k rows */
+        st = op->rmsnorm(e, r->q, T, nh * d, ly->q_norm.data, ly->q_norm.dtype, c->rms_norm_eps, r->q);
+        if (!st) st = op->rmsnorm(e, r->k, T, nkv * d, ly->k_norm.data, ly->k_norm.dtype, c->rms_norm_eps, r->k);
+    } else if (!st && ly->q_norm.data) {
         st = op->rmsnorm_heads(e, r->q, T, nh, d, ly->q_norm.data, ly->q_norm.dtype, c->rms_norm_eps, r->q);
         if (!st) st = op->rmsnorm_heads(e, r->k, T, nkv, d, ly->k_norm.data, ly->k_norm.dtype, c->rms_norm_eps, r->k);
     }

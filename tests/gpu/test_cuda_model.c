@@ -38,7 +38,8 @@ static void check(int ok, const char *fixture, const char *what) {
 }
 
 static const char *const FIXTURES[] = {"qwen3_moe",    "qwen3_moe-fused", "qwen2_moe",    "qwen2_moe-fused",
-                                       "mixtral",      "mixtral-fused",   "qwen3_vl_moe", "qwen3_vl_moe-per_expert"};
+                                       "mixtral",      "mixtral-fused",   "qwen3_vl_moe", "qwen3_vl_moe-per_expert",
+                                       "olmoe",        "olmoe-fused"};
 
 enum { NPROMPT = 2, NEW = 8 };
 
