@@ -1,6 +1,6 @@
 /*
  * test_config.c — config.json / generation_config.json: the four families
- * (qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe, olmoe), key aliases, rope_parameters
+ * (qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe, olmoe, glm4_moe), key aliases, rope_parameters
  * vs rope_scaling vs rope_theta, eos as an integer or a list, the generation
  * config override, sub-config listing, quantization_config, wrong types,
  * missing keys and cross-checks, each error with its message.
@@ -211,6 +211,39 @@ static void test_olmoe(void **state) {
     assert_int_equal(c.o_proj_bias, 1);
     assert_int_equal(c.has_clip_qkv, 1);
     assert_true(c.clip_qkv == 8.0);
+    moex_config_free(&c);
+}
+
+/* GLM-4-MoE: Glm4MoeConfig's defaults (n_routed_experts 128, top-8, 1408-wide experts, one
+ * shared expert, one dense layer first, 8 kv heads, norm_topk_prob true, half of each head
+ * rotated, groups 1/1, rms eps 1e-5); partial_rotary_factor inside rope_parameters wins. */
+static void test_glm4_moe(void **state) {
+    (void)state;
+    moex_config c = parse_ok("{\"model_type\":\"glm4_moe\",\"vocab_size\":151552,\"hidden_size\":4096,"
+                             "\"num_hidden_layers\":46,\"num_attention_heads\":96,\"head_dim\":128}");
+    assert_int_equal(c.num_experts, 128);
+    assert_int_equal(c.num_experts_per_tok, 8);
+    assert_int_equal(c.moe_intermediate_size, 1408);
+    assert_int_equal(c.intermediate_size, 10944);
+    assert_int_equal(c.num_key_value_heads, 8);
+    assert_int_equal(c.n_shared_experts, 1);
+    assert_int_equal(c.first_k_dense_replace, 1);
+    assert_int_equal(c.n_group, 1);
+    assert_int_equal(c.topk_group, 1);
+    assert_int_equal(c.norm_topk_prob, 1);
+    assert_int_equal(c.use_qk_norm, 0);
+    assert_true(c.rope.partial_rotary_factor == 0.5);
+    assert_true(c.rms_norm_eps == 1e-5);
+    assert_true(c.routed_scaling_factor == 1.0);
+    moex_config_free(&c);
+    c = parse_ok("{\"model_type\":\"glm4_moe\",\"vocab_size\":8,\"hidden_size\":8,\"num_hidden_layers\":2,"
+                 "\"num_attention_heads\":2,\"num_key_value_heads\":2,\"use_qk_norm\":true,\"norm_topk_prob\":false,\"attention_bias\":true,"
+                 "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":10000.0,\"partial_rotary_factor\":1.0}}");
+    assert_int_equal(c.use_qk_norm, 1);
+    assert_int_equal(c.norm_topk_prob, 0);
+    assert_int_equal(c.attention_bias, 1);
+    assert_int_equal(c.o_proj_bias, 0); /* glm4_moe's o_proj has no bias */
+    assert_true(c.rope.partial_rotary_factor == 1.0);
     moex_config_free(&c);
 }
 
@@ -673,7 +706,7 @@ static void test_fixture_configs(void **state) {
     const char *root = MOEX_FIXTURES; /* defined by the build for every test program */
     static const struct { const char *fam; int64_t experts; int norm; int sub; } fx[] = {
         {"qwen2_moe", 8, 0, 0}, {"qwen3_moe", 8, 1, 0}, {"mixtral", 4, 1, 0}, {"qwen3_vl_moe", 8, 1, 2},
-        {"olmoe", 8, 0, 0}};
+        {"olmoe", 8, 0, 0}, {"glm4_moe", 8, 1, 0}};
     for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
         char dir[600];
         snprintf(dir, sizeof dir, "%s/%s", root, fx[i].fam);
@@ -705,6 +738,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3_moe),
         cmocka_unit_test(test_mixtral),
         cmocka_unit_test(test_olmoe),
+        cmocka_unit_test(test_glm4_moe),
         cmocka_unit_test(test_qwen3_vl_moe),
         cmocka_unit_test(test_aliases),
         cmocka_unit_test(test_rope),

@@ -6,7 +6,8 @@
  *     the same values stored in one dtype);
  *   - config keys transformers honours and moex does not implement (hidden_act, rope
  *     types, partial_rotary_factor, sliding windows, mrope_section, olmoe's clip_qkv and
- *     a head_dim its q_norm cannot span): refused at load by
+ *     a head_dim its q_norm cannot span, glm4_moe's groups that do not divide the experts and
+ *     a rotary part of fewer than 2 values): refused at load by
  *     name; a sliding window that cannot bind loads and matches transformers;
  *   - the absent keys: transformers' defaults of the family;
  *   - num_hidden_layers far beyond the checkpoint: refused before any allocation;
@@ -407,6 +408,11 @@ static void test_unsupported_keys(void **state) {
         {"olmoe clip_qkv", "olmoe", {"clip_qkv", "8.0"}, 0, MOEX_ERR_UNSUPPORTED, "clip_qkv = 8", NULL},
         {"olmoe clip_qkv string", "olmoe", {"clip_qkv", "\"8\""}, 0, MOEX_ERR_FORMAT, "clip_qkv", NULL},
         {"olmoe head_dim", "olmoe", {"head_dim", "8"}, 0, MOEX_ERR_FORMAT, "head_dim = 8", "hidden_size = 64"},
+        {"glm4_moe n_group 3", "glm4_moe", {"n_group", "3"}, 0, MOEX_ERR_FORMAT, "n_group = 3", "n_routed_experts = 8"},
+        {"glm4_moe topk_group 3", "glm4_moe", {"topk_group", "3"}, 0, MOEX_ERR_FORMAT, "topk_group = 3", NULL},
+        {"glm4_moe partial rotary 0.1", "glm4_moe",
+         {"rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.1}"}, 0,
+         MOEX_ERR_FORMAT, "partial_rotary_factor = 0.1", "rotates 1 values"},
         {"olmoe no experts", "olmoe", {"num_experts", "0", "num_experts_per_tok", "0"}, 0, MOEX_ERR_FORMAT,
          "num_experts = 0", NULL},
     };

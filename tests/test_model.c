@@ -26,7 +26,7 @@
 
 static const char *const FIXTURES[] = {"qwen2_moe", "qwen2_moe-fused", "qwen3_moe", "qwen3_moe-fused", "mixtral",
                                        "mixtral-fused", "qwen3_vl_moe", "qwen3_vl_moe-per_expert", "olmoe",
-                                       "olmoe-fused"};
+                                       "olmoe-fused", "glm4_moe", "glm4_moe-fused"};
 
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -145,6 +145,8 @@ static void test_model_features(void **state) {
         {"qwen3_moe", {"q/k norm per head", "renormalised", "theta 1e+06"}},
         {"qwen2_moe", {"q/k/v biases", "gated shared expert", "1 dense layer(s)"}},
         {"qwen3_vl_moe", {"mrope sections 4/2/2", "q/k norm per head", "2 kv heads"}},
+        {"glm4_moe", {"8 of 16 values rotated", "router sigmoid top-2 in 1 of 2 groups, correction bias, "
+                      "scaling 2.5, renormalised", "; shared experts; 1 dense layer(s)"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char dir[512];

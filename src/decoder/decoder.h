@@ -148,6 +148,10 @@ moex_status moex_mrope_cos_sin(const float *inv_freq, int64_t head_dim, const in
 // x: [T, heads, head_dim] (in place), cos, sin: [T, head_dim/2]
 moex_status moex_rope_apply(float *x, int64_t T, int64_t heads, int64_t head_dim, const float *cos_in,
                             const float *sin_in);
+/* Partial rotary (glm4_moe's partial_rotary_factor): the same on the first rotary_dim values of
+ * each head (even, 2 .. head_dim; its two halves), the rest unchanged; cos, sin: [T, rotary_dim/2]. */
+moex_status moex_rope_apply_partial(float *x, int64_t T, int64_t heads, int64_t head_dim, int64_t rotary_dim,
+                                    const float *cos_in, const float *sin_in);
 
 /* ------------------------------------------------------------------------ */
 /* KV cache and attention                                                    */

@@ -57,9 +57,9 @@ struct moex_decoder_ops {
     /* moex_rmsnorm_heads (q_norm, k_norm): x [T, heads, head_dim] -> y */
     moex_status (*rmsnorm_heads)(const moex_decoder_env *e, const float *x, int64_t T, int64_t heads,
                                  int64_t head_dim, const void *weight, moex_dtype wdtype, double eps, float *y);
-    /* moex_rope_apply in place: x [T, heads, head_dim] */
+    /* moex_rope_apply_partial in place: x [T, heads, head_dim], the first rotary_dim of each head */
     moex_status (*rope_apply)(const moex_decoder_env *e, float *x, int64_t T, int64_t heads, int64_t head_dim,
-                              const float *cos_in, const float *sin_in);
+                              int64_t rotary_dim, const float *cos_in, const float *sin_in);
     /* moex_linear (q, k, v, o, router, shared-expert gate, lm_head): x [T, K] -> y [T, N] */
     moex_status (*linear)(const moex_decoder_env *e, const moex_linear_w *w, const float *x, int64_t T, float *y);
     /* moex_attention_forward_batch with the environment's KV cache; total = the seqs' tokens */

@@ -52,9 +52,9 @@ static moex_status cpu_rmsnorm_heads(const moex_decoder_env *e, const float *x, 
 }
 
 static moex_status cpu_rope_apply(const moex_decoder_env *e, float *x, int64_t T, int64_t heads, int64_t head_dim,
-                                  const float *cos_in, const float *sin_in) {
+                                  int64_t rotary_dim, const float *cos_in, const float *sin_in) {
     (void)e;
-    return moex_rope_apply(x, T, heads, head_dim, cos_in, sin_in);
+    return moex_rope_apply_partial(x, T, heads, head_dim, rotary_dim, cos_in, sin_in);
 }
 
 static moex_status cpu_linear(const moex_decoder_env *e, const moex_linear_w *w, const float *x, int64_t T, float *y) {

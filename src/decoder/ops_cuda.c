@@ -50,7 +50,10 @@ static moex_status cu_rmsnorm_heads(const moex_decoder_env *e, const float *x, i
 }
 
 static moex_status cu_rope_apply(const moex_decoder_env *e, float *x, int64_t T, int64_t heads, int64_t head_dim,
-                                 const float *cos_in, const float *sin_in) {
+                                 int64_t rotary_dim, const float *cos_in, const float *sin_in) {
+    if (rotary_dim != head_dim) /* the loader refuses partial rotary on CUDA; this keeps the op honest */
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda rope_apply: partial rotary (rotary_dim = %lld of head_dim = %lld) "
+                         "is not implemented on the GPU", (long long)rotary_dim, (long long)head_dim);
     return moex_cuda_rope_apply(x, T, heads, head_dim, cos_in, sin_in, e->stream);
 }
 

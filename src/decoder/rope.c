@@ -104,11 +104,15 @@ moex_status moex_mrope_cos_sin(const float *inv_freq, int64_t head_dim, const in
 }
 
 // x: [T, heads, head_dim] (in place), cos, sin: [T, head_dim/2]
-moex_status moex_rope_apply(float *x, int64_t T, int64_t heads, int64_t head_dim, const float *cos_in,
-                            const float *sin_in) {
+moex_status moex_rope_apply_partial(float *x, int64_t T, int64_t heads, int64_t head_dim, int64_t rotary_dim,
+                                    const float *cos_in, const float *sin_in) {
     const char *fn = "rope_apply";
     moex_status st = check_head_dim(fn, head_dim);
+    if (!st) st = check_head_dim(fn, rotary_dim);
     if (st) return st;
+    if (rotary_dim > head_dim)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: rotary_dim = %lld exceeds head_dim = %lld", fn,
+                         (long long)rotary_dim, (long long)head_dim);
     if (T < 0 || heads < 1)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: T = %lld must be >= 0 and heads = %lld >= 1", fn,
                          (long long)T, (long long)heads);
@@ -119,7 +123,7 @@ moex_status moex_rope_apply(float *x, int64_t T, int64_t heads, int64_t head_dim
     if (T == 0) return MOEX_OK;
     if (!x) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: x is NULL", fn);
     if (!cos_in || !sin_in) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !cos_in ? "cos" : "sin");
-    const int64_t half = head_dim / 2;
+    const int64_t half = rotary_dim / 2;
     for (int64_t t = 0; t < T; t++) {
         const float *c = cos_in + t * half, *s = sin_in + t * half;
         for (int64_t h = 0; h < heads; h++) {
@@ -134,4 +138,9 @@ moex_status moex_rope_apply(float *x, int64_t T, int64_t heads, int64_t head_dim
         }
     }
     return MOEX_OK;
+}
+
+moex_status moex_rope_apply(float *x, int64_t T, int64_t heads, int64_t head_dim, const float *cos_in,
+                            const float *sin_in) {
+    return moex_rope_apply_partial(x, T, heads, head_dim, head_dim, cos_in, sin_in);
 }

@@ -21,10 +21,11 @@ typedef struct jobj {
     const char *pfx;
 } jobj;
 
-typedef enum family { FAM_OTHER, FAM_QWEN2_MOE, FAM_QWEN3_MOE, FAM_MIXTRAL, FAM_QWEN3_VL_MOE, FAM_OLMOE } family;
+typedef enum family { FAM_OTHER, FAM_QWEN2_MOE, FAM_QWEN3_MOE, FAM_MIXTRAL, FAM_QWEN3_VL_MOE, FAM_OLMOE, FAM_GLM4_MOE } family;
 
 /* What an absent key means: the defaults of transformers' config class of each family
- * (Qwen2MoeConfig, Qwen3MoeConfig, MixtralConfig, Qwen3VLMoeTextConfig, OlmoeConfig). kv_heads 0 means
+ * (Qwen2MoeConfig, Qwen3MoeConfig, MixtralConfig, Qwen3VLMoeTextConfig, OlmoeConfig, Glm4MoeConfig).
+ * kv_heads 0 means
  * num_attention_heads. */
 typedef struct family_defaults {
     int64_t kv_heads, experts, top_k, intermediate, moe_intermediate, shared_intermediate;
@@ -39,6 +40,7 @@ static const family_defaults DEFAULTS[] = {
     [FAM_MIXTRAL] = {8, 8, 2, 14336, 0, 0, 1000000.0, 1, 2},
     [FAM_QWEN3_VL_MOE] = {16, 60, 4, 5632, 1408, 0, 500000.0, -1, -1},
     [FAM_OLMOE] = {0, 64, 8, 2048, 0, 0, 10000.0, -1, 50279},
+    [FAM_GLM4_MOE] = {8, 128, 8, 10944, 1408, 0, 10000.0, -1, -1},
 };
 
 /* ---- typed getters ------------------------------------------------------ */
@@ -211,6 +213,7 @@ static family family_of(const char *model_type) {
     if (strcmp(model_type, "mixtral") == 0) return FAM_MIXTRAL;
     if (strcmp(model_type, "qwen3_vl_moe") == 0) return FAM_QWEN3_VL_MOE;
     if (strcmp(model_type, "olmoe") == 0) return FAM_OLMOE;
+    if (strcmp(model_type, "glm4_moe") == 0) return FAM_GLM4_MOE;
     return FAM_OTHER;
 }
 
@@ -255,7 +258,7 @@ static moex_status parse_rope(jobj t, const char *rkey, const cJSON *r, family f
     int have_theta = 0;
     if (st == MOEX_OK) st = get_num(j, "rope_theta", 1, &rp->theta, &have_theta);
     if (st == MOEX_OK && !have_theta) st = get_num(t, "rope_theta", 1, &rp->theta, NULL);
-    rp->partial_rotary_factor = 1.0;
+    rp->partial_rotary_factor = fam == FAM_GLM4_MOE ? 0.5 : 1.0; /* Glm4MoeConfig's default */
     if (st == MOEX_OK) st = get_num(t, "partial_rotary_factor", 1, &rp->partial_rotary_factor, NULL);
     struct { const char *key; double *dst; } nums[] = {
         {"factor", &rp->factor},
@@ -464,7 +467,7 @@ static moex_status text_sizes(jobj t, family fam, moex_config *c) {
         return moex_fail(MOEX_ERR_FORMAT, "%s: %snum_experts_per_tok = %lld exceeds the %lld experts", t.what, t.pfx,
                          (long long)c->num_experts_per_tok, (long long)c->num_experts);
     /* norm_topk_prob: mixtral and qwen3_vl_moe always renormalise; the Qwen configs default to false */
-    int norm = 0;
+    int norm = fam == FAM_GLM4_MOE; /* Glm4MoeConfig defaults to true */
     st = get_bool(t, "norm_topk_prob", &norm, NULL);
     c->norm_topk_prob = (fam == FAM_MIXTRAL || fam == FAM_QWEN3_VL_MOE) ? 1 : norm;
     return st;
@@ -472,7 +475,7 @@ static moex_status text_sizes(jobj t, family fam, moex_config *c) {
 
 /* The rest of the text parameters: norms, activation, biases, tying, rope, tokens, router. */
 static moex_status text_rest(jobj root, jobj t, family fam, moex_config *c) {
-    c->rms_norm_eps = fam == FAM_MIXTRAL || fam == FAM_OLMOE ? 1e-5 : 1e-6;
+    c->rms_norm_eps = fam == FAM_MIXTRAL || fam == FAM_OLMOE || fam == FAM_GLM4_MOE ? 1e-5 : 1e-6;
     moex_status st = get_num(t, "rms_norm_eps", 1, &c->rms_norm_eps, NULL);
     strcpy(c->hidden_act, "silu");
     if (st == MOEX_OK) st = get_str(t, "hidden_act", c->hidden_act, sizeof c->hidden_act, NULL);
@@ -481,8 +484,9 @@ static moex_status text_rest(jobj root, jobj t, family fam, moex_config *c) {
      * (o never), the Qwen3 families' q/k/v/o from attention_bias, Mixtral's none */
     c->attention_bias = fam == FAM_QWEN2_MOE || fam == FAM_OTHER;
     if (st == MOEX_OK && fam == FAM_QWEN2_MOE) st = get_bool(t, "qkv_bias", &c->attention_bias, NULL);
-    if (st == MOEX_OK && (fam == FAM_QWEN3_MOE || fam == FAM_QWEN3_VL_MOE || fam == FAM_OLMOE))
-        st = get_bool(t, "attention_bias", &c->attention_bias, NULL);
+    if (st == MOEX_OK && (fam == FAM_QWEN3_MOE || fam == FAM_QWEN3_VL_MOE || fam == FAM_OLMOE || fam == FAM_GLM4_MOE))
+        st = get_bool(t, "attention_bias", &c->attention_bias, NULL); /* glm4_moe: q/k/v only */
+    if (st == MOEX_OK && fam == FAM_GLM4_MOE) st = get_bool(t, "use_qk_norm", &c->use_qk_norm, NULL);
     c->o_proj_bias = (fam == FAM_QWEN3_MOE || fam == FAM_QWEN3_VL_MOE || fam == FAM_OLMOE) && c->attention_bias;
     /* olmoe clamps q, k and v to [-clip_qkv, clip_qkv] when the key is a number */
     if (st == MOEX_OK && fam == FAM_OLMOE) st = get_num(t, "clip_qkv", 1, &c->clip_qkv, &c->has_clip_qkv);
@@ -497,6 +501,7 @@ static moex_status text_rest(jobj root, jobj t, family fam, moex_config *c) {
     if (st == MOEX_OK && t.o != root.o) st = special_tokens(root, c);
     if (st == MOEX_OK) st = special_tokens(t, c);
     c->routed_scaling_factor = 1.0;
+    if (fam == FAM_GLM4_MOE) c->n_group = c->topk_group = c->n_shared_experts = c->first_k_dense_replace = 1;
     if (st == MOEX_OK) st = get_int(t, "n_group", 0, INT_MAXV, &c->n_group, NULL);
     if (st == MOEX_OK) st = get_int(t, "topk_group", 0, INT_MAXV, &c->topk_group, NULL);
     if (st == MOEX_OK) st = get_int(t, "n_shared_experts", 0, INT_MAXV, &c->n_shared_experts, NULL);

@@ -68,6 +68,7 @@ typedef struct moex_config {
     int attention_bias;           /* biases on q, k, v: qwen2_moe qkv_bias (default 1); qwen3 families
                                      attention_bias (default 0, also on o); mixtral none */
     int o_proj_bias;              /* bias on o_proj too (qwen3 families and olmoe with attention_bias) */
+    int use_qk_norm;              /* glm4_moe: q/k RMSNorm per head (default off) */
     int has_clip_qkv;             /* olmoe: clip_qkv is a number (null or absent: no clamp) */
     double clip_qkv;
     char hidden_act[MOEX_CONFIG_NAME_LEN];  /* default "silu" */

@@ -2,11 +2,12 @@
  * mapping) -> experts layers -> context, KV cache, scratch. */
 #include "model/model_internal.h"
 #include "experts/dispatch.h"
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-static const char *const FAMILIES[] = {"qwen2_moe", "qwen3_moe", "mixtral", "qwen3_vl_moe", "olmoe"};
+static const char *const FAMILIES[] = {"qwen2_moe", "qwen3_moe", "mixtral", "qwen3_vl_moe", "olmoe", "glm4_moe"};
 
 moex_model_options moex_model_default_options(void) {
     moex_model_options o;
@@ -68,6 +69,22 @@ static moex_status get(moex_model *m, const char *name, int ndim, const int64_t 
 static moex_status get_vec(moex_model *m, const char *name, int64_t n, moex_vec_w *v) {
     int64_t s[1] = {n};
     return get(m, name, 1, s, &v->data, &v->dtype);
+}
+
+// The vector `name` of n finite values as f32 in memory the model owns (the router's bias).
+static moex_status get_f32_vec(moex_model *m, const char *name, int64_t n, float **out) {
+    moex_vec_w v;
+    moex_status st = get_vec(m, name, n, &v);
+    if (st) return st;
+    float *f = model_own(m, (size_t)n * sizeof(float));
+    if (!f) return MOEX_ERR_OUT_OF_MEMORY;
+    moex_convert(v.data, v.dtype, f, MOEX_F32, (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(f[i]))
+            return moex_fail(MOEX_ERR_FORMAT, "tensor %s: element %lld is %g, not a finite number", name, (long long)i,
+                             (double)f[i]);
+    *out = f;
+    return MOEX_OK;
 }
 
 // nn.Linear weight `base.weight` [out, in] (+ `base.bias` when with_bias).
@@ -259,6 +276,7 @@ static moex_status load_layer(moex_model *m, int64_t L, model_layer *ly) {
     const int64_t H = c->hidden_size, d = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int qwen3 = !strcmp(c->model_type, "qwen3_moe") || !strcmp(c->model_type, "qwen3_vl_moe");
     const int mixtral = !strcmp(c->model_type, "mixtral"), olmoe = !strcmp(c->model_type, "olmoe");
+    const int glm4 = !strcmp(c->model_type, "glm4_moe");
     char base[160], name[320];
     snprintf(base, sizeof base, "%slayers.%lld", m->prefix, (long long)L);
     moex_status st;
@@ -273,7 +291,7 @@ static moex_status load_layer(moex_model *m, int64_t L, model_layer *ly) {
         snprintf(name, sizeof name, "%s.self_attn.%s", base, proj[i]);
         if ((st = get_linear(m, name, outs[i], ins[i], i < 3 ? c->attention_bias : c->o_proj_bias, w[i]))) return st;
     }
-    if (qwen3 || olmoe) { /* per head (qwen3 families) or over the whole q and k rows (olmoe) */
+    if (qwen3 || olmoe || (glm4 && c->use_qk_norm)) { /* per head, or over the whole q and k rows (olmoe) */
         snprintf(name, sizeof name, "%s.self_attn.q_norm.weight", base);
         if ((st = get_vec(m, name, olmoe ? nh * d : d, &ly->q_norm))) return st;
         snprintf(name, sizeof name, "%s.self_attn.k_norm.weight", base);
@@ -281,10 +299,20 @@ static moex_status load_layer(moex_model *m, int64_t L, model_layer *ly) {
     }
     char moe[200];
     snprintf(moe, sizeof moe, "%s.%s", base, mixtral ? "block_sparse_moe" : "mlp");
-    ly->is_moe = mixtral || olmoe || is_moe_layer(c, L); /* mixtral and olmoe: every layer */
+    /* mixtral and olmoe: every layer; glm4_moe: from first_k_dense_replace on */
+    ly->is_moe = glm4 ? L >= c->first_k_dense_replace : mixtral || olmoe || is_moe_layer(c, L);
     if (!ly->is_moe) return get_mlp(m, moe, H, c->intermediate_size, &ly->dense);
     snprintf(name, sizeof name, "%s.gate", moe);
     if ((st = get_linear(m, name, c->num_experts, H, 0, &ly->router))) return st;
+    if (glm4) { /* the router's correction bias (selection only) and the shared experts, added ungated */
+        snprintf(name, sizeof name, "%s.gate.e_score_correction_bias", moe);
+        if ((st = get_f32_vec(m, name, c->num_experts, &ly->router_bias))) return st;
+        if (c->shared_expert_intermediate_size > 0) {
+            ly->has_shared = 1;
+            snprintf(name, sizeof name, "%s.shared_experts", moe);
+            if ((st = get_mlp(m, name, H, c->shared_expert_intermediate_size, &ly->shared))) return st;
+        }
+    }
     int64_t I = c->moe_intermediate_size > 0 ? c->moe_intermediate_size : c->intermediate_size;
     if ((st = load_experts(m, ly, moe, H, I))) return st;
     if (!strcmp(c->model_type, "qwen2_moe") && c->shared_expert_intermediate_size > 0) {
@@ -304,7 +332,7 @@ static moex_status check_family(const moex_config *c) {
     for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++)
         if (!strcmp(c->model_type, FAMILIES[i])) return MOEX_OK;
     return moex_fail(MOEX_ERR_UNSUPPORTED,
-                     "model_type \"%s\" is not supported; supported: qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe, olmoe",
+                     "model_type \"%s\" is not supported; supported: qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe, olmoe, glm4_moe",
                      c->model_type);
 }
 
@@ -324,9 +352,31 @@ static moex_status check_config(moex_model *m, const char *dir) {
     if (strcmp(c->rope.type, "default"))
         return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %s%s has rope type \"%s\"; moex implements the default "
                          "rope only", dir, sep, pfx, c->rope.source, c->rope.type);
-    if (c->rope.partial_rotary_factor != 1.0)
+    const int glm4 = !strcmp(c->model_type, "glm4_moe");
+    if (c->rope.partial_rotary_factor != 1.0 && !glm4)
         return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %spartial_rotary_factor = %g is not supported (moex "
                          "rotates whole heads: 1.0)", dir, sep, pfx, c->rope.partial_rotary_factor);
+    m->rotary_dim = (int64_t)((double)c->head_dim * c->rope.partial_rotary_factor); /* python's int(): truncation */
+    if (m->rotary_dim < 2 || m->rotary_dim % 2 || m->rotary_dim > c->head_dim)
+        return moex_fail(MOEX_ERR_FORMAT, "%s%sconfig.json: %spartial_rotary_factor = %g of head_dim = %lld rotates %lld "
+                         "values; an even number from 2 to head_dim is needed", dir, sep, pfx,
+                         c->rope.partial_rotary_factor, (long long)c->head_dim, (long long)m->rotary_dim);
+    if (glm4) {
+        if (m->opt.device.kind == MOEX_DEVICE_CUDA)
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: glm4_moe runs on the cpu only in this version of "
+                             "moex (its partial rotary and per-layer router bias are not on the GPU yet)", dir, sep);
+        const int64_t E = c->num_experts, G = c->n_group;
+        if (E < 1 || G < 1 || E % G || c->topk_group < 1 || c->topk_group > G ||
+            c->num_experts_per_tok > c->topk_group * (E / G))
+            return moex_fail(MOEX_ERR_FORMAT, "%s%sconfig.json: %sn_group = %lld, topk_group = %lld, n_routed_experts = "
+                             "%lld, num_experts_per_tok = %lld: n_group must divide the experts, topk_group be 1 .. "
+                             "n_group, and the kept groups hold at least num_experts_per_tok experts", dir, sep, pfx,
+                             (long long)G, (long long)c->topk_group, (long long)E, (long long)c->num_experts_per_tok);
+        if (c->first_k_dense_replace < c->num_hidden_layers && c->moe_intermediate_size < 1)
+            return moex_fail(MOEX_ERR_FORMAT, "%s%sconfig.json: %smoe_intermediate_size = %lld", dir, sep, pfx,
+                             (long long)c->moe_intermediate_size);
+        c->shared_expert_intermediate_size = c->moe_intermediate_size * c->n_shared_experts; /* one MLP */
+    }
     if (strcmp(c->model_type, "qwen3_vl_moe")) {
         c->rope.n_mrope_section = 0; /* only qwen3_vl_moe's rotary embedding reads mrope_section */
     } else if (c->rope.n_mrope_section) {
@@ -418,7 +468,7 @@ static moex_status alloc_scratch(moex_model *m) {
     if (m->gpu) { /* the step runs on the device: only the rotary table, uploaded by model_gpu_load */
         const size_t half = (size_t)c->head_dim / 2 + 1;
         if (!(m->inv_freq = malloc(half * sizeof(float)))) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
-        return moex_rope_inv_freq(c->head_dim, c->rope.theta, m->inv_freq);
+        return moex_rope_inv_freq(m->rotary_dim, c->rope.theta, m->inv_freq);
     }
     const size_t T = (size_t)m->opt.max_tokens, H = (size_t)c->hidden_size, d = (size_t)c->head_dim;
     const size_t qd = (size_t)c->num_attention_heads * d, kvd = (size_t)c->num_key_value_heads * d;
@@ -447,7 +497,7 @@ static moex_status alloc_scratch(moex_model *m) {
     m->inv_freq = malloc((d / 2 + 1) * sizeof(float));
     if (!r->route_ids || !r->positions || !r->tokens || !r->seqs || !m->inv_freq)
         return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
-    return moex_rope_inv_freq(c->head_dim, c->rope.theta, m->inv_freq);
+    return moex_rope_inv_freq(m->rotary_dim, c->rope.theta, m->inv_freq);
 }
 
 // Prepare every MoE layer for the backend its map entry names, and for the one
@@ -504,6 +554,12 @@ static moex_status load(moex_model *m, const char *dir) {
     m->router.num_experts = c->num_experts;
     m->router.top_k = c->num_experts_per_tok;
     m->router.renormalize = c->norm_topk_prob;
+    if (!strcmp(c->model_type, "glm4_moe")) { /* sigmoid scores, group-limited choice, scaled (the bias per layer) */
+        m->router.kind = MOEX_ROUTER_SIGMOID_GROUPED_TOPK;
+        m->router.n_group = c->n_group;
+        m->router.topk_group = c->topk_group;
+        m->router.scaling = (float)c->routed_scaling_factor;
+    }
     moex_context_options co = moex_context_default_options();
     co.device = m->opt.device;
     co.num_threads = m->opt.num_threads;
@@ -607,14 +663,23 @@ static void describe_features(const moex_model *m, char *out, size_t size) {
     if (l0 && l0->q_norm.data) append(out, size, &n, m->qk_norm_rows ? ", q/k norm over the whole rows" : ", q/k norm per head");
     if (c->attention_bias) append(out, size, &n, c->o_proj_bias ? ", q/k/v/o biases" : ", q/k/v biases");
     append(out, size, &n, "; rope %s (theta %g", c->rope.type, c->rope.theta);
+    if (m->rotary_dim != c->head_dim) append(out, size, &n, ", %lld of %lld values rotated", (long long)m->rotary_dim,
+                                             (long long)c->head_dim);
     if (c->rope.n_mrope_section)
         append(out, size, &n, ", mrope sections %lld/%lld/%lld", (long long)c->rope.mrope_section[0],
                (long long)c->rope.mrope_section[1], (long long)c->rope.mrope_section[2]);
-    append(out, size, &n, "); router softmax top-%lld%s", (long long)c->num_experts_per_tok,
-           c->norm_topk_prob ? " renormalised" : "");
-    int has_shared = 0;
-    for (int64_t L = 0; L < c->num_hidden_layers; L++) has_shared |= m->layers[L].has_shared;
-    if (has_shared) append(out, size, &n, "; gated shared expert");
+    if (m->router.kind == MOEX_ROUTER_SIGMOID_GROUPED_TOPK)
+        append(out, size, &n, "); router sigmoid top-%lld in %lld of %lld groups, correction bias, scaling %g%s",
+               (long long)c->num_experts_per_tok, (long long)m->router.topk_group, (long long)m->router.n_group,
+               (double)m->router.scaling, c->norm_topk_prob ? ", renormalised" : "");
+    else
+        append(out, size, &n, "); router softmax top-%lld%s", (long long)c->num_experts_per_tok,
+               c->norm_topk_prob ? " renormalised" : "");
+    int gated = 0, ungated = 0;
+    for (int64_t L = 0; L < c->num_hidden_layers; L++)
+        if (m->layers[L].has_shared) *(m->layers[L].shared_gate.weight ? &gated : &ungated) = 1;
+    if (gated) append(out, size, &n, "; gated shared expert");
+    if (ungated) append(out, size, &n, "; shared experts");
     if (c->num_hidden_layers > m->n_moe)
         append(out, size, &n, "; %lld dense layer(s)", (long long)(c->num_hidden_layers - m->n_moe));
 }

@@ -24,8 +24,9 @@ typedef struct model_layer {
     const void **expert_scale_ptrs;  /* quantized per-expert layout: their scale grids, same order */
     moex_mlp_w dense;                /* dense layers */
     int has_shared;
-    moex_mlp_w shared;               /* qwen2_moe shared expert */
-    moex_linear_w shared_gate;       /* [1, H] */
+    moex_mlp_w shared;               /* qwen2_moe shared expert; glm4_moe's shared experts (one MLP) */
+    moex_linear_w shared_gate;       /* [1, H] (qwen2_moe); weight NULL: the shared output is added as it is */
+    float *router_bias;              /* glm4_moe: e_score_correction_bias [E] in f32 (owned by the model), or NULL */
 } model_layer;
 
 /* The weights of one layer that a step reads besides the experts: views of model_layer's on the
@@ -73,6 +74,8 @@ struct moex_model {
     const void *embed;               /* [V, H] */
     moex_dtype embed_dtype;
     moex_vec_w final_norm;           /* [H] */
+    int64_t rotary_dim;              /* the rotated values of each head: head_dim * partial_rotary_factor
+                                        (glm4_moe), else head_dim */
     int qk_norm_rows;                /* olmoe: q_norm / k_norm span the whole q / k row (nh*d, nkv*d),
                                         not each head (the qwen3 families) */
     moex_linear_w lm_head;

@@ -39,8 +39,8 @@ static moex_status attention_block(moex_model *m, const model_layer_w *ly, int64
         st = op->rmsnorm_heads(e, r->q, T, nh, d, ly->q_norm.data, ly->q_norm.dtype, c->rms_norm_eps, r->q);
         if (!st) st = op->rmsnorm_heads(e, r->k, T, nkv, d, ly->k_norm.data, ly->k_norm.dtype, c->rms_norm_eps, r->k);
     }
-    if (!st) st = op->rope_apply(e, r->q, T, nh, d, r->cos, r->sin);
-    if (!st) st = op->rope_apply(e, r->k, T, nkv, d, r->cos, r->sin);
+    if (!st) st = op->rope_apply(e, r->q, T, nh, d, m->rotary_dim, r->cos, r->sin);
+    if (!st) st = op->rope_apply(e, r->k, T, nkv, d, m->rotary_dim, r->cos, r->sin);
     if (!st) st = R(m, r->q, T * nh * d);
     if (!st) st = R(m, r->k, T * nkv * d);
     if (!st) st = op->attention(e, L, r->seqs, nseq, T, nh, r->q, r->k, r->v, r->attn);
@@ -62,7 +62,12 @@ static moex_status moe_block(moex_model *m, const model_layer *ly, const model_l
     const int bf16 = m->opt.dtype == MOEX_BF16;
     moex_status st = op->linear(e, &lw->router, r->h, T, r->router_logits);
     if (!st) st = R(m, r->router_logits, T * E);
-    if (!st) st = op->route(e, &m->router, r->router_logits, T, r->route_ids, r->route_w);
+    moex_router_desc router = m->router; /* with the layer's correction bias (glm4_moe) */
+    if (ly->router_bias) {
+        int64_t bs[1] = {E};
+        if (!st) st = moex_tensor_init(&router.correction_bias, ly->router_bias, MOEX_F32, 1, bs);
+    }
+    if (!st) st = op->route(e, &router, r->router_logits, T, r->route_ids, r->route_w);
     if (!st) st = R(m, r->route_w, T * k);
     if (!st && bf16) st = op->convert(e, r->h, MOEX_F32, r->h16, MOEX_BF16, T * H);
     if (st) return st;
@@ -79,8 +84,10 @@ static moex_status moe_block(moex_model *m, const model_layer *ly, const model_l
     if (bf16 && (st = op->convert(e, r->out16, MOEX_BF16, r->mlp, MOEX_F32, T * H))) return st;
     if (!ly->has_shared) return MOEX_OK;
     st = op->mlp(e, &lw->shared, r->h, T, r->tmp, r->gate, r->up);
-    if (!st) st = op->linear(e, &lw->shared_gate, r->h, T, r->gate_logit);
-    if (!st) st = op->scale_rows_sigmoid(e, r->gate_logit, r->tmp, T, H);
+    if (lw->shared_gate.weight) { /* qwen2_moe's sigmoid gate; glm4_moe's shared experts have none */
+        if (!st) st = op->linear(e, &lw->shared_gate, r->h, T, r->gate_logit);
+        if (!st) st = op->scale_rows_sigmoid(e, r->gate_logit, r->tmp, T, H);
+    }
     if (!st) st = R(m, r->tmp, T * H);
     if (!st) st = op->add(e, r->mlp, r->tmp, r->mlp, T * H);
     if (!st) st = R(m, r->mlp, T * H);
@@ -105,7 +112,7 @@ static moex_status queue_step(moex_model *m, int64_t nseq, int64_t T, float *log
         st = op->mrope_cos_sin(e, r->inv_freq, c->head_dim, sec, r->positions, r->positions, r->positions, T, r->cos,
                                r->sin);
     } else if (!st) {
-        st = op->rope_cos_sin(e, r->inv_freq, c->head_dim, r->positions, T, r->cos, r->sin);
+        st = op->rope_cos_sin(e, r->inv_freq, m->rotary_dim, r->positions, T, r->cos, r->sin);
     }
     for (int64_t L = 0; !st && L < c->num_hidden_layers; L++) {
         const model_layer *ly = &m->layers[L];
