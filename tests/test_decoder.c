@@ -366,6 +366,33 @@ static void test_rope_by_hand(void **state) {
     assert_memory_equal(y, y0, sizeof y);
 }
 
+/* Partial rotary (glm4_moe): heads of 10 with the first 4 rotated, by hand in float64 against
+ * cos/sin of inv_freq over 4 values; the other 6 untouched; rotary_dim checked. */
+static void test_rope_partial(void **state) {
+    (void)state;
+    float inv[2], c[2 * 3], s[2 * 3], x[3 * 2 * 10], x0[3 * 2 * 10];
+    assert_int_equal(moex_rope_inv_freq(4, 10000.0, inv), MOEX_OK);
+    const int64_t pos[3] = {0, 5, 37};
+    assert_int_equal(moex_rope_cos_sin(inv, 4, pos, 3, c, s), MOEX_OK);
+    for (int i = 0; i < 60; i++) x[i] = x0[i] = (float)((i * 37 % 23) - 11) / 7.0f;
+    assert_int_equal(moex_rope_apply_partial(x, 3, 2, 10, 4, c, s), MOEX_OK);
+    for (int t = 0; t < 3; t++)
+        for (int h = 0; h < 2; h++) {
+            const float *a = x0 + (t * 2 + h) * 10, *b = x + (t * 2 + h) * 10;
+            for (int i = 0; i < 2; i++) {
+                const double cs = c[t * 2 + i], sn = s[t * 2 + i];
+                assert_float_equal(b[i], (double)a[i] * cs - (double)a[i + 2] * sn, 1e-6);
+                assert_float_equal(b[i + 2], (double)a[i + 2] * cs + (double)a[i] * sn, 1e-6);
+            }
+            assert_memory_equal(b + 4, a + 4, 6 * sizeof(float));
+        }
+    expect_fail(moex_rope_apply_partial(x, 3, 2, 10, 12, c, s), MOEX_ERR_INVALID_ARGUMENT, "rotary_dim = 12", NULL,
+                "rotary_dim > head_dim");
+    expect_fail(moex_rope_apply_partial(x, 3, 2, 10, 3, c, s), MOEX_ERR_INVALID_ARGUMENT, "rotary_dim = 3", NULL,
+                "odd rotary_dim");
+    end_problems();
+}
+
 /* rope on q [T, 5, d] and k [T, 1, d] against the float64 rotation of transformers' f32 angles;
  * and, for small positions, against the exact-math angles (loosely) */
 static void test_rope_reference(void **state) {
@@ -1260,6 +1287,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope_by_hand),
         cmocka_unit_test(test_rope_reference),
+        cmocka_unit_test(test_rope_partial),
         cmocka_unit_test(test_mrope),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_errors),

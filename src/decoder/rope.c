@@ -108,11 +108,10 @@ moex_status moex_rope_apply_partial(float *x, int64_t T, int64_t heads, int64_t 
                                     const float *cos_in, const float *sin_in) {
     const char *fn = "rope_apply";
     moex_status st = check_head_dim(fn, head_dim);
-    if (!st) st = check_head_dim(fn, rotary_dim);
     if (st) return st;
-    if (rotary_dim > head_dim)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: rotary_dim = %lld exceeds head_dim = %lld", fn,
-                         (long long)rotary_dim, (long long)head_dim);
+    if (rotary_dim < 2 || rotary_dim % 2 || rotary_dim > head_dim)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: rotary_dim = %lld must be even, >= 2 and at most head_dim = %lld",
+                         fn, (long long)rotary_dim, (long long)head_dim);
     if (T < 0 || heads < 1)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: T = %lld must be >= 0 and heads = %lld >= 1", fn,
                          (long long)T, (long long)heads);
