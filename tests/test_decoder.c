@@ -27,6 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "decoder/decoder.h"
 #include "decoder/ops.h"
 #include "linear/activation.h"
@@ -390,6 +392,77 @@ static void test_rope_partial(void **state) {
                 "rotary_dim > head_dim");
     expect_fail(moex_rope_apply_partial(x, 3, 2, 10, 3, c, s), MOEX_ERR_INVALID_ARGUMENT, "rotary_dim = 3", NULL,
                 "odd rotary_dim");
+    end_problems();
+}
+
+/* YaRN against the inverse frequencies and attention factors transformers computes
+ * (tests/fixtures/rope/yarn.json, make_rope_fixtures.py: DeepSeek-V3's, GPT-OSS's without
+ * truncation, mscale != mscale_all_dim, an odd small case): at most 1 ulp apart (PyTorch's
+ * vectorised powf is within 1 ulp of the correctly rounded one moex uses), factors to 1e-15. */
+static double read_num(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItem(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0.0;
+}
+
+static void test_rope_yarn(void **state) {
+    (void)state;
+#ifndef MOEX_FIXTURES
+#define MOEX_FIXTURES "tests/fixtures"
+#endif
+    FILE *f = fopen(MOEX_FIXTURES "/rope/yarn.json", "rb");
+    assert_non_null(f);
+    static char text[1 << 16];
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    cJSON *root = cJSON_Parse(text);
+    assert_non_null(root);
+    const cJSON *cases = cJSON_GetObjectItem(root, "cases");
+    assert_true(cJSON_GetArraySize(cases) >= 4);
+    for (const cJSON *c = cases->child; c; c = c->next) {
+        const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
+        const int64_t dim = (int64_t)read_num(c, "dim");
+        moex_yarn_params y = {0};
+        y.factor = read_num(c, "factor");
+        y.original_max_position_embeddings = read_num(c, "original_max_position_embeddings");
+        y.max_position_embeddings = read_num(c, "max_position_embeddings");
+        y.beta_fast = read_num(c, "beta_fast");
+        y.beta_slow = read_num(c, "beta_slow");
+        y.mscale = read_num(c, "mscale");
+        y.mscale_all_dim = read_num(c, "mscale_all_dim");
+        y.attention_factor = read_num(c, "attention_factor_given");
+        y.truncate = cJSON_IsTrue(cJSON_GetObjectItem(c, "truncate"));
+        float inv[256];
+        double af = -1.0;
+        assert_true(dim <= 512);
+        if (moex_rope_inv_freq_yarn(dim, read_num(c, "theta"), &y, inv, &af) != MOEX_OK) {
+            PROBLEM("%s: %s", name, moex_last_error());
+            continue;
+        }
+        const cJSON *want = cJSON_GetObjectItem(c, "inv_freq");
+        int worst = 0;
+        for (int64_t i = 0; i < dim / 2; i++) {
+            const float w = (float)cJSON_GetArrayItem(want, (int)i)->valuedouble;
+            int32_t a, b;
+            memcpy(&a, &inv[i], 4);
+            memcpy(&b, &w, 4);
+            const int ulps = abs(a - b);
+            if (ulps > worst) worst = ulps;
+        }
+        if (worst > 1) PROBLEM("%s: inv_freq up to %d ulp from transformers'", name, worst);
+        if (fabs(af - read_num(c, "attention_factor")) > 1e-15)
+            PROBLEM("%s: attention factor %.17g, transformers %.17g", name, af, read_num(c, "attention_factor"));
+    }
+    cJSON_Delete(root);
+    moex_yarn_params bad = {0};
+    float inv[8];
+    double af;
+    expect_fail(moex_rope_inv_freq_yarn(16, 10000.0, &bad, inv, &af), MOEX_ERR_INVALID_ARGUMENT,
+                "original_max_position_embeddings = 0", NULL, "yarn without original_max_position_embeddings");
+    bad.original_max_position_embeddings = 64;
+    bad.factor = -2;
+    expect_fail(moex_rope_inv_freq_yarn(16, 10000.0, &bad, inv, &af), MOEX_ERR_INVALID_ARGUMENT, "factor = -2", NULL,
+                "yarn factor < 0");
     end_problems();
 }
 
@@ -1288,6 +1361,7 @@ int main(void) {
         cmocka_unit_test(test_rope_by_hand),
         cmocka_unit_test(test_rope_reference),
         cmocka_unit_test(test_rope_partial),
+        cmocka_unit_test(test_rope_yarn),
         cmocka_unit_test(test_mrope),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_errors),

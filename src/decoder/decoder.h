@@ -110,6 +110,32 @@ moex_status moex_rmsnorm_heads(const float *x, int64_t T, int64_t heads, int64_t
 // -> inv_freq: [head_dim / 2]
 moex_status moex_rope_inv_freq(int64_t head_dim, double theta, float *inv_freq);
 
+/** YaRN rope scaling (rope_type "yarn": DeepSeek-V3, GPT-OSS), as transformers' rope_parameters
+ *  give it. A value of 0 is an absent key, which takes transformers' default. */
+typedef struct moex_yarn_params {
+    double factor;                           /* > 0; 0: max_position_embeddings / original_max_position_embeddings */
+    double original_max_position_embeddings; /* > 0 */
+    double max_position_embeddings;          /* only for an absent factor */
+    double beta_fast, beta_slow;             /* 0: 32 and 1 */
+    double mscale, mscale_all_dim;           /* both non-zero: the attention factor from both */
+    double attention_factor;                 /* > 0 given, 0: derived */
+    int truncate;                            /* 1 (transformers' default): floor/ceil the correction range */
+} moex_yarn_params;
+
+/**
+ * The yarn inverse frequencies of transformers' _compute_yarn_parameters in f32, each operation
+ * rounded as torch rounds it: pos = base ** (2i / dim) as moex_rope_inv_freq computes it,
+ * extrapolation 1 / pos, interpolation 1 / (factor * pos), blended by the linear ramp over the
+ * correction range of beta_fast .. beta_slow rotations:
+ *     inv[i] = interp * (1 - (1 - ramp)) + extrap * (1 - ramp)
+ * and *attention_factor, the factor transformers multiplies cos and sin by (double): the given
+ * one, else get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) when both are set,
+ * else get_mscale(factor), get_mscale(s, m) = s <= 1 ? 1 : 0.1 m ln(s) + 1.
+ */
+// -> inv_freq: [dim / 2]
+moex_status moex_rope_inv_freq_yarn(int64_t dim, double theta, const moex_yarn_params *yarn, float *inv_freq,
+                                    double *attention_factor);
+
 /**
  * cos/sin tables for positions (one per token, >= 0):
  *     angle = (float)pos * inv_freq[i]  (rounded to f32, as the f32 matmul of

@@ -28,6 +28,59 @@ moex_status moex_rope_inv_freq(int64_t head_dim, double theta, float *inv_freq) 
     return MOEX_OK;
 }
 
+static double yarn_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * log(scale) + 1.0; }
+
+// The correction dimension of num_rotations rotations (transformers' find_correction_dim).
+static double yarn_correction_dim(double rotations, int64_t dim, double base, double max_pos) {
+    return ((double)dim * log(max_pos / (rotations * 2.0 * 3.14159265358979323846))) / (2.0 * log(base));
+}
+
+moex_status moex_rope_inv_freq_yarn(int64_t dim, double theta, const moex_yarn_params *y, float *inv_freq,
+                                    double *attention_factor) {
+    const char *fn = "rope_inv_freq_yarn";
+    if (!y || !inv_freq || !attention_factor)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !y ? "yarn" : !inv_freq ? "inv_freq" : "attention_factor");
+    const double omax = y->original_max_position_embeddings;
+    if (!(omax > 0.0) || !isfinite(omax))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: original_max_position_embeddings = %g must be > 0", fn, omax);
+    double factor = y->factor;
+    if (factor == 0.0) factor = y->max_position_embeddings / omax;
+    if (!(factor > 0.0) || !isfinite(factor))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: factor = %g must be finite and > 0", fn, factor);
+    const double beta_fast = y->beta_fast != 0.0 ? y->beta_fast : 32.0, beta_slow = y->beta_slow != 0.0 ? y->beta_slow : 1.0;
+    if (!(beta_fast > 0.0) || !(beta_slow > 0.0) || !isfinite(beta_fast) || !isfinite(beta_slow))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: beta_fast = %g and beta_slow = %g must be finite and > 0", fn,
+                         beta_fast, beta_slow);
+    if (y->attention_factor < 0.0 || !isfinite(y->attention_factor) || !isfinite(y->mscale) || !isfinite(y->mscale_all_dim))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: attention_factor = %g, mscale = %g, mscale_all_dim = %g: "
+                         "finite, attention_factor >= 0", fn, y->attention_factor, y->mscale, y->mscale_all_dim);
+    moex_status st = moex_rope_inv_freq(dim, theta, inv_freq); /* the extrapolation: 1 / pos */
+    if (st) return st;
+    double low = yarn_correction_dim(beta_fast, dim, theta, omax), high = yarn_correction_dim(beta_slow, dim, theta, omax);
+    if (y->truncate) low = floor(low), high = ceil(high);
+    if (low < 0.0) low = 0.0;
+    if (high > (double)(dim - 1)) high = (double)(dim - 1);
+    if (low == high) high += 0.001; /* transformers' guard against a zero-width ramp */
+    const float lo = (float)low, span = (float)(high - low), fac = (float)factor;
+    for (int64_t i = 0; i < dim / 2; i++) {
+        const float extrap = inv_freq[i];
+        const float e = (float)(2 * i) / (float)dim;
+        const float p = (float)pow((double)(float)theta, (double)e); /* pos_freqs, as moex_rope_inv_freq has it */
+        const float interp = 1.0f / (fac * p);
+        float ramp = ((float)i - lo) / span;
+        ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+        const float ef = 1.0f - ramp; /* the extrapolation factor */
+        inv_freq[i] = interp * (1.0f - ef) + extrap * ef;
+    }
+    if (y->attention_factor > 0.0)
+        *attention_factor = y->attention_factor;
+    else if (y->mscale != 0.0 && y->mscale_all_dim != 0.0)
+        *attention_factor = yarn_mscale(factor, y->mscale) / yarn_mscale(factor, y->mscale_all_dim);
+    else
+        *attention_factor = yarn_mscale(factor, 1.0);
+    return MOEX_OK;
+}
+
 static moex_status check_tables(const char *fn, const float *inv_freq, int64_t head_dim, int64_t T,
                                 const float *c, const float *s) {
     moex_status st = check_head_dim(fn, head_dim);
