@@ -1,6 +1,6 @@
 /*
  * test_config.c — config.json / generation_config.json: the four families
- * (qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe, olmoe, glm4_moe), key aliases, rope_parameters
+ * (qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe, olmoe, glm4_moe, deepseek_v3), key aliases, rope_parameters
  * vs rope_scaling vs rope_theta, eos as an integer or a list, the generation
  * config override, sub-config listing, quantization_config, wrong types,
  * missing keys and cross-checks, each error with its message.
@@ -245,6 +245,41 @@ static void test_glm4_moe(void **state) {
     assert_int_equal(c.o_proj_bias, 0); /* glm4_moe's o_proj has no bias */
     assert_true(c.rope.partial_rotary_factor == 1.0);
     moex_config_free(&c);
+}
+
+/* DeepSeek-V3: DeepseekV3Config's defaults (MLA 1536/512, 128 + 64 query/key values a head, 128 value
+ * values, interleaved rope, 256 experts in 8 groups with 4 kept, top-8, scaling 2.5, 3 dense
+ * layers, bos 0, eos 1); head_dim is qk_rope_head_dim whatever the file says; q_lora_rank null
+ * is no q compression. */
+static void test_deepseek_v3(void **state) {
+    (void)state;
+    moex_config c = parse_ok("{\"model_type\":\"deepseek_v3\",\"vocab_size\":129280,\"hidden_size\":7168,"
+                             "\"num_hidden_layers\":61,\"num_attention_heads\":128,\"head_dim\":56}");
+    assert_int_equal(c.q_lora_rank, 1536);
+    assert_int_equal(c.kv_lora_rank, 512);
+    assert_int_equal(c.qk_nope_head_dim, 128);
+    assert_int_equal(c.qk_rope_head_dim, 64);
+    assert_int_equal(c.v_head_dim, 128);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.rope_interleave, 1);
+    assert_int_equal(c.num_experts, 256);
+    assert_int_equal(c.num_experts_per_tok, 8);
+    assert_int_equal(c.n_group, 8);
+    assert_int_equal(c.topk_group, 4);
+    assert_int_equal(c.first_k_dense_replace, 3);
+    assert_int_equal(c.num_key_value_heads, 128);
+    assert_int_equal(c.norm_topk_prob, 1);
+    assert_true(c.routed_scaling_factor == 2.5);
+    assert_int_equal(c.bos_token_id, 0);
+    assert_int_equal(c.eos_token_ids[0], 1);
+    moex_config_free(&c);
+    c = parse_ok("{\"model_type\":\"deepseek_v3\",\"vocab_size\":8,\"hidden_size\":8,\"num_hidden_layers\":2,"
+                 "\"num_attention_heads\":2,\"num_key_value_heads\":2,\"q_lora_rank\":null,\"rope_interleave\":false}");
+    assert_int_equal(c.q_lora_rank, 0);
+    assert_int_equal(c.rope_interleave, 0);
+    moex_config_free(&c);
+    parse_bad("deepseek odd rope", "{\"model_type\":\"deepseek_v3\",\"vocab_size\":8,\"hidden_size\":8,"
+              "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"num_key_value_heads\":2,\"qk_rope_head_dim\":5}", "qk_rope_head_dim = 5", "even");
 }
 
 /* qwen3_vl_moe as transformers 5 writes it: text params from text_config,
@@ -706,7 +741,7 @@ static void test_fixture_configs(void **state) {
     const char *root = MOEX_FIXTURES; /* defined by the build for every test program */
     static const struct { const char *fam; int64_t experts; int norm; int sub; } fx[] = {
         {"qwen2_moe", 8, 0, 0}, {"qwen3_moe", 8, 1, 0}, {"mixtral", 4, 1, 0}, {"qwen3_vl_moe", 8, 1, 2},
-        {"olmoe", 8, 0, 0}, {"glm4_moe", 8, 1, 0}};
+        {"olmoe", 8, 0, 0}, {"glm4_moe", 8, 1, 0}, {"deepseek_v3", 8, 1, 0}};
     for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
         char dir[600];
         snprintf(dir, sizeof dir, "%s/%s", root, fx[i].fam);
@@ -724,7 +759,8 @@ static void test_fixture_configs(void **state) {
         if (c.num_experts != fx[i].experts) PROBLEM("%s: num_experts %lld", dir, (long long)c.num_experts);
         if (c.norm_topk_prob != fx[i].norm) PROBLEM("%s: norm_topk_prob %d", dir, c.norm_topk_prob);
         if (c.n_sub_configs != fx[i].sub) PROBLEM("%s: %d sub-configs", dir, c.n_sub_configs);
-        if (c.hidden_size != 64 || c.vocab_size != 256 || c.num_hidden_layers != 3 || c.head_dim != 16)
+        const int64_t head_dim = strcmp(fx[i].fam, "deepseek_v3") ? 16 : 8; /* deepseek_v3: the rope's */
+        if (c.hidden_size != 64 || c.vocab_size != 256 || c.num_hidden_layers != 3 || c.head_dim != head_dim)
             PROBLEM("%s: sizes %lld %lld %lld %lld", dir, (long long)c.hidden_size, (long long)c.vocab_size,
                     (long long)c.num_hidden_layers, (long long)c.head_dim);
         moex_config_free(&c);
@@ -739,6 +775,7 @@ int main(void) {
         cmocka_unit_test(test_mixtral),
         cmocka_unit_test(test_olmoe),
         cmocka_unit_test(test_glm4_moe),
+        cmocka_unit_test(test_deepseek_v3),
         cmocka_unit_test(test_qwen3_vl_moe),
         cmocka_unit_test(test_aliases),
         cmocka_unit_test(test_rope),

@@ -395,6 +395,31 @@ static void test_rope_partial(void **state) {
     end_problems();
 }
 
+/* Interleaved pairs (deepseek_v3): x [2 tokens, 3 heads, 8] by hand in float64, the pairs'
+ * results de-interleaved as transformers lays them out; head_dim > 512 refused. */
+static void test_rope_interleaved(void **state) {
+    (void)state;
+    float inv[4], c[2 * 4], s[2 * 4], x[2 * 3 * 8], x0[2 * 3 * 8];
+    assert_int_equal(moex_rope_inv_freq(8, 10000.0, inv), MOEX_OK);
+    const int64_t pos[2] = {3, 11};
+    assert_int_equal(moex_rope_cos_sin(inv, 8, pos, 2, c, s), MOEX_OK);
+    for (int i = 0; i < 48; i++) x[i] = x0[i] = (float)((i * 29 % 17) - 8) / 5.0f;
+    assert_int_equal(moex_rope_apply_interleaved(x, 2, 3, 8, c, s), MOEX_OK);
+    for (int t = 0; t < 2; t++)
+        for (int h = 0; h < 3; h++) {
+            const float *a = x0 + (t * 3 + h) * 8, *b = x + (t * 3 + h) * 8;
+            for (int i = 0; i < 4; i++) {
+                const double cs = c[t * 4 + i], sn = s[t * 4 + i], p = a[2 * i], q = a[2 * i + 1];
+                assert_float_equal(b[i], p * cs - q * sn, 1e-6);
+                assert_float_equal(b[4 + i], q * cs + p * sn, 1e-6);
+            }
+        }
+    static float big[2 * 514];
+    expect_fail(moex_rope_apply_interleaved(big, 1, 1, 514, c, s), MOEX_ERR_UNSUPPORTED, "head_dim = 514", NULL,
+                "interleaved head_dim > 512");
+    end_problems();
+}
+
 /* YaRN against the inverse frequencies and attention factors transformers computes
  * (tests/fixtures/rope/yarn.json, make_rope_fixtures.py: DeepSeek-V3's, GPT-OSS's without
  * truncation, mscale != mscale_all_dim, an odd small case): at most 1 ulp apart (PyTorch's
@@ -1362,6 +1387,7 @@ int main(void) {
         cmocka_unit_test(test_rope_reference),
         cmocka_unit_test(test_rope_partial),
         cmocka_unit_test(test_rope_yarn),
+        cmocka_unit_test(test_rope_interleaved),
         cmocka_unit_test(test_mrope),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_errors),

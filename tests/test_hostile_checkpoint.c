@@ -7,7 +7,8 @@
  *   - config keys transformers honours and moex does not implement (hidden_act, rope
  *     types, partial_rotary_factor, sliding windows, mrope_section, olmoe's clip_qkv and
  *     a head_dim its q_norm cannot span, glm4_moe's groups that do not divide the experts and
- *     a rotary part of fewer than 2 values): refused at load by
+ *     a rotary part of fewer than 2 values, deepseek_v3's latent sizes against its tensors):
+ *     refused at load by
  *     name; a sliding window that cannot bind loads and matches transformers;
  *   - the absent keys: transformers' defaults of the family;
  *   - num_hidden_layers far beyond the checkpoint: refused before any allocation;
@@ -413,6 +414,15 @@ static void test_unsupported_keys(void **state) {
         {"glm4_moe partial rotary 0.1", "glm4_moe",
          {"rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.1}"}, 0,
          MOEX_ERR_FORMAT, "partial_rotary_factor = 0.1", "rotates 1 values"},
+        {"deepseek_v3 kv heads 2", "deepseek_v3", {"num_key_value_heads", "2"}, 0, MOEX_ERR_FORMAT,
+         "num_key_value_heads = 2", "each of the 4 heads"},
+        {"deepseek_v3 kv_lora_rank absent", "deepseek_v3", {"kv_lora_rank", NULL}, 0, MOEX_ERR_FORMAT,
+         "kv_a_proj_with_mqa", "expected [520, 64]"},
+        {"deepseek_v3 v_head_dim 40", "deepseek_v3", {"v_head_dim", "40"}, 0, MOEX_ERR_UNSUPPORTED, "v_head_dim = 40",
+         NULL},
+        {"deepseek_v3 odd rope", "deepseek_v3", {"qk_rope_head_dim", "7"}, 0, MOEX_ERR_FORMAT, "qk_rope_head_dim = 7",
+         NULL},
+        {"deepseek_v3 no q_lora", "deepseek_v3", {"q_lora_rank", "null"}, 0, MOEX_ERR_NOT_FOUND, "q_proj", NULL},
         {"olmoe no experts", "olmoe", {"num_experts", "0", "num_experts_per_tok", "0"}, 0, MOEX_ERR_FORMAT,
          "num_experts = 0", NULL},
     };

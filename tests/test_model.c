@@ -26,7 +26,8 @@
 
 static const char *const FIXTURES[] = {"qwen2_moe", "qwen2_moe-fused", "qwen3_moe", "qwen3_moe-fused", "mixtral",
                                        "mixtral-fused", "qwen3_vl_moe", "qwen3_vl_moe-per_expert", "olmoe",
-                                       "olmoe-fused", "glm4_moe", "glm4_moe-fused"};
+                                       "olmoe-fused", "glm4_moe", "glm4_moe-fused", "deepseek_v3",
+                                       "deepseek_v3-fused", "deepseek_v3-q_proj", "deepseek_v3-q_proj-fused"};
 
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -145,6 +146,9 @@ static void test_model_features(void **state) {
         {"qwen3_moe", {"q/k norm per head", "renormalised", "theta 1e+06"}},
         {"qwen2_moe", {"q/k/v biases", "gated shared expert", "1 dense layer(s)"}},
         {"qwen3_vl_moe", {"mrope sections 4/2/2", "q/k norm per head", "2 kv heads"}},
+        {"deepseek_v3", {"attention: MLA, 4 heads, q_lora_rank 32, kv_lora_rank 16, q/k 16 + 8 rope, v 16, interleaved",
+                         "router sigmoid top-2 in 1 of 2 groups, correction bias, scaling 2.5", "1 dense layer(s)"}},
+        {"deepseek_v3-q_proj", {"attention: MLA, 4 heads, kv_lora_rank 16", "rotate-half rope", "; shared experts"}},
         {"glm4_moe", {"8 of 16 values rotated", "router sigmoid top-2 in 1 of 2 groups, correction bias, "
                       "scaling 2.5, renormalised", "; shared experts; 1 dense layer(s)"}},
     };

@@ -107,7 +107,7 @@ typedef struct moex_model_info {
     /** The family's features as loaded, one line: attention (heads, kv heads, head_dim, q/k norm per head or
      *  over whole rows, biases), rope, router, shared expert, dense layers, e.g. "attention: 4 heads, 2 kv heads,
      *  head_dim 16, q/k norm over the whole rows; rope default (theta 10000); router softmax top-2". */
-    char features[256];
+    char features[384];
 } moex_model_info;
 
 moex_status moex_model_get_info(const moex_model *model, moex_model_info *info);

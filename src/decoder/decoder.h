@@ -174,6 +174,12 @@ moex_status moex_mrope_cos_sin(const float *inv_freq, int64_t head_dim, const in
 // x: [T, heads, head_dim] (in place), cos, sin: [T, head_dim/2]
 moex_status moex_rope_apply(float *x, int64_t T, int64_t heads, int64_t head_dim, const float *cos_in,
                             const float *sin_in);
+/* Interleaved pairs (deepseek_v3's rope_interleave, transformers' apply_rotary_pos_emb_interleave):
+ * for i < d/2, a = x[2i], b = x[2i+1] -> x[i] = a*cos[i] - b*sin[i], x[d/2 + i] = b*cos[i] + a*sin[i]
+ * (the rotated pairs de-interleaved, as transformers concatenates them); head_dim <= 512. */
+#define MOEX_ROPE_INTERLEAVED_MAX 512
+moex_status moex_rope_apply_interleaved(float *x, int64_t T, int64_t heads, int64_t head_dim, const float *cos_in,
+                                        const float *sin_in);
 /* Partial rotary (glm4_moe's partial_rotary_factor): the same on the first rotary_dim values of
  * each head (even, 2 .. head_dim; its two halves), the rest unchanged; cos, sin: [T, rotary_dim/2]. */
 moex_status moex_rope_apply_partial(float *x, int64_t T, int64_t heads, int64_t head_dim, int64_t rotary_dim,

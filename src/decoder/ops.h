@@ -90,6 +90,13 @@ struct moex_decoder_ops {
     moex_status (*argmax)(const moex_decoder_env *e, const float *logits, int64_t rows, int64_t V, int64_t *tokens);
     /* forget sequence seq (every one for -1) in the KV cache */
     moex_status (*kv_reset)(const moex_decoder_env *e, int64_t seq);
+    /* rows of floats between two strided buffers of the table's memory: dst[r*dst_ld + i] =
+     * src[r*src_ld + i] for r < rows, i < n (src_ld 0: one row repeated); no overlap */
+    moex_status (*copy_rows)(const moex_decoder_env *e, float *dst, int64_t dst_ld, const float *src, int64_t src_ld,
+                             int64_t rows, int64_t n);
+    /* moex_rope_apply_interleaved in place (deepseek_v3's rope_interleave): x [T, heads, head_dim] */
+    moex_status (*rope_apply_interleaved)(const moex_decoder_env *e, float *x, int64_t T, int64_t heads,
+                                          int64_t head_dim, const float *cos_in, const float *sin_in);
 };
 
 extern const moex_decoder_ops moex_decoder_ops_cpu;

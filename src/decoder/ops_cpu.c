@@ -147,6 +147,22 @@ static moex_status cpu_argmax(const moex_decoder_env *e, const float *logits, in
 
 static moex_status cpu_kv_reset(const moex_decoder_env *e, int64_t seq) { return moex_kv_cache_reset((moex_kv_cache *)e->kv, seq); }
 
+static moex_status cpu_copy_rows(const moex_decoder_env *e, float *dst, int64_t dst_ld, const float *src,
+                                 int64_t src_ld, int64_t rows, int64_t n) {
+    (void)e;
+    if (rows < 0 || n < 0 || dst_ld < n || src_ld < 0 || (src_ld && src_ld < n))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "copy_rows: rows = %lld, n = %lld, dst_ld = %lld, src_ld = %lld",
+                         (long long)rows, (long long)n, (long long)dst_ld, (long long)src_ld);
+    for (int64_t r = 0; r < rows; r++) memcpy(dst + r * dst_ld, src + r * src_ld, (size_t)n * sizeof(float));
+    return MOEX_OK;
+}
+
+static moex_status cpu_rope_apply_interleaved(const moex_decoder_env *e, float *x, int64_t T, int64_t heads,
+                                              int64_t head_dim, const float *cos_in, const float *sin_in) {
+    (void)e;
+    return moex_rope_apply_interleaved(x, T, heads, head_dim, cos_in, sin_in);
+}
+
 const moex_decoder_ops moex_decoder_ops_cpu = {
     "cpu",
     cpu_copy,
@@ -169,4 +185,6 @@ const moex_decoder_ops moex_decoder_ops_cpu = {
     cpu_gather_last_rows,
     cpu_argmax,
     cpu_kv_reset,
+    cpu_copy_rows,
+    cpu_rope_apply_interleaved,
 };

@@ -115,6 +115,19 @@ static moex_status cu_kv_reset(const moex_decoder_env *e, int64_t seq) {
     return moex_cuda_kv_cache_reset((const moex_cuda_kv_cache *)e->kv, seq, e->stream);
 }
 
+static moex_status cu_copy_rows(const moex_decoder_env *e, float *dst, int64_t dst_ld, const float *src, int64_t src_ld,
+                                int64_t rows, int64_t n) {
+    (void)e, (void)dst, (void)dst_ld, (void)src, (void)src_ld, (void)rows, (void)n;
+    /* only deepseek_v3's latent attention uses it, and the loader keeps that family on the cpu */
+    return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda copy_rows: not on the GPU in this version");
+}
+
+static moex_status cu_rope_apply_interleaved(const moex_decoder_env *e, float *x, int64_t T, int64_t heads,
+                                             int64_t head_dim, const float *cos_in, const float *sin_in) {
+    (void)e, (void)x, (void)T, (void)heads, (void)head_dim, (void)cos_in, (void)sin_in;
+    return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda rope_apply_interleaved: not on the GPU in this version");
+}
+
 const moex_decoder_ops moex_decoder_ops_cuda = {
     "cuda",
     cu_copy_in,
@@ -137,6 +150,8 @@ const moex_decoder_ops moex_decoder_ops_cuda = {
     cu_gather_last_rows,
     cu_argmax,
     cu_kv_reset,
+    cu_copy_rows,
+    cu_rope_apply_interleaved,
 };
 
 #else

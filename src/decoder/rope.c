@@ -2,6 +2,7 @@
  * interleaved MRoPE of qwen3_vl_moe (see decoder.h). */
 #include "decoder/decoder.h"
 #include <math.h>
+#include <string.h>
 
 static moex_status check_head_dim(const char *fn, int64_t head_dim) {
     if (head_dim < 2 || head_dim % 2 != 0)
@@ -195,4 +196,37 @@ moex_status moex_rope_apply_partial(float *x, int64_t T, int64_t heads, int64_t 
 moex_status moex_rope_apply(float *x, int64_t T, int64_t heads, int64_t head_dim, const float *cos_in,
                             const float *sin_in) {
     return moex_rope_apply_partial(x, T, heads, head_dim, head_dim, cos_in, sin_in);
+}
+
+moex_status moex_rope_apply_interleaved(float *x, int64_t T, int64_t heads, int64_t head_dim, const float *cos_in,
+                                        const float *sin_in) {
+    const char *fn = "rope_apply_interleaved";
+    moex_status st = check_head_dim(fn, head_dim);
+    if (st) return st;
+    if (head_dim > MOEX_ROPE_INTERLEAVED_MAX)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "%s: head_dim = %lld is more than %d", fn, (long long)head_dim,
+                         MOEX_ROPE_INTERLEAVED_MAX);
+    int64_t rows, n;
+    if (T < 0 || heads < 1 || !moex_mul_ok(T, heads, &rows) || !moex_mul_ok(rows, head_dim, &n) || n > INT64_MAX / 4)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: T = %lld, heads = %lld, head_dim = %lld", fn, (long long)T,
+                         (long long)heads, (long long)head_dim);
+    if (T == 0) return MOEX_OK;
+    if (!x || !cos_in || !sin_in)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !x ? "x" : !cos_in ? "cos" : "sin");
+    const int64_t half = head_dim / 2;
+    float out[MOEX_ROPE_INTERLEAVED_MAX];
+    for (int64_t t = 0; t < T; t++) {
+        const float *c = cos_in + t * half, *s = sin_in + t * half;
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = x + (t * heads + h) * head_dim;
+            for (int64_t i = 0; i < half; i++) { /* pair (2i, 2i+1) -> (i, half + i), as transformers lays it out */
+                const float a = v[2 * i], b = v[2 * i + 1];
+                const float ac = a * c[i], bs = b * s[i], bc = b * c[i], as = a * s[i];
+                out[i] = ac - bs;
+                out[half + i] = bc + as;
+            }
+            memcpy(v, out, (size_t)head_dim * sizeof(float));
+        }
+    }
+    return MOEX_OK;
 }

@@ -21,10 +21,10 @@ typedef struct jobj {
     const char *pfx;
 } jobj;
 
-typedef enum family { FAM_OTHER, FAM_QWEN2_MOE, FAM_QWEN3_MOE, FAM_MIXTRAL, FAM_QWEN3_VL_MOE, FAM_OLMOE, FAM_GLM4_MOE } family;
+typedef enum family { FAM_OTHER, FAM_QWEN2_MOE, FAM_QWEN3_MOE, FAM_MIXTRAL, FAM_QWEN3_VL_MOE, FAM_OLMOE, FAM_GLM4_MOE, FAM_DEEPSEEK_V3 } family;
 
 /* What an absent key means: the defaults of transformers' config class of each family
- * (Qwen2MoeConfig, Qwen3MoeConfig, MixtralConfig, Qwen3VLMoeTextConfig, OlmoeConfig, Glm4MoeConfig).
+ * (Qwen2MoeConfig, Qwen3MoeConfig, MixtralConfig, Qwen3VLMoeTextConfig, OlmoeConfig, Glm4MoeConfig, DeepseekV3Config).
  * kv_heads 0 means
  * num_attention_heads. */
 typedef struct family_defaults {
@@ -41,6 +41,7 @@ static const family_defaults DEFAULTS[] = {
     [FAM_QWEN3_VL_MOE] = {16, 60, 4, 5632, 1408, 0, 500000.0, -1, -1},
     [FAM_OLMOE] = {0, 64, 8, 2048, 0, 0, 10000.0, -1, 50279},
     [FAM_GLM4_MOE] = {8, 128, 8, 10944, 1408, 0, 10000.0, -1, -1},
+    [FAM_DEEPSEEK_V3] = {128, 256, 8, 18432, 2048, 0, 10000.0, 0, 1},
 };
 
 /* ---- typed getters ------------------------------------------------------ */
@@ -214,6 +215,7 @@ static family family_of(const char *model_type) {
     if (strcmp(model_type, "qwen3_vl_moe") == 0) return FAM_QWEN3_VL_MOE;
     if (strcmp(model_type, "olmoe") == 0) return FAM_OLMOE;
     if (strcmp(model_type, "glm4_moe") == 0) return FAM_GLM4_MOE;
+    if (strcmp(model_type, "deepseek_v3") == 0) return FAM_DEEPSEEK_V3;
     return FAM_OTHER;
 }
 
@@ -455,7 +457,7 @@ static moex_status text_sizes(jobj t, family fam, moex_config *c) {
         return moex_fail(MOEX_ERR_FORMAT, "%s: %snum_key_value_heads = %lld%s does not divide num_attention_heads = %lld",
                          t.what, t.pfx, (long long)c->num_key_value_heads,
                          f_kv ? "" : " (absent: the family's default)", (long long)c->num_attention_heads);
-    if (!f_hd) {
+    if (!f_hd && fam != FAM_DEEPSEEK_V3) { /* deepseek_v3's head_dim is its qk_rope_head_dim (mla_sizes) */
         if (c->hidden_size % c->num_attention_heads != 0)
             return moex_fail(MOEX_ERR_FORMAT,
                              "%s: %shead_dim is absent and hidden_size = %lld is not a multiple of "
@@ -467,10 +469,32 @@ static moex_status text_sizes(jobj t, family fam, moex_config *c) {
         return moex_fail(MOEX_ERR_FORMAT, "%s: %snum_experts_per_tok = %lld exceeds the %lld experts", t.what, t.pfx,
                          (long long)c->num_experts_per_tok, (long long)c->num_experts);
     /* norm_topk_prob: mixtral and qwen3_vl_moe always renormalise; the Qwen configs default to false */
-    int norm = fam == FAM_GLM4_MOE; /* Glm4MoeConfig defaults to true */
+    int norm = fam == FAM_GLM4_MOE || fam == FAM_DEEPSEEK_V3; /* their config classes default to true */
     st = get_bool(t, "norm_topk_prob", &norm, NULL);
     c->norm_topk_prob = (fam == FAM_MIXTRAL || fam == FAM_QWEN3_VL_MOE) ? 1 : norm;
     return st;
+}
+
+/* DeepSeek-V3's latent attention sizes (DeepseekV3Config's defaults); q_lora_rank null means
+ * no q compression (q_proj), absent the default 1536. The rotary head is qk_rope_head_dim wide,
+ * which DeepseekV3Config makes head_dim whatever the file says. */
+static moex_status mla_sizes(jobj t, moex_config *c) {
+    c->q_lora_rank = 1536, c->kv_lora_rank = 512, c->qk_rope_head_dim = 64, c->qk_nope_head_dim = 128;
+    c->v_head_dim = 128, c->rope_interleave = 1;
+    moex_status st = get_int(t, "q_lora_rank", 1, INT_MAXV, &c->q_lora_rank, NULL);
+    for (const cJSON *e = t.o ? t.o->child : NULL; st == MOEX_OK && e; e = e->next)
+        if (e->string && !strcmp(e->string, "q_lora_rank") && cJSON_IsNull(e)) c->q_lora_rank = 0;
+    if (st == MOEX_OK) st = get_int(t, "kv_lora_rank", 1, INT_MAXV, &c->kv_lora_rank, NULL);
+    if (st == MOEX_OK) st = get_int(t, "qk_rope_head_dim", 2, INT_MAXV, &c->qk_rope_head_dim, NULL);
+    if (st == MOEX_OK) st = get_int(t, "qk_nope_head_dim", 0, INT_MAXV, &c->qk_nope_head_dim, NULL);
+    if (st == MOEX_OK) st = get_int(t, "v_head_dim", 1, INT_MAXV, &c->v_head_dim, NULL);
+    if (st == MOEX_OK) st = get_bool(t, "rope_interleave", &c->rope_interleave, NULL);
+    if (st != MOEX_OK) return st;
+    if (c->qk_rope_head_dim % 2)
+        return moex_fail(MOEX_ERR_FORMAT, "%s: %sqk_rope_head_dim = %lld must be even (rotated in pairs)", t.what, t.pfx,
+                         (long long)c->qk_rope_head_dim);
+    c->head_dim = c->qk_rope_head_dim;
+    return MOEX_OK;
 }
 
 /* The rest of the text parameters: norms, activation, biases, tying, rope, tokens, router. */
@@ -484,10 +508,12 @@ static moex_status text_rest(jobj root, jobj t, family fam, moex_config *c) {
      * (o never), the Qwen3 families' q/k/v/o from attention_bias, Mixtral's none */
     c->attention_bias = fam == FAM_QWEN2_MOE || fam == FAM_OTHER;
     if (st == MOEX_OK && fam == FAM_QWEN2_MOE) st = get_bool(t, "qkv_bias", &c->attention_bias, NULL);
-    if (st == MOEX_OK && (fam == FAM_QWEN3_MOE || fam == FAM_QWEN3_VL_MOE || fam == FAM_OLMOE || fam == FAM_GLM4_MOE))
+    if (st == MOEX_OK && (fam == FAM_QWEN3_MOE || fam == FAM_QWEN3_VL_MOE || fam == FAM_OLMOE || fam == FAM_GLM4_MOE ||
+                          fam == FAM_DEEPSEEK_V3))
         st = get_bool(t, "attention_bias", &c->attention_bias, NULL); /* glm4_moe: q/k/v only */
     if (st == MOEX_OK && fam == FAM_GLM4_MOE) st = get_bool(t, "use_qk_norm", &c->use_qk_norm, NULL);
-    c->o_proj_bias = (fam == FAM_QWEN3_MOE || fam == FAM_QWEN3_VL_MOE || fam == FAM_OLMOE) && c->attention_bias;
+    c->o_proj_bias = (fam == FAM_QWEN3_MOE || fam == FAM_QWEN3_VL_MOE || fam == FAM_OLMOE || fam == FAM_DEEPSEEK_V3) &&
+                     c->attention_bias;
     /* olmoe clamps q, k and v to [-clip_qkv, clip_qkv] when the key is a number */
     if (st == MOEX_OK && fam == FAM_OLMOE) st = get_num(t, "clip_qkv", 1, &c->clip_qkv, &c->has_clip_qkv);
     if (st == MOEX_OK) st = sliding(t, fam, c);
@@ -502,12 +528,17 @@ static moex_status text_rest(jobj root, jobj t, family fam, moex_config *c) {
     if (st == MOEX_OK) st = special_tokens(t, c);
     c->routed_scaling_factor = 1.0;
     if (fam == FAM_GLM4_MOE) c->n_group = c->topk_group = c->n_shared_experts = c->first_k_dense_replace = 1;
+    if (fam == FAM_DEEPSEEK_V3) {
+        c->n_group = 8, c->topk_group = 4, c->n_shared_experts = 1, c->first_k_dense_replace = 3;
+        c->routed_scaling_factor = 2.5;
+    }
     if (st == MOEX_OK) st = get_int(t, "n_group", 0, INT_MAXV, &c->n_group, NULL);
     if (st == MOEX_OK) st = get_int(t, "topk_group", 0, INT_MAXV, &c->topk_group, NULL);
     if (st == MOEX_OK) st = get_int(t, "n_shared_experts", 0, INT_MAXV, &c->n_shared_experts, NULL);
     if (st == MOEX_OK) st = get_int(t, "first_k_dense_replace", 0, INT_MAXV, &c->first_k_dense_replace, NULL);
     if (st == MOEX_OK) st = get_num(t, "routed_scaling_factor", 1, &c->routed_scaling_factor, NULL);
     if (st == MOEX_OK) st = get_str(t, "scoring_func", c->scoring_func, sizeof c->scoring_func, NULL);
+    if (st == MOEX_OK && fam == FAM_DEEPSEEK_V3) st = mla_sizes(t, c);
     return st;
 }
 

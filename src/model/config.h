@@ -69,6 +69,9 @@ typedef struct moex_config {
                                      attention_bias (default 0, also on o); mixtral none */
     int o_proj_bias;              /* bias on o_proj too (qwen3 families and olmoe with attention_bias) */
     int use_qk_norm;              /* glm4_moe: q/k RMSNorm per head (default off) */
+    /* deepseek_v3's latent attention (MLA); 0 elsewhere. q_lora_rank 0: no q compression */
+    int64_t q_lora_rank, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim;
+    int rope_interleave;          /* the rotary values in interleaved pairs (default on) */
     int has_clip_qkv;             /* olmoe: clip_qkv is a number (null or absent: no clamp) */
     double clip_qkv;
     char hidden_act[MOEX_CONFIG_NAME_LEN];  /* default "silu" */

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static const char *const FAMILIES[] = {"qwen2_moe", "qwen3_moe", "mixtral", "qwen3_vl_moe", "olmoe", "glm4_moe"};
+static const char *const FAMILIES[] = {"qwen2_moe", "qwen3_moe", "mixtral", "qwen3_vl_moe", "olmoe", "glm4_moe", "deepseek_v3"};
 
 moex_model_options moex_model_default_options(void) {
     moex_model_options o;
@@ -271,12 +271,41 @@ static int is_moe_layer(const moex_config *c, int64_t L) {
     return (L + 1) % step == 0;
 }
 
+// deepseek_v3's latent attention of the layer at base (DeepseekV3Attention's tensors).
+static moex_status load_mla(moex_model *m, const char *base, model_layer *ly) {
+    const moex_config *c = &m->cfg;
+    const int64_t H = c->hidden_size, nh = c->num_attention_heads, qd = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    const int64_t kvl = c->kv_lora_rank, rope = c->qk_rope_head_dim, qlr = c->q_lora_rank;
+    char name[320];
+    moex_status st;
+    if (qlr > 0) {
+        snprintf(name, sizeof name, "%s.self_attn.q_a_proj", base);
+        if ((st = get_linear(m, name, qlr, H, c->attention_bias, &ly->q_a))) return st;
+        snprintf(name, sizeof name, "%s.self_attn.q_a_layernorm.weight", base);
+        if ((st = get_vec(m, name, qlr, &ly->q_a_norm))) return st;
+        snprintf(name, sizeof name, "%s.self_attn.q_b_proj", base);
+        if ((st = get_linear(m, name, nh * qd, qlr, 0, &ly->q_b))) return st;
+    } else {
+        snprintf(name, sizeof name, "%s.self_attn.q_proj", base);
+        if ((st = get_linear(m, name, nh * qd, H, 0, &ly->q))) return st;
+    }
+    snprintf(name, sizeof name, "%s.self_attn.kv_a_proj_with_mqa", base);
+    if ((st = get_linear(m, name, kvl + rope, H, c->attention_bias, &ly->kv_a))) return st;
+    snprintf(name, sizeof name, "%s.self_attn.kv_a_layernorm.weight", base);
+    if ((st = get_vec(m, name, kvl, &ly->kv_a_norm))) return st;
+    snprintf(name, sizeof name, "%s.self_attn.kv_b_proj", base);
+    if ((st = get_linear(m, name, nh * (c->qk_nope_head_dim + c->v_head_dim), kvl, 0, &ly->kv_b))) return st;
+    snprintf(name, sizeof name, "%s.self_attn.o_proj", base);
+    return get_linear(m, name, H, nh * c->v_head_dim, c->o_proj_bias, &ly->o);
+}
+
 static moex_status load_layer(moex_model *m, int64_t L, model_layer *ly) {
     const moex_config *c = &m->cfg;
     const int64_t H = c->hidden_size, d = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int qwen3 = !strcmp(c->model_type, "qwen3_moe") || !strcmp(c->model_type, "qwen3_vl_moe");
     const int mixtral = !strcmp(c->model_type, "mixtral"), olmoe = !strcmp(c->model_type, "olmoe");
-    const int glm4 = !strcmp(c->model_type, "glm4_moe");
+    const int glm4 = !strcmp(c->model_type, "glm4_moe"), mla = c->kv_lora_rank > 0;
+    const int sigmoid_moe = glm4 || mla; /* grouped sigmoid router with a bias, ungated shared experts */
     char base[160], name[320];
     snprintf(base, sizeof base, "%slayers.%lld", m->prefix, (long long)L);
     moex_status st;
@@ -284,12 +313,16 @@ static moex_status load_layer(moex_model *m, int64_t L, model_layer *ly) {
     if ((st = get_vec(m, name, H, &ly->in_norm))) return st;
     snprintf(name, sizeof name, "%s.post_attention_layernorm.weight", base);
     if ((st = get_vec(m, name, H, &ly->post_norm))) return st;
-    const char *proj[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
-    moex_linear_w *w[4] = {&ly->q, &ly->k, &ly->v, &ly->o};
-    const int64_t outs[4] = {nh * d, nkv * d, nkv * d, H}, ins[4] = {H, H, H, nh * d};
-    for (int i = 0; i < 4; i++) {
-        snprintf(name, sizeof name, "%s.self_attn.%s", base, proj[i]);
-        if ((st = get_linear(m, name, outs[i], ins[i], i < 3 ? c->attention_bias : c->o_proj_bias, w[i]))) return st;
+    if (mla) {
+        if ((st = load_mla(m, base, ly))) return st;
+    } else {
+        const char *proj[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+        moex_linear_w *w[4] = {&ly->q, &ly->k, &ly->v, &ly->o};
+        const int64_t outs[4] = {nh * d, nkv * d, nkv * d, H}, ins[4] = {H, H, H, nh * d};
+        for (int i = 0; i < 4; i++) {
+            snprintf(name, sizeof name, "%s.self_attn.%s", base, proj[i]);
+            if ((st = get_linear(m, name, outs[i], ins[i], i < 3 ? c->attention_bias : c->o_proj_bias, w[i]))) return st;
+        }
     }
     if (qwen3 || olmoe || (glm4 && c->use_qk_norm)) { /* per head, or over the whole q and k rows (olmoe) */
         snprintf(name, sizeof name, "%s.self_attn.q_norm.weight", base);
@@ -299,12 +332,12 @@ static moex_status load_layer(moex_model *m, int64_t L, model_layer *ly) {
     }
     char moe[200];
     snprintf(moe, sizeof moe, "%s.%s", base, mixtral ? "block_sparse_moe" : "mlp");
-    /* mixtral and olmoe: every layer; glm4_moe: from first_k_dense_replace on */
-    ly->is_moe = glm4 ? L >= c->first_k_dense_replace : mixtral || olmoe || is_moe_layer(c, L);
+    /* mixtral and olmoe: every layer; glm4_moe and deepseek_v3: from first_k_dense_replace on */
+    ly->is_moe = sigmoid_moe ? L >= c->first_k_dense_replace : mixtral || olmoe || is_moe_layer(c, L);
     if (!ly->is_moe) return get_mlp(m, moe, H, c->intermediate_size, &ly->dense);
     snprintf(name, sizeof name, "%s.gate", moe);
     if ((st = get_linear(m, name, c->num_experts, H, 0, &ly->router))) return st;
-    if (glm4) { /* the router's correction bias (selection only) and the shared experts, added ungated */
+    if (sigmoid_moe) { /* the router's correction bias (selection only) and the shared experts, added ungated */
         snprintf(name, sizeof name, "%s.gate.e_score_correction_bias", moe);
         if ((st = get_f32_vec(m, name, c->num_experts, &ly->router_bias))) return st;
         if (c->shared_expert_intermediate_size > 0) {
@@ -332,7 +365,7 @@ static moex_status check_family(const moex_config *c) {
     for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++)
         if (!strcmp(c->model_type, FAMILIES[i])) return MOEX_OK;
     return moex_fail(MOEX_ERR_UNSUPPORTED,
-                     "model_type \"%s\" is not supported; supported: qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe, olmoe, glm4_moe",
+                     "model_type \"%s\" is not supported; supported: qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe, olmoe, glm4_moe, deepseek_v3",
                      c->model_type);
 }
 
@@ -361,8 +394,22 @@ static moex_status check_config(moex_model *m, const char *dir) {
         return moex_fail(MOEX_ERR_FORMAT, "%s%sconfig.json: %spartial_rotary_factor = %g of head_dim = %lld rotates %lld "
                          "values; an even number from 2 to head_dim is needed", dir, sep, pfx,
                          c->rope.partial_rotary_factor, (long long)c->head_dim, (long long)m->rotary_dim);
-    if (glm4) {
+    const int deepseek = !strcmp(c->model_type, "deepseek_v3");
+    if (deepseek) {
         if (m->opt.device.kind == MOEX_DEVICE_CUDA)
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: deepseek_v3 runs on the cpu only in this version of "
+                             "moex (its latent attention is not on the GPU yet)", dir, sep);
+        if (c->num_key_value_heads != c->num_attention_heads)
+            return moex_fail(MOEX_ERR_FORMAT, "%s%sconfig.json: %snum_key_value_heads = %lld; deepseek_v3's latent "
+                             "attention expands a key and a value for each of the %lld heads", dir, sep, pfx,
+                             (long long)c->num_key_value_heads, (long long)c->num_attention_heads);
+        if (c->v_head_dim > c->qk_nope_head_dim + c->qk_rope_head_dim)
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %sv_head_dim = %lld is more than qk_nope_head_dim + "
+                             "qk_rope_head_dim = %lld, which moex's latent attention needs", dir, sep, pfx,
+                             (long long)c->v_head_dim, (long long)(c->qk_nope_head_dim + c->qk_rope_head_dim));
+    }
+    if (glm4 || deepseek) {
+        if (glm4 && m->opt.device.kind == MOEX_DEVICE_CUDA)
             return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: glm4_moe runs on the cpu only in this version of "
                              "moex (its partial rotary and per-layer router bias are not on the GPU yet)", dir, sep);
         const int64_t E = c->num_experts, G = c->n_group;
@@ -471,7 +518,9 @@ static moex_status alloc_scratch(moex_model *m) {
         return moex_rope_inv_freq(m->rotary_dim, c->rope.theta, m->inv_freq);
     }
     const size_t T = (size_t)m->opt.max_tokens, H = (size_t)c->hidden_size, d = (size_t)c->head_dim;
-    const size_t qd = (size_t)c->num_attention_heads * d, kvd = (size_t)c->num_key_value_heads * d;
+    /* the attention's output (q, k, v of the latent attention are in run.mla) */
+    const size_t qd = (size_t)c->num_attention_heads * (c->kv_lora_rank && (size_t)c->v_head_dim > d ? (size_t)c->v_head_dim : d);
+    const size_t kvd = (size_t)c->num_key_value_heads * d;
     size_t wide = H;
     if ((size_t)c->intermediate_size > wide) wide = (size_t)c->intermediate_size;
     if ((size_t)c->shared_expert_intermediate_size > wide) wide = (size_t)c->shared_expert_intermediate_size;
@@ -490,6 +539,11 @@ static moex_status alloc_scratch(moex_model *m) {
         if (!r->h16 || !r->out16) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
     }
     r->last = r->h, r->normed = r->tmp; /* max_tokens >= max_batch rows */
+    if (c->kv_lora_rank) {
+        model_mla_bufs unused;
+        if (!(r->mla = calloc(model_mla_scratch(c, (int64_t)T, NULL, &unused), sizeof(float))))
+            return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the latent attention's scratch");
+    }
     r->route_ids = malloc(T * K * sizeof(int32_t));
     r->positions = malloc(T * sizeof(int64_t));
     r->tokens = malloc(T * sizeof(int64_t));
@@ -554,7 +608,8 @@ static moex_status load(moex_model *m, const char *dir) {
     m->router.num_experts = c->num_experts;
     m->router.top_k = c->num_experts_per_tok;
     m->router.renormalize = c->norm_topk_prob;
-    if (!strcmp(c->model_type, "glm4_moe")) { /* sigmoid scores, group-limited choice, scaled (the bias per layer) */
+    if (!strcmp(c->model_type, "glm4_moe") || c->kv_lora_rank > 0) { /* sigmoid scores, group-limited choice, scaled
+                                                                         (the bias per layer) */
         m->router.kind = MOEX_ROUTER_SIGMOID_GROUPED_TOPK;
         m->router.n_group = c->n_group;
         m->router.topk_group = c->topk_group;
@@ -568,8 +623,10 @@ static moex_status load(moex_model *m, const char *dir) {
     if ((st = prepare_experts(m))) return st;
     if (m->gpu) /* device KV cache, handle and scratch instead of the host ones */
         return (st = alloc_scratch(m)) ? st : model_gpu_load(m);
-    if ((st = moex_kv_cache_create(c->num_hidden_layers, m->opt.max_batch, m->opt.max_seq, c->num_key_value_heads,
-                                   c->head_dim, &m->cache)))
+    if ((st = moex_kv_cache_create(c->num_hidden_layers, m->opt.max_batch, m->opt.max_seq,
+                                   c->kv_lora_rank ? c->num_attention_heads : c->num_key_value_heads,
+                                   c->kv_lora_rank ? c->qk_nope_head_dim + c->qk_rope_head_dim : c->head_dim,
+                                   &m->cache)))
         return st;
     return (st = alloc_scratch(m)) ? st : model_run_cpu(m);
 }
@@ -613,6 +670,7 @@ void moex_model_free(moex_model *m) {
         free(r->seqs);
         free(r->h16);
         free(r->out16);
+        free(r->mla);
     }
     free(m->host_layers);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
@@ -658,8 +716,16 @@ static void describe_features(const moex_model *m, char *out, size_t size) {
     const model_layer *l0 = c->num_hidden_layers > 0 ? &m->layers[0] : NULL;
     size_t n = 0;
     out[0] = '\0';
-    append(out, size, &n, "attention: %lld heads, %lld kv heads, head_dim %lld", (long long)c->num_attention_heads,
-           (long long)c->num_key_value_heads, (long long)c->head_dim);
+    if (c->kv_lora_rank) {
+        append(out, size, &n, "attention: MLA, %lld heads, ", (long long)c->num_attention_heads);
+        if (c->q_lora_rank) append(out, size, &n, "q_lora_rank %lld, ", (long long)c->q_lora_rank);
+        append(out, size, &n, "kv_lora_rank %lld, q/k %lld + %lld rope, v %lld, %s rope, cache of expanded k/v",
+               (long long)c->kv_lora_rank, (long long)c->qk_nope_head_dim, (long long)c->qk_rope_head_dim,
+               (long long)c->v_head_dim, c->rope_interleave ? "interleaved" : "rotate-half");
+    } else {
+        append(out, size, &n, "attention: %lld heads, %lld kv heads, head_dim %lld", (long long)c->num_attention_heads,
+               (long long)c->num_key_value_heads, (long long)c->head_dim);
+    }
     if (l0 && l0->q_norm.data) append(out, size, &n, m->qk_norm_rows ? ", q/k norm over the whole rows" : ", q/k norm per head");
     if (c->attention_bias) append(out, size, &n, c->o_proj_bias ? ", q/k/v/o biases" : ", q/k/v biases");
     append(out, size, &n, "; rope %s (theta %g", c->rope.type, c->rope.theta);

@@ -26,7 +26,12 @@ typedef struct model_layer {
     int has_shared;
     moex_mlp_w shared;               /* qwen2_moe shared expert; glm4_moe's shared experts (one MLP) */
     moex_linear_w shared_gate;       /* [1, H] (qwen2_moe); weight NULL: the shared output is added as it is */
-    float *router_bias;              /* glm4_moe: e_score_correction_bias [E] in f32 (owned by the model), or NULL */
+    float *router_bias;              /* glm4_moe, deepseek_v3: e_score_correction_bias [E] in f32 (owned by the
+                                        model), or NULL */
+    /* deepseek_v3's latent attention: q = q_b(norm(q_a(x))) (or q above, without q_lora_rank),
+     * [c, k_rot] = kv_a(x), [k_nope, v] per head = kv_b(norm(c)); o above */
+    moex_linear_w q_a, q_b, kv_a, kv_b;
+    moex_vec_w q_a_norm, kv_a_norm;
 } model_layer;
 
 /* The weights of one layer that a step reads besides the experts: views of model_layer's on the
@@ -35,6 +40,8 @@ typedef struct model_layer_w {
     moex_vec_w in_norm, post_norm, q_norm, k_norm;
     moex_linear_w q, k, v, o, router, shared_gate;
     moex_mlp_w dense, shared;
+    moex_linear_w q_a, q_b, kv_a, kv_b; /* deepseek_v3 */
+    moex_vec_w q_a_norm, kv_a_norm;
 } model_layer_w;
 
 /* What one step (step.c) runs with, all of it in the memory of env's op table: host memory
@@ -56,7 +63,16 @@ typedef struct model_run {
     int64_t *positions, *tokens, *argmax;
     moex_attn_seq *seqs;          /* [max_batch] the step's sequences */
     uint16_t *h16, *out16;        /* bf16 compute: the experts' input and output */
+    float *mla;                   /* deepseek_v3 (CPU): the latent attention's scratch (model_mla_scratch), zeroed */
 } model_run;
+
+/* deepseek_v3's latent attention scratch for T rows: its buffers carved from base (NULL: only
+ * count), and the floats they take. k and v are [T, heads, nope + rope]: v's columns past v_head_dim
+ * stay zero, so the cache's attention over nope + rope values gives the v_head_dim outputs. */
+typedef struct model_mla_bufs {
+    float *q, *a, *kva, *c, *kr, *kvb, *qr, *k, *v, *o;
+} model_mla_bufs;
+size_t model_mla_scratch(const moex_config *c, int64_t T, float *base, model_mla_bufs *b);
 
 /* The checkpoint's quantization_config (FP8 only), as the loader uses it. */
 typedef struct model_quant {

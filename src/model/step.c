@@ -17,16 +17,80 @@ static moex_status R(const moex_model *m, float *x, int64_t n) {
     return m->opt.dtype == MOEX_BF16 ? e->ops->round_bf16(e, x, n) : MOEX_OK;
 }
 
-// x [T, H] += attention(rmsnorm(x)) for layer L.
-static moex_status attention_block(moex_model *m, const model_layer_w *ly, int64_t L, int64_t nseq, int64_t T) {
+size_t model_mla_scratch(const moex_config *c, int64_t T, float *base, model_mla_bufs *b) {
+    const int64_t nh = c->num_attention_heads, qd = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    const int64_t sizes[10] = {T * nh * qd, T * (c->q_lora_rank > 0 ? c->q_lora_rank : 1),
+                               T * (c->kv_lora_rank + c->qk_rope_head_dim), T * c->kv_lora_rank, T * c->qk_rope_head_dim,
+                               T * nh * (c->qk_nope_head_dim + c->v_head_dim), T * nh * c->qk_rope_head_dim,
+                               T * nh * qd, T * nh * qd, T * nh * qd};
+    float **dst[10] = {&b->q, &b->a, &b->kva, &b->c, &b->kr, &b->kvb, &b->qr, &b->k, &b->v, &b->o};
+    size_t n = 0;
+    for (int i = 0; i < 10; i++) {
+        if (base) *dst[i] = base + n;
+        n += (size_t)sizes[i];
+    }
+    return n;
+}
+
+// deepseek_v3's latent attention (transformers' DeepseekV3Attention, the latents expanded for every
+// step): h [T, H] -> attn [T, heads * v_head_dim]. The KV cache holds k = [k_nope, k_rot] and v
+// (zero-padded to nope + rope) per head.
+static moex_status mla_attention(moex_model *m, const model_layer_w *ly, int64_t L, int64_t nseq, int64_t T) {
     const moex_config *c = &m->cfg;
     model_run *r = &m->run;
     const moex_decoder_env *e = &r->env;
     const moex_decoder_ops *op = e->ops;
-    const int64_t H = c->hidden_size, d = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
-    moex_status st = op->rmsnorm(e, r->x, T, H, ly->in_norm.data, ly->in_norm.dtype, c->rms_norm_eps, r->h);
-    if (!st) st = R(m, r->h, T * H);
-    if (!st) st = op->linear(e, &ly->q, r->h, T, r->q);
+    const int64_t nh = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
+    const int64_t vd = c->v_head_dim, qd = nope + rope, kvl = c->kv_lora_rank, kvb = nope + vd;
+    model_mla_bufs b;
+    model_mla_scratch(c, T, r->mla, &b);
+    moex_status st;
+    if (c->q_lora_rank > 0) {
+        st = op->linear(e, &ly->q_a, r->h, T, b.a);
+        if (!st) st = op->rmsnorm(e, b.a, T, c->q_lora_rank, ly->q_a_norm.data, ly->q_a_norm.dtype, c->rms_norm_eps, b.a);
+        if (!st) st = R(m, b.a, T * c->q_lora_rank);
+        if (!st) st = op->linear(e, &ly->q_b, b.a, T, b.q);
+    } else {
+        st = op->linear(e, &ly->q, r->h, T, b.q);
+    }
+    if (!st) st = R(m, b.q, T * nh * qd);
+    if (!st) st = op->linear(e, &ly->kv_a, r->h, T, b.kva);
+    if (!st) st = R(m, b.kva, T * (kvl + rope));
+    if (!st) st = op->copy_rows(e, b.c, kvl, b.kva, kvl + rope, T, kvl);
+    if (!st) st = op->copy_rows(e, b.kr, rope, b.kva + kvl, kvl + rope, T, rope);
+    if (!st) st = op->rmsnorm(e, b.c, T, kvl, ly->kv_a_norm.data, ly->kv_a_norm.dtype, c->rms_norm_eps, b.c);
+    if (!st) st = R(m, b.c, T * kvl);
+    if (!st) st = op->linear(e, &ly->kv_b, b.c, T, b.kvb);
+    if (!st) st = R(m, b.kvb, T * nh * kvb);
+    /* the rotary parts: q's last rope values of each head, and the one shared k_rot */
+    if (!st) st = op->copy_rows(e, b.qr, rope, b.q + nope, qd, T * nh, rope);
+    if (!st && c->rope_interleave) {
+        st = op->rope_apply_interleaved(e, b.qr, T, nh, rope, r->cos, r->sin);
+        if (!st) st = op->rope_apply_interleaved(e, b.kr, T, 1, rope, r->cos, r->sin);
+    } else if (!st) {
+        st = op->rope_apply(e, b.qr, T, nh, rope, rope, r->cos, r->sin);
+        if (!st) st = op->rope_apply(e, b.kr, T, 1, rope, rope, r->cos, r->sin);
+    }
+    if (!st) st = R(m, b.qr, T * nh * rope);
+    if (!st) st = R(m, b.kr, T * rope);
+    if (!st) st = op->copy_rows(e, b.q + nope, qd, b.qr, rope, T * nh, rope);
+    /* k = [k_nope, k_rot] and v per head */
+    if (!st) st = op->copy_rows(e, b.k, qd, b.kvb, kvb, T * nh, nope);
+    for (int64_t t = 0; !st && t < T; t++) st = op->copy_rows(e, b.k + t * nh * qd + nope, qd, b.kr + t * rope, 0, nh, rope);
+    if (!st) st = op->copy_rows(e, b.v, qd, b.kvb + nope, kvb, T * nh, vd);
+    if (!st) st = op->attention(e, L, r->seqs, nseq, T, nh, b.q, b.k, b.v, b.o);
+    if (!st) st = op->copy_rows(e, r->attn, vd, b.o, qd, T * nh, vd);
+    return st;
+}
+
+// The grouped-query attention of the other families: h [T, H] -> attn [T, heads * head_dim].
+static moex_status gqa_attention(moex_model *m, const model_layer_w *ly, int64_t L, int64_t nseq, int64_t T) {
+    const moex_config *c = &m->cfg;
+    model_run *r = &m->run;
+    const moex_decoder_env *e = &r->env;
+    const moex_decoder_ops *op = e->ops;
+    const int64_t d = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
+    moex_status st = op->linear(e, &ly->q, r->h, T, r->q);
     if (!st) st = op->linear(e, &ly->k, r->h, T, r->k);
     if (!st) st = op->linear(e, &ly->v, r->h, T, r->v);
     if (!st) st = R(m, r->q, T * nh * d);
@@ -44,7 +108,21 @@ static moex_status attention_block(moex_model *m, const model_layer_w *ly, int64
     if (!st) st = R(m, r->q, T * nh * d);
     if (!st) st = R(m, r->k, T * nkv * d);
     if (!st) st = op->attention(e, L, r->seqs, nseq, T, nh, r->q, r->k, r->v, r->attn);
-    if (!st) st = R(m, r->attn, T * nh * d);
+    return st;
+}
+
+// x [T, H] += o_proj(attention(rmsnorm(x))) for layer L.
+static moex_status attention_block(moex_model *m, const model_layer_w *ly, int64_t L, int64_t nseq, int64_t T) {
+    const moex_config *c = &m->cfg;
+    model_run *r = &m->run;
+    const moex_decoder_env *e = &r->env;
+    const moex_decoder_ops *op = e->ops;
+    const int64_t H = c->hidden_size, nh = c->num_attention_heads;
+    const int64_t width = nh * (c->kv_lora_rank ? c->v_head_dim : c->head_dim); /* o_proj's input */
+    moex_status st = op->rmsnorm(e, r->x, T, H, ly->in_norm.data, ly->in_norm.dtype, c->rms_norm_eps, r->h);
+    if (!st) st = R(m, r->h, T * H);
+    if (!st) st = c->kv_lora_rank ? mla_attention(m, ly, L, nseq, T) : gqa_attention(m, ly, L, nseq, T);
+    if (!st) st = R(m, r->attn, T * width);
     if (!st) st = op->linear(e, &ly->o, r->attn, T, r->tmp);
     if (!st) st = R(m, r->tmp, T * H);
     if (!st) st = op->add(e, r->x, r->tmp, r->x, T * H);
@@ -238,7 +316,9 @@ moex_status model_run_cpu(moex_model *m) {
         const model_layer *ly = &m->layers[L];
         m->host_layers[L] = (model_layer_w){ly->in_norm, ly->post_norm, ly->q_norm,     ly->k_norm,
                                             ly->q,       ly->k,         ly->v,          ly->o,
-                                            ly->router,  ly->shared_gate, ly->dense,    ly->shared};
+                                            ly->router,  ly->shared_gate, ly->dense,    ly->shared,
+                                            ly->q_a,     ly->q_b,         ly->kv_a,     ly->kv_b,
+                                            ly->q_a_norm, ly->kv_a_norm};
     }
     r->env.ops = &moex_decoder_ops_cpu;
     r->env.device = (moex_device){MOEX_DEVICE_CPU, 0};

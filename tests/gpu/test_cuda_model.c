@@ -244,22 +244,23 @@ int main(int argc, char **argv) {
         fflush(stdout);
         failed += f != 0;
     }
-    { /* glm4_moe runs on the cpu only for now: refused on the GPU, naming the family */
+    static const char *const cpu_only[] = {"glm4_moe", "deepseek_v3"};
+    for (int i = 0; i < 2; i++) { /* these run on the cpu only for now: refused on the GPU, naming the family */
         int before = g_failures, checks = g_checks;
-        char dir[512];
-        snprintf(dir, sizeof dir, "%s/glm4_moe", MOEX_FIXTURES);
+        char dir[512], want[64];
+        snprintf(dir, sizeof dir, "%s/%s", MOEX_FIXTURES, cpu_only[i]);
+        snprintf(want, sizeof want, "%s runs on the cpu only", cpu_only[i]);
         moex_model_options mo = moex_model_default_options();
         mo.device.kind = MOEX_DEVICE_CUDA;
         mo.device.index = g_gpu;
         moex_model *m = NULL;
         const moex_status st = moex_model_load(dir, &mo, &m);
-        check(st == MOEX_ERR_UNSUPPORTED && !m && strstr(moex_last_error(), "glm4_moe runs on the cpu only"), "glm4_moe",
-              "refused on cuda");
+        check(st == MOEX_ERR_UNSUPPORTED && !m && strstr(moex_last_error(), want), cpu_only[i], "refused on cuda");
         if (m) moex_model_free(m);
         const int f = g_failures - before;
-        printf("[%s] %-24s %3d checks, %d failed\n", f ? "FAIL" : " OK ", "glm4_moe (refused)", g_checks - checks, f);
+        printf("[%s] %-24s %3d checks, %d failed\n", f ? "FAIL" : " OK ", cpu_only[i], g_checks - checks, f);
         failed += f != 0;
     }
-    printf("test_cuda_model: %d of %d tests passed, %d checks, %d failed\n", n + 1 - failed, n + 1, g_checks, g_failures);
+    printf("test_cuda_model: %d of %d tests passed, %d checks, %d failed\n", n + 2 - failed, n + 2, g_checks, g_failures);
     return g_failures ? 1 : 0;
 }
