@@ -423,6 +423,13 @@ static void test_unsupported_keys(void **state) {
         {"deepseek_v3 odd rope", "deepseek_v3", {"qk_rope_head_dim", "7"}, 0, MOEX_ERR_FORMAT, "qk_rope_head_dim = 7",
          NULL},
         {"deepseek_v3 no q_lora", "deepseek_v3", {"q_lora_rank", "null"}, 0, MOEX_ERR_NOT_FOUND, "q_proj", NULL},
+        {"deepseek_v3 yarn mscale 0.707", "deepseek_v3-yarn",
+         {"rope_parameters", "{\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0, "
+                             "\"original_max_position_embeddings\": 64, \"mscale\": 0.707, \"mscale_all_dim\": 1.0}"},
+         0, MOEX_ERR_UNSUPPORTED, "attention factor of 0.9", "mscale = mscale_all_dim"},
+        {"deepseek_v3 yarn without original", "deepseek_v3-yarn",
+         {"rope_parameters", "{\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0}"}, 0,
+         MOEX_ERR_FORMAT, "yarn rope", "original_max_position_embeddings = 0"},
         {"olmoe no experts", "olmoe", {"num_experts", "0", "num_experts_per_tok", "0"}, 0, MOEX_ERR_FORMAT,
          "num_experts = 0", NULL},
     };

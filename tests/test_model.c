@@ -27,7 +27,8 @@
 static const char *const FIXTURES[] = {"qwen2_moe", "qwen2_moe-fused", "qwen3_moe", "qwen3_moe-fused", "mixtral",
                                        "mixtral-fused", "qwen3_vl_moe", "qwen3_vl_moe-per_expert", "olmoe",
                                        "olmoe-fused", "glm4_moe", "glm4_moe-fused", "deepseek_v3",
-                                       "deepseek_v3-fused", "deepseek_v3-q_proj", "deepseek_v3-q_proj-fused"};
+                                       "deepseek_v3-fused", "deepseek_v3-q_proj", "deepseek_v3-q_proj-fused",
+                                       "deepseek_v3-yarn"};
 
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");

@@ -94,6 +94,8 @@ struct moex_decoder_ops {
      * src[r*src_ld + i] for r < rows, i < n (src_ld 0: one row repeated); no overlap */
     moex_status (*copy_rows)(const moex_decoder_env *e, float *dst, int64_t dst_ld, const float *src, int64_t src_ld,
                              int64_t rows, int64_t n);
+    /* x[i] *= s in f32 (deepseek_v3's yarn softmax scale, applied to q) */
+    moex_status (*scale)(const moex_decoder_env *e, float *x, int64_t n, float s);
     /* moex_rope_apply_interleaved in place (deepseek_v3's rope_interleave): x [T, heads, head_dim] */
     moex_status (*rope_apply_interleaved)(const moex_decoder_env *e, float *x, int64_t T, int64_t heads,
                                           int64_t head_dim, const float *cos_in, const float *sin_in);

@@ -157,6 +157,12 @@ static moex_status cpu_copy_rows(const moex_decoder_env *e, float *dst, int64_t 
     return MOEX_OK;
 }
 
+static moex_status cpu_scale(const moex_decoder_env *e, float *x, int64_t n, float s) {
+    (void)e;
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+    return MOEX_OK;
+}
+
 static moex_status cpu_rope_apply_interleaved(const moex_decoder_env *e, float *x, int64_t T, int64_t heads,
                                               int64_t head_dim, const float *cos_in, const float *sin_in) {
     (void)e;
@@ -186,5 +192,6 @@ const moex_decoder_ops moex_decoder_ops_cpu = {
     cpu_argmax,
     cpu_kv_reset,
     cpu_copy_rows,
+    cpu_scale,
     cpu_rope_apply_interleaved,
 };

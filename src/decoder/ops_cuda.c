@@ -122,6 +122,11 @@ static moex_status cu_copy_rows(const moex_decoder_env *e, float *dst, int64_t d
     return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda copy_rows: not on the GPU in this version");
 }
 
+static moex_status cu_scale(const moex_decoder_env *e, float *x, int64_t n, float s) {
+    (void)e, (void)x, (void)n, (void)s;
+    return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda scale: not on the GPU in this version");
+}
+
 static moex_status cu_rope_apply_interleaved(const moex_decoder_env *e, float *x, int64_t T, int64_t heads,
                                              int64_t head_dim, const float *cos_in, const float *sin_in) {
     (void)e, (void)x, (void)T, (void)heads, (void)head_dim, (void)cos_in, (void)sin_in;
@@ -151,6 +156,7 @@ const moex_decoder_ops moex_decoder_ops_cuda = {
     cu_argmax,
     cu_kv_reset,
     cu_copy_rows,
+    cu_scale,
     cu_rope_apply_interleaved,
 };
 

@@ -271,9 +271,13 @@ static moex_status parse_rope(jobj t, const char *rkey, const cJSON *r, family f
         {"low_freq_factor", &rp->low_freq_factor},
         {"high_freq_factor", &rp->high_freq_factor},
         {"partial_rotary_factor", &rp->partial_rotary_factor},
+        {"mscale", &rp->mscale},
+        {"mscale_all_dim", &rp->mscale_all_dim},
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0] && st == MOEX_OK; i++)
         st = get_num(j, nums[i].key, 0, nums[i].dst, NULL);
+    rp->truncate = 1;
+    if (st == MOEX_OK) st = get_bool(j, "truncate", &rp->truncate, NULL);
     if (st == MOEX_OK) st = get_bool(j, "mrope_interleaved", &rp->mrope_interleaved, NULL);
     const cJSON *ms = st == MOEX_OK ? jget(j, "mrope_section") : NULL;
     if (ms) {

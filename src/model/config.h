@@ -33,6 +33,8 @@ typedef struct moex_rope_config {
     double attention_factor;
     double beta_fast, beta_slow;
     double low_freq_factor, high_freq_factor;
+    double mscale, mscale_all_dim;    /* yarn (DeepSeek) */
+    int truncate;                     /* yarn: 1 when absent */
     double partial_rotary_factor;     /* 1.0 when absent */
     int n_mrope_section;
     int64_t mrope_section[MOEX_CONFIG_MAX_MROPE];

@@ -271,6 +271,21 @@ static int is_moe_layer(const moex_config *c, int64_t L) {
     return (L + 1) % step == 0;
 }
 
+// The yarn parameters of cfg's rope (rope_type "yarn").
+moex_status model_yarn_params(const moex_config *c, moex_yarn_params *y) {
+    memset(y, 0, sizeof *y);
+    y->factor = c->rope.factor;
+    y->original_max_position_embeddings = c->rope.original_max_position_embeddings;
+    y->max_position_embeddings = (double)c->max_position_embeddings;
+    y->beta_fast = c->rope.beta_fast;
+    y->beta_slow = c->rope.beta_slow;
+    y->mscale = c->rope.mscale;
+    y->mscale_all_dim = c->rope.mscale_all_dim;
+    y->attention_factor = c->rope.attention_factor;
+    y->truncate = c->rope.truncate;
+    return MOEX_OK;
+}
+
 // deepseek_v3's latent attention of the layer at base (DeepseekV3Attention's tensors).
 static moex_status load_mla(moex_model *m, const char *base, model_layer *ly) {
     const moex_config *c = &m->cfg;
@@ -382,9 +397,29 @@ static moex_status check_config(moex_model *m, const char *dir) {
     if (strcmp(c->hidden_act, "silu") && strcmp(c->hidden_act, "swish"))
         return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %shidden_act = \"%s\" is not supported: moex runs the "
                          "silu experts and MLPs of %s", dir, sep, pfx, c->hidden_act, c->model_type);
-    if (strcmp(c->rope.type, "default"))
+    const int yarn = !strcmp(c->rope.type, "yarn") && !strcmp(c->model_type, "deepseek_v3");
+    if (strcmp(c->rope.type, "default") && !yarn)
         return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %s%s has rope type \"%s\"; moex implements the default "
-                         "rope only", dir, sep, pfx, c->rope.source, c->rope.type);
+                         "rope (and deepseek_v3's yarn)", dir, sep, pfx, c->rope.source, c->rope.type);
+    m->q_scale = 1.0f;
+    if (yarn) { /* the inverse frequencies at alloc_scratch; here their attention factor and the softmax scale */
+        moex_yarn_params y;
+        float probe[MOEX_ROPE_INTERLEAVED_MAX / 2];
+        double af;
+        if (model_yarn_params(c, &y) || c->head_dim > MOEX_ROPE_INTERLEAVED_MAX ||
+            moex_rope_inv_freq_yarn(c->head_dim, c->rope.theta, &y, probe, &af))
+            return moex_fail(MOEX_ERR_FORMAT, "%s%sconfig.json: %s%s: yarn rope: %s", dir, sep, pfx, c->rope.source,
+                             moex_last_error());
+        if (af != 1.0)
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %s%s gives yarn an attention factor of %g (mscale "
+                             "%g, mscale_all_dim %g); moex runs yarn with a factor of 1 only (mscale = mscale_all_dim)",
+                             dir, sep, pfx, c->rope.source, af, c->rope.mscale, c->rope.mscale_all_dim);
+        if (c->rope.mscale_all_dim != 0.0) {
+            const double f = y.factor != 0.0 ? y.factor : y.max_position_embeddings / y.original_max_position_embeddings;
+            const double ms = f <= 1.0 ? 1.0 : 0.1 * c->rope.mscale_all_dim * log(f) + 1.0;
+            m->q_scale = (float)(ms * ms);
+        }
+    }
     const int glm4 = !strcmp(c->model_type, "glm4_moe");
     if (c->rope.partial_rotary_factor != 1.0 && !glm4)
         return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %spartial_rotary_factor = %g is not supported (moex "
@@ -551,6 +586,12 @@ static moex_status alloc_scratch(moex_model *m) {
     m->inv_freq = malloc((d / 2 + 1) * sizeof(float));
     if (!r->route_ids || !r->positions || !r->tokens || !r->seqs || !m->inv_freq)
         return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
+    if (!strcmp(c->rope.type, "yarn")) {
+        moex_yarn_params y;
+        double af;
+        model_yarn_params(c, &y);
+        return moex_rope_inv_freq_yarn(m->rotary_dim, c->rope.theta, &y, m->inv_freq, &af);
+    }
     return moex_rope_inv_freq(m->rotary_dim, c->rope.theta, m->inv_freq);
 }
 

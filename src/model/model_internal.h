@@ -74,6 +74,9 @@ typedef struct model_mla_bufs {
 } model_mla_bufs;
 size_t model_mla_scratch(const moex_config *c, int64_t T, float *base, model_mla_bufs *b);
 
+/* The yarn parameters of the config's rope (rope_type "yarn"). */
+moex_status model_yarn_params(const moex_config *c, moex_yarn_params *y);
+
 /* The checkpoint's quantization_config (FP8 only), as the loader uses it. */
 typedef struct model_quant {
     int on;                   /* quant_method "fp8" */
@@ -92,6 +95,8 @@ struct moex_model {
     moex_vec_w final_norm;           /* [H] */
     int64_t rotary_dim;              /* the rotated values of each head: head_dim * partial_rotary_factor
                                         (glm4_moe), else head_dim */
+    float q_scale;                   /* deepseek_v3 with yarn: mscale(factor, mscale_all_dim)^2, by which q is
+                                        multiplied (transformers' softmax scale over head_dim^-0.5); else 1 */
     int qk_norm_rows;                /* olmoe: q_norm / k_norm span the whole q / k row (nh*d, nkv*d),
                                         not each head (the qwen3 families) */
     moex_linear_w lm_head;

@@ -78,6 +78,7 @@ static moex_status mla_attention(moex_model *m, const model_layer_w *ly, int64_t
     if (!st) st = op->copy_rows(e, b.k, qd, b.kvb, kvb, T * nh, nope);
     for (int64_t t = 0; !st && t < T; t++) st = op->copy_rows(e, b.k + t * nh * qd + nope, qd, b.kr + t * rope, 0, nh, rope);
     if (!st) st = op->copy_rows(e, b.v, qd, b.kvb + nope, kvb, T * nh, vd);
+    if (!st && m->q_scale != 1.0f) st = op->scale(e, b.q, T * nh * qd, m->q_scale);
     if (!st) st = op->attention(e, L, r->seqs, nseq, T, nh, b.q, b.k, b.v, b.o);
     if (!st) st = op->copy_rows(e, r->attn, vd, b.o, qd, T * nh, vd);
     return st;
