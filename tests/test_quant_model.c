@@ -23,7 +23,7 @@
 #include "backend_list.h"
 
 static const char *const FP8_FIXTURES[] = {"qwen3_moe-fp8", "qwen3_moe-fp8-ue8m0", "qwen3_moe-fp8-flat",
-                                          "qwen3_moe-fp8-fused-flat"};
+                                          "qwen3_moe-fp8-fused-flat", "deepseek_v3-fp8"};
 
 /* What transformers wrote for a fixture. */
 typedef struct expected {
