@@ -163,6 +163,10 @@ static void test_model_features(void **state) {
         assert_int_equal(moex_model_load(dir, &mo, &m), MOEX_OK);
         moex_model_info in;
         assert_int_equal(moex_model_get_info(m, &in), MOEX_OK);
+        /* the cache: the latents of deepseek_v3 ((16 + 8) x 3 layers), k and v elsewhere (2 x 2 x 16 x 3) */
+        const size_t per_token = strncmp(cases[i].fixture, "deepseek_v3", 11) ? 2 * 2 * 16 * 3 * 4 : (16 + 8) * 3 * 4;
+        if (in.kv_cache_bytes_per_token != per_token)
+            PROBLEM("%s: %zu cache bytes per token, want %zu", cases[i].fixture, in.kv_cache_bytes_per_token, per_token);
         for (int j = 0; j < 3; j++)
             if (!contains(in.features, cases[i].want[j]))
                 PROBLEM("%s: features \"%s\" lack \"%s\"", cases[i].fixture, in.features, cases[i].want[j]);
@@ -320,12 +324,13 @@ static void test_bf16_compute(void **state) {
     end_problems();
 }
 
-/* Prompts longer than one step's max_tokens are prefilled in pieces: same tokens and
- * logits as transformers (here 4 tokens a step for prompts of 6 and 3 tokens). */
-static void test_chunked_prefill(void **state) {
-    (void)state;
-    char path[600];
-    snprintf(path, sizeof path, "%s/qwen3_moe/expected.json", MOEX_FIXTURES);
+/* Prompts longer than one step's max_tokens are prefilled in pieces (4 tokens a step for prompts
+ * of 6 and 3 tokens, two sequences at once): same tokens and logits as transformers (qwen3_moe;
+ * deepseek_v3, whose chunks after the first expand the latents cached by the one before). */
+static void check_chunked_prefill(const char *fixture) {
+    char path[600], dir[600];
+    snprintf(path, sizeof path, "%s/%s/expected.json", MOEX_FIXTURES, fixture);
+    snprintf(dir, sizeof dir, "%s/%s", MOEX_FIXTURES, fixture);
     char *text = read_file(path);
     cJSON *exp = cJSON_Parse(text);
     static const int32_t p0[] = {3, 17, 42, 7, 99, 5}, p1[] = {11, 200, 64};
@@ -336,7 +341,7 @@ static void test_chunked_prefill(void **state) {
     mo.max_tokens = 4;
     mo.max_batch = 2;
     moex_model *m = NULL;
-    assert_int_equal(moex_model_load(MOEX_FIXTURES "/qwen3_moe", &mo, &m), MOEX_OK);
+    assert_int_equal(moex_model_load(dir, &mo, &m), MOEX_OK);
     moex_generate_options go = moex_generate_default_options();
     go.max_new_tokens = 8;
     go.ignore_eos = 1;
@@ -354,6 +359,13 @@ static void test_chunked_prefill(void **state) {
     moex_model_free(m);
     cJSON_Delete(exp);
     free(text);
+}
+
+static void test_chunked_prefill(void **state) {
+    (void)state;
+    check_chunked_prefill("qwen3_moe");
+    check_chunked_prefill("deepseek_v3");
+    check_chunked_prefill("deepseek_v3-yarn");
 }
 
 int main(void) {

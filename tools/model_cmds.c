@@ -363,6 +363,7 @@ static void print_info(const moex_model *m, const moex_model_info *in, const gen
     printf("%s\n", in->num_sub_configs ? "" : " (none)");
     printf("layers:      %lld (%lld MoE)\n", (long long)in->num_layers, (long long)in->num_moe_layers);
     printf("features:    %s\n", in->features);
+    printf("kv cache:    %zu bytes per token\n", in->kv_cache_bytes_per_token);
     printf("experts:     %lld, top-%lld, hidden %lld, intermediate %lld, %s, %s%s\n", (long long)in->num_experts,
            (long long)in->top_k, (long long)in->hidden, (long long)in->moe_intermediate, moex_dtype_name(in->weight_dtype),
            in->per_expert_layout ? "per-expert tensors" : "fused tensors", in->transposed ? " (transposed)" : "");

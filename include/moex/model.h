@@ -108,6 +108,9 @@ typedef struct moex_model_info {
      *  over whole rows, biases), rope, router, shared expert, dense layers, e.g. "attention: 4 heads, 2 kv heads,
      *  head_dim 16, q/k norm over the whole rows; rope default (theta 10000); router softmax top-2". */
     char features[384];
+    /** Bytes the cache keeps per token (over every layer): 2 x kv_heads x head_dim x layers f32 (k and v),
+     *  deepseek_v3's latent (kv_lora_rank + qk_rope_head_dim) x layers f32. */
+    size_t kv_cache_bytes_per_token;
 } moex_model_info;
 
 moex_status moex_model_get_info(const moex_model *model, moex_model_info *info);

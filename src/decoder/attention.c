@@ -73,6 +73,34 @@ moex_status moex_kv_cache_reset(moex_kv_cache *cache, int64_t seq) {
     return MOEX_OK;
 }
 
+// Start of the rows of (layer, seq, kv head) in k or v: [max_seq, head_dim].
+static inline size_t head_offset(const moex_kv_cache *c, int64_t layer, int64_t seq, int64_t h) {
+    return (size_t)(((layer * c->max_batch + seq) * c->kv_heads + h) * c->max_seq) * (size_t)c->head_dim;
+}
+
+moex_status moex_kv_cache_store(moex_kv_cache *cache, int64_t layer, int64_t seq, int64_t start, int64_t T,
+                                const float *k, const float *v) {
+    const char *fn = "kv_cache_store";
+    if (!cache) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: cache is NULL", fn);
+    const int64_t B = cache->max_batch, KV = cache->kv_heads, d = cache->head_dim;
+    if (layer < 0 || layer >= cache->layers || seq < 0 || seq >= B)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: layer = %lld, seq = %lld outside [0, %lld) x [0, %lld)", fn,
+                         (long long)layer, (long long)seq, (long long)cache->layers, (long long)B);
+    if (start < 0 || T < 0 || start > cache->len[layer * B + seq] || T > cache->max_seq - start)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: positions %lld .. %lld with %lld recorded and max_seq = %lld", fn,
+                         (long long)start, (long long)(start + T), (long long)cache->len[layer * B + seq],
+                         (long long)cache->max_seq);
+    if (T && (!k || !v)) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !k ? "k" : "v");
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < KV; h++) {
+            const size_t src = (size_t)((t * KV + h) * d), dst = head_offset(cache, layer, seq, h) + (size_t)((start + t) * d);
+            memcpy(cache->k + dst, k + src, sizeof(float) * (size_t)d);
+            memcpy(cache->v + dst, v + src, sizeof(float) * (size_t)d);
+        }
+    cache->len[layer * B + seq] = start + T;
+    return MOEX_OK;
+}
+
 moex_status moex_kv_cache_length(const moex_kv_cache *cache, int64_t layer, int64_t seq, int64_t *length) {
     if (!cache) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "kv_cache_length: cache is NULL");
     if (!length) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "kv_cache_length: length is NULL");
@@ -90,11 +118,6 @@ size_t moex_kv_cache_bytes(const moex_kv_cache *cache) {
     if (!cache) return 0;
     return 2 * sizeof(float) *
            (size_t)(cache->layers * cache->max_batch * cache->kv_heads * cache->max_seq * cache->head_dim);
-}
-
-// Start of the rows of (layer, seq, kv head) in k or v: [max_seq, head_dim].
-static inline size_t head_offset(const moex_kv_cache *c, int64_t layer, int64_t seq, int64_t h) {
-    return (size_t)(((layer * c->max_batch + seq) * c->kv_heads + h) * c->max_seq) * (size_t)c->head_dim;
 }
 
 /* ---- attention ---------------------------------------------------------- */

@@ -209,6 +209,11 @@ void moex_kv_cache_free(moex_kv_cache *cache);
 /** Forget sequence `seq` in every layer (length 0), or every sequence when seq == -1. */
 moex_status moex_kv_cache_reset(moex_kv_cache *cache, int64_t seq);
 
+/** Write k, v [T, kv_heads, head_dim] at positions start .. start+T-1 of (layer, seq) (start at most the
+ *  recorded length); the recorded length becomes start + T. */
+moex_status moex_kv_cache_store(moex_kv_cache *cache, int64_t layer, int64_t seq, int64_t start, int64_t T,
+                                const float *k, const float *v);
+
 /** Positions filled for (layer, seq) into *length. */
 moex_status moex_kv_cache_length(const moex_kv_cache *cache, int64_t layer, int64_t seq, int64_t *length);
 

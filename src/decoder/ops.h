@@ -94,6 +94,9 @@ struct moex_decoder_ops {
      * src[r*src_ld + i] for r < rows, i < n (src_ld 0: one row repeated); no overlap */
     moex_status (*copy_rows)(const moex_decoder_env *e, float *dst, int64_t dst_ld, const float *src, int64_t src_ld,
                              int64_t rows, int64_t n);
+    /* moex_kv_cache_store into the environment's KV cache (deepseek_v3: the expanded past of a sequence) */
+    moex_status (*kv_store)(const moex_decoder_env *e, int64_t layer, int64_t seq, int64_t start, int64_t T,
+                            const float *k, const float *v);
     /* x[i] *= s in f32 (deepseek_v3's yarn softmax scale, applied to q) */
     moex_status (*scale)(const moex_decoder_env *e, float *x, int64_t n, float s);
     /* moex_rope_apply_interleaved in place (deepseek_v3's rope_interleave): x [T, heads, head_dim] */

@@ -157,6 +157,11 @@ static moex_status cpu_copy_rows(const moex_decoder_env *e, float *dst, int64_t 
     return MOEX_OK;
 }
 
+static moex_status cpu_kv_store(const moex_decoder_env *e, int64_t layer, int64_t seq, int64_t start, int64_t T,
+                                const float *k, const float *v) {
+    return moex_kv_cache_store((moex_kv_cache *)e->kv, layer, seq, start, T, k, v);
+}
+
 static moex_status cpu_scale(const moex_decoder_env *e, float *x, int64_t n, float s) {
     (void)e;
     for (int64_t i = 0; i < n; i++) x[i] *= s;
@@ -192,6 +197,7 @@ const moex_decoder_ops moex_decoder_ops_cpu = {
     cpu_argmax,
     cpu_kv_reset,
     cpu_copy_rows,
+    cpu_kv_store,
     cpu_scale,
     cpu_rope_apply_interleaved,
 };

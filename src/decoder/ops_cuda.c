@@ -122,6 +122,12 @@ static moex_status cu_copy_rows(const moex_decoder_env *e, float *dst, int64_t d
     return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda copy_rows: not on the GPU in this version");
 }
 
+static moex_status cu_kv_store(const moex_decoder_env *e, int64_t layer, int64_t seq, int64_t start, int64_t T,
+                               const float *k, const float *v) {
+    (void)e, (void)layer, (void)seq, (void)start, (void)T, (void)k, (void)v;
+    return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda kv_store: not on the GPU in this version");
+}
+
 static moex_status cu_scale(const moex_decoder_env *e, float *x, int64_t n, float s) {
     (void)e, (void)x, (void)n, (void)s;
     return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda scale: not on the GPU in this version");
@@ -156,6 +162,7 @@ const moex_decoder_ops moex_decoder_ops_cuda = {
     cu_argmax,
     cu_kv_reset,
     cu_copy_rows,
+    cu_kv_store,
     cu_scale,
     cu_rope_apply_interleaved,
 };

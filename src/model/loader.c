@@ -576,8 +576,14 @@ static moex_status alloc_scratch(moex_model *m) {
     r->last = r->h, r->normed = r->tmp; /* max_tokens >= max_batch rows */
     if (c->kv_lora_rank) {
         model_mla_bufs unused;
-        if (!(r->mla = calloc(model_mla_scratch(c, (int64_t)T, NULL, &unused), sizeof(float))))
-            return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the latent attention's scratch");
+        const size_t lat = (size_t)c->num_hidden_layers * B * (size_t)m->opt.max_seq *
+                           (size_t)(c->kv_lora_rank + c->qk_rope_head_dim);
+        r->mla = calloc(model_mla_scratch(c, (int64_t)T, NULL, &unused), sizeof(float));
+        r->mla_past = calloc(model_mla_scratch(c, m->opt.max_seq, NULL, &unused), sizeof(float));
+        m->latent = malloc(lat * sizeof(float));
+        if (!r->mla || !r->mla_past || !m->latent)
+            return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the latent attention's cache (%zu floats) and "
+                             "scratch", lat);
     }
     r->route_ids = malloc(T * K * sizeof(int32_t));
     r->positions = malloc(T * sizeof(int64_t));
@@ -664,7 +670,8 @@ static moex_status load(moex_model *m, const char *dir) {
     if ((st = prepare_experts(m))) return st;
     if (m->gpu) /* device KV cache, handle and scratch instead of the host ones */
         return (st = alloc_scratch(m)) ? st : model_gpu_load(m);
-    if ((st = moex_kv_cache_create(c->num_hidden_layers, m->opt.max_batch, m->opt.max_seq,
+    /* deepseek_v3: one layer of expanded keys and values, refilled from m->latent each step */
+    if ((st = moex_kv_cache_create(c->kv_lora_rank ? 1 : c->num_hidden_layers, m->opt.max_batch, m->opt.max_seq,
                                    c->kv_lora_rank ? c->num_attention_heads : c->num_key_value_heads,
                                    c->kv_lora_rank ? c->qk_nope_head_dim + c->qk_rope_head_dim : c->head_dim,
                                    &m->cache)))
@@ -712,7 +719,9 @@ void moex_model_free(moex_model *m) {
         free(r->h16);
         free(r->out16);
         free(r->mla);
+        free(r->mla_past);
     }
+    free(m->latent);
     free(m->host_layers);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
@@ -760,7 +769,7 @@ static void describe_features(const moex_model *m, char *out, size_t size) {
     if (c->kv_lora_rank) {
         append(out, size, &n, "attention: MLA, %lld heads, ", (long long)c->num_attention_heads);
         if (c->q_lora_rank) append(out, size, &n, "q_lora_rank %lld, ", (long long)c->q_lora_rank);
-        append(out, size, &n, "kv_lora_rank %lld, q/k %lld + %lld rope, v %lld, %s rope, cache of expanded k/v",
+        append(out, size, &n, "kv_lora_rank %lld, q/k %lld + %lld rope, v %lld, %s rope, latent cache",
                (long long)c->kv_lora_rank, (long long)c->qk_nope_head_dim, (long long)c->qk_rope_head_dim,
                (long long)c->v_head_dim, c->rope_interleave ? "interleaved" : "rotate-half");
     } else {
@@ -815,6 +824,9 @@ moex_status moex_model_get_info(const moex_model *m, moex_model_info *info) {
         v.gpu_workspace_bytes = m->gpu->scratch_bytes + moex_context_workspace_bytes(m->ctx);
     }
     describe_features(m, v.features, sizeof v.features);
+    v.kv_cache_bytes_per_token = (size_t)c->num_hidden_layers * sizeof(float) *
+                                 (c->kv_lora_rank ? (size_t)(c->kv_lora_rank + c->qk_rope_head_dim)
+                                                  : 2 * (size_t)c->num_key_value_heads * (size_t)c->head_dim);
     const moex_layer *first = moex_model_experts_layer(m, 0);
     if (first) {
         const moex_experts_desc *d = moex_layer_desc(first);

@@ -64,6 +64,7 @@ typedef struct model_run {
     moex_attn_seq *seqs;          /* [max_batch] the step's sequences */
     uint16_t *h16, *out16;        /* bf16 compute: the experts' input and output */
     float *mla;                   /* deepseek_v3 (CPU): the latent attention's scratch (model_mla_scratch), zeroed */
+    float *mla_past;              /* the same for max_seq rows: a sequence's past latents expanded */
 } model_run;
 
 /* deepseek_v3's latent attention scratch for T rows: its buffers carved from base (NULL: only
@@ -95,6 +96,8 @@ struct moex_model {
     moex_vec_w final_norm;           /* [H] */
     int64_t rotary_dim;              /* the rotated values of each head: head_dim * partial_rotary_factor
                                         (glm4_moe), else head_dim */
+    float *latent;                   /* deepseek_v3 (CPU): the latent cache [layers, max_batch, max_seq,
+                                        kv_lora_rank + qk_rope_head_dim] f32 */
     float q_scale;                   /* deepseek_v3 with yarn: mscale(factor, mscale_all_dim)^2, by which q is
                                         multiplied (transformers' softmax scale over head_dim^-0.5); else 1 */
     int qk_norm_rows;                /* olmoe: q_norm / k_norm span the whole q / k row (nh*d, nkv*d),

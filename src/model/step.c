@@ -32,18 +32,39 @@ size_t model_mla_scratch(const moex_config *c, int64_t T, float *base, model_mla
     return n;
 }
 
-// deepseek_v3's latent attention (transformers' DeepseekV3Attention, the latents expanded for every
-// step): h [T, H] -> attn [T, heads * v_head_dim]. The KV cache holds k = [k_nope, k_rot] and v
-// (zero-padded to nope + rope) per head.
+// k, v [rows, heads, nope + rope] from the latents cn [rows, kv_lora_rank] (normed) and kr [rows, rope]
+// (rotated): [k_nope, v] of each head = kv_b(cn), k = [k_nope, kr]; v's columns past v_head_dim are
+// left as they are (zero: the scratch is zeroed and they are never written).
+static moex_status mla_expand(moex_model *m, const model_layer_w *ly, const float *cn, const float *kr, int64_t rows,
+                              float *kvb, float *k, float *v) {
+    const moex_config *c = &m->cfg;
+    const moex_decoder_env *e = &m->run.env;
+    const moex_decoder_ops *op = e->ops;
+    const int64_t nh = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
+    const int64_t qd = nope + rope, kvw = nope + c->v_head_dim;
+    moex_status st = op->linear(e, &ly->kv_b, cn, rows, kvb);
+    if (!st) st = R(m, kvb, rows * nh * kvw);
+    if (!st) st = op->copy_rows(e, k, qd, kvb, kvw, rows * nh, nope);
+    for (int64_t t = 0; !st && t < rows; t++) st = op->copy_rows(e, k + t * nh * qd + nope, qd, kr + t * rope, 0, nh, rope);
+    if (!st) st = op->copy_rows(e, v, qd, kvb + nope, kvw, rows * nh, c->v_head_dim);
+    return st;
+}
+
+// deepseek_v3's latent attention (transformers' DeepseekV3Attention): h [T, H] -> attn [T, heads *
+// v_head_dim]. The model keeps each token's latents [norm(c), rotated k_rot] (kv_lora_rank + rope
+// values a layer: m->latent); each step expands a sequence's past latents into the one-layer KV cache
+// (as transformers expands its cached latents) and attends with the new tokens' keys and values.
 static moex_status mla_attention(moex_model *m, const model_layer_w *ly, int64_t L, int64_t nseq, int64_t T) {
     const moex_config *c = &m->cfg;
     model_run *r = &m->run;
     const moex_decoder_env *e = &r->env;
     const moex_decoder_ops *op = e->ops;
     const int64_t nh = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
-    const int64_t vd = c->v_head_dim, qd = nope + rope, kvl = c->kv_lora_rank, kvb = nope + vd;
-    model_mla_bufs b;
+    const int64_t vd = c->v_head_dim, qd = nope + rope, kvl = c->kv_lora_rank, lw = kvl + rope;
+    const int64_t B = m->opt.max_batch, S = m->opt.max_seq;
+    model_mla_bufs b, p;
     model_mla_scratch(c, T, r->mla, &b);
+    model_mla_scratch(c, S, r->mla_past, &p);
     moex_status st;
     if (c->q_lora_rank > 0) {
         st = op->linear(e, &ly->q_a, r->h, T, b.a);
@@ -55,13 +76,11 @@ static moex_status mla_attention(moex_model *m, const model_layer_w *ly, int64_t
     }
     if (!st) st = R(m, b.q, T * nh * qd);
     if (!st) st = op->linear(e, &ly->kv_a, r->h, T, b.kva);
-    if (!st) st = R(m, b.kva, T * (kvl + rope));
-    if (!st) st = op->copy_rows(e, b.c, kvl, b.kva, kvl + rope, T, kvl);
-    if (!st) st = op->copy_rows(e, b.kr, rope, b.kva + kvl, kvl + rope, T, rope);
+    if (!st) st = R(m, b.kva, T * lw);
+    if (!st) st = op->copy_rows(e, b.c, kvl, b.kva, lw, T, kvl);
+    if (!st) st = op->copy_rows(e, b.kr, rope, b.kva + kvl, lw, T, rope);
     if (!st) st = op->rmsnorm(e, b.c, T, kvl, ly->kv_a_norm.data, ly->kv_a_norm.dtype, c->rms_norm_eps, b.c);
     if (!st) st = R(m, b.c, T * kvl);
-    if (!st) st = op->linear(e, &ly->kv_b, b.c, T, b.kvb);
-    if (!st) st = R(m, b.kvb, T * nh * kvb);
     /* the rotary parts: q's last rope values of each head, and the one shared k_rot */
     if (!st) st = op->copy_rows(e, b.qr, rope, b.q + nope, qd, T * nh, rope);
     if (!st && c->rope_interleave) {
@@ -74,12 +93,28 @@ static moex_status mla_attention(moex_model *m, const model_layer_w *ly, int64_t
     if (!st) st = R(m, b.qr, T * nh * rope);
     if (!st) st = R(m, b.kr, T * rope);
     if (!st) st = op->copy_rows(e, b.q + nope, qd, b.qr, rope, T * nh, rope);
-    /* k = [k_nope, k_rot] and v per head */
-    if (!st) st = op->copy_rows(e, b.k, qd, b.kvb, kvb, T * nh, nope);
-    for (int64_t t = 0; !st && t < T; t++) st = op->copy_rows(e, b.k + t * nh * qd + nope, qd, b.kr + t * rope, 0, nh, rope);
-    if (!st) st = op->copy_rows(e, b.v, qd, b.kvb + nope, kvb, T * nh, vd);
+    /* each sequence: its new latents into m->latent, its past ones expanded into the KV cache */
+    int64_t row = 0;
+    for (int64_t i = 0; !st && i < nseq; i++) {
+        const moex_attn_seq *s = &r->seqs[i];
+        if (s->seq < 0 || s->seq >= B || s->past < 0 || s->tokens < 0 || s->past + s->tokens > S)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "latent attention: sequence %lld at %lld + %lld positions (max_batch "
+                             "%lld, max_seq %lld)", (long long)s->seq, (long long)s->past, (long long)s->tokens,
+                             (long long)B, (long long)S);
+        float *lat = m->latent + ((L * B + s->seq) * S) * lw;
+        st = op->copy_rows(e, lat + s->past * lw, lw, b.c + row * kvl, kvl, s->tokens, kvl);
+        if (!st) st = op->copy_rows(e, lat + s->past * lw + kvl, lw, b.kr + row * rope, rope, s->tokens, rope);
+        if (!st && s->past > 0) {
+            st = op->copy_rows(e, p.c, kvl, lat, lw, s->past, kvl);
+            if (!st) st = op->copy_rows(e, p.kr, rope, lat + kvl, lw, s->past, rope);
+            if (!st) st = mla_expand(m, ly, p.c, p.kr, s->past, p.kvb, p.k, p.v);
+        }
+        if (!st) st = op->kv_store(e, 0, s->seq, 0, s->past, p.k, p.v);
+        row += s->tokens;
+    }
+    if (!st) st = mla_expand(m, ly, b.c, b.kr, T, b.kvb, b.k, b.v);
     if (!st && m->q_scale != 1.0f) st = op->scale(e, b.q, T * nh * qd, m->q_scale);
-    if (!st) st = op->attention(e, L, r->seqs, nseq, T, nh, b.q, b.k, b.v, b.o);
+    if (!st) st = op->attention(e, 0, r->seqs, nseq, T, nh, b.q, b.k, b.v, b.o); /* the one-layer cache */
     if (!st) st = op->copy_rows(e, r->attn, vd, b.o, qd, T * nh, vd);
     return st;
 }
