@@ -1,6 +1,6 @@
 /*
  * test_config.c — config.json / generation_config.json: the four families
- * (qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe, olmoe, glm4_moe, deepseek_v3), key aliases, rope_parameters
+ * (qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe, olmoe, glm4_moe, deepseek_v3, gpt_oss), key aliases, rope_parameters
  * vs rope_scaling vs rope_theta, eos as an integer or a list, the generation
  * config override, sub-config listing, quantization_config, wrong types,
  * missing keys and cross-checks, each error with its message.
@@ -280,6 +280,33 @@ static void test_deepseek_v3(void **state) {
     moex_config_free(&c);
     parse_bad("deepseek odd rope", "{\"model_type\":\"deepseek_v3\",\"vocab_size\":8,\"hidden_size\":8,"
               "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"num_key_value_heads\":2,\"qk_rope_head_dim\":5}", "qk_rope_head_dim = 5", "even");
+}
+
+/* GPT-OSS: GptOssConfig's defaults (128 experts, top-4, 8 kv heads, window 128 on the even layers
+ * when layer_types is absent, q/k/v/o biases, swiglu 1.702 / 7); layer_types as given. */
+static void test_gpt_oss(void **state) {
+    (void)state;
+    moex_config c = parse_ok("{\"model_type\":\"gpt_oss\",\"vocab_size\":201088,\"hidden_size\":2880,"
+                             "\"num_hidden_layers\":4,\"num_attention_heads\":64,\"head_dim\":64}");
+    assert_int_equal(c.num_experts, 128);
+    assert_int_equal(c.num_experts_per_tok, 4);
+    assert_int_equal(c.num_key_value_heads, 8);
+    assert_int_equal(c.sliding_window, 128);
+    assert_int_equal(c.n_sliding_layers, 2);
+    assert_non_null(c.layer_sliding);
+    assert_true(c.layer_sliding[0] && !c.layer_sliding[1] && c.layer_sliding[2] && !c.layer_sliding[3]);
+    assert_int_equal(c.attention_bias, 1);
+    assert_int_equal(c.o_proj_bias, 1);
+    assert_true(c.swiglu_alpha == 1.702 && c.swiglu_limit == 7.0);
+    assert_true(c.rms_norm_eps == 1e-5);
+    moex_config_free(&c);
+    c = parse_ok("{\"model_type\":\"gpt_oss\",\"vocab_size\":8,\"hidden_size\":8,\"num_hidden_layers\":3,"
+                 "\"num_attention_heads\":2,\"num_key_value_heads\":2,\"sliding_window\":16,"
+                 "\"layer_types\":[\"full_attention\",\"full_attention\",\"sliding_attention\"]}");
+    assert_int_equal(c.sliding_window, 16);
+    assert_int_equal(c.n_sliding_layers, 1);
+    assert_true(!c.layer_sliding[0] && !c.layer_sliding[1] && c.layer_sliding[2]);
+    moex_config_free(&c);
 }
 
 /* qwen3_vl_moe as transformers 5 writes it: text params from text_config,
@@ -741,7 +768,7 @@ static void test_fixture_configs(void **state) {
     const char *root = MOEX_FIXTURES; /* defined by the build for every test program */
     static const struct { const char *fam; int64_t experts; int norm; int sub; } fx[] = {
         {"qwen2_moe", 8, 0, 0}, {"qwen3_moe", 8, 1, 0}, {"mixtral", 4, 1, 0}, {"qwen3_vl_moe", 8, 1, 2},
-        {"olmoe", 8, 0, 0}, {"glm4_moe", 8, 1, 0}, {"deepseek_v3", 8, 1, 0}};
+        {"olmoe", 8, 0, 0}, {"glm4_moe", 8, 1, 0}, {"deepseek_v3", 8, 1, 0}, {"gpt_oss", 8, 0, 0}};
     for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
         char dir[600];
         snprintf(dir, sizeof dir, "%s/%s", root, fx[i].fam);
@@ -776,6 +803,7 @@ int main(void) {
         cmocka_unit_test(test_olmoe),
         cmocka_unit_test(test_glm4_moe),
         cmocka_unit_test(test_deepseek_v3),
+        cmocka_unit_test(test_gpt_oss),
         cmocka_unit_test(test_qwen3_vl_moe),
         cmocka_unit_test(test_aliases),
         cmocka_unit_test(test_rope),

@@ -395,6 +395,43 @@ static void test_rope_partial(void **state) {
     end_problems();
 }
 
+/* gpt_oss's attention: a window of 3 and a sink logit per head, one sequence of 6 tokens over 2
+ * calls (4 + 2), 4 heads on 2 kv heads, against float64 (the sink in the softmax's sum only). */
+static void test_attention_sinks_window(void **state) {
+    (void)state;
+    enum { T = 6, HQ = 4, KV = 2, D = 8, W = 3 };
+    float q[T * HQ * D], k[T * KV * D], v[T * KV * D], out[T * HQ * D];
+    const float sinks[HQ] = {0.5f, -1.0f, 2.0f, 0.0f};
+    for (int i = 0; i < T * HQ * D; i++) q[i] = (float)((i * 13 % 11) - 5) / 7.0f;
+    for (int i = 0; i < T * KV * D; i++) k[i] = (float)((i * 7 % 13) - 6) / 9.0f, v[i] = (float)((i * 5 % 17) - 8) / 6.0f;
+    moex_kv_cache *cache = NULL;
+    assert_int_equal(moex_kv_cache_create(1, 1, 16, KV, D, &cache), MOEX_OK);
+    const moex_attn_seq a = {0, 4, 0}, b = {0, 2, 4};
+    assert_int_equal(moex_attention_forward_sinks(cache, 0, &a, 1, HQ, q, k, v, out, 1, W, sinks), MOEX_OK);
+    assert_int_equal(moex_attention_forward_sinks(cache, 0, &b, 1, HQ, q + 4 * HQ * D, k + 4 * KV * D, v + 4 * KV * D,
+                                                  out + 4 * HQ * D, 1, W, sinks), MOEX_OK);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < HQ; h++) {
+            const int g = h / (HQ / KV), lo = t + 1 > W ? t + 1 - W : 0;
+            double sc[T], mx = sinks[h], sum = 0.0, ref[D] = {0};
+            for (int j = lo; j <= t; j++) {
+                double dot = 0.0;
+                for (int i = 0; i < D; i++) dot += (double)q[(t * HQ + h) * D + i] * k[(j * KV + g) * D + i];
+                sc[j] = dot / sqrt((double)D);
+                if (sc[j] > mx) mx = sc[j];
+            }
+            sum = exp(sinks[h] - mx);
+            for (int j = lo; j <= t; j++) sum += exp(sc[j] - mx);
+            for (int j = lo; j <= t; j++)
+                for (int i = 0; i < D; i++) ref[i] += exp(sc[j] - mx) / sum * v[(j * KV + g) * D + i];
+            for (int i = 0; i < D; i++) assert_float_equal(out[(t * HQ + h) * D + i], ref[i], 2e-6);
+        }
+    expect_fail(moex_attention_forward_sinks(cache, 0, &a, 1, HQ, q, k, v, out, 1, -1, sinks), MOEX_ERR_INVALID_ARGUMENT,
+                "window = -1", NULL, "negative window");
+    moex_kv_cache_free(cache);
+    end_problems();
+}
+
 /* Interleaved pairs (deepseek_v3): x [2 tokens, 3 heads, 8] by hand in float64, the pairs'
  * results de-interleaved as transformers lays them out; head_dim > 512 refused. */
 static void test_rope_interleaved(void **state) {
@@ -1388,6 +1425,7 @@ int main(void) {
         cmocka_unit_test(test_rope_partial),
         cmocka_unit_test(test_rope_yarn),
         cmocka_unit_test(test_rope_interleaved),
+        cmocka_unit_test(test_attention_sinks_window),
         cmocka_unit_test(test_mrope),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_errors),

@@ -430,6 +430,12 @@ static void test_unsupported_keys(void **state) {
         {"deepseek_v3 yarn without original", "deepseek_v3-yarn",
          {"rope_parameters", "{\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0}"}, 0,
          MOEX_ERR_FORMAT, "yarn rope", "original_max_position_embeddings = 0"},
+        {"gpt_oss sliding_window 0", "gpt_oss", {"sliding_window", "0"}, 0, MOEX_ERR_UNSUPPORTED, "sliding-window",
+         "no usable sliding_window"},
+        {"gpt_oss layer_types bad", "gpt_oss", {"layer_types", "[\"sliding_attention\", \"local\", \"full_attention\"]"},
+         0, MOEX_ERR_FORMAT, "layer_types[1]", "local"},
+        {"gpt_oss layer_types short", "gpt_oss", {"layer_types", "[\"sliding_attention\"]"}, 0, MOEX_ERR_FORMAT,
+         "layer_types has 1 entries", NULL},
         {"olmoe no experts", "olmoe", {"num_experts", "0", "num_experts_per_tok", "0"}, 0, MOEX_ERR_FORMAT,
          "num_experts = 0", NULL},
     };

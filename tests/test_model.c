@@ -28,7 +28,7 @@ static const char *const FIXTURES[] = {"qwen2_moe", "qwen2_moe-fused", "qwen3_mo
                                        "mixtral-fused", "qwen3_vl_moe", "qwen3_vl_moe-per_expert", "olmoe",
                                        "olmoe-fused", "glm4_moe", "glm4_moe-fused", "deepseek_v3",
                                        "deepseek_v3-fused", "deepseek_v3-q_proj", "deepseek_v3-q_proj-fused",
-                                       "deepseek_v3-yarn"};
+                                       "deepseek_v3-yarn", "gpt_oss"};
 
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -150,6 +150,7 @@ static void test_model_features(void **state) {
         {"deepseek_v3", {"attention: MLA, 4 heads, q_lora_rank 32, kv_lora_rank 16, q/k 16 + 8 rope, v 16, interleaved",
                          "router sigmoid top-2 in 1 of 2 groups, correction bias, scaling 2.5", "1 dense layer(s)"}},
         {"deepseek_v3-q_proj", {"attention: MLA, 4 heads, kv_lora_rank 16", "rotate-half rope", "; shared experts"}},
+        {"gpt_oss", {"sinks", "sliding window 4 on 2 of 3 layers", "router top-2 then softmax"}},
         {"glm4_moe", {"8 of 16 values rotated", "router sigmoid top-2 in 1 of 2 groups, correction bias, "
                       "scaling 2.5, renormalised", "; shared experts; 1 dense layer(s)"}},
     };
@@ -366,6 +367,7 @@ static void test_chunked_prefill(void **state) {
     check_chunked_prefill("qwen3_moe");
     check_chunked_prefill("deepseek_v3");
     check_chunked_prefill("deepseek_v3-yarn");
+    check_chunked_prefill("gpt_oss"); /* prompts longer than the window of 4, in chunks */
 }
 
 int main(void) {

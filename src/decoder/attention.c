@@ -141,23 +141,25 @@ static inline float dot(const float *a, const float *b, int64_t n) {
 
 // One query row against positions 0 .. L-1 of one kv head.
 // q: [d], keys, vals: [L, d] -> o: [d]; scores: [L] scratch
-static void attend_row(const float *q, const float *keys, const float *vals, int64_t L, int64_t d, float scale,
-                       float *scores, float *o) {
-    float m = -INFINITY;
-    for (int64_t j = 0; j < L; j++) {
+// Positions lo .. L-1 (lo > 0: a sliding window); sink (gpt_oss): one more logit in the softmax's
+// maximum and sum that weighs no value, or NULL.
+static void attend_row(const float *q, const float *keys, const float *vals, int64_t lo, int64_t L, int64_t d,
+                       float scale, const float *sink, float *scores, float *o) {
+    float m = sink ? *sink : -INFINITY;
+    for (int64_t j = lo; j < L; j++) {
         const float s = dot(q, keys + j * d, d) * scale; /* matmul(q, k^T) * scaling */
         scores[j] = s;
         if (s > m) m = s;
     }
-    double sum = 0.0;
-    for (int64_t j = 0; j < L; j++) {
+    double sum = sink ? (double)expf(*sink - m) : 0.0;
+    for (int64_t j = lo; j < L; j++) {
         const float e = expf(scores[j] - m);
         scores[j] = e;
         sum += e;
     }
     const float inv = 1.0f / (float)sum;
     for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
-    for (int64_t j = 0; j < L; j++) {
+    for (int64_t j = lo; j < L; j++) {
         const float w = scores[j] * inv; /* softmax weights, then matmul(weights, v) */
         const float *vj = vals + j * d;
         for (int64_t i = 0; i < d; i++) {
@@ -176,7 +178,14 @@ static int ranges_overlap(const void *a, size_t an, const void *b, size_t bn) {
 moex_status moex_attention_forward_batch(moex_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
                                          int64_t nseq, int64_t heads, const float *q, const float *k, const float *v,
                                          float *out, int threads) {
+    return moex_attention_forward_sinks(cache, layer, seqs, nseq, heads, q, k, v, out, threads, 0, NULL);
+}
+
+moex_status moex_attention_forward_sinks(moex_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs, int64_t nseq,
+                                         int64_t heads, const float *q, const float *k, const float *v, float *out,
+                                         int threads, int64_t window, const float *sinks) {
     const char *fn = "attention";
+    if (window < 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: window = %lld is negative", fn, (long long)window);
     if (!cache) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: cache is NULL", fn);
     if (layer < 0 || layer >= cache->layers)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: layer = %lld is outside [0, %lld)", fn, (long long)layer,
@@ -277,9 +286,10 @@ moex_status moex_attention_forward_batch(moex_kv_cache *cache, int64_t layer, co
             const moex_attn_seq *s = &seqs[i];
             const size_t off = head_offset(cache, layer, s->seq, h / group);
             for (int64_t t = 0; t < s->tokens; t++) {
-                const int64_t r = first[i] + t;
+                const int64_t r = first[i] + t, p = s->past + t;
+                const int64_t lo = window > 0 && p + 1 > window ? p + 1 - window : 0; /* kv > q - window */
                 memcpy(qrow, q + (r * heads + h) * d, sizeof(float) * (size_t)d); /* out may be q */
-                attend_row(qrow, cache->k + off, cache->v + off, s->past + t + 1, d, scale, scores,
+                attend_row(qrow, cache->k + off, cache->v + off, lo, p + 1, d, scale, sinks ? sinks + h : NULL, scores,
                            out + (r * heads + h) * d);
             }
         }

@@ -259,6 +259,16 @@ moex_status moex_attention_forward_batch(moex_kv_cache *cache, int64_t layer, co
                                          int64_t nseq, int64_t heads, const float *q, const float *k, const float *v,
                                          float *out, int threads);
 
+/**
+ * The same with gpt_oss's two additions: window > 0 limits token t (position p) to the last window
+ * positions (j > p - window, transformers' sliding window), and sinks [heads] (or NULL) adds one
+ * logit per head to each row's softmax (in its maximum and its sum) that weighs no value, as
+ * transformers' eager attention with s_aux drops the sink column after the softmax.
+ */
+moex_status moex_attention_forward_sinks(moex_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs, int64_t nseq,
+                                         int64_t heads, const float *q, const float *k, const float *v, float *out,
+                                         int threads, int64_t window, const float *sinks);
+
 /* ------------------------------------------------------------------------ */
 /* Activations and dense MLPs                                                */
 /* ------------------------------------------------------------------------ */

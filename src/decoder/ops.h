@@ -62,10 +62,11 @@ struct moex_decoder_ops {
                               int64_t rotary_dim, const float *cos_in, const float *sin_in);
     /* moex_linear (q, k, v, o, router, shared-expert gate, lm_head): x [T, K] -> y [T, N] */
     moex_status (*linear)(const moex_decoder_env *e, const moex_linear_w *w, const float *x, int64_t T, float *y);
-    /* moex_attention_forward_batch with the environment's KV cache; total = the seqs' tokens */
+    /* moex_attention_forward_sinks with the environment's KV cache; total = the seqs' tokens; window 0
+     * and sinks NULL: plain causal attention */
     moex_status (*attention)(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs, int64_t nseq,
                              int64_t total, int64_t heads, const float *q, const float *k, const float *v,
-                             float *out);
+                             float *out, int64_t window, const float *sinks);
     /* moex_route: f32 logits [T, E] -> ids [T, top_k] int32, weights [T, top_k] f32 */
     moex_status (*route)(const moex_decoder_env *e, const moex_router_desc *desc, const float *logits, int64_t T,
                          int32_t *ids, float *weights);

@@ -63,9 +63,10 @@ static moex_status cpu_linear(const moex_decoder_env *e, const moex_linear_w *w,
 
 static moex_status cpu_attention(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs, int64_t nseq,
                                  int64_t total, int64_t heads, const float *q, const float *k, const float *v,
-                                 float *out) {
+                                 float *out, int64_t window, const float *sinks) {
     (void)total;
-    return moex_attention_forward_batch((moex_kv_cache *)e->kv, layer, seqs, nseq, heads, q, k, v, out, e->threads);
+    return moex_attention_forward_sinks((moex_kv_cache *)e->kv, layer, seqs, nseq, heads, q, k, v, out, e->threads,
+                                        window, sinks);
 }
 
 // logits: [T, E] -> ids: [T, k], weights: [T, k]

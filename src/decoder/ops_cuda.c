@@ -63,7 +63,9 @@ static moex_status cu_linear(const moex_decoder_env *e, const moex_linear_w *w, 
 
 static moex_status cu_attention(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs, int64_t nseq,
                                 int64_t total, int64_t heads, const float *q, const float *k, const float *v,
-                                float *out) {
+                                float *out, int64_t window, const float *sinks) {
+    if (window || sinks) /* gpt_oss, which the loader keeps on the cpu */
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda attention: sliding windows and sinks are not on the GPU in this version");
     return moex_cuda_attention((const moex_cuda_kv_cache *)e->kv, layer, seqs, nseq, total, heads, q, k, v, out,
                                e->flags, e->stream);
 }

@@ -21,10 +21,10 @@ typedef struct jobj {
     const char *pfx;
 } jobj;
 
-typedef enum family { FAM_OTHER, FAM_QWEN2_MOE, FAM_QWEN3_MOE, FAM_MIXTRAL, FAM_QWEN3_VL_MOE, FAM_OLMOE, FAM_GLM4_MOE, FAM_DEEPSEEK_V3 } family;
+typedef enum family { FAM_OTHER, FAM_QWEN2_MOE, FAM_QWEN3_MOE, FAM_MIXTRAL, FAM_QWEN3_VL_MOE, FAM_OLMOE, FAM_GLM4_MOE, FAM_DEEPSEEK_V3, FAM_GPT_OSS } family;
 
 /* What an absent key means: the defaults of transformers' config class of each family
- * (Qwen2MoeConfig, Qwen3MoeConfig, MixtralConfig, Qwen3VLMoeTextConfig, OlmoeConfig, Glm4MoeConfig, DeepseekV3Config).
+ * (Qwen2MoeConfig, Qwen3MoeConfig, MixtralConfig, Qwen3VLMoeTextConfig, OlmoeConfig, Glm4MoeConfig, DeepseekV3Config, GptOssConfig).
  * kv_heads 0 means
  * num_attention_heads. */
 typedef struct family_defaults {
@@ -42,6 +42,7 @@ static const family_defaults DEFAULTS[] = {
     [FAM_OLMOE] = {0, 64, 8, 2048, 0, 0, 10000.0, -1, 50279},
     [FAM_GLM4_MOE] = {8, 128, 8, 10944, 1408, 0, 10000.0, -1, -1},
     [FAM_DEEPSEEK_V3] = {128, 256, 8, 18432, 2048, 0, 10000.0, 0, 1},
+    [FAM_GPT_OSS] = {8, 128, 4, 2880, 0, 0, 150000.0, -1, -1},
 };
 
 /* ---- typed getters ------------------------------------------------------ */
@@ -216,6 +217,7 @@ static family family_of(const char *model_type) {
     if (strcmp(model_type, "olmoe") == 0) return FAM_OLMOE;
     if (strcmp(model_type, "glm4_moe") == 0) return FAM_GLM4_MOE;
     if (strcmp(model_type, "deepseek_v3") == 0) return FAM_DEEPSEEK_V3;
+    if (strcmp(model_type, "gpt_oss") == 0) return FAM_GPT_OSS;
     return FAM_OTHER;
 }
 
@@ -387,8 +389,18 @@ static moex_status sliding(jobj t, family fam, moex_config *c) {
     if (st == MOEX_OK) st = get_int(t, "sliding_window", INT64_MIN / 2, INT_MAXV, &win, &f_win);
     if (st == MOEX_OK) st = get_int(t, "max_window_layers", INT64_MIN / 2, INT_MAXV, &max_window, NULL);
     if (st != MOEX_OK) return st;
-    const cJSON *types = fam == FAM_QWEN2_MOE ? jget(t, "layer_types") : NULL;
+    const cJSON *types = fam == FAM_QWEN2_MOE || fam == FAM_GPT_OSS ? jget(t, "layer_types") : NULL;
     c->first_sliding_layer = -1;
+    if (fam == FAM_GPT_OSS) { /* GptOssConfig: window 128, layer_types even layers sliding by default */
+        if (!f_win) win = 128;
+        c->layer_sliding = calloc((size_t)c->num_hidden_layers, 1);
+        if (!c->layer_sliding) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "%s: out of memory for layer_types", t.what);
+        if (!types)
+            for (int64_t i = 0; i < c->num_hidden_layers; i += 2) {
+                c->layer_sliding[i] = 1;
+                if (c->n_sliding_layers++ == 0) c->first_sliding_layer = i;
+            }
+    }
     if (types) {
         if (!cJSON_IsArray(types)) return type_error(t, "layer_types", types, "a list of strings");
         int n = cJSON_GetArraySize(types), k = 0;
@@ -405,6 +417,7 @@ static moex_status sliding(jobj t, family fam, moex_config *c) {
                                  "\"sliding_attention\"", t.what, t.pfx, name, e->valuestring);
             }
             if (sl && c->n_sliding_layers++ == 0) c->first_sliding_layer = k;
+            if (sl && c->layer_sliding) c->layer_sliding[k] = 1;
         }
         f_types = 1;
     }
@@ -426,7 +439,7 @@ static moex_status sliding(jobj t, family fam, moex_config *c) {
     }
     c->sliding_window = c->n_sliding_layers ? (win > 0 ? win : -1) : 0;
     snprintf(c->sliding_source, sizeof c->sliding_source, "%s%s", t.pfx,
-             fam == FAM_MIXTRAL ? "sliding_window" : f_types ? "layer_types" : "use_sliding_window");
+             fam == FAM_MIXTRAL ? "sliding_window" : f_types || fam == FAM_GPT_OSS ? "layer_types" : "use_sliding_window");
     return MOEX_OK;
 }
 
@@ -503,7 +516,7 @@ static moex_status mla_sizes(jobj t, moex_config *c) {
 
 /* The rest of the text parameters: norms, activation, biases, tying, rope, tokens, router. */
 static moex_status text_rest(jobj root, jobj t, family fam, moex_config *c) {
-    c->rms_norm_eps = fam == FAM_MIXTRAL || fam == FAM_OLMOE || fam == FAM_GLM4_MOE ? 1e-5 : 1e-6;
+    c->rms_norm_eps = fam == FAM_MIXTRAL || fam == FAM_OLMOE || fam == FAM_GLM4_MOE || fam == FAM_GPT_OSS ? 1e-5 : 1e-6;
     moex_status st = get_num(t, "rms_norm_eps", 1, &c->rms_norm_eps, NULL);
     strcpy(c->hidden_act, "silu");
     if (st == MOEX_OK) st = get_str(t, "hidden_act", c->hidden_act, sizeof c->hidden_act, NULL);
@@ -516,7 +529,16 @@ static moex_status text_rest(jobj root, jobj t, family fam, moex_config *c) {
                           fam == FAM_DEEPSEEK_V3))
         st = get_bool(t, "attention_bias", &c->attention_bias, NULL); /* glm4_moe: q/k/v only */
     if (st == MOEX_OK && fam == FAM_GLM4_MOE) st = get_bool(t, "use_qk_norm", &c->use_qk_norm, NULL);
-    c->o_proj_bias = (fam == FAM_QWEN3_MOE || fam == FAM_QWEN3_VL_MOE || fam == FAM_OLMOE || fam == FAM_DEEPSEEK_V3) &&
+    if (fam == FAM_GPT_OSS) { /* GptOssConfig: biases on q/k/v/o, the clamped swiglu */
+        c->attention_bias = c->o_proj_bias = 1;
+        c->swiglu_alpha = 1.702, c->swiglu_limit = 7.0;
+        if (st == MOEX_OK) st = get_bool(t, "attention_bias", &c->attention_bias, NULL);
+        c->o_proj_bias = c->attention_bias;
+        if (st == MOEX_OK) st = get_num(t, "swiglu_alpha", 1, &c->swiglu_alpha, NULL);
+        if (st == MOEX_OK) st = get_num(t, "swiglu_limit", 1, &c->swiglu_limit, NULL);
+    }
+    c->o_proj_bias = (fam == FAM_QWEN3_MOE || fam == FAM_QWEN3_VL_MOE || fam == FAM_OLMOE || fam == FAM_DEEPSEEK_V3 ||
+                     fam == FAM_GPT_OSS) &&
                      c->attention_bias;
     /* olmoe clamps q, k and v to [-clip_qkv, clip_qkv] when the key is a number */
     if (st == MOEX_OK && fam == FAM_OLMOE) st = get_num(t, "clip_qkv", 1, &c->clip_qkv, &c->has_clip_qkv);
@@ -588,6 +610,7 @@ static moex_status parse_json(const char *json, size_t len, const char *what, cJ
 void moex_config_free(moex_config *cfg) {
     if (!cfg) return;
     free(cfg->mlp_only_layers);
+    free(cfg->layer_sliding);
     for (int i = 0; i < cfg->n_modules_to_not_convert; i++) free(cfg->modules_to_not_convert[i]);
     free(cfg->modules_to_not_convert);
     memset(cfg, 0, sizeof *cfg);

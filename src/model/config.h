@@ -74,6 +74,7 @@ typedef struct moex_config {
     /* deepseek_v3's latent attention (MLA); 0 elsewhere. q_lora_rank 0: no q compression */
     int64_t q_lora_rank, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim;
     int rope_interleave;          /* the rotary values in interleaved pairs (default on) */
+    double swiglu_alpha, swiglu_limit; /* gpt_oss: the clamped swiglu (1.702, 7.0) */
     int has_clip_qkv;             /* olmoe: clip_qkv is a number (null or absent: no clamp) */
     double clip_qkv;
     char hidden_act[MOEX_CONFIG_NAME_LEN];  /* default "silu" */
@@ -85,6 +86,7 @@ typedef struct moex_config {
     int64_t first_sliding_layer;  /* the first of them, -1 when none */
     int64_t sliding_window;
     char sliding_source[96];      /* the keys that asked for it, for messages */
+    unsigned char *layer_sliding; /* gpt_oss: [num_hidden_layers] 1 for a sliding-window layer (owned), else NULL */
 
     /* special tokens (generation_config.json overrides); -1 = none */
     int n_eos;

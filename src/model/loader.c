@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static const char *const FAMILIES[] = {"qwen2_moe", "qwen3_moe", "mixtral", "qwen3_vl_moe", "olmoe", "glm4_moe", "deepseek_v3"};
+static const char *const FAMILIES[] = {"qwen2_moe", "qwen3_moe", "mixtral", "qwen3_vl_moe", "olmoe", "glm4_moe", "deepseek_v3", "gpt_oss"};
 
 moex_model_options moex_model_default_options(void) {
     moex_model_options o;
@@ -206,6 +206,13 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
     d.block_n = m->quant.block_n;
     d.block_k = m->quant.block_k;
     d.activation_scheme = m->quant.scheme;
+    const int gpt_oss = !strcmp(m->cfg.model_type, "gpt_oss");
+    if (gpt_oss) { /* gate and up interleaved, the clamped swiglu, biases (below) */
+        d.interleaved = 1;
+        d.activation = MOEX_ACT_GPTOSS_CLAMP;
+        d.alpha = (float)m->cfg.swiglu_alpha;
+        d.limit = (float)m->cfg.swiglu_limit;
+    }
     if (fused && keep_quant && fused->dtype == MOEX_ST_F8_E4M3) {
         if ((st = load_fused_fp8(m, moe, &d))) return st;
     } else if (fused) {
@@ -226,6 +233,21 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
         d.transposed = transposed;
         moex_tensor_init(&d.gate_up, (void *)gu, gdt, 3, gs);
         moex_tensor_init(&d.down, (void *)dn, ddt, 3, ds);
+        if (gpt_oss) { /* gate_up_proj_bias [E, 2I], down_proj_bias [E, H] */
+            const void *gb, *db;
+            moex_dtype gbt, dbt;
+            int64_t gbs[2] = {E, 2 * I}, dbs[2] = {E, H};
+            snprintf(name, sizeof name, "%s.experts.gate_up_proj_bias", moe);
+            if ((st = get(m, name, 2, gbs, &gb, &gbt))) return st;
+            snprintf(name, sizeof name, "%s.experts.down_proj_bias", moe);
+            if ((st = get(m, name, 2, dbs, &db, &dbt))) return st;
+            moex_tensor_init(&d.gate_up_bias, (void *)gb, gbt, 2, gbs);
+            moex_tensor_init(&d.down_bias, (void *)db, dbt, 2, dbs);
+        }
+    } else if (gpt_oss) {
+        snprintf(name, sizeof name, "%s.experts.gate_up_proj", moe);
+        return moex_fail(MOEX_ERR_NOT_FOUND, "gpt_oss: no tensor %s (moex reads gpt_oss's fused experts; MXFP4 "
+                         "checkpoints are not read yet)", name);
     } else {
         int mixtral = strcmp(m->cfg.model_type, "mixtral") == 0;
         const char *gate_name = mixtral ? "w1" : "gate_proj", *up_name = mixtral ? "w3" : "up_proj",
@@ -320,6 +342,7 @@ static moex_status load_layer(moex_model *m, int64_t L, model_layer *ly) {
     const int qwen3 = !strcmp(c->model_type, "qwen3_moe") || !strcmp(c->model_type, "qwen3_vl_moe");
     const int mixtral = !strcmp(c->model_type, "mixtral"), olmoe = !strcmp(c->model_type, "olmoe");
     const int glm4 = !strcmp(c->model_type, "glm4_moe"), mla = c->kv_lora_rank > 0;
+    const int gpt_oss = !strcmp(c->model_type, "gpt_oss");
     const int sigmoid_moe = glm4 || mla; /* grouped sigmoid router with a bias, ungated shared experts */
     char base[160], name[320];
     snprintf(base, sizeof base, "%slayers.%lld", m->prefix, (long long)L);
@@ -339,6 +362,11 @@ static moex_status load_layer(moex_model *m, int64_t L, model_layer *ly) {
             if ((st = get_linear(m, name, outs[i], ins[i], i < 3 ? c->attention_bias : c->o_proj_bias, w[i]))) return st;
         }
     }
+    if (gpt_oss) { /* the sinks of its heads; a sliding layer's window */
+        snprintf(name, sizeof name, "%s.self_attn.sinks", base);
+        if ((st = get_f32_vec(m, name, nh, &ly->sinks))) return st;
+        ly->window = c->layer_sliding && c->layer_sliding[L] ? c->sliding_window : 0;
+    }
     if (qwen3 || olmoe || (glm4 && c->use_qk_norm)) { /* per head, or over the whole q and k rows (olmoe) */
         snprintf(name, sizeof name, "%s.self_attn.q_norm.weight", base);
         if ((st = get_vec(m, name, olmoe ? nh * d : d, &ly->q_norm))) return st;
@@ -348,10 +376,10 @@ static moex_status load_layer(moex_model *m, int64_t L, model_layer *ly) {
     char moe[200];
     snprintf(moe, sizeof moe, "%s.%s", base, mixtral ? "block_sparse_moe" : "mlp");
     /* mixtral and olmoe: every layer; glm4_moe and deepseek_v3: from first_k_dense_replace on */
-    ly->is_moe = sigmoid_moe ? L >= c->first_k_dense_replace : mixtral || olmoe || is_moe_layer(c, L);
+    ly->is_moe = sigmoid_moe ? L >= c->first_k_dense_replace : mixtral || olmoe || gpt_oss || is_moe_layer(c, L);
     if (!ly->is_moe) return get_mlp(m, moe, H, c->intermediate_size, &ly->dense);
-    snprintf(name, sizeof name, "%s.gate", moe);
-    if ((st = get_linear(m, name, c->num_experts, H, 0, &ly->router))) return st;
+    snprintf(name, sizeof name, "%s.%s", moe, gpt_oss ? "router" : "gate"); /* gpt_oss's router has a bias */
+    if ((st = get_linear(m, name, c->num_experts, H, gpt_oss, &ly->router))) return st;
     if (sigmoid_moe) { /* the router's correction bias (selection only) and the shared experts, added ungated */
         snprintf(name, sizeof name, "%s.gate.e_score_correction_bias", moe);
         if ((st = get_f32_vec(m, name, c->num_experts, &ly->router_bias))) return st;
@@ -380,7 +408,7 @@ static moex_status check_family(const moex_config *c) {
     for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++)
         if (!strcmp(c->model_type, FAMILIES[i])) return MOEX_OK;
     return moex_fail(MOEX_ERR_UNSUPPORTED,
-                     "model_type \"%s\" is not supported; supported: qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe, olmoe, glm4_moe, deepseek_v3",
+                     "model_type \"%s\" is not supported; supported: qwen2_moe, qwen3_moe, mixtral, qwen3_vl_moe, olmoe, glm4_moe, deepseek_v3, gpt_oss",
                      c->model_type);
 }
 
@@ -397,11 +425,12 @@ static moex_status check_config(moex_model *m, const char *dir) {
     if (strcmp(c->hidden_act, "silu") && strcmp(c->hidden_act, "swish"))
         return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %shidden_act = \"%s\" is not supported: moex runs the "
                          "silu experts and MLPs of %s", dir, sep, pfx, c->hidden_act, c->model_type);
-    const int yarn = !strcmp(c->rope.type, "yarn") && !strcmp(c->model_type, "deepseek_v3");
+    const int gpt_oss = !strcmp(c->model_type, "gpt_oss");
+    const int yarn = !strcmp(c->rope.type, "yarn") && (!strcmp(c->model_type, "deepseek_v3") || gpt_oss);
     if (strcmp(c->rope.type, "default") && !yarn)
         return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %s%s has rope type \"%s\"; moex implements the default "
-                         "rope (and deepseek_v3's yarn)", dir, sep, pfx, c->rope.source, c->rope.type);
-    m->q_scale = 1.0f;
+                         "rope (and deepseek_v3's and gpt_oss's yarn)", dir, sep, pfx, c->rope.source, c->rope.type);
+    m->q_scale = m->cos_scale = 1.0f;
     if (yarn) { /* the inverse frequencies at alloc_scratch; here their attention factor and the softmax scale */
         moex_yarn_params y;
         float probe[MOEX_ROPE_INTERLEAVED_MAX / 2];
@@ -410,7 +439,8 @@ static moex_status check_config(moex_model *m, const char *dir) {
             moex_rope_inv_freq_yarn(c->head_dim, c->rope.theta, &y, probe, &af))
             return moex_fail(MOEX_ERR_FORMAT, "%s%sconfig.json: %s%s: yarn rope: %s", dir, sep, pfx, c->rope.source,
                              moex_last_error());
-        if (af != 1.0)
+        if (gpt_oss) m->cos_scale = (float)af; /* cos and sin times the attention factor */
+        if (af != 1.0 && !gpt_oss)
             return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %s%s gives yarn an attention factor of %g (mscale "
                              "%g, mscale_all_dim %g); moex runs yarn with a factor of 1 only (mscale = mscale_all_dim)",
                              dir, sep, pfx, c->rope.source, af, c->rope.mscale, c->rope.mscale_all_dim);
@@ -470,7 +500,10 @@ static moex_status check_config(moex_model *m, const char *dir) {
                                                               (c->rope.n_mrope_section > 2 ? ms[2] : 0)),
                              (long long)(c->head_dim / 2));
     }
-    if (c->n_sliding_layers && (c->sliding_window < 1 || m->opt.max_seq > c->sliding_window)) {
+    if (gpt_oss && m->opt.device.kind == MOEX_DEVICE_CUDA)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: gpt_oss runs on the cpu only in this version of moex "
+                         "(its sinks and sliding windows are not on the GPU yet)", dir, sep);
+    if (c->n_sliding_layers && (c->sliding_window < 1 || (!gpt_oss && m->opt.max_seq > c->sliding_window))) {
         if (c->sliding_window < 1)
             return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %s gives layer %lld sliding-window attention with "
                              "no usable sliding_window", dir, sep, c->sliding_source, (long long)c->first_sliding_layer);
@@ -655,6 +688,7 @@ static moex_status load(moex_model *m, const char *dir) {
     m->router.num_experts = c->num_experts;
     m->router.top_k = c->num_experts_per_tok;
     m->router.renormalize = c->norm_topk_prob;
+    if (!strcmp(c->model_type, "gpt_oss")) m->router.kind = MOEX_ROUTER_TOPK_SOFTMAX; /* softmax over the k picks */
     if (!strcmp(c->model_type, "glm4_moe") || c->kv_lora_rank > 0) { /* sigmoid scores, group-limited choice, scaled
                                                                          (the bias per layer) */
         m->router.kind = MOEX_ROUTER_SIGMOID_GROUPED_TOPK;
@@ -778,9 +812,14 @@ static void describe_features(const moex_model *m, char *out, size_t size) {
     }
     if (l0 && l0->q_norm.data) append(out, size, &n, m->qk_norm_rows ? ", q/k norm over the whole rows" : ", q/k norm per head");
     if (c->attention_bias) append(out, size, &n, c->o_proj_bias ? ", q/k/v/o biases" : ", q/k/v biases");
+    if (l0 && l0->sinks) append(out, size, &n, ", sinks");
+    if (c->layer_sliding && c->n_sliding_layers)
+        append(out, size, &n, ", sliding window %lld on %d of %lld layers", (long long)c->sliding_window,
+               c->n_sliding_layers, (long long)c->num_hidden_layers);
     append(out, size, &n, "; rope %s (theta %g", c->rope.type, c->rope.theta);
     if (m->rotary_dim != c->head_dim) append(out, size, &n, ", %lld of %lld values rotated", (long long)m->rotary_dim,
                                              (long long)c->head_dim);
+    if (m->cos_scale != 1.0f) append(out, size, &n, ", cos/sin x %g", (double)m->cos_scale);
     if (c->rope.n_mrope_section)
         append(out, size, &n, ", mrope sections %lld/%lld/%lld", (long long)c->rope.mrope_section[0],
                (long long)c->rope.mrope_section[1], (long long)c->rope.mrope_section[2]);
@@ -788,9 +827,14 @@ static void describe_features(const moex_model *m, char *out, size_t size) {
         append(out, size, &n, "); router sigmoid top-%lld in %lld of %lld groups, correction bias, scaling %g%s",
                (long long)c->num_experts_per_tok, (long long)m->router.topk_group, (long long)m->router.n_group,
                (double)m->router.scaling, c->norm_topk_prob ? ", renormalised" : "");
+    else if (m->router.kind == MOEX_ROUTER_TOPK_SOFTMAX)
+        append(out, size, &n, "); router top-%lld then softmax, with a bias", (long long)c->num_experts_per_tok);
     else
         append(out, size, &n, "); router softmax top-%lld%s", (long long)c->num_experts_per_tok,
                c->norm_topk_prob ? " renormalised" : "");
+    if (!strcmp(c->model_type, "gpt_oss"))
+        append(out, size, &n, "; experts with biases, gate/up interleaved, clamped swiglu (alpha %g, limit %g)",
+               c->swiglu_alpha, c->swiglu_limit);
     int gated = 0, ungated = 0;
     for (int64_t L = 0; L < c->num_hidden_layers; L++)
         if (m->layers[L].has_shared) *(m->layers[L].shared_gate.weight ? &gated : &ungated) = 1;

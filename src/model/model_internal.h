@@ -32,6 +32,8 @@ typedef struct model_layer {
      * [c, k_rot] = kv_a(x), [k_nope, v] per head = kv_b(norm(c)); o above */
     moex_linear_w q_a, q_b, kv_a, kv_b;
     moex_vec_w q_a_norm, kv_a_norm;
+    int64_t window;                  /* gpt_oss: the sliding window of a sliding layer, else 0 */
+    float *sinks;                    /* gpt_oss: self_attn.sinks [heads] in f32 (owned by the model), or NULL */
 } model_layer;
 
 /* The weights of one layer that a step reads besides the experts: views of model_layer's on the
@@ -42,6 +44,8 @@ typedef struct model_layer_w {
     moex_mlp_w dense, shared;
     moex_linear_w q_a, q_b, kv_a, kv_b; /* deepseek_v3 */
     moex_vec_w q_a_norm, kv_a_norm;
+    int64_t window;                     /* gpt_oss: a sliding layer's window (0: full attention) */
+    const float *sinks;                 /* gpt_oss: [heads] f32, or NULL */
 } model_layer_w;
 
 /* What one step (step.c) runs with, all of it in the memory of env's op table: host memory
@@ -98,6 +102,7 @@ struct moex_model {
                                         (glm4_moe), else head_dim */
     float *latent;                   /* deepseek_v3 (CPU): the latent cache [layers, max_batch, max_seq,
                                         kv_lora_rank + qk_rope_head_dim] f32 */
+    float cos_scale;                 /* gpt_oss with yarn: the attention factor cos and sin are multiplied by; else 1 */
     float q_scale;                   /* deepseek_v3 with yarn: mscale(factor, mscale_all_dim)^2, by which q is
                                         multiplied (transformers' softmax scale over head_dim^-0.5); else 1 */
     int qk_norm_rows;                /* olmoe: q_norm / k_norm span the whole q / k row (nh*d, nkv*d),

@@ -114,7 +114,7 @@ static moex_status mla_attention(moex_model *m, const model_layer_w *ly, int64_t
     }
     if (!st) st = mla_expand(m, ly, b.c, b.kr, T, b.kvb, b.k, b.v);
     if (!st && m->q_scale != 1.0f) st = op->scale(e, b.q, T * nh * qd, m->q_scale);
-    if (!st) st = op->attention(e, 0, r->seqs, nseq, T, nh, b.q, b.k, b.v, b.o); /* the one-layer cache */
+    if (!st) st = op->attention(e, 0, r->seqs, nseq, T, nh, b.q, b.k, b.v, b.o, 0, NULL); /* the one-layer cache */
     if (!st) st = op->copy_rows(e, r->attn, vd, b.o, qd, T * nh, vd);
     return st;
 }
@@ -143,7 +143,7 @@ static moex_status gqa_attention(moex_model *m, const model_layer_w *ly, int64_t
     if (!st) st = op->rope_apply(e, r->k, T, nkv, d, m->rotary_dim, r->cos, r->sin);
     if (!st) st = R(m, r->q, T * nh * d);
     if (!st) st = R(m, r->k, T * nkv * d);
-    if (!st) st = op->attention(e, L, r->seqs, nseq, T, nh, r->q, r->k, r->v, r->attn);
+    if (!st) st = op->attention(e, L, r->seqs, nseq, T, nh, r->q, r->k, r->v, r->attn, ly->window, ly->sinks);
     return st;
 }
 
@@ -227,6 +227,8 @@ static moex_status queue_step(moex_model *m, int64_t nseq, int64_t T, float *log
                                r->sin);
     } else if (!st) {
         st = op->rope_cos_sin(e, r->inv_freq, m->rotary_dim, r->positions, T, r->cos, r->sin);
+        if (!st && m->cos_scale != 1.0f) st = op->scale(e, r->cos, T * (m->rotary_dim / 2), m->cos_scale);
+        if (!st && m->cos_scale != 1.0f) st = op->scale(e, r->sin, T * (m->rotary_dim / 2), m->cos_scale);
     }
     for (int64_t L = 0; !st && L < c->num_hidden_layers; L++) {
         const model_layer *ly = &m->layers[L];
@@ -354,7 +356,7 @@ moex_status model_run_cpu(moex_model *m) {
                                             ly->q,       ly->k,         ly->v,          ly->o,
                                             ly->router,  ly->shared_gate, ly->dense,    ly->shared,
                                             ly->q_a,     ly->q_b,         ly->kv_a,     ly->kv_b,
-                                            ly->q_a_norm, ly->kv_a_norm};
+                                            ly->q_a_norm, ly->kv_a_norm, ly->window, ly->sinks};
     }
     r->env.ops = &moex_decoder_ops_cpu;
     r->env.device = (moex_device){MOEX_DEVICE_CPU, 0};

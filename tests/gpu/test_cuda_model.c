@@ -244,8 +244,8 @@ int main(int argc, char **argv) {
         fflush(stdout);
         failed += f != 0;
     }
-    static const char *const cpu_only[] = {"glm4_moe", "deepseek_v3"};
-    for (int i = 0; i < 2; i++) { /* these run on the cpu only for now: refused on the GPU, naming the family */
+    static const char *const cpu_only[] = {"glm4_moe", "deepseek_v3", "gpt_oss"};
+    for (int i = 0; i < 3; i++) { /* these run on the cpu only for now: refused on the GPU, naming the family */
         int before = g_failures, checks = g_checks;
         char dir[512], want[64];
         snprintf(dir, sizeof dir, "%s/%s", MOEX_FIXTURES, cpu_only[i]);
@@ -261,6 +261,6 @@ int main(int argc, char **argv) {
         printf("[%s] %-24s %3d checks, %d failed\n", f ? "FAIL" : " OK ", cpu_only[i], g_checks - checks, f);
         failed += f != 0;
     }
-    printf("test_cuda_model: %d of %d tests passed, %d checks, %d failed\n", n + 2 - failed, n + 2, g_checks, g_failures);
+    printf("test_cuda_model: %d of %d tests passed, %d checks, %d failed\n", n + 3 - failed, n + 3, g_checks, g_failures);
     return g_failures ? 1 : 0;
 }
