@@ -436,6 +436,10 @@ static void test_unsupported_keys(void **state) {
          0, MOEX_ERR_FORMAT, "layer_types[1]", "local"},
         {"gpt_oss layer_types short", "gpt_oss", {"layer_types", "[\"sliding_attention\"]"}, 0, MOEX_ERR_FORMAT,
          "layer_types has 1 entries", NULL},
+        {"mxfp4 on qwen3_moe", "qwen3_moe", {"quantization_config", "{\"quant_method\": \"mxfp4\"}"}, 0,
+         MOEX_ERR_UNSUPPORTED, "\"mxfp4\" is read for gpt_oss checkpoints only", "qwen3_moe"},
+        {"gpt_oss mxfp4 without blocks", "gpt_oss", {"quantization_config", "{\"quant_method\": \"mxfp4\"}"}, 0,
+         MOEX_ERR_NOT_FOUND, "gate_up_proj_blocks", NULL},
         {"olmoe no experts", "olmoe", {"num_experts", "0", "num_experts_per_tok", "0"}, 0, MOEX_ERR_FORMAT,
          "num_experts = 0", NULL},
     };

@@ -190,6 +190,60 @@ static moex_status load_per_expert_fp8(moex_model *m, model_layer *ly, const cha
 }
 
 // The experts of layer L: fused 3-D tensors (either orientation) or per-expert 2-D ones.
+// gpt_oss's expert biases: gate_up_proj_bias [E, 2I] and down_proj_bias [E, H] into d.
+static moex_status load_expert_biases(moex_model *m, const char *moe, moex_experts_desc *d) {
+    const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate;
+    const void *gb, *db;
+    moex_dtype gbt, dbt;
+    int64_t gbs[2] = {E, 2 * I}, dbs[2] = {E, H};
+    char name[256];
+    snprintf(name, sizeof name, "%s.experts.gate_up_proj_bias", moe);
+    moex_status st = get(m, name, 2, gbs, &gb, &gbt);
+    if (st) return st;
+    snprintf(name, sizeof name, "%s.experts.down_proj_bias", moe);
+    if ((st = get(m, name, 2, dbs, &db, &dbt))) return st;
+    if ((st = moex_tensor_init(&d->gate_up_bias, (void *)gb, gbt, 2, gbs))) return st;
+    return moex_tensor_init(&d->down_bias, (void *)db, dbt, 2, dbs);
+}
+
+// One MXFP4 matrix of gpt_oss (OpenAI's layout): `base_blocks` uint8 [E, rows, in/32, 16] (two e2m1 codes a
+// byte, the first in the low nibble) and `base_scales` uint8 [E, rows, in/32] (UE8M0 exponents) -> w as
+// e2m1x2 with its scales, or (dequantize) dequantized into memory the model owns.
+static moex_status load_mxfp4_matrix(moex_model *m, const char *base, int64_t E, int64_t rows, int64_t in,
+                                     moex_tensor *w, moex_tensor *scale) {
+    char bname[256], sname[256];
+    snprintf(bname, sizeof bname, "%s_blocks", base);
+    snprintf(sname, sizeof sname, "%s_scales", base);
+    if (in % 32)
+        return moex_fail(MOEX_ERR_FORMAT, "tensor %s: MXFP4 needs the input size (%lld) to be a multiple of 32", bname,
+                         (long long)in);
+    const moex_ckpt_tensor *b, *s;
+    moex_status st = moex_checkpoint_get(m->ckpt, bname, &b);
+    if (!st) st = moex_checkpoint_get(m->ckpt, sname, &s);
+    if (st) return st;
+    const int64_t bs[4] = {E, rows, in / 32, 16}, ss[3] = {E, rows, in / 32};
+    const int bad_b = b->dtype != MOEX_ST_U8 || b->ndim != 4 || memcmp(b->shape, bs, sizeof bs);
+    const int bad_s = s->dtype != MOEX_ST_U8 || s->ndim != 3 || memcmp(s->shape, ss, sizeof ss);
+    if (bad_b || bad_s)
+        return moex_fail(MOEX_ERR_FORMAT, "tensor %s: expected U8 [%lld, %lld, %lld%s]", bad_b ? bname : sname,
+                         (long long)E, (long long)rows, (long long)(in / 32), bad_b ? ", 16" : "");
+    int64_t qs[3] = {E, rows, in / 2};
+    moex_tensor q, sc;
+    if ((st = moex_tensor_init(&q, (void *)b->data, MOEX_E2M1X2, 3, qs)) ||
+        (st = moex_tensor_init(&sc, (void *)s->data, MOEX_UE8M0, 3, ss)))
+        return st;
+    if (!m->opt.dequantize) {
+        *scale = sc;
+        return moex_tensor_init(w, (void *)b->data, MOEX_E2M1X2, 4, bs);
+    }
+    const moex_dtype dt = m->opt.dtype == MOEX_BF16 ? MOEX_BF16 : MOEX_F32; /* as the float path stores weights */
+    void *out = model_own(m, (size_t)(E * rows * in) * moex_dtype_size(dt));
+    if (!out) return MOEX_ERR_OUT_OF_MEMORY;
+    int64_t os[3] = {E, rows, in};
+    if ((st = moex_tensor_init(w, out, dt, 3, os))) return st;
+    return moex_dequantize(&q, &sc, 1, 32, w);
+}
+
 static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe, int64_t H, int64_t I) {
     const int64_t E = m->cfg.num_experts;
     moex_experts_desc d;
@@ -213,7 +267,15 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
         d.alpha = (float)m->cfg.swiglu_alpha;
         d.limit = (float)m->cfg.swiglu_limit;
     }
-    if (fused && keep_quant && fused->dtype == MOEX_ST_F8_E4M3) {
+    if (gpt_oss && m->quant.mxfp4) { /* gate/up rows interleaved, not transposed */
+        char base[256];
+        snprintf(base, sizeof base, "%s.experts.gate_up_proj", moe);
+        if ((st = load_mxfp4_matrix(m, base, E, 2 * I, H, &d.gate_up, &d.gate_up_scale))) return st;
+        snprintf(base, sizeof base, "%s.experts.down_proj", moe);
+        if ((st = load_mxfp4_matrix(m, base, E, H, I, &d.down, &d.down_scale))) return st;
+        if (!m->opt.dequantize) d.block_n = 1, d.block_k = 32;
+        if ((st = load_expert_biases(m, moe, &d))) return st;
+    } else if (fused && keep_quant && fused->dtype == MOEX_ST_F8_E4M3) {
         if ((st = load_fused_fp8(m, moe, &d))) return st;
     } else if (fused) {
         const void *gu, *dn;
@@ -233,21 +295,11 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
         d.transposed = transposed;
         moex_tensor_init(&d.gate_up, (void *)gu, gdt, 3, gs);
         moex_tensor_init(&d.down, (void *)dn, ddt, 3, ds);
-        if (gpt_oss) { /* gate_up_proj_bias [E, 2I], down_proj_bias [E, H] */
-            const void *gb, *db;
-            moex_dtype gbt, dbt;
-            int64_t gbs[2] = {E, 2 * I}, dbs[2] = {E, H};
-            snprintf(name, sizeof name, "%s.experts.gate_up_proj_bias", moe);
-            if ((st = get(m, name, 2, gbs, &gb, &gbt))) return st;
-            snprintf(name, sizeof name, "%s.experts.down_proj_bias", moe);
-            if ((st = get(m, name, 2, dbs, &db, &dbt))) return st;
-            moex_tensor_init(&d.gate_up_bias, (void *)gb, gbt, 2, gbs);
-            moex_tensor_init(&d.down_bias, (void *)db, dbt, 2, dbs);
-        }
+        if (gpt_oss && (st = load_expert_biases(m, moe, &d))) return st;
     } else if (gpt_oss) {
         snprintf(name, sizeof name, "%s.experts.gate_up_proj", moe);
-        return moex_fail(MOEX_ERR_NOT_FOUND, "gpt_oss: no tensor %s (moex reads gpt_oss's fused experts; MXFP4 "
-                         "checkpoints are not read yet)", name);
+        return moex_fail(MOEX_ERR_NOT_FOUND, "gpt_oss: no tensor %s (moex reads gpt_oss's fused experts, or its MXFP4 "
+                         "*_blocks / *_scales with quantization_config.quant_method \"mxfp4\")", name);
     } else {
         int mixtral = strcmp(m->cfg.model_type, "mixtral") == 0;
         const char *gate_name = mixtral ? "w1" : "gate_proj", *up_name = mixtral ? "w3" : "up_proj",
@@ -653,6 +705,10 @@ static moex_status prepare_experts(moex_model *m) {
 static moex_status load(moex_model *m, const char *dir) {
     moex_status st = moex_config_load(dir, &m->cfg);
     if (st || (st = check_family(&m->cfg)) || (st = check_config(m, dir)) || (st = model_quant_setup(m))) return st;
+    if (m->quant.mxfp4 && !m->opt.dequantize && !(moex_dispatch_device_formats(m->opt.device.kind) & MOEX_FORMAT_FP4))
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "this checkpoint's experts are MXFP4: no experts backend runs FP4 experts "
+                         "on %s in this version of moex; load it with dequantize = 1 (--dequantize)",
+                         m->opt.device.kind == MOEX_DEVICE_CUDA ? "cuda" : "the cpu");
     if (m->quant.on && !m->opt.dequantize && !(moex_dispatch_device_formats(m->opt.device.kind) & MOEX_FORMAT_FP8))
         return moex_fail(MOEX_ERR_UNSUPPORTED, "this checkpoint's experts are FP8: no experts backend runs FP8 experts on "
                          "%s in this version of moex; load it with dequantize = 1 (--dequantize)",

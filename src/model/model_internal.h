@@ -87,6 +87,7 @@ typedef struct model_quant {
     int on;                   /* quant_method "fp8" */
     int64_t block_n, block_k; /* weight_block_size, default 128 x 128 */
     int scheme;               /* MOEX_ACT_SCHEME_DYNAMIC or _STATIC (activation_scheme) */
+    int mxfp4;                /* quant_method "mxfp4" (gpt_oss): experts as *_blocks / *_scales */
 } model_quant;
 
 struct moex_model {

@@ -8,7 +8,7 @@
 
 moex_status model_quant_setup(moex_model *m) {
     const moex_config *c = &m->cfg;
-    model_quant q = {0, 128, 128, MOEX_ACT_SCHEME_DYNAMIC};
+    model_quant q = {0, 128, 128, MOEX_ACT_SCHEME_DYNAMIC, 0};
     if (m->opt.dequantize && m->opt.quantize)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "dequantize and quantize = \"%s\" exclude each other", m->opt.quantize);
     if (m->opt.quantize) {
@@ -19,10 +19,19 @@ moex_status model_quant_setup(moex_model *m) {
     if (m->opt.dequantize && !c->has_quantization_config)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "dequantize = 1: the checkpoint is not quantized (its config.json "
                          "has no quantization_config)");
-    if (c->has_quantization_config) {
+    if (c->has_quantization_config && !strcmp(c->quant_method, "mxfp4")) { /* OpenAI's gpt_oss experts */
+        if (strcmp(c->model_type, "gpt_oss"))
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "config.json: quantization_config.quant_method \"mxfp4\" is read for "
+                             "gpt_oss checkpoints only, not %s", c->model_type);
+        if (m->opt.quantize)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "quantize = \"%s\": the checkpoint is already quantized (mxfp4)",
+                             m->opt.quantize);
+        q.mxfp4 = 1;
+    } else if (c->has_quantization_config) {
         if (strcmp(c->quant_method, "fp8"))
             return moex_fail(MOEX_ERR_UNSUPPORTED,
-                             "config.json: quantization_config.quant_method \"%s\" is not supported (moex reads \"fp8\")",
+                             "config.json: quantization_config.quant_method \"%s\" is not supported (moex reads \"fp8\", and \"mxfp4\" "
+                             "for gpt_oss)",
                              c->quant_method);
         if (c->fmt[0] && strcmp(c->fmt, "e4m3"))
             return moex_fail(MOEX_ERR_UNSUPPORTED, "config.json: quantization_config.fmt \"%s\" is not supported (e4m3)",
