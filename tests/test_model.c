@@ -283,11 +283,13 @@ static void test_eos_and_sampling(void **state) {
  * bf16 rounding of a tie, so its bf16 run picks another expert there, as a bf16 peer may.) */
 static void test_bf16_compute(void **state) {
     (void)state;
-    const char *fixtures[] = {"qwen2_moe", "qwen3_moe-fused", "mixtral"};
+    /* not glm4_moe and deepseek_v3: their fixtures' router gaps (1.9e-3, 5.5e-5) lie below bf16's resolution and
+     * their bf16 logits move 0.50 and 0.058 from the f32 ones (measured; the greedy tokens stay equal) */
+    const char *fixtures[] = {"qwen2_moe", "qwen3_moe-fused", "mixtral", "olmoe", "gpt_oss"};
     static const int32_t prompt[] = {3, 17, 42, 7, 99, 5};
     const int32_t *p[1] = {prompt};
     int64_t len[1] = {6};
-    for (int f = 0; f < 3; f++) {
+    for (size_t f = 0; f < sizeof fixtures / sizeof fixtures[0]; f++) {
         char dir[512], path[600];
         snprintf(dir, sizeof dir, "%s/%s", MOEX_FIXTURES, fixtures[f]);
         snprintf(path, sizeof path, "%s/expected.json", dir);
