@@ -663,8 +663,8 @@ static moex_status alloc_scratch(moex_model *m) {
         model_mla_bufs unused;
         const size_t lat = (size_t)c->num_hidden_layers * B * (size_t)m->opt.max_seq *
                            (size_t)(c->kv_lora_rank + c->qk_rope_head_dim);
-        r->mla = calloc(model_mla_scratch(c, (int64_t)T, NULL, &unused), sizeof(float));
-        r->mla_past = calloc(model_mla_scratch(c, m->opt.max_seq, NULL, &unused), sizeof(float));
+        r->mla = calloc(model_mla_scratch(c, (int64_t)T, 0, NULL, &unused), sizeof(float));
+        r->mla_past = calloc(model_mla_scratch(c, m->opt.max_seq, 1, NULL, &unused), sizeof(float));
         m->latent = malloc(lat * sizeof(float));
         if (!r->mla || !r->mla_past || !m->latent)
             return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the latent attention's cache (%zu floats) and "

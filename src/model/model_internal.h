@@ -68,16 +68,17 @@ typedef struct model_run {
     moex_attn_seq *seqs;          /* [max_batch] the step's sequences */
     uint16_t *h16, *out16;        /* bf16 compute: the experts' input and output */
     float *mla;                   /* deepseek_v3 (CPU): the latent attention's scratch (model_mla_scratch), zeroed */
-    float *mla_past;              /* the same for max_seq rows: a sequence's past latents expanded */
+    float *mla_past;              /* its key/value side for max_seq rows: a sequence's past latents expanded */
 } model_run;
 
 /* deepseek_v3's latent attention scratch for T rows: its buffers carved from base (NULL: only
- * count), and the floats they take. k and v are [T, heads, nope + rope]: v's columns past v_head_dim
+ * count), and the floats they take; past = 1: only the key/value side (c, kr, kvb, k, v), for a
+ * sequence's expanded past (q, a, kva, qr and o empty). k and v are [T, heads, nope + rope]: v's columns past v_head_dim
  * stay zero, so the cache's attention over nope + rope values gives the v_head_dim outputs. */
 typedef struct model_mla_bufs {
     float *q, *a, *kva, *c, *kr, *kvb, *qr, *k, *v, *o;
 } model_mla_bufs;
-size_t model_mla_scratch(const moex_config *c, int64_t T, float *base, model_mla_bufs *b);
+size_t model_mla_scratch(const moex_config *c, int64_t T, int past, float *base, model_mla_bufs *b);
 
 /* The yarn parameters of the config's rope (rope_type "yarn"). */
 moex_status model_yarn_params(const moex_config *c, moex_yarn_params *y);

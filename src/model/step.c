@@ -17,12 +17,13 @@ static moex_status R(const moex_model *m, float *x, int64_t n) {
     return m->opt.dtype == MOEX_BF16 ? e->ops->round_bf16(e, x, n) : MOEX_OK;
 }
 
-size_t model_mla_scratch(const moex_config *c, int64_t T, float *base, model_mla_bufs *b) {
+size_t model_mla_scratch(const moex_config *c, int64_t T, int past, float *base, model_mla_bufs *b) {
     const int64_t nh = c->num_attention_heads, qd = c->qk_nope_head_dim + c->qk_rope_head_dim;
-    const int64_t sizes[10] = {T * nh * qd, T * (c->q_lora_rank > 0 ? c->q_lora_rank : 1),
-                               T * (c->kv_lora_rank + c->qk_rope_head_dim), T * c->kv_lora_rank, T * c->qk_rope_head_dim,
-                               T * nh * (c->qk_nope_head_dim + c->v_head_dim), T * nh * c->qk_rope_head_dim,
-                               T * nh * qd, T * nh * qd, T * nh * qd};
+    const int64_t Q = past ? 0 : T; /* the query side: none for a sequence's expanded past */
+    const int64_t sizes[10] = {Q * nh * qd, Q * (c->q_lora_rank > 0 ? c->q_lora_rank : 1),
+                               Q * (c->kv_lora_rank + c->qk_rope_head_dim), T * c->kv_lora_rank, T * c->qk_rope_head_dim,
+                               T * nh * (c->qk_nope_head_dim + c->v_head_dim), Q * nh * c->qk_rope_head_dim,
+                               T * nh * qd, T * nh * qd, Q * nh * qd};
     float **dst[10] = {&b->q, &b->a, &b->kva, &b->c, &b->kr, &b->kvb, &b->qr, &b->k, &b->v, &b->o};
     size_t n = 0;
     for (int i = 0; i < 10; i++) {
@@ -63,8 +64,8 @@ static moex_status mla_attention(moex_model *m, const model_layer_w *ly, int64_t
     const int64_t vd = c->v_head_dim, qd = nope + rope, kvl = c->kv_lora_rank, lw = kvl + rope;
     const int64_t B = m->opt.max_batch, S = m->opt.max_seq;
     model_mla_bufs b, p;
-    model_mla_scratch(c, T, r->mla, &b);
-    model_mla_scratch(c, S, r->mla_past, &p);
+    model_mla_scratch(c, T, 0, r->mla, &b);
+    model_mla_scratch(c, S, 1, r->mla_past, &p);
     moex_status st;
     if (c->q_lora_rank > 0) {
         st = op->linear(e, &ly->q_a, r->h, T, b.a);
