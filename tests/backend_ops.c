@@ -4,15 +4,17 @@
  *
  * The grid, per device (the CPU always; cuda:0 when moex_device_query says it is usable):
  *   weight format  f32, f16, bf16 (hidden and out of the same dtype); fp8 (e4m3 with block
- *                  scales 8 x 32, f32 or ue8m0 scales in turn) and fp4 (e2m1 with ue8m0 scales per
- *                  32), made with moex_quantize from an f32 layer, hidden and out f32 or bf16 in turn
+ *                  scales 8 x 32 or 16 x 64, f32 or ue8m0 scales, each in turn) and fp4 (e2m1 with
+ *                  ue8m0 scales per 32), made with moex_quantize from an f32 layer, hidden and out
+ *                  f32 or bf16 in turn
  *   layout         concat (gate | up rows), interleaved (gate/up rows alternating), transposed
  *                  ([E, in, out]; float formats only: quantized weights are never transposed),
  *                  per_expert (arrays of E pointers to separately allocated matrices, and for the
  *                  quantized formats to their own scale grids); biases on every other case
  *   activation     silu, gelu, gelu_tanh, relu, gated and ungated (not with interleaved), and the
  *                  gated gptoss_clamp and swiglu_limit with a limit that binds
- *   sizes          hidden 72 / 136, intermediate 40 / 88, experts 5 / 9, top_k 1..3, tokens 1, 3, 37,
+ *   sizes          hidden 72 / 136, intermediate 40 / 88 (quantized formats: 80 / 208 and 48 / 112,
+ *                  multiples of 16 with partial blocks), experts 5 / 9, top_k 1..3, tokens 1, 3, 37,
  *                  a size per case in turn; random sentinel ids (-1 and E), and with 3 or more
  *                  tokens token 0 routed to -1 only and token 1 to E only (their rows must be
  *                  exact zeros)
@@ -83,9 +85,15 @@ static const int64_t SIZES[][5] = {
     {72, 40, 5, 1, 1}, {136, 88, 9, 2, 3}, {72, 40, 9, 3, 37}, {136, 40, 5, 3, 1}, {72, 88, 9, 2, 3}, {136, 40, 5, 2, 37},
 };
 #define N_SIZES ((int)(sizeof SIZES / sizeof SIZES[0]))
+/* The quantized formats' sizes: multiples of 16 (the GPU reads rows of codes in 16-byte pieces),
+ * not of 32, 64 or 128, so that every block grid below has a partial last block. */
+static const int64_t QSIZES[N_SIZES][5] = {
+    {80, 48, 5, 1, 1}, {208, 112, 9, 2, 3}, {80, 48, 9, 3, 37}, {208, 48, 5, 3, 1}, {80, 112, 9, 2, 3}, {208, 48, 5, 2, 37},
+};
 
-#define FP8_BLOCK_N 8 /* divides every intermediate size: the per-expert gate and up grids split cleanly */
-#define FP8_BLOCK_K 32
+/* FP8 blocks, in turn: 8 x 32 and 16 x 64 (the GPU's grouped_mm takes block_k multiples of 64).
+ * Both block_n divide every intermediate size: the per-expert gate and up grids split cleanly. */
+static const int64_t FP8_BLOCKS[2][2] = {{8, 32}, {16, 64}};
 #define CLAMP_LIMIT 1.0f /* binds for a good part of the projections (about N(0, 1)) */
 #define NMSE_QUANT 1e-4
 
@@ -211,8 +219,9 @@ static void xcase_build(xcase *c, int format_i, int layout, int act_i, int n) {
     c->ue8m0 = f->quant && f->qf == MOEX_QUANT_FP8 && (n / 3) % 2;
     c->xdt = f->quant ? ((n + round) % 3 == 0 ? MOEX_BF16 : MOEX_F32) : f->dt;
     c->id_dt = round % 2 ? MOEX_I64 : MOEX_I32;
-    c->H = SIZES[c->size][0], c->I = SIZES[c->size][1], c->E = SIZES[c->size][2];
-    c->k = SIZES[c->size][3], c->T = SIZES[c->size][4];
+    const int64_t *sz = f->quant ? QSIZES[c->size] : SIZES[c->size];
+    c->H = sz[0], c->I = sz[1], c->E = sz[2], c->k = sz[3], c->T = sz[4];
+    const int64_t *fp8_block = FP8_BLOCKS[(n / 2) % 2];
     snprintf(c->name, sizeof c->name, "%s %s%s %s", f->quant && c->ue8m0 ? "fp8-ue8m0" : f->name,
              LAYOUT_NAMES[layout], c->bias ? "+bias" : "", a->name);
     snprintf(c->sizes, sizeof c->sizes, "T=%lld E=%lld k=%lld H=%lld I=%lld x=%s ids=%s", (long long)c->T,
@@ -227,7 +236,7 @@ static void xcase_build(xcase *c, int format_i, int layout, int act_i, int n) {
     c->desc = c->L.desc;
     if (f->quant) {
         moex_quant_format qf = c->ue8m0 ? MOEX_QUANT_FP8_UE8M0 : f->qf;
-        int64_t bn = qf == MOEX_QUANT_FP4 ? 1 : FP8_BLOCK_N, bk = qf == MOEX_QUANT_FP4 ? 32 : FP8_BLOCK_K;
+        int64_t bn = qf == MOEX_QUANT_FP4 ? 1 : fp8_block[0], bk = qf == MOEX_QUANT_FP4 ? 32 : fp8_block[1];
         quantize_into(&c->L.desc.gate_up, qf, bn, bk, &c->q[0], &c->q[1], &c->desc.gate_up, &c->desc.gate_up_scale);
         quantize_into(&c->L.desc.down, qf, bn, bk, &c->q[2], &c->q[3], &c->desc.down, &c->desc.down_scale);
         c->desc.block_n = bn;

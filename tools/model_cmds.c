@@ -368,6 +368,7 @@ static void print_info(const moex_model *m, const moex_model_info *in, const gen
            (long long)in->top_k, (long long)in->hidden, (long long)in->moe_intermediate, moex_dtype_name(in->weight_dtype),
            in->per_expert_layout ? "per-expert tensors" : "fused tensors", in->transposed ? " (transposed)" : "");
     if (in->shared_intermediate) printf("shared expert intermediate: %lld\n", (long long)in->shared_intermediate);
+    if (in->formats[0]) printf("formats:     %s\n", in->formats);
     if (device.kind == MOEX_DEVICE_CUDA) print_gpu_memory(in);
     printf("experts map: %s\n", map);
     printf("backends on %s:\n", a->device);

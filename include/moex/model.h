@@ -111,6 +111,10 @@ typedef struct moex_model_info {
     /** Bytes the cache keeps per token (over every layer): 2 x kv_heads x head_dim x layers f32 (k and v),
      *  deepseek_v3's latent (kv_lora_rank + qk_rope_head_dim) x layers f32. */
     size_t kv_cache_bytes_per_token;
+    /** The format each part runs in, one line, e.g. "experts e4m3 with f32 block scales 128 x 128, run
+     *  quantized (activations quantized per token per 128); 24 e4m3 linear layers dequantized at load to
+     *  bf16 (12.0 MiB); other weights bf16". */
+    char formats[256];
 } moex_model_info;
 
 moex_status moex_model_get_info(const moex_model *model, moex_model_info *info);

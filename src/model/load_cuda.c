@@ -101,14 +101,90 @@ moex_status model_gpu_state(moex_model *m) {
     return MOEX_OK;
 }
 
+static size_t tensor_elems(const moex_tensor *t) {
+    size_t n = 1;
+    for (int k = 0; k < t->ndim; k++) n *= (size_t)t->shape[k];
+    return n;
+}
+
+// *t (host) replaced by a device copy in its own dtype.
+static moex_status upload_view(model_gpu *g, moex_tensor *t) {
+    if (!moex_tensor_present(t)) return MOEX_OK;
+    const void *dev;
+    moex_status st = upload(g, t->data, t->dtype, tensor_elems(t), t->dtype, &dev);
+    if (st) return st;
+    int64_t shape[MOEX_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    const moex_dtype dt = t->dtype;
+    if ((st = moex_tensor_init(t, (void *)dev, dt, t->ndim, shape))) return st;
+    t->device = g->dev;
+    return MOEX_OK;
+}
+
+/* FP8 experts: the codes and scale grids copied as they are (1 byte a weight), stacked when the
+ * checkpoint keeps each expert in its own tensors: gate_up [E, R, H] with its grid [E, R/bn,
+ * ceil(H/bk)] (gate rows then up rows: I must be a multiple of block_n), down [E, H, I]. */
+static moex_status upload_fp8_experts(model_gpu *g, moex_experts_desc *d) {
+    moex_status st;
+    if (!d->expert_up) {
+        if ((st = upload_view(g, &d->gate_up)) || (st = upload_view(g, &d->down)) ||
+            (st = upload_view(g, &d->gate_up_scale)) || (st = upload_view(g, &d->down_scale)))
+            return st;
+    } else {
+        const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate, gated = d->expert_gate != NULL;
+        const int64_t R = gated ? 2 * I : I, bn = d->block_n, bk = d->block_k;
+        if (gated && I % bn)
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "FP8 experts on the GPU: intermediate size %lld is not a multiple of "
+                             "the checkpoint's block_n %lld, so the gate and up scale grids do not stack",
+                             (long long)I, (long long)bn);
+        const moex_dtype sdt = d->expert_scale_dtype;
+        const size_t ss = moex_dtype_size(sdt), per = (size_t)(I * H);
+        const int64_t sk_h = (H + bk - 1) / bk, sk_i = (I + bk - 1) / bk, sn_i = (I + bn - 1) / bn,
+                      sn_h = (H + bn - 1) / bn, sn_r = gated ? 2 * sn_i : sn_i;
+        char *gu, *dn, *gus, *dns;
+        if ((st = dev_alloc(g, (size_t)(E * R * H), &g->weight_bytes, (void **)&gu)) ||
+            (st = dev_alloc(g, (size_t)E * per, &g->weight_bytes, (void **)&dn)) ||
+            (st = dev_alloc(g, (size_t)(E * sn_r * sk_h) * ss, &g->weight_bytes, (void **)&gus)) ||
+            (st = dev_alloc(g, (size_t)(E * sn_h * sk_i) * ss, &g->weight_bytes, (void **)&dns)))
+            return st;
+        const size_t grid_i = (size_t)(sn_i * sk_h) * ss, grid_h = (size_t)(sn_h * sk_i) * ss;
+        for (int64_t e = 0; e < E && !st; e++) {
+            char *rows = gu + (size_t)(e * R * H), *grid = gus + (size_t)(e * sn_r * sk_h) * ss;
+            if (gated && (st = upload_into(g, rows, d->expert_gate[e], MOEX_E4M3, per, MOEX_E4M3))) break;
+            if (gated && (st = upload_into(g, grid, d->expert_gate_scale[e], sdt, grid_i / ss, sdt))) break;
+            if ((st = upload_into(g, rows + (size_t)((R - I) * H), d->expert_up[e], MOEX_E4M3, per, MOEX_E4M3)) ||
+                (st = upload_into(g, grid + (gated ? grid_i : 0), d->expert_up_scale[e], sdt, grid_i / ss, sdt)) ||
+                (st = upload_into(g, dn + (size_t)e * per, d->expert_down[e], MOEX_E4M3, per, MOEX_E4M3)) ||
+                (st = upload_into(g, dns + (size_t)e * grid_h, d->expert_down_scale[e], sdt, grid_h / ss, sdt)))
+                break;
+        }
+        const int64_t gs[3] = {E, R, H}, ds[3] = {E, H, I}, gss[3] = {E, sn_r, sk_h}, dss[3] = {E, sn_h, sk_i};
+        if (st || (st = moex_tensor_init(&d->gate_up, gu, MOEX_E4M3, 3, gs)) ||
+            (st = moex_tensor_init(&d->down, dn, MOEX_E4M3, 3, ds)) ||
+            (st = moex_tensor_init(&d->gate_up_scale, gus, sdt, 3, gss)) ||
+            (st = moex_tensor_init(&d->down_scale, dns, sdt, 3, dss)))
+            return st;
+        d->gate_up.device = d->down.device = d->gate_up_scale.device = d->down_scale.device = g->dev;
+        d->gated = (int)gated;
+        d->interleaved = 0;
+        d->expert_gate = d->expert_up = d->expert_down = NULL;
+        d->expert_gate_scale = d->expert_up_scale = d->expert_down_scale = NULL;
+    }
+    if ((st = upload_view(g, &d->gate_up_bias)) || (st = upload_view(g, &d->down_bias))) return st;
+    return MOEX_OK;
+}
+
 moex_status model_gpu_experts(moex_model *m, moex_experts_desc *d) {
     moex_status st = model_gpu_state(m);
     if (st) return st;
     model_gpu *g = m->gpu;
     const moex_dtype dt = weight_dtype(m);
+    const moex_dtype wdt = d->expert_up ? d->expert_dtype : d->gate_up.dtype;
+    if (wdt == MOEX_E4M3) return upload_fp8_experts(g, d);
     if (d->expert_up) { /* per-expert matrices: stacked on the device (the layout the tensor-core path reads) */
         if (!moex_is_float_dtype(d->expert_dtype))
-            return moex_fail(MOEX_ERR_UNSUPPORTED, "experts of dtype %s run on the cpu only in this version of moex",
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "experts of dtype %s run on the cpu only in this version of moex "
+                             "(the GPU takes FP8 e4m3 experts); load with dequantize = 1 (--dequantize)",
                              moex_dtype_name(d->expert_dtype));
         if (d->transposed)
             return moex_fail(MOEX_ERR_UNSUPPORTED, "transposed per-expert matrices are not uploaded to the GPU");
@@ -139,10 +215,10 @@ moex_status model_gpu_experts(moex_model *m, moex_experts_desc *d) {
     moex_tensor *t[2] = {&d->gate_up, &d->down};
     for (int i = 0; i < 2; i++) {
         if (!moex_is_float_dtype(t[i]->dtype))
-            return moex_fail(MOEX_ERR_UNSUPPORTED, "experts of dtype %s run on the cpu only in this version of moex",
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "experts of dtype %s run on the cpu only in this version of moex "
+                             "(the GPU takes FP8 e4m3 experts); load with dequantize = 1 (--dequantize)",
                              moex_dtype_name(t[i]->dtype));
-        size_t n = 1;
-        for (int k = 0; k < t[i]->ndim; k++) n *= (size_t)t[i]->shape[k];
+        const size_t n = tensor_elems(t[i]);
         const void *dev;
         if ((st = upload(g, t[i]->data, t[i]->dtype, n, dt, &dev))) return st;
         int64_t shape[MOEX_MAX_DIMS];

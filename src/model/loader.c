@@ -308,27 +308,26 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
         if (!ly->expert_ptrs) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the expert table");
         snprintf(name, sizeof name, "%s.experts.0.%s.weight", moe, gate_name);
         const moex_ckpt_tensor *first_gate = moex_checkpoint_find(m->ckpt, name);
-        if (keep_quant && first_gate && first_gate->dtype == MOEX_ST_F8_E4M3) {
-            const char *names[3] = {gate_name, up_name, down_name};
-            if ((st = load_per_expert_fp8(m, ly, moe, names, &d))) return st;
-            return moex_layer_create(&d, &ly->experts);
-        }
         const char *names[3] = {gate_name, up_name, down_name};
-        const int64_t shapes[3][2] = {{I, H}, {I, H}, {H, I}};
-        char first[256] = "";
-        moex_dtype dt = MOEX_F32;
-        for (int64_t e = 0; e < E; e++)
-            for (int i = 0; i < 3; i++) { /* every matrix: its shape (get) and the one dtype of the layer */
-                snprintf(name, sizeof name, "%s.experts.%lld.%s.weight", moe, (long long)e, names[i]);
-                if (first[0] && (st = same_dtype(m, name, first))) return st;
-                if ((st = get(m, name, 2, shapes[i], &ly->expert_ptrs[i * E + e], &dt))) return st;
-                if (!first[0]) snprintf(first, sizeof first, "%s", name);
-            }
-        d.expert_gate = ly->expert_ptrs;
-        d.expert_up = ly->expert_ptrs + E;
-        d.expert_down = ly->expert_ptrs + 2 * E;
-        d.expert_dtype = dt;
-        d.expert_device.kind = MOEX_DEVICE_CPU;
+        if (keep_quant && first_gate && first_gate->dtype == MOEX_ST_F8_E4M3) {
+            if ((st = load_per_expert_fp8(m, ly, moe, names, &d))) return st;
+        } else {
+            const int64_t shapes[3][2] = {{I, H}, {I, H}, {H, I}};
+            char first[256] = "";
+            moex_dtype dt = MOEX_F32;
+            for (int64_t e = 0; e < E; e++)
+                for (int i = 0; i < 3; i++) { /* every matrix: its shape (get) and the one dtype of the layer */
+                    snprintf(name, sizeof name, "%s.experts.%lld.%s.weight", moe, (long long)e, names[i]);
+                    if (first[0] && (st = same_dtype(m, name, first))) return st;
+                    if ((st = get(m, name, 2, shapes[i], &ly->expert_ptrs[i * E + e], &dt))) return st;
+                    if (!first[0]) snprintf(first, sizeof first, "%s", name);
+                }
+            d.expert_gate = ly->expert_ptrs;
+            d.expert_up = ly->expert_ptrs + E;
+            d.expert_down = ly->expert_ptrs + 2 * E;
+            d.expert_dtype = dt;
+            d.expert_device.kind = MOEX_DEVICE_CPU;
+        }
     }
     if (m->opt.quantize && (st = model_quantize_experts(m, ly, &d))) return st;
     if (m->opt.device.kind == MOEX_DEVICE_CUDA && (st = model_gpu_experts(m, &d))) return st; /* device tensors */
@@ -614,9 +613,12 @@ static moex_status check_options(const moex_model_options *o) {
             return moex_fail(MOEX_ERR_UNSUPPORTED, "device cuda:%d is not available (%s); load the model on the cpu",
                              o->device.index, info.reason);
     }
-    if (o->quantize && !(moex_dispatch_device_formats(o->device.kind) & (MOEX_FORMAT_FP8 | MOEX_FORMAT_FP4)))
-        return moex_fail(MOEX_ERR_UNSUPPORTED, "quantize = \"%s\": no experts backend runs quantized experts on %s in this "
-                         "version of moex", o->quantize, o->device.kind == MOEX_DEVICE_CUDA ? "cuda" : "the cpu");
+    moex_quant_format qf;
+    if (o->quantize && moex_quant_format_parse(o->quantize, &qf) == MOEX_OK &&
+        !(moex_dispatch_device_formats(o->device.kind) & (qf == MOEX_QUANT_FP4 ? MOEX_FORMAT_FP4 : MOEX_FORMAT_FP8)))
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "quantize = \"%s\": no experts backend runs %s experts on %s in this "
+                         "version of moex", o->quantize, qf == MOEX_QUANT_FP4 ? "FP4" : "FP8",
+                         o->device.kind == MOEX_DEVICE_CUDA ? "cuda" : "the cpu");
     if (o->dtype != MOEX_F32 && o->dtype != MOEX_BF16)
         return moex_fail(MOEX_ERR_UNSUPPORTED, "compute dtype %s is not supported (f32, bf16)", moex_dtype_name(o->dtype));
     if (o->max_batch < 1 || o->max_batch > 4096 || o->max_seq < 1 || o->max_seq > ((int64_t)1 << 24) ||
@@ -900,6 +902,26 @@ static void describe_features(const moex_model *m, char *out, size_t size) {
         append(out, size, &n, "; %lld dense layer(s)", (long long)(c->num_hidden_layers - m->n_moe));
 }
 
+/* The format each part runs in (moex_model_info.formats). */
+static void describe_formats(const moex_model *m, const moex_experts_desc *d, char *out, size_t size) {
+    size_t n = 0;
+    const moex_dtype wdt = moex_weight_dtype(d), cdt = m->opt.dtype == MOEX_BF16 ? MOEX_BF16 : MOEX_F32;
+    const moex_dtype sdt = d->expert_up ? d->expert_scale_dtype : d->gate_up_scale.dtype;
+    if (wdt == MOEX_E4M3)
+        append(out, size, &n, "experts e4m3 with %s block scales %lld x %lld, run quantized (activations quantized per "
+               "token per %lld)", moex_dtype_name(sdt), (long long)d->block_n, (long long)d->block_k,
+               (long long)d->block_k);
+    else if (wdt == MOEX_E2M1X2)
+        append(out, size, &n, "experts e2m1 (FP4) with %s scales per %lld inputs, run quantized (activations "
+               "quantized per token per 32)", moex_dtype_name(sdt), (long long)d->block_k);
+    else
+        append(out, size, &n, "experts %s", moex_dtype_name(wdt));
+    if (m->quant.dequantized)
+        append(out, size, &n, "; %lld e4m3 linear layers dequantized at load to %s (%.1f MiB)",
+               (long long)m->quant.dequantized, moex_dtype_name(cdt), (double)m->quant.dequantized_bytes / 1048576.0);
+    append(out, size, &n, "; other weights %s", moex_dtype_name(cdt));
+}
+
 moex_status moex_model_get_info(const moex_model *m, moex_model_info *info) {
     if (!m || !info) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_model_get_info: null argument");
     moex_model_info v;
@@ -933,6 +955,7 @@ moex_status moex_model_get_info(const moex_model *m, moex_model_info *info) {
         v.weight_dtype = moex_weight_dtype(d);
         v.per_expert_layout = d->expert_up != NULL;
         v.transposed = d->transposed;
+        describe_formats(m, d, v.formats, sizeof v.formats);
     }
     *info = v;
     return MOEX_OK;

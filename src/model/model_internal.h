@@ -89,6 +89,8 @@ typedef struct model_quant {
     int64_t block_n, block_k; /* weight_block_size, default 128 x 128 */
     int scheme;               /* MOEX_ACT_SCHEME_DYNAMIC or _STATIC (activation_scheme) */
     int mxfp4;                /* quant_method "mxfp4" (gpt_oss): experts as *_blocks / *_scales */
+    int64_t dequantized;      /* e4m3 tensors dequantized at load (the linear layers), and their bytes */
+    size_t dequantized_bytes;
 } model_quant;
 
 struct moex_model {

@@ -8,7 +8,7 @@
 
 moex_status model_quant_setup(moex_model *m) {
     const moex_config *c = &m->cfg;
-    model_quant q = {0, 128, 128, MOEX_ACT_SCHEME_DYNAMIC, 0};
+    model_quant q = {0, 128, 128, MOEX_ACT_SCHEME_DYNAMIC, 0, 0, 0};
     if (m->opt.dequantize && m->opt.quantize)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "dequantize and quantize = \"%s\" exclude each other", m->opt.quantize);
     if (m->opt.quantize) {
@@ -125,6 +125,8 @@ moex_status model_dequantize_tensor(moex_model *m, const moex_ckpt_tensor *t, co
     if (!mem) return MOEX_ERR_OUT_OF_MEMORY;
     if ((st = moex_tensor_init(&out, mem, odt, t->ndim, t->shape))) return st;
     if ((st = moex_dequantize(&q, &scale, m->quant.block_n, m->quant.block_k, &out))) return st;
+    m->quant.dequantized++;
+    m->quant.dequantized_bytes += (size_t)((E ? E : 1) * N * K) * moex_dtype_size(odt);
     *data = mem;
     *dtype = odt;
     return MOEX_OK;

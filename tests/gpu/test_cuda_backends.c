@@ -10,6 +10,9 @@
  *     I=128 k=4 T=512), in f32, f16 and bf16
  *   - the streamed kernels on tensor cores (bf16/f16, E=40 H=160 I=96 k=2,
  *     1 to 30 rows per expert)
+ *   - FP8 experts (e4m3, f32 or ue8m0 block scales; 128 x 128 and 16 x 64 blocks,
+ *     partial ones; E=16 H=336 I=208 k=4, T 1 to 300, every token on one expert)
+ *     against the reference with the same quantization (NMSE 1e-4), and in graph replay
  *   - the per-expert pointer layout (arrays of device pointers)
  *   - sentinel ids (-1 and E), all-sentinel tokens (exact zeros), T == 0
  *   - output poisoned with NaN bytes before every forward, guard bytes after it
@@ -159,19 +162,29 @@ typedef struct gcase {
     int64_t hot_rows;    /* tokens 0 .. hot_rows-1 also route to expert 0 (one expert with many rows) */
     float limit;
     uint64_t seed;
+    int fp8;             /* 1: e4m3 experts with f32 scales, 2: ue8m0 scales; block_n x block_k blocks */
+    int64_t block_n, block_k;
 } gcase;
 
 static const char *describe(const gcase *c, const char *backend) {
-    static char buf[360];
+    static char buf[400];
+    char q[64] = "";
+    if (c->fp8)
+        snprintf(q, sizeof q, " fp8%s %lldx%lld", c->fp8 == 2 ? "-ue8m0" : "", (long long)c->block_n,
+                 (long long)c->block_k);
     snprintf(buf, sizeof buf,
-             "backend=%s T=%lld E=%lld k=%lld H=%lld I=%lld dtype=%s layout=%s%s act=%s ids=%s w=%s "
-             "sentinels=%.2f%s limit=%g seed=%llu",
+             "backend=%s T=%lld E=%lld k=%lld H=%lld I=%lld dtype=%s%s layout=%s%s act=%s ids=%s w=%s "
+             "sentinels=%.2f%s hot=%lld limit=%g seed=%llu",
              backend ? backend : "-", (long long)c->T, (long long)c->E, (long long)c->k, (long long)c->H,
-             (long long)c->I, dt_name(c->dt), LAYOUTS[c->layout].name, c->per_expert ? "(per-expert)" : "",
+             (long long)c->I, dt_name(c->dt), q, LAYOUTS[c->layout].name, c->per_expert ? "(per-expert)" : "",
              ACT_NAMES[c->act], dt_name(c->id_dt), dt_name(c->w_dt), c->sentinel_prob,
-             c->sentinel_rows ? "+rows" : "", (double)c->limit, (unsigned long long)c->seed);
+             c->sentinel_rows ? "+rows" : "", (long long)c->hot_rows, (double)c->limit, (unsigned long long)c->seed);
     return buf;
 }
+
+/* The bound of a case: the float dtype's, or for FP8 experts 1e-4 against the reference that
+ * applies the same quantization (SPEC, docs/backends.md "Accuracy"). */
+static double case_bound(const gcase *c) { return c->fp8 ? 1e-4 : nmse_bound(c->dt); }
 
 static gcase gcase_make(int64_t T, int64_t E, int64_t k, int64_t H, int64_t I, moex_dtype dt, uint64_t seed) {
     gcase c;
@@ -189,7 +202,7 @@ static gcase gcase_make(int64_t T, int64_t E, int64_t k, int64_t H, int64_t I, m
 /* The layer's weights on the GPU and a description pointing at them. */
 typedef struct dev_layer {
     moex_experts_desc desc;
-    void *gate_up, *down, *gate_up_bias, *down_bias;
+    void *gate_up, *down, *gate_up_bias, *down_bias, *gate_up_scale, *down_scale;
     void **eg, **eu, **ed; /* per-expert: host arrays of device pointers */
     int64_t E;
 } dev_layer;
@@ -199,6 +212,8 @@ static void dev_layer_free(dev_layer *d) {
     dev_free(d->down);
     dev_free(d->gate_up_bias);
     dev_free(d->down_bias);
+    dev_free(d->gate_up_scale);
+    dev_free(d->down_scale);
     for (int64_t e = 0; e < d->E; e++) {
         if (d->eg) dev_free(d->eg[e]);
         if (d->eu) dev_free(d->eu[e]);
@@ -237,13 +252,34 @@ static int upload_part(void **slot, const void *stacked, moex_dtype dt, int64_t 
     return *slot != NULL;
 }
 
-/* host layer L -> *d on the GPU; 1 on success */
-static int dev_layer_make(dev_layer *d, const ref_layer *L, const gcase *c) {
+static size_t view_bytes(const moex_tensor *t) {
+    size_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
+    return n * (t->dtype == MOEX_E4M3 || t->dtype == MOEX_UE8M0 ? 1 : ref_dtype_size(t->dtype));
+}
+
+/* A device copy of host tensor *t, and the view of it; 0 on failure. */
+static int upload_view(void **slot, moex_tensor *t) {
+    *slot = dev_upload(t->data, view_bytes(t));
+    if (!*slot) return 0;
+    t->data = *slot;
+    t->device = g_dev;
+    return 1;
+}
+
+/* host layer L (desc: L's, or its FP8 form) -> *d on the GPU; 1 on success */
+static int dev_layer_make(dev_layer *d, const ref_layer *L, const moex_experts_desc *desc, const gcase *c) {
     const layout *lay = &LAYOUTS[c->layout];
-    const size_t es = ref_dtype_size(c->dt);
+    const size_t es = ref_dtype_size(L->desc.gate_up.dtype);
     const int64_t E = c->E, H = c->H, I = c->I, R = lay->gated ? 2 * I : I;
     memset(d, 0, sizeof *d);
-    d->desc = L->desc;
+    d->desc = *desc;
+    if (c->fp8) /* stacked: codes, scales and the f32 biases */
+        return upload_view(&d->gate_up, &d->desc.gate_up) && upload_view(&d->down, &d->desc.down) &&
+               upload_view(&d->gate_up_scale, &d->desc.gate_up_scale) &&
+               upload_view(&d->down_scale, &d->desc.down_scale) &&
+               (!lay->bias || (upload_view(&d->gate_up_bias, &d->desc.gate_up_bias) &&
+                               upload_view(&d->down_bias, &d->desc.down_bias)));
     if (lay->bias) {
         d->gate_up_bias = dev_upload(L->gate_up_bias, (size_t)(E * R) * es);
         d->down_bias = dev_upload(L->down_bias, (size_t)(E * H) * es);
@@ -287,6 +323,8 @@ static int dev_layer_make(dev_layer *d, const ref_layer *L, const gcase *c) {
 typedef struct grun {
     gcase c;
     ref_layer L;
+    moex_experts_desc qdesc;          /* FP8: L quantized (host), the reference's layer */
+    void *q[4];                       /* FP8: gate_up codes, scales, down codes, scales (host) */
     dev_layer D;
     void *hidden, *ids, *weights;     /* host */
     void *d_hidden, *d_ids, *d_weights;/* device */
@@ -303,6 +341,7 @@ typedef struct grun {
 
 static void grun_free(grun *r) {
     ref_layer_destroy(&r->L);
+    for (int i = 0; i < 4; i++) free(r->q[i]);
     dev_layer_free(&r->D);
     free(r->hidden);
     free(r->ids);
@@ -339,14 +378,43 @@ static void apply_hot_expert(grun *r) {
     }
 }
 
+/* w (host, f32 [E, N, K]) quantized to e4m3 with bn x bk blocks into new host buffers. */
+static int quantize_host(const moex_tensor *w, int ue8m0, int64_t bn, int64_t bk, void **q, void **sc,
+                         moex_tensor *tq, moex_tensor *ts) {
+    const int64_t E = w->shape[0], N = w->shape[1], K = w->shape[2];
+    int64_t qs[3] = {E, N, K}, ss[3] = {E, (N + bn - 1) / bn, (K + bk - 1) / bk};
+    *q = calloc((size_t)(E * N * K) + 1, 1);
+    *sc = calloc((size_t)(ss[0] * ss[1] * ss[2]) + 1, 4);
+    if (!*q || !*sc) return 0;
+    *tq = ref_tensor(*q, MOEX_E4M3, 3, qs);
+    *ts = ref_tensor(*sc, ue8m0 ? MOEX_UE8M0 : MOEX_F32, 3, ss);
+    moex_status st = moex_quantize(w, ue8m0 ? MOEX_QUANT_FP8_UE8M0 : MOEX_QUANT_FP8, bn, bk, tq, ts);
+    if (st) fail_at(__FILE__, __LINE__, "moex_quantize: %s", moex_last_error());
+    return st == MOEX_OK;
+}
+
 /* c -> *r; 1 on success (on failure r is freed) */
 static int grun_setup(grun *r, const gcase *c) {
     memset(r, 0, sizeof *r);
     r->c = *c;
     const layout *lay = &LAYOUTS[c->layout];
     ref_layer_spec s = {c->E, c->H, c->I, c->k, lay->gated, lay->interleaved, lay->transposed,
-                        lay->bias, c->act, 1.702f, c->limit, c->dt};
+                        lay->bias, c->act, 1.702f, c->limit, c->fp8 ? MOEX_F32 : c->dt};
     ref_layer_build(&r->L, &s, c->seed);
+    r->qdesc = r->L.desc;
+    if (c->fp8) { /* FP8 experts quantized from the f32 layer; hidden and out in c->dt */
+        moex_experts_desc *q = &r->qdesc;
+        if (!quantize_host(&r->L.desc.gate_up, c->fp8 == 2, c->block_n, c->block_k, &r->q[0], &r->q[1], &q->gate_up,
+                           &q->gate_up_scale) ||
+            !quantize_host(&r->L.desc.down, c->fp8 == 2, c->block_n, c->block_k, &r->q[2], &r->q[3], &q->down,
+                           &q->down_scale)) {
+            fail_at(__FILE__, __LINE__, "quantizing the layer failed [%s]", describe(c, NULL));
+            grun_free(r);
+            return 0;
+        }
+        q->block_n = c->block_n, q->block_k = c->block_k;
+        q->activation_scheme = MOEX_ACT_SCHEME_DYNAMIC;
+    }
     const size_t es = ref_dtype_size(c->dt);
     const size_t xb = (size_t)(c->T * c->H) * es, ib = (size_t)(c->T * c->k) * ref_dtype_size(c->id_dt);
     const size_t wb = (size_t)(c->T * c->k) * ref_dtype_size(c->w_dt);
@@ -370,9 +438,9 @@ static int grun_setup(grun *r, const gcase *c) {
     moex_tensor hx = ref_tensor_2d(r->hidden, c->dt, c->T, c->H, c->H);
     moex_tensor hid = ref_tensor_2d(r->ids, c->id_dt, c->T, c->k, c->k);
     moex_tensor hw = ref_tensor_2d(r->weights, c->w_dt, c->T, c->k, c->k);
-    ref_experts_forward(&r->L.desc, &hx, &hid, &hw, r->ref);
+    ref_experts_forward(&r->qdesc, &hx, &hid, &hw, r->ref);
 
-    if (!dev_layer_make(&r->D, &r->L, c)) {
+    if (!dev_layer_make(&r->D, &r->L, &r->qdesc, c)) {
         fail_at(__FILE__, __LINE__, "uploading the layer failed [%s]", describe(c, NULL));
         grun_free(r);
         return 0;
@@ -472,7 +540,7 @@ static void check_sentinel_rows(const grun *r, const char *be) {
 static void check_nmse(const grun *r, const char *be) {
     const gcase *c = &r->c;
     double e = ref_nmse(r->out_host, c->dt, c->T, c->H, c->H, r->ref);
-    CHECK(e <= nmse_bound(c->dt), "NMSE %.3g > %.0e [%s]", e, nmse_bound(c->dt), describe(c, be));
+    CHECK(e <= case_bound(c), "NMSE %.3g > %.0e [%s]", e, case_bound(c), describe(c, be));
 }
 
 /* Every backend on one case, one context; determinism checked for `determinism` backends. */
@@ -686,6 +754,42 @@ static void test_streamed_tensor_cores(void) {
     gcase big = gcase_make(4200, 600, 2, 64, 32, FLOAT_DTYPES[2], 7100u);
     big.act = MOEX_ACT_SILU;
     run_case(&big, 0);
+}
+
+/* FP8 experts (e4m3 with f32 or ue8m0 block scales) on every backend that takes them, against
+ * the float64 reference that applies the same quantization: DeepSeek's 128 x 128 blocks with H
+ * and I not multiples of 128 (partial blocks along both), 16 x 64 blocks, empty experts (T = 1 of
+ * E = 16), every token on one expert, sentinel rows, each layout the GPU takes (concat,
+ * interleaved, ungated; biases; GPT-OSS's clamped activation), bf16 and f32 hidden states. */
+static void test_fp8(void) {
+    typedef struct fp8_case {
+        int64_t T, bn, bk;
+        int layout;
+        moex_activation act;
+        moex_dtype dt;
+        int64_t hot;
+    } fp8_case;
+    static const fp8_case CASES[] = {
+        {1, 128, 128, 0, MOEX_ACT_SILU, MOEX_BF16, 0},   {5, 128, 128, 1, MOEX_ACT_SILU, MOEX_BF16, 0},
+        {64, 128, 128, 4, MOEX_ACT_GELU, MOEX_F32, 0},   {300, 128, 128, 0, MOEX_ACT_SILU, MOEX_BF16, 300},
+        {37, 16, 64, 9, MOEX_ACT_RELU, MOEX_BF16, 0},    {19, 128, 128, 5, MOEX_ACT_GPTOSS_CLAMP, MOEX_BF16, 0},
+        {130, 128, 128, 0, MOEX_ACT_SILU, MOEX_F32, 40},
+    };
+    const int n = (int)(sizeof CASES / sizeof CASES[0]);
+    for (int i = 0; i < n; i++) {
+        if (g_quick && i % 3) continue;
+        const fp8_case *f = &CASES[i];
+        gcase c = gcase_make(f->T, 16, 4, 336, 208, f->dt, 8100u + (uint64_t)i);
+        c.fp8 = 1 + i % 2;
+        c.block_n = f->bn, c.block_k = f->bk;
+        c.layout = f->layout;
+        c.act = f->act;
+        c.limit = f->act == MOEX_ACT_GPTOSS_CLAMP ? 1.0f : 7.0f;
+        c.hot_rows = f->hot;
+        c.sentinel_prob = 0.05;
+        c.sentinel_rows = f->T >= 3;
+        run_case(&c, 1);
+    }
 }
 
 /* Every token all sentinels: exact zeros everywhere. */
@@ -938,20 +1042,23 @@ static int new_inputs(grun *r, uint64_t seed) {
     moex_tensor hx = ref_tensor_2d(r->hidden, c->dt, c->T, c->H, c->H);
     moex_tensor hid = ref_tensor_2d(r->ids, c->id_dt, c->T, c->k, c->k);
     moex_tensor hw = ref_tensor_2d(r->weights, c->w_dt, c->T, c->k, c->k);
-    ref_experts_forward(&r->L.desc, &hx, &hid, &hw, r->ref);
+    ref_experts_forward(&r->qdesc, &hx, &hid, &hw, r->ref);
     return to_dev(r->d_hidden, r->hidden, (size_t)(c->T * c->H) * ref_dtype_size(c->dt)) &&
            to_dev(r->d_ids, r->ids, (size_t)(c->T * c->k) * ref_dtype_size(c->id_dt)) &&
            to_dev(r->d_weights, r->weights, (size_t)(c->T * c->k) * ref_dtype_size(c->w_dt));
 }
 
 static void test_graph_replay(void) {
-    static const int64_t Ts[] = {1, 7, 64};
+    /* bf16 experts at three sizes, then FP8 experts (f32 and ue8m0 scales, 128 x 128 blocks) */
+    static const int64_t Ts[] = {1, 7, 64, 7, 64};
     for (int b = 0; b < N_BACKENDS; b++)
-        for (int it = 0; it < 3; it++) {
-            if (g_quick && it != 1) continue;
+        for (int it = 0; it < 5; it++) {
+            if (g_quick && it != 1 && it != 3) continue;
             const char *be = BACKENDS[b];
-            gcase c = gcase_make(Ts[it], 32, 4, 256, 128, MOEX_BF16, 7000u + (uint64_t)(b * 3 + it));
+            gcase c = gcase_make(Ts[it], 32, 4, 256, 128, MOEX_BF16, 7000u + (uint64_t)(b * 5 + it));
             c.w_dt = MOEX_BF16;
+            c.fp8 = it < 3 ? 0 : it - 2;
+            c.block_n = c.block_k = 128;
             grun r;
             if (!grun_setup(&r, &c)) continue;
             moex_context *ctx = make_ctx(c.T);
@@ -997,8 +1104,8 @@ static void test_graph_replay(void) {
                 if (!fetch_out(&r)) break;
                 CHECK(guard_ok(&r), "replay wrote past out [%s]", describe(&c, be));
                 double e = ref_nmse(r.out_host, c.dt, c.T, c.H, c.H, r.ref);
-                CHECK(e <= nmse_bound(c.dt), "replay %d: NMSE %.3g > %.0e (stale routing?) [%s]", rep, e,
-                      nmse_bound(c.dt), describe(&c, be));
+                CHECK(e <= case_bound(&c), "replay %d: NMSE %.3g > %.0e (stale routing?) [%s]", rep, e,
+                      case_bound(&c), describe(&c, be));
                 memcpy(graph_out, r.out_host, r.out_bytes);
                 if (!run_forward(&r, ctx, layer, be)) break;
                 CHECK(memcmp(graph_out, r.out_host, r.out_bytes) == 0,
@@ -1076,6 +1183,7 @@ int main(int argc, char **argv) {
         {"two_contexts", test_two_contexts},
         {"large", test_large},
         {"streamed_tensor_cores", test_streamed_tensor_cores},
+        {"fp8", test_fp8},
     };
     int failed_tests = 0, n = (int)(sizeof TESTS / sizeof TESTS[0]);
     for (int i = 0; i < n; i++) {

@@ -219,6 +219,33 @@ static void test_fixture(const char *name) {
     moex_model_free(cpu);
 }
 
+/* FP8 checkpoints on cuda (f32 compute): the experts run as FP8 on the GPU (e4m3 tensor cores,
+ * activations quantized there) and give the cpu's FP8 greedy tokens; graph-captured decode too.
+ * A checkpoint whose sizes the GPU's FP8 kernels do not take is refused at load, naming them. */
+static void test_fp8_fixture(const char *name) {
+    char dir[512], what[200];
+    snprintf(dir, sizeof dir, "%s/%s", MOEX_FIXTURES, name);
+    moex_model *cpu = load(dir, MOEX_DEVICE_CPU, MOEX_F32);
+    moex_model *gpu = load(dir, MOEX_DEVICE_CUDA, MOEX_F32);
+    check(cpu && gpu, name, "the FP8 checkpoint loads on the cpu and on cuda (f32 compute)");
+    if (cpu && gpu) {
+        run_out ref = generate(cpu, 0), dev = generate(gpu, 0), graph = generate(gpu, 1);
+        check(ref.ok && dev.ok && graph.ok, name, "generates on the cpu and on cuda");
+        if (ref.ok && dev.ok) {
+            check(same_tokens(&dev, &ref), name, "FP8 greedy tokens on cuda equal the cpu's FP8 tokens");
+            double ex = logits_excess(&dev, &ref, 1e-2);
+            snprintf(what, sizeof what, "FP8 last-prompt logits within 1e-2 + 1e-2 |x| of the cpu's (excess %.3g)", ex);
+            check(ex <= 1e-2, name, what);
+        }
+        if (dev.ok && graph.ok) check(same_tokens(&graph, &dev), name, "graph-captured FP8 decode gives the same tokens");
+        run_free(&ref);
+        run_free(&dev);
+        run_free(&graph);
+    }
+    moex_model_free(cpu);
+    moex_model_free(gpu);
+}
+
 int main(int argc, char **argv) {
     if (gpu_test_args("test_cuda_model", argc, argv, &g_quick, &g_gpu)) return 2;
     moex_device dev = {MOEX_DEVICE_CUDA, g_gpu};
@@ -261,6 +288,25 @@ int main(int argc, char **argv) {
         printf("[%s] %-24s %3d checks, %d failed\n", f ? "FAIL" : " OK ", cpu_only[i], g_checks - checks, f);
         failed += f != 0;
     }
-    printf("test_cuda_model: %d of %d tests passed, %d checks, %d failed\n", n + 3 - failed, n + 3, g_checks, g_failures);
+    {
+        int before = g_failures, checks = g_checks;
+        test_fp8_fixture("qwen3_moe-fp8-128");
+        /* hidden 80, intermediate 40, 32 x 32 blocks: not what the GPU's FP8 kernels take */
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s", MOEX_FIXTURES, "qwen3_moe-fp8");
+        moex_model_options mo = moex_model_default_options();
+        mo.device.kind = MOEX_DEVICE_CUDA;
+        mo.device.index = g_gpu;
+        moex_model *m = NULL;
+        const moex_status st = moex_model_load(dir, &mo, &m);
+        printf("  qwen3_moe-fp8 on cuda: %s\n", st ? moex_last_error() : "loaded");
+        check(st == MOEX_ERR_UNSUPPORTED && !m && strstr(moex_last_error(), "40"), "qwen3_moe-fp8",
+              "refused on cuda, naming the size its FP8 kernels do not take");
+        if (m) moex_model_free(m);
+        const int f = g_failures - before;
+        printf("[%s] %-24s %3d checks, %d failed\n", f ? "FAIL" : " OK ", "fp8 checkpoints", g_checks - checks, f);
+        failed += f != 0;
+    }
+    printf("test_cuda_model: %d of %d tests passed, %d checks, %d failed\n", n + 4 - failed, n + 4, g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

@@ -24,12 +24,30 @@ typedef struct bias_view {
     int64_t expert_stride, offset, n_stride;
 } bias_view;
 
+/* Block scales of one quantized projection (w = code * scale): the scale of output feature n,
+ * input k of expert e is element  e*expert_stride + ((row0 + n*rstep) / bn) * ld + k / bk  of
+ * base (row0 + n*rstep: the feature's row in the stored matrix, as proj_view's offset and
+ * n_stride say it in elements). */
+typedef struct scale_view {
+    const void *base;
+    int64_t expert_stride, row0, rstep, ld;
+} scale_view;
+
+/* The quantization of a layer: on = 0 for float weights. FP8 (e4m3) weights with scales of
+ * dtype sdt (f32 or ue8m0) per bn x bk block; activations quantized per token per bk inputs. */
+typedef struct quant_view {
+    int on;
+    moex_dtype sdt;
+    int64_t bn, bk;
+    scale_view gate, up, down;
+} quant_view;
+
 typedef struct layer_view {
     int64_t E, H, I, k;
     int gated;
     moex_activation act;
     float alpha, limit;
-    moex_dtype wdt;           /* weights and biases */
+    moex_dtype wdt, bdt;      /* weights, biases (the weights' dtype unless quantized) */
     proj_view gate, up, down; /* gate unused when ungated */
     bias_view gate_bias, up_bias, down_bias;
 } layer_view;
@@ -42,6 +60,19 @@ __device__ __forceinline__ const char *proj_base(const proj_view &p, int64_t e, 
 __device__ __forceinline__ float bias_at(const bias_view &b, moex_dtype dt, int64_t e, int64_t n) {
     if (!b.base) return 0.0f;
     return load_elem(b.base, dt, e * b.expert_stride + b.offset + n * b.n_stride);
+}
+
+/* 2^(b-127), the value of a ue8m0 scale byte (0: 2^-127, a subnormal; 255 reads as inf). */
+__device__ __forceinline__ float ue8m0_value(uint8_t b) { return __uint_as_float(b ? (uint32_t)b << 23 : 0x00400000u); }
+
+/* Where the block scales of output feature n of expert e start (elements of q.sdt from s.base,
+ * indexed then by k block; 32 bits: a grid is far smaller than 2^32 entries). */
+__device__ __forceinline__ uint32_t scale_row(const quant_view &q, const scale_view &s, int64_t e, int64_t n) {
+    return (uint32_t)(e * s.expert_stride + ((s.row0 + n * s.rstep) / q.bn) * s.ld);
+}
+/* Scale i of a grid; __ldg: scales are never written by a forward. */
+__device__ __forceinline__ float scale_load(moex_dtype sdt, const void *base, uint32_t i) {
+    return sdt == MOEX_UE8M0 ? ue8m0_value(__ldg((const uint8_t *)base + i)) : __ldg((const float *)base + i);
 }
 
 /* The activation of SPEC "The computation", in f32: act(g) * u (gated) or act(u), with

@@ -5,17 +5,20 @@
  * in a CUDA graph.
  *
  *   batched_mm  gemv gate/up per pair -> gemv down per pair with the weighted
- *               sum fused (2 kernels, no routing preparation)
+ *               sum fused (2 kernels, no routing preparation); FP8: the inputs of
+ *               each projection quantized first (4 kernels)
  *   grouped_mm  routing on the device -> small T: both projections streamed per expert
  *               in one launch (bf16/f16; else gemv per expert, 2 kernels); large T:
  *               gather, tensor-core grouped GEMM (gate/up + activation),
- *               grouped GEMM (down) -> reduction in token order
+ *               grouped GEMM (down) -> reduction in token order. FP8: the one-launch
+ *               streamed forward at every T (it quantizes the activations itself)
  *   eager       the same pieces, launched once per expert (empty experts
- *               return on the device)
+ *               return on the device); float weights only
  */
 #include "backends/impl.h"
 #include "core/gpu_runtime.h"
 #include "gpu/cuda_check.h"
+#include "backends/cuda/act_quant.cuh"
 #include "backends/cuda/gemm_sm90.cuh"
 #include "backends/cuda/gemv.cuh"
 #include "backends/cuda/routing.cuh"
@@ -28,6 +31,7 @@ typedef enum cuda_kind { CUDA_EAGER, CUDA_BATCHED_MM, CUDA_GROUPED_MM } cuda_kin
 
 typedef struct cuda_state {
     layer_view L;
+    quant_view Q;      /* FP8 layers: the weights' scales (Q.on) */
     void *ptrs;        /* device: per-expert pointer arrays (gate | up | down), or NULL */
     int device, num_sms;
     int tc;            /* the tensor-core path can run this layer */
@@ -56,8 +60,49 @@ static int tc_layout(const moex_experts_desc *d, char *why, size_t n) {
     return grouped_gemm_usable(d->down.dtype, d->down.data, d->intermediate, why, n);
 }
 
-/* The table gives these implementations float weights only; the device and where the weights are. */
-static int cuda_supports(const moex_experts_desc *d, const moex_device_info *dev, char *why, size_t n) {
+/* FP8 layers (the table's rows give batched_mm and grouped_mm FP8): what their kernels take. */
+static int quant_supports(cuda_kind kind, const moex_experts_desc *d, char *why, size_t n) {
+    if (d->expert_up) {
+        snprintf(why, n, "FP8 experts on the GPU take the stacked layout (gate_up [E, rows, in] with [E, ...] scale "
+                 "grids), not per-expert pointers");
+        return 0;
+    }
+    if (d->activation_scheme != MOEX_ACT_SCHEME_DYNAMIC) {
+        snprintf(why, n, "activation_scheme static: the CUDA backends quantize activations dynamically, per token and "
+                 "per block_k inputs");
+        return 0;
+    }
+    if (d->hidden % 16 || d->intermediate % 16) {
+        snprintf(why, n, "FP8 experts on the GPU need hidden and intermediate sizes that are multiples of 16 (16-byte "
+                 "rows); got hidden %lld, intermediate %lld", (long long)d->hidden, (long long)d->intermediate);
+        return 0;
+    }
+    const int64_t kmul = kind == CUDA_GROUPED_MM ? 64 : 8;
+    if (d->block_k % kmul) {
+        snprintf(why, n, "FP8 experts on the GPU (%s) need block_k a multiple of %lld; got %lld",
+                 kind == CUDA_GROUPED_MM ? "grouped_mm" : "batched_mm", (long long)kmul, (long long)d->block_k);
+        return 0;
+    }
+    const moex_tensor *t[4] = {&d->gate_up, &d->down, &d->gate_up_scale, &d->down_scale};
+    for (int i = 0; i < 4; i++) {
+        if (t[i]->device.kind != MOEX_DEVICE_CUDA) {
+            snprintf(why, n, "the FP8 weights and their scales must be in GPU memory");
+            return 0;
+        }
+        if (i < 2 && ((uintptr_t)t[i]->data & 15)) {
+            snprintf(why, n, "FP8 weights on the GPU must be 16-byte aligned");
+            return 0;
+        }
+        if (i >= 2 && t[i]->strides[t[i]->ndim - 1] != 1) {
+            snprintf(why, n, "the scale grids must be contiguous along their last dimension");
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The device, where the weights are and, for quantized layers, quant_supports. */
+static int cuda_supports(cuda_kind kind, const moex_experts_desc *d, const moex_device_info *dev, char *why, size_t n) {
     if (dev->cc_major != 9) {
         snprintf(why, n, "this build's CUDA kernels are compiled for sm_90a (Hopper: H100, H200); %s has compute "
                  "capability %d.%d", dev->name, dev->cc_major, dev->cc_minor);
@@ -67,6 +112,7 @@ static int cuda_supports(const moex_experts_desc *d, const moex_device_info *dev
         snprintf(why, n, "the per-expert weight pointers must point to GPU memory (expert_device = cuda)");
         return 0;
     }
+    if (d && moex_weight_dtype(d) == MOEX_E4M3) return quant_supports(kind, d, why, n);
     return 1;
 }
 
@@ -94,6 +140,10 @@ static layer_view make_view(const moex_experts_desc *d, const void *const *dev_p
     L.E = E, L.H = H, L.I = I, L.k = d->top_k;
     L.gated = d->gated, L.act = d->activation, L.alpha = d->alpha, L.limit = d->limit;
     L.wdt = moex_weight_dtype(d);
+    /* biases share one dtype (moex_layer_create): the weights' for float layers */
+    L.bdt = moex_tensor_present(&d->gate_up_bias) ? d->gate_up_bias.dtype
+            : moex_tensor_present(&d->down_bias)  ? d->down_bias.dtype
+                                                  : L.wdt;
     const int il = d->gated && d->interleaved, tr = d->transposed;
     if (dev_ptrs) { /* per-expert: gate/up [I, H] (transposed [H, I]), down [H, I] (transposed [I, H]) */
         proj_view in = tr ? proj(NULL, 0, 0, 1, I) : proj(NULL, 0, 0, H, 1);
@@ -116,6 +166,21 @@ static layer_view make_view(const moex_experts_desc *d, const void *const *dev_p
     if (!d->gated) L.gate_bias = L.up_bias;
     L.down_bias = bias(&d->down_bias, 0, 1);
     return L;
+}
+
+/* The scales of an FP8 layer (stacked, quant_supports): grids [E, ceil(rows/bn), ceil(in/bk)]. */
+static quant_view make_quant_view(const moex_experts_desc *d) {
+    quant_view q;
+    memset(&q, 0, sizeof q);
+    if (moex_weight_dtype(d) != MOEX_E4M3) return q;
+    const int il = d->gated && d->interleaved;
+    const int64_t *gs = d->gate_up_scale.strides, *ds = d->down_scale.strides, rstep = il ? 2 : 1;
+    q.on = 1, q.sdt = d->gate_up_scale.dtype, q.bn = d->block_n, q.bk = d->block_k;
+    const scale_view gate = {d->gate_up_scale.data, gs[0], 0, rstep, gs[1]};
+    const scale_view up = {d->gate_up_scale.data, gs[0], d->gated ? (il ? 1 : d->intermediate) : 0, rstep, gs[1]};
+    const scale_view down = {d->down_scale.data, ds[0], 0, 1, ds[1]};
+    q.gate = d->gated ? gate : up, q.up = up, q.down = down;
+    return q;
 }
 
 static moex_status prepare(cuda_kind kind, moex_context *ctx, const moex_experts_desc *d, void **state) {
@@ -155,10 +220,12 @@ static moex_status prepare(cuda_kind kind, moex_context *ctx, const moex_experts
         }
     }
     s->L = make_view(d, (const void *const *)s->ptrs);
+    s->Q = make_quant_view(d);
     char why[160];
     s->tc = kind != CUDA_BATCHED_MM && tc_layout(d, why, sizeof why);
     s->epi = !d->gated ? EPI_UP_ONLY : d->interleaved ? EPI_GATE_UP_INTERLEAVED : EPI_GATE_UP_CONCAT;
-    const int mma_dtype = s->L.wdt == MOEX_BF16 || s->L.wdt == MOEX_F16; /* gemv_mma_usable's first condition */
+    /* gemv_mma_usable's first condition */
+    const int mma_dtype = s->L.wdt == MOEX_BF16 || s->L.wdt == MOEX_F16 || s->L.wdt == MOEX_E4M3;
     if ((kind == CUDA_GROUPED_MM && mma_dtype && (st = gemv_mma_init())) || (s->tc && (st = grouped_gemm_init()))) {
         moex_cuda_free(dev, s->ptrs);
         free(s);
@@ -188,10 +255,44 @@ static size_t tc_bytes(const moex_experts_desc *d, int64_t P) {
     return 2 * align256((size_t)P * d->hidden * es) + align256((size_t)P * d->intermediate * es);
 }
 
+/* FP8 carves of a forward of T tokens (P pairs): batched_mm xf [T, H] f32 (the quantized
+ * inputs), h [P, I] f32; grouped_mm xq [T, H] codes, xs [T, ceil(H/bk)], hf [P, I] f32, hq [P, I],
+ * hs [P, ceil(I/bk)], y [P, H] f32, after the routing arrays. */
+typedef struct quant_ws {
+    float *xf, *h, *xs, *hs, *y;
+    uint8_t *xq, *hq;
+    size_t bytes;
+} quant_ws;
+
+static quant_ws quant_carve(cuda_kind kind, const moex_experts_desc *d, int64_t T, int64_t P, char *base) {
+    quant_ws w;
+    memset(&w, 0, sizeof w);
+    const int64_t H = d->hidden, I = d->intermediate, bk = d->block_k;
+    size_t at = 0;
+#define CARVE(field, type, count) (w.field = (type *)(base ? base + at : NULL), at += align256((size_t)(count) * sizeof(type)))
+    if (kind == CUDA_BATCHED_MM) {
+        CARVE(xf, float, T * H);
+        CARVE(h, float, P * I);
+    } else {
+        CARVE(xq, uint8_t, T * H);
+        CARVE(xs, float, T * ((H + bk - 1) / bk));
+        CARVE(h, float, P * I);
+        CARVE(hq, uint8_t, P * I);
+        CARVE(hs, float, P * ((I + bk - 1) / bk));
+        CARVE(y, float, P * H);
+    }
+#undef CARVE
+    w.bytes = at;
+    return w;
+}
+
 static size_t workspace_bytes(cuda_kind kind, const moex_experts_desc *d, int64_t max_tokens) {
     int64_t P;
     if (!moex_mul_ok(max_tokens, d->top_k, &P) || P > INT32_MAX) return SIZE_MAX;
     /* every product below stays far inside size_t once P < 2^31 and the layer's sizes validated */
+    if (moex_weight_dtype(d) == MOEX_E4M3)
+        return (kind == CUDA_BATCHED_MM ? 0 : align256(routing_bytes(d->num_experts, P))) +
+               quant_carve(kind, d, max_tokens, P, NULL).bytes;
     if (kind == CUDA_BATCHED_MM) return gemv_bytes(d, P, 0);
     char why[160];
     const int tc = tc_layout(d, why, sizeof why);
@@ -231,10 +332,26 @@ static moex_status fwd_begin(const moex_forward_args *a, fwd *out) {
     return MOEX_OK;
 }
 
+/* batched_mm, FP8: x quantized (f32 code * scale), gate/up per pair, h quantized in place, down. */
+static moex_status batched_quant_forward(fwd *f) {
+    const moex_forward_args *a = f->a;
+    const layer_view &L = f->s->L;
+    const quant_view &Q = f->s->Q;
+    const quant_ws w = quant_carve(CUDA_BATCHED_MM, a->layer, f->T, f->P, (char *)a->workspace);
+    moex_status st = act_quant_e4m3(a->hidden->data, a->hidden->dtype, a->hidden->strides[0], f->T, L.H, Q.bk, NULL,
+                                    NULL, w.xf, f->stream);
+    if (!st) st = gemv_gate_up_fp8(L, Q, f->G, w.xf, w.h, f->stream);
+    if (!st) st = act_quant_e4m3(w.h, MOEX_F32, L.I, f->P, L.I, Q.bk, NULL, NULL, w.h, f->stream);
+    if (st) return st;
+    return gemv_down_pairs_fp8(L, Q, f->G, w.h, a->weights->data, a->weights->dtype, a->weights->strides[0],
+                               a->out->data, a->out->dtype, a->out->strides[0], f->stream);
+}
+
 static moex_status batched_forward(fwd *f) {
     const moex_forward_args *a = f->a;
     f->G.pairs = 1;
     f->G.count = f->P;
+    if (f->s->Q.on) return batched_quant_forward(f);
     float *h = (float *)a->workspace;
     moex_status st = gemv_gate_up(f->s->L, f->G, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], h, f->stream);
     if (st) return st;
@@ -255,7 +372,7 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     /* narrow tiles for experts of few rows: the routing counts tiles of their size */
     const int narrow = tc && grouped_gemm_narrow_pays(f->P, f->E, s->epi);
     /* eager launches one expert at a time: too few blocks for the tensor-core kernels' 16-row warps */
-    const int mma = !tc && !per_expert && gemv_mma_usable(L, a->hidden->dtype, a->hidden->data, a->hidden->strides[0]);
+    const int mma = !tc && !per_expert && gemv_mma_usable(L, s->Q, a->hidden->dtype, a->hidden->data, a->hidden->strides[0]);
     moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E,
                                    narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS, mma, f->G.flags, f->stream);
     if (st) return st;
@@ -291,9 +408,19 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     f->G.pairs = 0;
     f->G.offsets = r.offsets, f->G.slot_token = r.slot_token;
     f->G.count = per_expert ? 1 : f->E;
+    mma_io io;
+    memset(&io, 0, sizeof io);
+    io.x = a->hidden->data, io.xdt = a->hidden->dtype, io.x_ld = a->hidden->strides[0];
+    io.h = h, io.y = y;
+    if (s->Q.on) { /* FP8: the quantized activations' buffers too */
+        io.q = s->Q;
+        const quant_ws w = quant_carve(CUDA_GROUPED_MM, a->layer, f->T, f->P, ws);
+        io.h = w.h, io.y = y = w.y, io.xq = w.xq, io.xs = w.xs, io.hq = w.hq, io.hs = w.hs;
+    }
     if (mma)
-        st = gemv_mma_experts(L, f->G, r.hit, r.mtile_off + f->E, r.sched, a->hidden->data, a->hidden->strides[0], h, y,
-                              s->num_sms, f->stream);
+        st = gemv_mma_experts(L, f->G, r.hit, r.mtile_off + f->E, r.sched, io, s->num_sms, f->stream);
+    else if (s->Q.on)
+        st = moex_fail(MOEX_ERR_INTERNAL, "grouped_mm: an FP8 layer its streamed kernel does not take");
     for (int i = 0; !mma && !st && i < launches; i++) {
         f->G.e_begin = per_expert ? i : 0;
         st = gemv_gate_up(L, f->G, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], h, f->stream);
@@ -318,6 +445,9 @@ static moex_status forward(cuda_kind kind, const moex_forward_args *a) {
 /* ---- the three implementations ----------------------------------------------------- */
 
 #define CUDA_IMPL(NAME, KIND)                                                                                      \
+    static int NAME##_supports(const moex_experts_desc *d, const moex_device_info *dev, char *why, size_t n) {       \
+        return cuda_supports(KIND, d, dev, why, n);                                                                \
+    }                                                                                                              \
     static size_t NAME##_workspace(const moex_experts_desc *d, int64_t max_tokens, int threads) {                  \
         return workspace_bytes(KIND, d, max_tokens);                                                               \
     }                                                                                                              \
@@ -325,7 +455,7 @@ static moex_status forward(cuda_kind kind, const moex_forward_args *a) {
         return prepare(KIND, ctx, d, state);                                                                       \
     }                                                                                                              \
     static moex_status NAME##_forward(const moex_forward_args *a) { return forward(KIND, a); }                     \
-    extern "C" const moex_impl moex_cuda_##NAME = {cuda_supports, NAME##_workspace, NAME##_prepare, release,       \
+    extern "C" const moex_impl moex_cuda_##NAME = {NAME##_supports, NAME##_workspace, NAME##_prepare, release,       \
                                                    NAME##_forward};
 
 CUDA_IMPL(eager, CUDA_EAGER)

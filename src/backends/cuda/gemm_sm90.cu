@@ -121,9 +121,9 @@ __device__ __forceinline__ void store_one(__half *p, float a) { *p = __float2hal
 
 /* One output value with its biases and activation (out of line: see the epilogue). */
 __device__ __noinline__ float epilogue_value(const layer_view &L, gemm_epilogue epi, int64_t e, int64_t n, float g, float u) {
-    if (epi == EPI_DOWN) return u + bias_at(L.down_bias, L.wdt, e, n);
-    if (epi == EPI_UP_ONLY) return activate(L, 0.0f, u + bias_at(L.up_bias, L.wdt, e, n));
-    return activate(L, g + bias_at(L.gate_bias, L.wdt, e, n), u + bias_at(L.up_bias, L.wdt, e, n));
+    if (epi == EPI_DOWN) return u + bias_at(L.down_bias, L.bdt, e, n);
+    if (epi == EPI_UP_ONLY) return activate(L, 0.0f, u + bias_at(L.up_bias, L.bdt, e, n));
+    return activate(L, g + bias_at(L.gate_bias, L.bdt, e, n), u + bias_at(L.up_bias, L.bdt, e, n));
 }
 
 /* Two values as one 32-bit pair of T. */

@@ -6,6 +6,7 @@
  * 16-byte load along k; scalar path: any strides. */
 #include "backends/cuda/gemv.cuh"
 #include "gpu/cuda_check.h"
+#include <cuda_fp8.h>
 
 enum { WARPS = 8, ROWS = 8, JCHUNK = 8 };
 
@@ -32,6 +33,25 @@ __device__ __forceinline__ void load8(const __half *p, float *f) {
 __device__ __forceinline__ void load8(const float *p, float *f) {
     float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+/* 8 e4m3 codes (FP8 weights: the code values; the block scale is applied per 8 by the caller). */
+__device__ __forceinline__ void load8(const uint8_t *p, float *f) {
+    const uint2 v = __ldg((const uint2 *)p);
+    const uint32_t w[2] = {v.x, v.y};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i / 2] >> (16 * (i % 2))), __NV_E4M3));
+        const float2 t = __half22float2(h);
+        f[2 * i] = t.x, f[2 * i + 1] = t.y;
+    }
+}
+
+__device__ __forceinline__ float dot8(const float *a, const float *b) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) s += a[i] * b[i];
+    return s;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -92,7 +112,7 @@ __device__ __forceinline__ void gate_up_rows(const layer_view &L, const gemv_gro
         if (L.gated) ag[r] = warp_sum(ag[r]);
     }
     if (lane == 0) {
-        const float bu = bias_at(L.up_bias, L.wdt, e, n), bg = L.gated ? bias_at(L.gate_bias, L.wdt, e, n) : 0.0f;
+        const float bu = bias_at(L.up_bias, L.bdt, e, n), bg = L.gated ? bias_at(L.gate_bias, L.bdt, e, n) : 0.0f;
 #pragma unroll
         for (int r = 0; r < R; r++)
             if (r < nr) h[(r0 + r) * L.I + n] = activate(L, ag[r] + bg, au[r] + bu);
@@ -130,10 +150,12 @@ __global__ void __launch_bounds__(WARPS * 32, MAXR == 1 ? 3 : 2) gate_up_kernel(
 
 /* batched_mm's first half, vector path: a warp computes features n and n+1 of one pair,
  * four weight rows (gate and up of each) in flight for every load of x; blocks of 8 warps
- * cover 16 features, so one token's 8 pairs of qwen3-30b-a3b fill one wave of the GPU. */
+ * cover 16 features, so one token's 8 pairs of qwen3-30b-a3b fill one wave of the GPU.
+ * FP8 weights (WT uint8_t): e4m3 codes with block scales, x the quantized inputs (f32). */
 template <typename WT, typename XT>
-__global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view L, gemv_groups G, const XT *x,
-                                                                       int64_t x_ld, float *h) {
+__global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view L, quant_view Q, gemv_groups G,
+                                                                       const XT *x, int64_t x_ld, float *h) {
+    constexpr bool QUANT = sizeof(WT) == 1;
     asm volatile("griddepcontrol.launch_dependents;");
     const int lane = threadIdx.x & 31;
     const int64_t n = 2 * (blockIdx.x * (int64_t)WARPS + (threadIdx.x >> 5));
@@ -149,6 +171,12 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view
         const int64_t us = two ? L.up.n_stride : 0, gs = two ? L.gate.n_stride : 0;
         const XT *xr = x + (p / G.k) * x_ld;
         float au0 = 0, au1 = 0, ag0 = 0, ag1 = 0;
+        uint32_t su[2] = {0, 0}, sg[2] = {0, 0}; /* FP8: the scale rows of features n and n + two */
+        if (QUANT)
+            for (int f = 0; f < 2; f++) {
+                su[f] = scale_row(Q, Q.up, e, n + f * two);
+                if (L.gated) sg[f] = scale_row(Q, Q.gate, e, n + f * two);
+            }
         for (int64_t kk = lane * 8; kk < K; kk += 256) {
             float u0[8], u1[8], g0[8], g1[8], fx[8];
             load8(wu + kk, u0);
@@ -158,24 +186,34 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view
                 load8(wg + gs + kk, g1);
             }
             load8(xr + kk, fx);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                au0 += u0[i] * fx[i];
-                au1 += u1[i] * fx[i];
+            if (QUANT) { /* codes: each 8 lie in one block (bk a multiple of 8), scaled once */
+                const uint32_t kb = (uint32_t)kk / (uint32_t)Q.bk;
+                au0 += scale_load(Q.sdt, Q.up.base, su[0] + kb) * dot8(u0, fx);
+                au1 += scale_load(Q.sdt, Q.up.base, su[1] + kb) * dot8(u1, fx);
                 if (L.gated) {
-                    ag0 += g0[i] * fx[i];
-                    ag1 += g1[i] * fx[i];
+                    ag0 += scale_load(Q.sdt, Q.gate.base, sg[0] + kb) * dot8(g0, fx);
+                    ag1 += scale_load(Q.sdt, Q.gate.base, sg[1] + kb) * dot8(g1, fx);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    au0 += u0[i] * fx[i];
+                    au1 += u1[i] * fx[i];
+                    if (L.gated) {
+                        ag0 += g0[i] * fx[i];
+                        ag1 += g1[i] * fx[i];
+                    }
                 }
             }
         }
         au0 = warp_sum(au0), au1 = warp_sum(au1);
         if (L.gated) ag0 = warp_sum(ag0), ag1 = warp_sum(ag1);
         if (lane == 0) {
-            h[p * L.I + n] = activate(L, ag0 + (L.gated ? bias_at(L.gate_bias, L.wdt, e, n) : 0.0f),
-                                      au0 + bias_at(L.up_bias, L.wdt, e, n));
+            h[p * L.I + n] = activate(L, ag0 + (L.gated ? bias_at(L.gate_bias, L.bdt, e, n) : 0.0f),
+                                      au0 + bias_at(L.up_bias, L.bdt, e, n));
             if (two)
-                h[p * L.I + n + 1] = activate(L, ag1 + (L.gated ? bias_at(L.gate_bias, L.wdt, e, n + 1) : 0.0f),
-                                              au1 + bias_at(L.up_bias, L.wdt, e, n + 1));
+                h[p * L.I + n + 1] = activate(L, ag1 + (L.gated ? bias_at(L.gate_bias, L.bdt, e, n + 1) : 0.0f),
+                                              au1 + bias_at(L.up_bias, L.bdt, e, n + 1));
         }
     }
 }
@@ -187,9 +225,10 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view
 enum { NF = 4 };
 
 template <typename WT, bool VEC>
-__global__ void __launch_bounds__(WARPS * 32, 4) down_pairs_kernel(layer_view L, gemv_groups G, const float *h,
+__global__ void __launch_bounds__(WARPS * 32, 4) down_pairs_kernel(layer_view L, quant_view Q, gemv_groups G, const float *h,
                                                                     const void *w, moex_dtype wdt, int64_t w_ld,
                                                                     void *out, moex_dtype odt, int64_t out_ld) {
+    constexpr bool QUANT = sizeof(WT) == 1; /* FP8 codes (vector path only), h the quantized inputs */
     __shared__ float part[WARPS][NF];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t n0 = blockIdx.x * (int64_t)NF, K = L.I;
@@ -222,11 +261,16 @@ __global__ void __launch_bounds__(WARPS * 32, 4) down_pairs_kernel(layer_view L,
                         for (int f = 0; f < NF; f++) {
                             if (f >= nf) break;
                             load8(wd + f * L.down.n_stride + kk, fw);
+                            if (QUANT)
+                                p[f] += scale_load(Q.sdt, Q.down.base,
+                                                   scale_row(Q, Q.down, e, n0 + f) + (uint32_t)kk / (uint32_t)Q.bk) *
+                                        dot8(fw, fh);
+                            else
 #pragma unroll
-                            for (int i = 0; i < 8; i++) p[f] += fw[i] * fh[i];
+                                for (int i = 0; i < 8; i++) p[f] += fw[i] * fh[i];
                         }
                     }
-                } else {
+                } else if (!QUANT) {
                     for (int64_t kk = lane; kk < K; kk += 32)
                         for (int f = 0; f < nf; f++) p[f] += to_f32(wd[f * L.down.n_stride + kk * L.down.k_stride]) * hr[kk];
                 }
@@ -236,7 +280,7 @@ __global__ void __launch_bounds__(WARPS * 32, 4) down_pairs_kernel(layer_view L,
             if (lane < NF)
                 part[warp][lane] = ok && lane < nf
                                        ? load_elem(w, wdt, t * w_ld + j) * (p[lane == 0 ? 0 : lane == 1 ? 1 : lane == 2 ? 2 : 3] +
-                                                                            bias_at(L.down_bias, L.wdt, e, n0 + lane))
+                                                                            bias_at(L.down_bias, L.bdt, e, n0 + lane))
                                        : 0.0f;
             __syncthreads();
             if (threadIdx.x < nf)
@@ -322,7 +366,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2) down_experts_kernel(layer_view 
         const WT *wd = (const WT *)proj_base(L.down, e, sizeof(WT)) + n * L.down.n_stride;
         float bias[DNF];
 #pragma unroll
-        for (int f = 0; f < DNF; f++) bias[f] = f < nf ? bias_at(L.down_bias, L.wdt, e, n + f) : 0.0f;
+        for (int f = 0; f < DNF; f++) bias[f] = f < nf ? bias_at(L.down_bias, L.bdt, e, n + f) : 0.0f;
         for (int64_t r0 = lo; r0 < hi; r0 += ROWS) {
             const int nr = hi - r0 < ROWS ? (int)(hi - r0) : ROWS;
             if (nr == 1)
@@ -361,7 +405,8 @@ static void launch_gate_up(const layer_view &L, const gemv_groups &G, const void
                            cudaStream_t s) {
     dim3 grid = grid_of(L.I, G.count);
     if (R == 1 && vec) /* pairs: two features per warp */
-        gate_up_pairs_kernel<WT, XT><<<grid_of((L.I + 1) / 2, G.count), WARPS * 32, 0, s>>>(L, G, (const XT *)x, x_ld, h);
+        gate_up_pairs_kernel<WT, XT><<<grid_of((L.I + 1) / 2, G.count), WARPS * 32, 0, s>>>(L, quant_view(), G,
+                                                                                           (const XT *)x, x_ld, h);
     else if (vec)
         gate_up_kernel<WT, XT, R, true><<<grid, WARPS * 32, 0, s>>>(L, G, (const XT *)x, x_ld, h);
     else
@@ -390,7 +435,11 @@ static void gate_up_w(const layer_view &L, const gemv_groups &G, const void *x, 
         gate_up_x<float, R>(L, G, x, xdt, x_ld, h, vec, s);
 }
 
-static size_t wsize(moex_dtype dt) { return dt == MOEX_F32 ? 4 : 2; }
+static size_t wsize(moex_dtype dt) { return dt == MOEX_F32 ? 4 : dt == MOEX_E4M3 ? 1 : 2; }
+
+int gemv_quant_usable(const layer_view &L, const quant_view &Q) {
+    return L.wdt == MOEX_E4M3 && Q.on && Q.bk % 8 == 0 && L.H % 16 == 0 && L.I % 16 == 0 && gemv_vectorizable(L, 1);
+}
 
 moex_status gemv_gate_up(const layer_view &L, const gemv_groups &G, const void *x, moex_dtype xdt, int64_t x_ld,
                          float *h, cudaStream_t s) {
@@ -412,8 +461,10 @@ moex_status gemv_down_pairs(const layer_view &L, const gemv_groups &G, const flo
                                                     dim3(WARPS * 32), s, &attr);
     cudaError_t err;
 #define DOWN_PAIRS(WT)                                                                                               \
-    err = vec ? cudaLaunchKernelEx(&cfg, down_pairs_kernel<WT, true>, L, G, h, w, wdt, w_ld, out, odt, out_ld)       \
-              : cudaLaunchKernelEx(&cfg, down_pairs_kernel<WT, false>, L, G, h, w, wdt, w_ld, out, odt, out_ld)
+    err = vec ? cudaLaunchKernelEx(&cfg, down_pairs_kernel<WT, true>, L, quant_view(), G, h, w, wdt, w_ld, out, odt,    \
+                                   out_ld)                                                                           \
+              : cudaLaunchKernelEx(&cfg, down_pairs_kernel<WT, false>, L, quant_view(), G, h, w, wdt, w_ld, out, odt,   \
+                                   out_ld)
     if (L.wdt == MOEX_BF16)
         DOWN_PAIRS(__nv_bfloat16);
     else if (L.wdt == MOEX_F16)
@@ -438,4 +489,22 @@ moex_status gemv_down_experts(const layer_view &L, const gemv_groups &G, const f
         DOWN_EXPERTS(float);
 #undef DOWN_EXPERTS
     return MOEX_CUDA_LAUNCHED("down kernel (experts)");
+}
+
+moex_status gemv_gate_up_fp8(const layer_view &L, const quant_view &Q, const gemv_groups &G, const float *x, float *h,
+                             cudaStream_t s) {
+    if (!G.pairs || !gemv_quant_usable(L, Q))
+        return moex_fail(MOEX_ERR_INTERNAL, "gate/up kernel: FP8 weights take pairs and vector loads");
+    gate_up_pairs_kernel<uint8_t, float><<<grid_of((L.I + 1) / 2, G.count), WARPS * 32, 0, s>>>(L, Q, G, x, L.H, h);
+    return MOEX_CUDA_LAUNCHED("gate/up kernel (fp8)");
+}
+
+moex_status gemv_down_pairs_fp8(const layer_view &L, const quant_view &Q, const gemv_groups &G, const float *h,
+                                const void *w, moex_dtype wdt, int64_t w_ld, void *out, moex_dtype odt, int64_t out_ld,
+                                cudaStream_t s) {
+    if (!gemv_quant_usable(L, Q)) return moex_fail(MOEX_ERR_INTERNAL, "down kernel: FP8 weights need vector loads");
+    /* a plain launch: the quantization of h runs between the two kernels */
+    const dim3 grid((unsigned)((L.H + NF - 1) / NF), (unsigned)(G.T < 65535 ? G.T : 65535));
+    down_pairs_kernel<uint8_t, true><<<grid, WARPS * 32, 0, s>>>(L, Q, G, h, w, wdt, w_ld, out, odt, out_ld);
+    return MOEX_CUDA_LAUNCHED("down kernel (pairs, fp8)");
 }

@@ -53,6 +53,12 @@ static inline cudaLaunchConfig_t dependent_launch(dim3 grid, dim3 block, cudaStr
 /* h[row, n] (f32, [*, I]) = act(gate . x + bias, up . x + bias) for every row of every group. */
 moex_status gemv_gate_up(const layer_view &L, const gemv_groups &G, const void *x, moex_dtype xdt, int64_t x_ld,
                          float *h, cudaStream_t s);
+/* batched_mm's FP8 gate/up (pairs; x: the quantized inputs, f32 [T, H]) and down. */
+moex_status gemv_gate_up_fp8(const layer_view &L, const quant_view &Q, const gemv_groups &G, const float *x, float *h,
+                             cudaStream_t s);
+moex_status gemv_down_pairs_fp8(const layer_view &L, const quant_view &Q, const gemv_groups &G, const float *h,
+                                const void *w, moex_dtype wdt, int64_t w_ld, void *out, moex_dtype odt, int64_t out_ld,
+                                cudaStream_t s);
 
 /* batched_mm's second half: out[t, n] = sum_j w[t, j] * (down_e . h[t*k+j] + bias), j in order. */
 moex_status gemv_down_pairs(const layer_view &L, const gemv_groups &G, const float *h, const void *w, moex_dtype wdt,
@@ -63,17 +69,36 @@ moex_status gemv_down_experts(const layer_view &L, const gemv_groups &G, const f
 
 /* 1 if every matrix of L can be read with 16-byte vector loads along k. */
 int gemv_vectorizable(const layer_view &L, size_t wsz);
+/* 1 if batched_mm's kernels take L's FP8 weights: e4m3 with scales, bk a multiple of 8, H and I
+ * multiples of 16, vector-loadable matrices. Their inputs are then the quantized activations,
+ * f32 code * scale (act_quant.cuh): gemv_gate_up with pairs, gemv_down_pairs. */
+int gemv_quant_usable(const layer_view &L, const quant_view &Q);
+
+/* The inputs of one launch: x [T, x_ld] (dtype xdt; bf16/f16: the weights' dtype), h [P, I]
+ * (the weights' dtype; FP8: f32) and y [P, H] f32. FP8 also: xq [T, H] and xs [T, ceil(H/bk)],
+ * the quantized x; hq [P, I] and hs [P, ceil(I/bk)], the quantized h. */
+typedef struct mma_io {
+    const void *x;
+    moex_dtype xdt;
+    int64_t x_ld;
+    void *h;
+    float *y;
+    uint8_t *xq, *hq;
+    float *xs, *hs;
+    quant_view q; /* FP8: the weights' scales */
+} mma_io;
 
 /* grouped_mm's streamed forward on tensor cores in one launch (gemv_mma.cu), for the layers
  * where gemv_mma_usable: bf16 or f16 weights, x in the same dtype with 16-byte aligned rows,
- * H and I multiples of 32, vector-loadable matrices. G.pairs = 0, over all E experts; hit,
- * n_hit (= mtile_off + E) and sched are those of routing_build with hits = 1, sched zeroed
- * there for each launch. h is [P, I] in the weights' dtype (rounded as the tensor-core GEMM
- * rounds it), y [P, H] f32; a persistent grid of num_sms x (the blocks an SM holds). */
-int gemv_mma_usable(const layer_view &L, moex_dtype xdt, const void *x, int64_t x_ld);
+ * H and I multiples of 32, vector-loadable matrices; or FP8 weights with bk a multiple of 64,
+ * H and I multiples of 16, vector-loadable matrices, x of any float dtype. G.pairs = 0, over
+ * all E experts; hit, n_hit (= mtile_off + E) and sched are those of routing_build with
+ * hits = 1, sched zeroed there for each launch. h is rounded to bf16/f16 as the tensor-core
+ * GEMM rounds it; a persistent grid of num_sms x (the blocks an SM holds). */
+int gemv_mma_usable(const layer_view &L, const quant_view &Q, moex_dtype xdt, const void *x, int64_t x_ld);
 /* Once per process, outside capture (prepare): the kernel's shared memory size and grid. */
 moex_status gemv_mma_init(void);
 moex_status gemv_mma_experts(const layer_view &L, const gemv_groups &G, const int *hit, const int *n_hit, int *sched,
-                             const void *x, int64_t x_ld, void *h, float *y, int num_sms, cudaStream_t s);
+                             const mma_io &io, int num_sms, cudaStream_t s);
 
 #endif

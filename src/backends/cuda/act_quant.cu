@@ -1,0 +1,30 @@
+/* act_quant.cu — act_quant_e4m3 (see act_quant.cuh): a grid of warps, one row each.
+ * Shapes: x [rows, K] (row stride x_ld), q and f [rows, K], s [rows, ceil(K/bk)]. */
+#include "backends/cuda/act_quant.cuh"
+#include "gpu/cuda_check.h"
+
+enum { AQ_WARPS = 8 };
+
+template <typename XT>
+__global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_kernel(const XT *x, int64_t x_ld, int64_t rows, int64_t K,
+                                                                  int64_t bk, uint8_t *q, float *s, float *f) {
+    const int lane = threadIdx.x & 31;
+    const int64_t nkb = (K + bk - 1) / bk;
+    for (int64_t r = blockIdx.x * (int64_t)AQ_WARPS + (threadIdx.x >> 5); r < rows; r += (int64_t)gridDim.x * AQ_WARPS)
+        quant_row_e4m3<XT>(x + r * x_ld, K, bk, q ? q + r * K : NULL, s ? s + r * nkb : NULL, f ? f + r * K : NULL,
+                           lane);
+}
+
+moex_status act_quant_e4m3(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int64_t bk,
+                           uint8_t *q, float *s, float *f, cudaStream_t st) {
+    if (rows <= 0) return MOEX_OK;
+    const int64_t blocks = (rows + AQ_WARPS - 1) / AQ_WARPS;
+    const dim3 grid((unsigned)(blocks < 65535 ? blocks : 65535)), block(AQ_WARPS * 32);
+    if (xdt == MOEX_BF16)
+        act_quant_kernel<__nv_bfloat16><<<grid, block, 0, st>>>((const __nv_bfloat16 *)x, x_ld, rows, K, bk, q, s, f);
+    else if (xdt == MOEX_F16)
+        act_quant_kernel<__half><<<grid, block, 0, st>>>((const __half *)x, x_ld, rows, K, bk, q, s, f);
+    else
+        act_quant_kernel<float><<<grid, block, 0, st>>>((const float *)x, x_ld, rows, K, bk, q, s, f);
+    return MOEX_CUDA_LAUNCHED("activation quantization kernel");
+}

@@ -1,0 +1,123 @@
+/* act_quant.cuh — dynamic activation quantization on the GPU, per row per block of bk inputs,
+ * with the CPU's rounding (src/core/quant.h, moex_act_quant_row; docs/backends.md "What is
+ * rounded where"):  amax of the block, s = amax / 448 (1 for an all-zero block), code =
+ * e4m3(clamp(x / s, +-448)) to nearest, ties to even; the projection reads code * s.
+ *
+ * quant_row_e4m3 is the warp-level piece (the streamed experts kernel calls it inside its
+ * launch); act_quant_e4m3 launches it over rows (batched_mm's FP8 path). */
+#ifndef MOEX_ACT_QUANT_CUH
+#define MOEX_ACT_QUANT_CUH
+
+#include "backends/cuda/device_common.cuh"
+#include "core/internal.h"
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#define ACT_E4M3_MAX 448.0f
+
+/* Loads through L2 (__ldcg): a row may have been written by another block of the same launch. */
+__device__ __forceinline__ float load_cg(const float *p) { return __ldcg(p); }
+__device__ __forceinline__ float load_cg(const __nv_bfloat16 *p) { return __bfloat162float(__ldcg(p)); }
+__device__ __forceinline__ float load_cg(const __half *p) { return __half2float(__ldcg(p)); }
+
+__device__ __forceinline__ float e4m3_value(uint8_t c) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)c, __NV_E4M3)));
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* 8 inputs from 16-byte aligned p (two loads for f32), through L2. */
+__device__ __forceinline__ void load8_cg(const __nv_bfloat16 *p, float (&v)[8]) {
+    const uint4 u = __ldcg((const uint4 *)p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 t = __bfloat1622float2(*(const __nv_bfloat162 *)&w[i]);
+        v[2 * i] = t.x, v[2 * i + 1] = t.y;
+    }
+}
+__device__ __forceinline__ void load8_cg(const __half *p, float (&v)[8]) {
+    const uint4 u = __ldcg((const uint4 *)p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 t = __half22float2(*(const __half2 *)&w[i]);
+        v[2 * i] = t.x, v[2 * i + 1] = t.y;
+    }
+}
+__device__ __forceinline__ void load8_cg(const float *p, float (&v)[8]) {
+    const float4 a = __ldcg((const float4 *)p), b = __ldcg((const float4 *)p + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+/* Vectors of 8 inputs, one a lane: vector v of the row quantized, its block's amax reduced over
+ * the vpb lanes of the block (vpb = bk / 8, a power of two <= 32, so blocks never straddle 32
+ * vectors). in = 0: past the row (contributes nothing, stores nothing). */
+__device__ __forceinline__ void quant_vec8(const float (&v)[8], bool in, int vpb, int64_t vi, uint8_t *q, float *s,
+                                           float *f, int lane) {
+    float a = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) a = fmaxf(a, fabsf(v[i]));
+    for (int o = 1; o < vpb; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if (!in) return;
+    const float sc = a > 0.0f ? a / ACT_E4M3_MAX : 1.0f;
+    uint32_t packed[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; i++) { /* input i: byte i % 4 of word i / 4 (the row's order) */
+        const uint8_t c = (uint8_t)__nv_cvt_float_to_fp8(v[i] / sc, __NV_SATFINITE, __NV_E4M3);
+        packed[i / 4] |= (uint32_t)c << (8 * (i % 4));
+        if (f) f[8 * vi + i] = e4m3_value(c) * sc;
+    }
+    if (q) *(uint2 *)(q + 8 * vi) = make_uint2(packed[0], packed[1]);
+    if (s && lane % vpb == 0) s[vi / vpb] = sc;
+}
+
+/* One row x[0 .. K) by one warp: codes q[k] (or NULL), block scales s[k / bk] (or NULL) and the
+ * values the projection reads, f[k] = code * s (f32, or NULL; f may be x when XT is float).
+ * Rows of 16-byte aligned x and 8-byte aligned q, K a multiple of 8 and bk / 8 a power of two
+ * up to 32 go 8 inputs a lane, two vectors in flight; any other row one input a lane. */
+template <typename XT>
+__device__ __forceinline__ void quant_row_e4m3(const XT *x, int64_t K, int64_t bk, uint8_t *q, float *s, float *f,
+                                               int lane) {
+    const int64_t vpb = bk / 8;
+    if (K % 8 == 0 && bk % 8 == 0 && vpb <= 32 && (vpb & (vpb - 1)) == 0 && ((uintptr_t)x & 15) == 0 &&
+        ((uintptr_t)q & 7) == 0) {
+        const int64_t nvec = K / 8;
+        for (int64_t v0 = 0; v0 < nvec; v0 += 64) {
+            const int64_t va = v0 + lane, vb = v0 + 32 + lane;
+            float a[8], b[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) a[i] = b[i] = 0.0f;
+            if (va < nvec) load8_cg(x + 8 * va, a);
+            if (vb < nvec) load8_cg(x + 8 * vb, b);
+            quant_vec8(a, va < nvec, (int)vpb, va, q, s, f, lane);
+            if (v0 + 32 < nvec) quant_vec8(b, vb < nvec, (int)vpb, vb, q, s, f, lane);
+        }
+        return;
+    }
+    for (int64_t k0 = 0, kb = 0; k0 < K; k0 += bk, kb++) {
+        const int64_t k1 = k0 + bk < K ? k0 + bk : K;
+        float amax = 0.0f;
+        for (int64_t k = k0 + lane; k < k1; k += 32) amax = fmaxf(amax, fabsf(load_cg(x + k)));
+        amax = warp_max(amax);
+        const float sc = amax > 0.0f ? amax / ACT_E4M3_MAX : 1.0f;
+        for (int64_t k = k0 + lane; k < k1; k += 32) {
+            const uint8_t c = (uint8_t)__nv_cvt_float_to_fp8(load_cg(x + k) / sc, __NV_SATFINITE, __NV_E4M3);
+            if (q) q[k] = c;
+            if (f) f[k] = e4m3_value(c) * sc;
+        }
+        if (s && lane == 0) s[kb] = sc;
+    }
+}
+
+/* rows rows of x (dtype xdt, row stride x_ld elements, K inputs) quantized per bk: codes into
+ * q [rows, K] (or NULL), scales into s [rows, ceil(K/bk)] (or NULL), code * scale into f
+ * [rows, K] f32 (or NULL; f may be x when x is f32 with x_ld = K). One warp a row. */
+moex_status act_quant_e4m3(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int64_t bk,
+                           uint8_t *q, float *s, float *f, cudaStream_t st);
+
+#endif
