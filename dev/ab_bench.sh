@@ -7,7 +7,8 @@
 #
 # Environment: AB_ROUNDS (2), AB_RUNS (--runs, 10), AB_SHAPES ("qwen3-30b-a3b deepseek-v3"),
 # AB_QWEN_TOKENS (1,64,16384),
-# AB_DEEPSEEK_TOKENS (64,16384), AB_BACKENDS (batched_mm,grouped_mm), AB_OLD_LABEL and
+# AB_DEEPSEEK_TOKENS (64,16384), AB_BACKENDS (batched_mm,grouped_mm), AB_DTYPES (bf16; a list
+# such as bf16,fp8 runs each binary once per dtype, in one moex bench), AB_OLD_LABEL and
 # AB_NEW_LABEL (what the CSV calls the two trees, e.g. their commits: a copy of a tree may not
 # carry its git history), MOEX_DEPS_DIR (cJSON sources for either build, peer-run/deps).
 # Each tree is built by its own scripts/gpu_suite.sh with SUITE_STEPS=none.
@@ -39,7 +40,7 @@ NEW_BIN="$ROOT/build-gpu/moex"
 for b in "$OLD_BIN" "$NEW_BIN"; do [ -x "$b" ] || { say "missing $b"; exit 1; }; done
 
 bench() { # binary shape tokens csv
-  "$1" bench --device cuda --shape "$2" --tokens "$3" --dtype bf16 --backends "$BACKENDS" --graph both \
+  "$1" bench --device cuda --shape "$2" --tokens "$3" --dtype "${AB_DTYPES:-bf16}" --backends "$BACKENDS" --graph both \
     --backend-max-tokens batched_mm=512 --runs "$RUNS" --reference off --csv "$4" >/dev/null
 }
 for r in $(seq 1 "$ROUNDS"); do

@@ -28,7 +28,7 @@ for path in sorted(glob.glob(os.path.join(a.dir, "*_r*.csv"))):
             continue
         if ms != ms:  # nan: a case the limits leave out
             continue
-        key = (row["shape"], row["backend"], int(row["tokens"]), int(row["graph"]))
+        key = (row["shape"], row.get("dtype", "bf16"), row["backend"], int(row["tokens"]), int(row["graph"]))
         runs.setdefault(key, {"old": [], "new": []})[tag].append(ms)
 
 if not runs:
@@ -39,7 +39,8 @@ with open(a.out, "w", newline="") as f:
     for c in comments:
         f.write(c + "\n")
     w = csv.writer(f)
-    w.writerow(["shape", "backend", "tokens", "graph", "old_ms", "new_ms", "ratio", "old_rounds_ms", "new_rounds_ms"])
+    w.writerow(["shape", "dtype", "backend", "tokens", "graph", "old_ms", "new_ms", "ratio", "old_rounds_ms",
+                "new_rounds_ms"])
     for key in sorted(runs):
         o, n = runs[key]["old"], runs[key]["new"]
         if not o or not n:
@@ -50,5 +51,5 @@ with open(a.out, "w", newline="") as f:
         w.writerow(list(key) + ["%.6g" % om, "%.6g" % nm, "%.4f" % ratio, " ".join("%.6g" % x for x in o),
                                 " ".join("%.6g" % x for x in n)])
         flag = "" if abs(ratio - 1) <= 0.03 else "  <-- more than 3%"
-        print("%-14s %-11s %6d graph=%d  old %9.4f ms  new %9.4f ms  new/old %.3f%s" % (key + (om, nm, ratio, flag)))
+        print("%-14s %-5s %-11s %6d graph=%d  old %9.4f ms  new %9.4f ms  new/old %.3f%s" % (key + (om, nm, ratio, flag)))
 print("largest difference: %.1f%%" % (100 * worst))

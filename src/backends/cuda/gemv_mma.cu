@@ -450,6 +450,15 @@ __device__ __forceinline__ int ld_acquire(const int *p) {
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
+/* *p += v, ordered after this thread's earlier writes and those a barrier ordered before it */
+__device__ __forceinline__ void red_release_add(int *p, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int atom_acq_rel_add(int *p, int v) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
 
 /* The configuration: stages of 128 bytes a row, fmt<T>::WARPS warps a block sharing
  * STREAM_SMEM bytes of shared memory (a ring each), one block an SM (216 KiB). bf16/f16: 16
@@ -483,16 +492,20 @@ __global__ void __launch_bounds__(fmt<T>::WARPS * 32, 1)
     const T *xin = QUANT ? (const T *)io.xq : (const T *)io.x;
     const int64_t xin_ld = QUANT ? L.H : io.x_ld;
     const T *hin = QUANT ? (const T *)io.hq : (const T *)io.h;
+    /* The next item is claimed when the current one starts, so the claim's round trip overlaps
+     * its work. The waits still end: a warp's claimed item is later than its current one, and
+     * every item waits only for earlier ones. */
+    unsigned long long claimed = 0;
+    if (lane == 0) claimed = atomicAdd(next, 1ull);
+    claimed = __shfl_sync(0xffffffffu, claimed, 0);
     for (;;) {
-        unsigned long long item = 0;
-        if (lane == 0) item = atomicAdd(next, 1ull);
-        item = __shfl_sync(0xffffffffu, item, 0);
+        unsigned long long item = claimed;
         if (item >= (unsigned long long)total) return;
+        if (lane == 0) claimed = atomicAdd(next, 1ull);
         if (QUANT && item < (unsigned long long)n_x) {
             quant_x_row(L, io.q, io, (int64_t)item, lane);
-            __threadfence();
-            __syncwarp();
-            if (lane == 0) atomicAdd(xdone, 1);
+            __syncwarp(); /* every lane's stores, then one release (the warp barrier orders them) */
+            if (lane == 0) red_release_add(xdone, 1);
         } else if (item < (unsigned long long)n_gu) {
             item -= n_x;
             const int64_t e = hit[item / fg_gu], n0 = MFEAT * (int64_t)(item % fg_gu);
@@ -502,17 +515,19 @@ __global__ void __launch_bounds__(fmt<T>::WARPS * 32, 1)
                 gate_up_item<T, 2, ST2>(L, io.q, G, xin, xin_ld, io.xs, (HT *)io.h, e, n0, ring, lane);
             else
                 gate_up_item<T, 1, ST1>(L, io.q, G, xin, xin_ld, io.xs, (HT *)io.h, e, n0, ring, lane);
-            __threadfence(); /* this lane's h stores before the count (the pattern of a grid reduction) */
             __syncwarp();
             int before = 0;
-            if (lane == 0) before = atomicAdd(&done[e], 1);
-            before = __shfl_sync(0xffffffffu, before, 0);
+            if (QUANT) { /* acquire too: the last item's warp reads the other items' h rows */
+                if (lane == 0) before = atom_acq_rel_add(&done[e], 1);
+                before = __shfl_sync(0xffffffffu, before, 0);
+            } else if (lane == 0) {
+                red_release_add(&done[e], 1);
+            }
             if (QUANT && before == fg_gu - 1) { /* the last gate/up item of e: its h rows are complete */
-                __threadfence();
+                __syncwarp(); /* lane 0's acquire before every lane's loads */
                 quant_h_rows(L, io.q, G, io, e, lane);
-                __threadfence();
                 __syncwarp();
-                if (lane == 0) atomicAdd(&done[e], 1);
+                if (lane == 0) red_release_add(&done[e], 1);
             }
         } else {
             item -= n_gu;
@@ -520,6 +535,7 @@ __global__ void __launch_bounds__(fmt<T>::WARPS * 32, 1)
             while (ld_acquire(&done[e]) < fg_gu + QUANT) __nanosleep(128);
             down_item<T, ST2>(L, io.q, G, hin, io.hs, io.y, e, DOWN_TILES * MFEAT * (int64_t)(item % fg_dn), ring, lane);
         }
+        claimed = __shfl_sync(0xffffffffu, claimed, 0);
     }
 }
 
