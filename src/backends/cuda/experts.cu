@@ -77,7 +77,7 @@ static int quant_supports(cuda_kind kind, const moex_experts_desc *d, char *why,
                  "rows); got hidden %lld, intermediate %lld", (long long)d->hidden, (long long)d->intermediate);
         return 0;
     }
-    const int64_t kmul = kind == CUDA_GROUPED_MM ? 64 : 8;
+    const int64_t kmul = kind == CUDA_GROUPED_MM ? 64 : 16;
     if (d->block_k % kmul) {
         snprintf(why, n, "FP8 experts on the GPU (%s) need block_k a multiple of %lld; got %lld",
                  kind == CUDA_GROUPED_MM ? "grouped_mm" : "batched_mm", (long long)kmul, (long long)d->block_k);

@@ -47,12 +47,20 @@ __device__ __forceinline__ void load8(const uint8_t *p, float *f) {
     }
 }
 
-__device__ __forceinline__ float dot8(const float *a, const float *b) {
+/* The 16 e4m3 codes of a 16-byte piece times x[0 .. 16), decoded pair by pair (no array of
+ * them: the kernels below hold four pieces at once). */
+__device__ __forceinline__ float dot16_e4m3(uint4 v, const float *x) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
     float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; i++) s += a[i] * b[i];
+    for (int i = 0; i < 8; i++) {
+        const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i / 2] >> (16 * (i % 2))), __NV_E4M3));
+        const float2 t = __half22float2(h);
+        s += t.x * x[2 * i] + t.y * x[2 * i + 1];
+    }
     return s;
 }
+__device__ __forceinline__ uint4 ldg16(const uint8_t *p) { return __ldg((const uint4 *)p); }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -156,6 +164,7 @@ template <typename WT, typename XT>
 __global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view L, quant_view Q, gemv_groups G,
                                                                        const XT *x, int64_t x_ld, float *h) {
     constexpr bool QUANT = sizeof(WT) == 1;
+    constexpr int VW = QUANT ? 16 : 8; /* inputs a lane loads at once: 16 bytes of weights */
     asm volatile("griddepcontrol.launch_dependents;");
     const int lane = threadIdx.x & 31;
     const int64_t n = 2 * (blockIdx.x * (int64_t)WARPS + (threadIdx.x >> 5));
@@ -177,24 +186,30 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view
                 su[f] = scale_row(Q, Q.up, e, n + f * two);
                 if (L.gated) sg[f] = scale_row(Q, Q.gate, e, n + f * two);
             }
-        for (int64_t kk = lane * 8; kk < K; kk += 256) {
-            float u0[8], u1[8], g0[8], g1[8], fx[8];
-            load8(wu + kk, u0);
-            load8(wu + us + kk, u1);
-            if (L.gated) {
-                load8(wg + kk, g0);
-                load8(wg + gs + kk, g1);
-            }
-            load8(xr + kk, fx);
-            if (QUANT) { /* codes: each 8 lie in one block (bk a multiple of 8), scaled once */
+        for (int64_t kk = lane * VW; kk < K; kk += 32 * VW) {
+            if (QUANT) { /* 16 codes a row, in one block (bk a multiple of 16), scaled once */
+                const uint8_t *bu = (const uint8_t *)(wu + kk), *bg = (const uint8_t *)(wg + kk);
+                const uint4 ru0 = ldg16(bu), ru1 = ldg16(bu + us), rg0 = L.gated ? ldg16(bg) : ru0,
+                            rg1 = L.gated ? ldg16(bg + gs) : ru1;
+                float fx[16];
+                load8(xr + kk, fx);
+                load8(xr + kk + 8, fx + 8);
                 const uint32_t kb = (uint32_t)kk / (uint32_t)Q.bk;
-                au0 += scale_load(Q.sdt, Q.up.base, su[0] + kb) * dot8(u0, fx);
-                au1 += scale_load(Q.sdt, Q.up.base, su[1] + kb) * dot8(u1, fx);
+                au0 += scale_load(Q.sdt, Q.up.base, su[0] + kb) * dot16_e4m3(ru0, fx);
+                au1 += scale_load(Q.sdt, Q.up.base, su[1] + kb) * dot16_e4m3(ru1, fx);
                 if (L.gated) {
-                    ag0 += scale_load(Q.sdt, Q.gate.base, sg[0] + kb) * dot8(g0, fx);
-                    ag1 += scale_load(Q.sdt, Q.gate.base, sg[1] + kb) * dot8(g1, fx);
+                    ag0 += scale_load(Q.sdt, Q.gate.base, sg[0] + kb) * dot16_e4m3(rg0, fx);
+                    ag1 += scale_load(Q.sdt, Q.gate.base, sg[1] + kb) * dot16_e4m3(rg1, fx);
                 }
             } else {
+                float u0[8], u1[8], g0[8], g1[8], fx[8];
+                load8(wu + kk, u0);
+                load8(wu + us + kk, u1);
+                if (L.gated) {
+                    load8(wg + kk, g0);
+                    load8(wg + gs + kk, g1);
+                }
+                load8(xr + kk, fx);
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
                     au0 += u0[i] * fx[i];
@@ -229,6 +244,7 @@ __global__ void __launch_bounds__(WARPS * 32, 4) down_pairs_kernel(layer_view L,
                                                                     const void *w, moex_dtype wdt, int64_t w_ld,
                                                                     void *out, moex_dtype odt, int64_t out_ld) {
     constexpr bool QUANT = sizeof(WT) == 1; /* FP8 codes (vector path only), h the quantized inputs */
+    constexpr int VW = QUANT ? 16 : 8;
     __shared__ float part[WARPS][NF];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t n0 = blockIdx.x * (int64_t)NF, K = L.I;
@@ -254,20 +270,24 @@ __global__ void __launch_bounds__(WARPS * 32, 4) down_pairs_kernel(layer_view L,
                 const float *hr = h + (t * G.k + j) * K;
                 if (VEC) {
 #pragma unroll 2
-                    for (int64_t kk = lane * 8; kk < K; kk += 256) {
-                        float fh[8], fw[8];
+                    for (int64_t kk = lane * VW; kk < K; kk += 32 * VW) {
+                        float fh[VW];
                         load8(hr + kk, fh);
+                        if (QUANT) load8(hr + kk + 8, fh + 8);
 #pragma unroll
                         for (int f = 0; f < NF; f++) {
                             if (f >= nf) break;
-                            load8(wd + f * L.down.n_stride + kk, fw);
-                            if (QUANT)
+                            if (QUANT) {
+                                const uint4 r = ldg16((const uint8_t *)(wd + f * L.down.n_stride + kk));
                                 p[f] += scale_load(Q.sdt, Q.down.base,
                                                    scale_row(Q, Q.down, e, n0 + f) + (uint32_t)kk / (uint32_t)Q.bk) *
-                                        dot8(fw, fh);
-                            else
+                                        dot16_e4m3(r, fh);
+                            } else {
+                                float fw[8];
+                                load8(wd + f * L.down.n_stride + kk, fw);
 #pragma unroll
                                 for (int i = 0; i < 8; i++) p[f] += fw[i] * fh[i];
+                            }
                         }
                     }
                 } else if (!QUANT) {
@@ -438,7 +458,7 @@ static void gate_up_w(const layer_view &L, const gemv_groups &G, const void *x, 
 static size_t wsize(moex_dtype dt) { return dt == MOEX_F32 ? 4 : dt == MOEX_E4M3 ? 1 : 2; }
 
 int gemv_quant_usable(const layer_view &L, const quant_view &Q) {
-    return L.wdt == MOEX_E4M3 && Q.on && Q.bk % 8 == 0 && L.H % 16 == 0 && L.I % 16 == 0 && gemv_vectorizable(L, 1);
+    return L.wdt == MOEX_E4M3 && Q.on && Q.bk % 16 == 0 && L.H % 16 == 0 && L.I % 16 == 0 && gemv_vectorizable(L, 1);
 }
 
 moex_status gemv_gate_up(const layer_view &L, const gemv_groups &G, const void *x, moex_dtype xdt, int64_t x_ld,

@@ -69,7 +69,7 @@ moex_status gemv_down_experts(const layer_view &L, const gemv_groups &G, const f
 
 /* 1 if every matrix of L can be read with 16-byte vector loads along k. */
 int gemv_vectorizable(const layer_view &L, size_t wsz);
-/* 1 if batched_mm's kernels take L's FP8 weights: e4m3 with scales, bk a multiple of 8, H and I
+/* 1 if batched_mm's kernels take L's FP8 weights: e4m3 with scales, bk a multiple of 16, H and I
  * multiples of 16, vector-loadable matrices. Their inputs are then the quantized activations,
  * f32 code * scale (act_quant.cuh): gemv_gate_up with pairs, gemv_down_pairs. */
 int gemv_quant_usable(const layer_view &L, const quant_view &Q);
