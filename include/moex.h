@@ -1,6 +1,7 @@
 /*
  * moex.h — the public headers of libmoex, all of them. Each audience has its own:
  *   moex/base.h     version, statuses, dtypes, devices, tensors (included by the others)
+ *   moex/tokenizer.h  tokenizer.json: text to token ids and back
  *   moex/experts.h  users of the experts layer: layers, contexts, forward, routers
  *   moex/backend.h  backend authors: the backend struct, the registry, the status word
  *   moex/model.h    checkpoint and generation users: models, backends maps, generate
@@ -35,5 +36,6 @@
 #include "moex/experts.h"
 #include "moex/backend.h"
 #include "moex/model.h"
+#include "moex/tokenizer.h"
 
 #endif /* MOEX_H */

@@ -9,6 +9,7 @@
 #   backends        the dispatch table and the implementations                    sees core, gpu, linear, experts
 #                   (backends/cpu and backends/cuda see backends/impl.h but not each other; the table sees both)
 #   decoder         the decoder's ops on the CPU and (decoder/cuda) the GPU       sees core, gpu, linear
+#   text            the tokenizer (tokenizer.json, PCRE2, utf8proc)               sees core
 #   model           checkpoints, config, loader, the step, generation             sees core, gpu, linear, experts, decoder
 #   tools           the command line                                              sees the public headers only
 #
@@ -31,6 +32,7 @@ may_see() {
     backends/cuda:core|backends/cuda:gpu|backends/cuda:linear|backends/cuda:experts|backends/cuda:backends|backends/cuda:backends/cuda) return 0 ;;
     decoder:core|decoder:gpu|decoder:linear|decoder:decoder*) return 0 ;;
     decoder/cuda:core|decoder/cuda:gpu|decoder/cuda:linear|decoder/cuda:decoder*) return 0 ;;
+    text:core|text:text) return 0 ;;
     model:core|model:gpu|model:linear|model:experts|model:decoder*|model:model) return 0 ;;
     esac
     return 1

@@ -38,7 +38,7 @@
 
 #include "moex.h"
 #include "model/config.h"
-#include "model/json.h"
+#include "core/json.h"
 #include "model/safetensors.h"
 #include "testutil.h"
 #include "backend_list.h"

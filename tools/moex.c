@@ -1,9 +1,10 @@
-/* moex — command-line tool: generate, info, demo, bench, backends, version. */
+/* moex — command-line tool: generate, info, demo, tokenize, bench, backends, version. */
 #define _POSIX_C_SOURCE 200809L
 
 #include "bench.h"
 #include "cli.h"
 #include "model_cmds.h"
+#include "text_cmds.h"
 #include "moex.h"
 #include <ctype.h>
 #include <errno.h>
@@ -25,6 +26,7 @@ static void usage(FILE *f) {
             "             [--no-decode-switch] [--cuda-graph] (these two with --device cuda)\n"
             "  info       MODEL_DIR [--experts NAME|JSON] [--device cpu|cuda]: the model and the backends that can run it\n"
             "  demo       [MODEL_DIR]: generate with the bundled tiny model through every backend available here\n"
+            "  tokenize   DIR (TEXT | --file F | --decode IDS) [--json] [--no-special]: tokenizer.json ids and text\n"
             "  bench      time the experts backends on a named layer shape (moex bench --help)\n"
             "  backends   list the experts backends and whether they can run here\n"
             "  version    print the version\n");
@@ -127,6 +129,7 @@ static int run(int argc, char **argv) {
     if (strcmp(cmd, "bench") == 0) return moex_cli_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "generate") == 0) return moex_cli_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "info") == 0) return moex_cli_info(argc - 1, argv + 1);
+    if (strcmp(cmd, "tokenize") == 0) return moex_cli_tokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "demo") == 0) return moex_cli_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "backends") == 0) return no_arguments(argc, argv) ? 2 : list_backends();
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

@@ -3,7 +3,7 @@
 #include "model/safetensors.h"
 #include "core/internal.h"
 
-#include "model/json.h"
+#include "core/json.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>

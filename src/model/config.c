@@ -2,7 +2,7 @@
 #include "model/config.h"
 #include "core/internal.h"
 
-#include "model/json.h"
+#include "core/json.h"
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* experts_map.c — the per-sub-config backend map of a model (see experts_map.h). */
 #include "model/experts_map.h"
 #include "experts/dispatch.h"
-#include "model/json.h"
+#include "core/json.h"
 #include <stdio.h>
 
 static const char *const LOAD_ONLY = "deepgemm_megamoe";

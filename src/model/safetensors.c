@@ -2,7 +2,7 @@
 #include "model/safetensors.h"
 #include "core/internal.h"
 
-#include "model/json.h"
+#include "core/json.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -6,8 +6,8 @@
  * difference) that records a failed allocation, so that a parse can tell the two
  * apart: out of memory is MOEX_ERR_OUT_OF_MEMORY, not "not valid JSON".
  */
-#ifndef MOEX_MODEL_JSON_H
-#define MOEX_MODEL_JSON_H
+#ifndef MOEX_CORE_JSON_H
+#define MOEX_CORE_JSON_H
 
 #include <cjson/cJSON.h>
 #include <stddef.h>

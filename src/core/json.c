@@ -1,5 +1,5 @@
 /* json.c — cJSON with moex's allocation hooks (see json.h). */
-#include "model/json.h"
+#include "core/json.h"
 #include <pthread.h>
 #include <stdlib.h>
 

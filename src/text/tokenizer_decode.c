@@ -1,0 +1,264 @@
+/* tokenizer_decode.c — ids to text (moex_tokenizer_decode) and the incremental decoder of
+ * streaming (moex_detok_stream_*): the tokens' strings through the decoders, step by step
+ * over a list of strings as tokenizers' decoders work, then joined; invalid UTF-8 becomes
+ * U+FFFD at the end. */
+#include "text/tokenizer_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The token strings of one step: spans of one buffer. */
+typedef struct strs {
+    tk_buf b;
+    size_t *off, *len;
+    size_t n, cap;
+} strs;
+
+static int strs_add(strs *s, const char *p, size_t n) {
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 64;
+        size_t *o = realloc(s->off, cap * sizeof *o), *l = o ? realloc(s->len, cap * sizeof *l) : NULL;
+        if (o) s->off = o;
+        if (!l) return 0;
+        s->len = l, s->cap = cap;
+    }
+    s->off[s->n] = s->b.n, s->len[s->n] = n;
+    s->n++;
+    return tk_buf_put(&s->b, p, n);
+}
+
+static void strs_clear(strs *s) { s->n = 0, s->b.n = 0; }
+static void strs_free(strs *s) { free(s->b.p), free(s->off), free(s->len); }
+
+static const char REPLACEMENT[] = "\xEF\xBF\xBD";
+
+int tk_utf8_repair(const char *in, size_t n, tk_buf *out) {
+    out->n = 0;
+    if (!tk_buf_put(out, "", 0)) return 0;
+    for (size_t i = 0; i < n;) {
+        int l;
+        if (tk_utf8_decode((const uint8_t *)in + i, n - i, &l) < 0) {
+            if (!tk_buf_put(out, REPLACEMENT, 3)) return 0;
+            i++;
+            continue;
+        }
+        if (!tk_buf_put(out, in + i, (size_t)l)) return 0;
+        i += (size_t)l;
+    }
+    return 1;
+}
+
+/* <0xXX> -> the byte, else -1. */
+static int byte_token(const char *s, size_t n) {
+    if (n != 6 || memcmp(s, "<0x", 3) || s[5] != '>') return -1;
+    int v = 0;
+    for (int i = 3; i < 5; i++) {
+        const char c = s[i];
+        v = v * 16 + (c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1000);
+    }
+    return v >= 0 ? v : -1;
+}
+
+static int valid_utf8(const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        int l;
+        if (tk_utf8_decode((const uint8_t *)s + i, n - i, &l) < 0) return 0;
+        i += (size_t)l;
+    }
+    return 1;
+}
+
+/* One decoder step: in -> out. */
+static int step(const tk_dec *d, const strs *in, strs *out) {
+    strs_clear(out);
+    if (!tk_buf_put(&out->b, "", 0)) return 0;
+    if (d->kind == TK_D_FUSE) {
+        return strs_add(out, in->b.p, in->b.n); /* the spans are back to back in one buffer */
+    }
+    if (d->kind == TK_D_BYTEFALLBACK) {
+        for (size_t i = 0; i < in->n;) {
+            const char *s = in->b.p + in->off[i];
+            if (byte_token(s, in->len[i]) < 0) {
+                if (!strs_add(out, s, in->len[i])) return 0;
+                i++;
+                continue;
+            }
+            char run[256];
+            size_t k = 0, j = i;
+            for (; j < in->n && k < sizeof run; j++) {
+                const int b = byte_token(in->b.p + in->off[j], in->len[j]);
+                if (b < 0) break;
+                run[k++] = (char)b;
+            }
+            if (valid_utf8(run, k)) {
+                if (!strs_add(out, run, k)) return 0;
+            } else {
+                for (size_t q = 0; q < k; q++)
+                    if (!strs_add(out, REPLACEMENT, 3)) return 0;
+            }
+            i = j;
+        }
+        return 1;
+    }
+    tk_buf tmp = {0};
+    for (size_t i = 0; i < in->n; i++) {
+        const char *s = in->b.p + in->off[i];
+        size_t n = in->len[i];
+        tmp.n = 0;
+        if (!tk_buf_put(&tmp, "", 0)) return 0;
+        int ok = 1;
+        if (d->kind == TK_D_BYTELEVEL) {
+            for (size_t q = 0; ok && q < n;) {
+                int l;
+                const int32_t cp = tk_utf8_decode((const uint8_t *)s + q, n - q, &l);
+                const int b = cp >= 0 ? tk_char_byte((uint32_t)cp) : -1;
+                ok = b >= 0 ? tk_buf_putc(&tmp, (char)b) : tk_buf_put(&tmp, s + q, (size_t)l);
+                q += (size_t)l;
+            }
+        } else if (d->kind == TK_D_STRIP) {
+            const size_t cl = strlen(d->content);
+            for (int k = 0; k < d->start && n >= cl && memcmp(s, d->content, cl) == 0; k++) s += cl, n -= cl;
+            for (int k = 0; k < d->stop && n >= cl && memcmp(s + n - cl, d->content, cl) == 0; k++) n -= cl;
+            ok = tk_buf_put(&tmp, s, n);
+        } else { /* METASPACE, REPLACE */
+            const char *a = d->kind == TK_D_METASPACE ? d->content : d->a, *b = d->kind == TK_D_METASPACE ? " " : d->b;
+            const size_t na = strlen(a), nb = strlen(b);
+            for (size_t q = 0; ok && q < n;)
+                if (q + na <= n && memcmp(s + q, a, na) == 0) {
+                    ok = tk_buf_put(&tmp, b, nb);
+                    q += na;
+                } else {
+                    ok = tk_buf_putc(&tmp, s[q++]);
+                }
+            if (ok && d->kind == TK_D_METASPACE && i == 0 && d->prepend && tmp.n && tmp.p[0] == ' ') {
+                memmove(tmp.p, tmp.p + 1, tmp.n); /* the space the pre-tokenizer put first */
+                tmp.n--;
+            }
+        }
+        if (!ok || !strs_add(out, tmp.p, tmp.n)) {
+            free(tmp.p);
+            return 0;
+        }
+    }
+    free(tmp.p);
+    return 1;
+}
+
+moex_status tk_decode_raw(const moex_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, tk_buf *out) {
+    strs a = {0}, b = {0};
+    int ok = tk_buf_put(&a.b, "", 0);
+    for (int64_t i = 0; ok && i < n; i++) {
+        const int32_t id = ids[i];
+        if (id < 0 || id >= t->n_tok || !t->tok[id]) {
+            strs_free(&a);
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tokenizer_decode: ids[%lld] = %d is not a token of %s",
+                             (long long)i, (int)id, t->path);
+        }
+        if (skip_special && t->special[id]) continue;
+        ok = strs_add(&a, t->tok[id], t->tok_len[id]);
+    }
+    for (int k = 0; ok && k < t->n_dec; k++) {
+        ok = step(&t->dec[k], &a, &b);
+        strs sw = a;
+        a = b, b = sw;
+    }
+    out->n = 0;
+    if (ok) ok = tk_buf_put(out, a.b.p, a.b.n);
+    strs_free(&a);
+    strs_free(&b);
+    return ok ? MOEX_OK : moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_tokenizer_decode: out of memory");
+}
+
+moex_status moex_tokenizer_decode(const moex_tokenizer *t, const int32_t *ids, int64_t n, int skip_special,
+                                  char **text, size_t *len) {
+    if (!t || (!ids && n) || n < 0 || !text || !len)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tokenizer_decode: a NULL argument or a negative count");
+    *text = NULL, *len = 0;
+    tk_buf raw = {0}, out = {0};
+    moex_status st = tk_decode_raw(t, ids, n, skip_special, &raw);
+    if (!st && !tk_utf8_repair(raw.p ? raw.p : "", raw.n, &out)) st = moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_tokenizer_decode: out of memory");
+    free(raw.p);
+    if (st) {
+        free(out.p);
+        return st;
+    }
+    *text = out.p, *len = out.n;
+    return MOEX_OK;
+}
+
+/* ---- streaming --------------------------------------------------------------------------
+ *
+ * The ids so far; the text already given out is decode(ids[prefix .. read)) minus
+ * decode(ids[prefix .. read)) of the step before: each push decodes the window from `prefix`
+ * twice (without and with the new ids) and gives the difference once it ends on a whole
+ * character (and not on a U+FFFD, which ByteFallback makes of an incomplete character), so that
+ * decoders looking at the first token (Metaspace) see the same context. */
+struct moex_detok_stream {
+    const moex_tokenizer *t;
+    int skip_special;
+    tk_ids ids;
+    int64_t prefix, read;
+    tk_buf a, b, piece;
+};
+
+moex_status moex_detok_stream_new(const moex_tokenizer *t, int skip_special, moex_detok_stream **out) {
+    if (!t || !out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_detok_stream_new: a NULL argument");
+    moex_detok_stream *s = calloc(1, sizeof *s);
+    if (!s) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_detok_stream_new: out of memory");
+    s->t = t, s->skip_special = skip_special;
+    *out = s;
+    return MOEX_OK;
+}
+
+/* 1 if buf ends inside a character (a lead byte whose continuation bytes have not come). */
+static int ends_inside(const char *p, size_t n) {
+    for (size_t back = 1; back <= 4 && back <= n; back++) {
+        const uint8_t c = (uint8_t)p[n - back];
+        if ((c & 0xC0) == 0x80) continue;             /* a continuation byte: look further back */
+        const int l = tk_utf8_len(c);
+        return l > 1 && (size_t)l > back;              /* the lead of a longer sequence */
+    }
+    return 0;
+}
+
+moex_status moex_detok_stream_push(moex_detok_stream *s, int32_t id, const char **text, size_t *len) {
+    if (!s || !text || !len) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_detok_stream_push: a NULL argument");
+    *text = "", *len = 0;
+    if (!tk_ids_put(&s->ids, id)) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_detok_stream_push: out of memory");
+    moex_status st = tk_decode_raw(s->t, s->ids.p + s->prefix, s->read - s->prefix, s->skip_special, &s->a);
+    if (!st) st = tk_decode_raw(s->t, s->ids.p + s->prefix, s->ids.n - s->prefix, s->skip_special, &s->b);
+    if (st) {
+        s->ids.n--; /* the bad id is not kept */
+        return st;
+    }
+    /* nothing whole yet: a character cut at the end, or a U+FFFD that a byte-fallback decoder made
+     * of bytes the next tokens may complete */
+    if (s->b.n <= s->a.n || ends_inside(s->b.p, s->b.n) ||
+        (s->b.n >= s->a.n + 3 && memcmp(s->b.p + s->b.n - 3, REPLACEMENT, 3) == 0))
+        return MOEX_OK;
+    if (!tk_utf8_repair(s->b.p + s->a.n, s->b.n - s->a.n, &s->piece))
+        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_detok_stream_push: out of memory");
+    s->prefix = s->read, s->read = s->ids.n;
+    *text = s->piece.p, *len = s->piece.n;
+    return MOEX_OK;
+}
+
+moex_status moex_detok_stream_finish(moex_detok_stream *s, const char **text, size_t *len) {
+    if (!s || !text || !len) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_detok_stream_finish: a NULL argument");
+    *text = "", *len = 0;
+    moex_status st = tk_decode_raw(s->t, s->ids.p + s->prefix, s->read - s->prefix, s->skip_special, &s->a);
+    if (!st) st = tk_decode_raw(s->t, s->ids.p + s->prefix, s->ids.n - s->prefix, s->skip_special, &s->b);
+    if (st) return st;
+    if (s->b.n <= s->a.n) return MOEX_OK;
+    if (!tk_utf8_repair(s->b.p + s->a.n, s->b.n - s->a.n, &s->piece))
+        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_detok_stream_finish: out of memory");
+    s->prefix = s->read = s->ids.n;
+    *text = s->piece.p, *len = s->piece.n;
+    return MOEX_OK;
+}
+
+void moex_detok_stream_free(moex_detok_stream *s) {
+    if (!s) return;
+    free(s->ids.p), free(s->a.p), free(s->b.p), free(s->piece.p);
+    free(s);
+}
