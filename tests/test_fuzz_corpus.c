@@ -1,12 +1,13 @@
 /*
  * test_fuzz_corpus.c — replays every file of the committed fuzz corpus
- * (fuzz/corpus/{safetensors,config,model,experts_map}) through the fuzz
+ * (fuzz/corpus/{safetensors,config,model,experts_map,tokenizer}) through the fuzz
  * targets with their own invariant checks, so that CI re-checks the corpus
  * under the sanitizers without clang or libFuzzer:
  *   - fuzz_safetensors, fuzz_config and fuzz_experts_map (cheap) get every
  *     file of every corpus;
- *   - fuzz_model (a model load and a generation per file) gets its own
- *     corpus only.
+ *   - fuzz_model (a model load and a generation per file) and fuzz_tokenizer
+ *     (a tokenizer.json load or a fixture's, an encode and decodes) get their
+ *     own corpus only.
  *
  * The corpus is found next to this source file (../fuzz/corpus), or in
  * $MOEX_FUZZ_CORPUS; the model target's fixtures in $MOEX_FIXTURES or the
@@ -41,6 +42,9 @@
 #undef LLVMFuzzerTestOneInput
 #define LLVMFuzzerTestOneInput fuzz_model_one
 #include "../fuzz/fuzz_model.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_tokenizer_one
+#include "../fuzz/fuzz_tokenizer.c"
 #undef LLVMFuzzerTestOneInput
 
 /* The corpus root: $MOEX_FUZZ_CORPUS, else <dir of this file>/../fuzz/corpus. */
@@ -78,7 +82,7 @@ static uint8_t *slurp(const char *path, size_t *len) {
 }
 
 /* Every regular file of root/sub through the cheap targets, and through the
- * model target when with_model; returns the count. */
+ * model target when with_model (the tokenizer target when with_model is 2); returns the count. */
 static int replay_dir(const char *root, const char *sub, int with_model) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", root, sub);
@@ -101,7 +105,8 @@ static int replay_dir(const char *root, const char *sub, int with_model) {
         fuzz_safetensors_one(buf, len); /* aborts on a broken invariant */
         fuzz_config_one(buf, len);
         fuzz_experts_map_one(buf, len);
-        if (with_model) fuzz_model_one(buf, len);
+        if (with_model == 1) fuzz_model_one(buf, len);
+        if (with_model == 2) fuzz_tokenizer_one(buf, len);
         free(buf);
         count++;
     }
@@ -118,8 +123,11 @@ static void test_replay_corpus(void **state) {
     int b = replay_dir(root, "config", 0);
     int c = replay_dir(root, "experts_map", 0);
     int d = replay_dir(root, "model", 1);
-    print_message("replayed %d safetensors, %d config, %d experts_map and %d model inputs from %s\n", a, b, c, d, root);
-    if (a < 5 || b < 5 || c < 5 || d < 5) PROBLEM("the corpus looks empty: %d, %d, %d and %d files", a, b, c, d);
+    int e = replay_dir(root, "tokenizer", 2);
+    print_message("replayed %d safetensors, %d config, %d experts_map, %d model and %d tokenizer inputs from %s\n", a, b,
+                  c, d, e, root);
+    if (a < 5 || b < 5 || c < 5 || d < 5 || e < 5)
+        PROBLEM("the corpus looks empty: %d, %d, %d, %d and %d files", a, b, c, d, e);
     if (mdl_ready != 1) PROBLEM("the model target could not set up its fixtures (see above; set MOEX_FIXTURES)");
     end_problems();
 }

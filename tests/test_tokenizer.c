@@ -218,6 +218,8 @@ static void test_malformed_files(void **state) {
         {"{\"model\": {\"type\": \"BPE\", " MINI_VOCAB ", \"merges\": [], \"unk_token\": \"<unk>\"}}", "model.unk_token",
          MOEX_ERR_FORMAT},
         {"[1, 2]", "(the top level)", MOEX_ERR_FORMAT},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 1000000000}, \"merges\": []}}", "more than 2^20 ids unused",
+         MOEX_ERR_FORMAT},
         {"{\"model\": {\"type\": \"BPE\", " MINI_VOCAB ", \"merges\": [[\"a\", \"b\"]]}}", "", MOEX_OK},
     };
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {

@@ -1,5 +1,6 @@
 /* model_cmds.c — `moex generate`, `moex info` and `moex demo`. */
 #include "model_cmds.h"
+#include "chat_format.h"
 #include "cli.h"
 #include "moex.h"
 #include <cjson/cJSON.h>
@@ -19,13 +20,17 @@ typedef struct gen_args {
     int dequantize;
     int32_t *prompts[MAX_PROMPTS];
     int64_t lens[MAX_PROMPTS];
-    int n;
+    const char *texts[MAX_PROMPTS]; /* --prompt TEXT (or --prompt-file), tokenized once the options are read */
+    int is_file[MAX_PROMPTS];
+    int n, n_text, chat;
+    moex_tokenizer *tok; /* the checkpoint's tokenizer.json, when there is one */
     moex_generate_options gen;
     int json, threads, no_decode_switch;
     int64_t warmup; /* untimed generations before the reported one */
 } gen_args;
 
 static const char *usage_cmd = "moex"; /* "moex generate", "moex info" or "moex demo" */
+static int fail(const char *what);
 
 static int usage(const char *fmt, const char *a, const char *b) {
     fprintf(stderr, "%s: ", usage_cmd);
@@ -116,6 +121,8 @@ static const struct gen_option {
     int commands;
 } GEN_OPTIONS[] = {
     {"--prompt-ids", 1, FOR_GENERATE},  {"--max-new-tokens", 1, FOR_GENERATE},
+    {"--prompt", 1, FOR_GENERATE},      {"--prompt-file", 1, FOR_GENERATE},
+    {"--chat", 0, FOR_GENERATE},
     {"--experts", 1, FOR_GENERATE | FOR_INFO}, {"--device", 1, FOR_GENERATE | FOR_INFO},
     {"--dtype", 1, FOR_GENERATE},       {"--temperature", 1, FOR_GENERATE},
     {"--top-k", 1, FOR_GENERATE},       {"--top-p", 1, FOR_GENERATE},
@@ -135,7 +142,13 @@ static int apply_gen_option(gen_args *a, const char *f, const char *v) {
     else if (!strcmp(f, "--no-decode-switch")) a->no_decode_switch = 1;
     else if (!strcmp(f, "--cuda-graph")) a->gen.cuda_graph = 1;
     else if (!strcmp(f, "--dequantize")) a->dequantize = 1;
+    else if (!strcmp(f, "--chat")) a->chat = 1;
     else if (!strcmp(f, "--prompt-ids")) return parse_prompt(a, v);
+    else if (!strcmp(f, "--prompt") || !strcmp(f, "--prompt-file")) {
+        if (a->n == MAX_PROMPTS) return usage("%s: more than %s prompts", f, "64");
+        a->texts[a->n] = v, a->is_file[a->n] = f[8] == '-';
+        a->prompts[a->n] = NULL, a->lens[a->n++] = 0, a->n_text++;
+    }
     else if (!strcmp(f, "--max-new-tokens")) return parse_i64(f, v, &a->gen.max_new_tokens);
     else if (!strcmp(f, "--warmup")) {
         int rc = parse_i64(f, v, &a->warmup);
@@ -210,10 +223,12 @@ static int parse_gen_args(int argc, char **argv, gen_args *a, int command) {
         if (k == NUM_GEN_OPTIONS) return usage("unknown option \"%s\"%s", f, "");
         if (!(GEN_OPTIONS[k].commands & command))
             return usage("option \"%s\" is not taken by this command%s", f, "");
-        if (given[k]++ && strcmp(f, "--prompt-ids")) return usage("%s is given more than once%s", f, "");
+        if (given[k]++ && strcmp(f, "--prompt-ids") && strcmp(f, "--prompt") && strcmp(f, "--prompt-file"))
+            return usage("%s is given more than once%s", f, "");
         const char *v = NULL;
         if (GEN_OPTIONS[k].value) {
-            if (i + 1 == argc || !strncmp(argv[i + 1], "--", 2)) return usage("%s needs a value%s", f, "");
+            if (i + 1 == argc || (strcmp(f, "--prompt") && !strncmp(argv[i + 1], "--", 2)))
+                return usage("%s needs a value%s", f, "");
             v = argv[++i];
         }
         int rc = apply_gen_option(a, f, v);
@@ -225,6 +240,90 @@ static int parse_gen_args(int argc, char **argv, gen_args *a, int command) {
 
 static void free_gen_args(gen_args *a) {
     for (int i = 0; i < a->n; i++) free(a->prompts[i]);
+    moex_tokenizer_free(a->tok);
+}
+
+/* The bytes of a prompt file (at most 16 MiB). */
+static char *read_prompt_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "%s: --prompt-file %s: %s\n", usage_cmd, path, strerror(errno));
+        return NULL;
+    }
+    char *b = malloc((1 << 24) + 1);
+    size_t n = b ? fread(b, 1, 1 << 24, f) : 0;
+    const int big = b && n == (1 << 24) && fgetc(f) != EOF;
+    fclose(f);
+    if (!b || big) {
+        fprintf(stderr, "%s: --prompt-file %s: %s\n", usage_cmd, path, b ? "larger than 16 MiB" : "out of memory");
+        free(b);
+        return NULL;
+    }
+    b[n] = 0;
+    return b;
+}
+
+/* The checkpoint's tokenizer (when it has one; text prompts need it), then every text prompt
+ * (wrapped in the family's chat format with --chat) as ids. 0, or an exit code. */
+static int tokenize_prompts(gen_args *a) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tokenizer.json", a->dir);
+    FILE *f = fopen(path, "rb");
+    const int present = f != NULL;
+    if (f) fclose(f);
+    if (!present && a->n_text) {
+        fprintf(stderr, "%s: --prompt needs %s (or give --prompt-ids)\n", usage_cmd, path);
+        return 1;
+    }
+    if (present && moex_tokenizer_load(path, &a->tok) != MOEX_OK) {
+        if (a->n_text) return fail("loading the tokenizer");
+        a->tok = NULL; /* ids in, ids out: the text is only a convenience */
+        return 0;
+    }
+    char family[128] = "";
+    if (a->chat && !a->n_text) return usage("--chat needs a text prompt (--prompt or --prompt-file)%s%s", "", "");
+    if (a->chat && chat_model_type(a->dir, family, sizeof family)) return 1;
+    for (int i = 0; i < a->n; i++) {
+        if (!a->texts[i]) continue;
+        char *file = a->is_file[i] ? read_prompt_file(a->texts[i]) : NULL;
+        if (a->is_file[i] && !file) return 1;
+        const char *text = file ? file : a->texts[i], *why = NULL;
+        char *wrapped = a->chat ? chat_wrap(family, text, &why) : NULL;
+        if (a->chat && !wrapped) {
+            free(file);
+            fprintf(stderr, "%s: --chat: %s: %s\n", usage_cmd, family, why);
+            return 2;
+        }
+        const char *in = wrapped ? wrapped : text;
+        int64_t n = 0;
+        const moex_status st = moex_tokenizer_encode(a->tok, in, strlen(in), 1, &a->prompts[i], &n);
+        free(wrapped);
+        free(file);
+        if (st) return fail("tokenizing the prompt");
+        if (n == 0) return usage("prompt %s is empty once tokenized%s", a->is_file[i] ? a->texts[i] : "(--prompt)", "");
+        if (n > MAX_PROMPT_LEN) return usage("a prompt has more than %s tokens%s", "65536", "");
+        a->lens[i] = n;
+    }
+    return 0;
+}
+
+/* Streaming: the text of prompt 0's new tokens printed as they come. */
+typedef struct text_stream {
+    moex_detok_stream *s;
+    int failed;
+} text_stream;
+
+static void stream_token(void *user, int prompt, int32_t id) {
+    text_stream *ts = user;
+    const char *p;
+    size_t len;
+    if (prompt != 0 || ts->failed) return;
+    if (moex_detok_stream_push(ts->s, id, &p, &len) != MOEX_OK) {
+        ts->failed = 1;
+        return;
+    }
+    fwrite(p, 1, len, stdout);
+    if (cli_stdout_flush()) ts->failed = 1;
 }
 
 // Model options from the common flags; 0 or an exit code.
@@ -273,14 +372,26 @@ static int experts_map(const moex_model *m, char *map, size_t size) {
     return moex_model_get_experts(m, map, size) == MOEX_OK ? 0 : fail("reading the experts map");
 }
 
-static int print_json(const moex_model *m, const moex_generation *g) {
+/* The text of prompt i's new tokens (special tokens left out), or NULL. */
+static char *new_text(const moex_tokenizer *tok, const moex_generation *g, int i) {
+    char *text = NULL;
+    size_t len;
+    if (tok && moex_tokenizer_decode(tok, g->new_ids[i], g->num_new[i], 1, &text, &len) != MOEX_OK) text = NULL;
+    return text;
+}
+
+static int print_json(const moex_model *m, const moex_generation *g, const moex_tokenizer *tok) {
     char map[4096];
     if (experts_map(m, map, sizeof map)) return 1;
     cJSON *root = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(root, "new_ids");
+    cJSON *texts = tok ? cJSON_AddArrayToObject(root, "text") : NULL;
     for (int i = 0; i < g->n; i++) {
         cJSON *row = cJSON_CreateArray();
         for (int64_t j = 0; j < g->num_new[i]; j++) cJSON_AddItemToArray(row, cJSON_CreateNumber(g->new_ids[i][j]));
         cJSON_AddItemToArray(ids, row);
+        char *t = new_text(tok, g, i);
+        if (texts) cJSON_AddItemToArray(texts, t ? cJSON_CreateString(t) : cJSON_CreateNull());
+        moex_tokenizer_buffer_free(t);
     }
     cJSON *parsed = cJSON_Parse(map);
     int ok = parsed != NULL;
@@ -312,21 +423,25 @@ static int print_json(const moex_model *m, const moex_generation *g) {
     return 0;
 }
 
-static int print_report(const moex_model *m, const moex_generation *g) {
+/* The report to out (stdout; stderr when the text was streamed to stdout). */
+static int print_report(const moex_model *m, const moex_generation *g, const moex_tokenizer *tok, FILE *out) {
     char map[4096];
     if (experts_map(m, map, sizeof map)) return 1;
-    printf("experts: %s\n", map);
+    fprintf(out, "experts: %s\n", map);
     for (int i = 0; i < g->n; i++) {
-        printf("prompt %d -> %lld new tokens:", i, (long long)g->num_new[i]);
-        for (int64_t j = 0; j < g->num_new[i]; j++) printf(" %d", g->new_ids[i][j]);
-        printf("\n");
+        fprintf(out, "prompt %d -> %lld new tokens:", i, (long long)g->num_new[i]);
+        for (int64_t j = 0; j < g->num_new[i]; j++) fprintf(out, " %d", g->new_ids[i][j]);
+        fprintf(out, "\n");
+        char *t = out == stdout ? new_text(tok, g, i) : NULL;
+        if (t) fprintf(out, "prompt %d text: %s\n", i, t);
+        moex_tokenizer_buffer_free(t);
     }
     moex_model_info in;
-    if (moex_model_get_info(m, &in) == MOEX_OK && in.gpu_weight_bytes) print_gpu_memory(&in);
-    printf("prefill: %lld tokens in %.2f ms (%.1f tokens/s)\n", (long long)g->prefill_tokens, 1e3 * g->prefill_seconds,
-           g->prefill_seconds > 0 ? (double)g->prefill_tokens / g->prefill_seconds : 0.0);
-    printf("decode:  %lld tokens in %.2f ms (%.1f tokens/s)\n", (long long)g->decode_tokens, 1e3 * g->decode_seconds,
-           g->decode_seconds > 0 ? (double)g->decode_tokens / g->decode_seconds : 0.0);
+    if (out == stdout && moex_model_get_info(m, &in) == MOEX_OK && in.gpu_weight_bytes) print_gpu_memory(&in);
+    fprintf(out, "prefill: %lld tokens in %.2f ms (%.1f tokens/s)\n", (long long)g->prefill_tokens,
+            1e3 * g->prefill_seconds, g->prefill_seconds > 0 ? (double)g->prefill_tokens / g->prefill_seconds : 0.0);
+    fprintf(out, "decode:  %lld tokens in %.2f ms (%.1f tokens/s)\n", (long long)g->decode_tokens,
+            1e3 * g->decode_seconds, g->decode_seconds > 0 ? (double)g->decode_tokens / g->decode_seconds : 0.0);
     return 0;
 }
 
@@ -334,7 +449,8 @@ int moex_cli_generate(int argc, char **argv) {
     usage_cmd = "moex generate";
     gen_args a;
     int rc = parse_gen_args(argc, argv, &a, FOR_GENERATE);
-    if (!rc && a.n == 0) rc = usage("at least one --prompt-ids is required%s%s", "", "");
+    if (!rc && a.n == 0) rc = usage("at least one --prompt, --prompt-file or --prompt-ids is required%s%s", "", "");
+    if (!rc) rc = tokenize_prompts(&a);
     moex_model_options mo;
     if (!rc) rc = model_options(&a, &mo);
     moex_model *m = NULL;
@@ -347,8 +463,24 @@ int moex_cli_generate(int argc, char **argv) {
         moex_generation_free(g);
         g = NULL;
     }
+    /* one text prompt without --json: its new text streamed to stdout, the report to stderr */
+    text_stream ts = {NULL, 0};
+    const int streaming = !rc && a.tok && a.n_text == 1 && a.n == 1 && !a.json;
+    if (streaming && moex_detok_stream_new(a.tok, 1, &ts.s) == MOEX_OK) {
+        a.gen.on_token = stream_token;
+        a.gen.user = &ts;
+    }
     if (!rc && moex_generate(m, a.n, (const int32_t *const *)a.prompts, a.lens, &a.gen, &g)) rc = fail("generating");
-    if (!rc) rc = a.json ? print_json(m, g) : print_report(m, g);
+    if (!rc && ts.s) {
+        const char *p;
+        size_t len;
+        if (moex_detok_stream_finish(ts.s, &p, &len) == MOEX_OK) fwrite(p, 1, len, stdout);
+        printf("\n");
+        if (cli_stdout_flush()) rc = 1;
+    }
+    const int streamed = ts.s != NULL;
+    moex_detok_stream_free(ts.s);
+    if (!rc) rc = a.json ? print_json(m, g, a.tok) : print_report(m, g, a.tok, streamed ? stderr : stdout);
     moex_generation_free(g);
     moex_model_free(m);
     free_gen_args(&a);

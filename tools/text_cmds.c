@@ -9,12 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-static const char *USAGE = "usage: moex tokenize DIR (TEXT | --file F | --decode ID,ID,...) [--json] [--no-special]\n"
+static const char *USAGE = "usage: moex tokenize DIR (TEXT | --file F | --decode ID,ID,...) [--json] [--no-special] [--time]\n"
                            "  DIR holds tokenizer.json (or is the file). TEXT or the bytes of F become ids (the\n"
                            "  post-processor's special tokens included unless --no-special); --decode turns ids\n"
                            "  into text (special tokens dropped with --no-special). --json prints\n"
-                           "  {\"ids\": [...], \"pieces\": [...]} or {\"text\": ...}.\n";
+                           "  {\"ids\": [...], \"pieces\": [...]} or {\"text\": ...}. --time prints the encode's (or\n"
+                           "  decode's) wall time and rate on stderr.\n";
 
 static int usage_error(const char *fmt, const char *a) {
     fprintf(stderr, "moex tokenize: ");
@@ -84,6 +86,12 @@ static int parse_ids(const char *s, int32_t **ids, int64_t *n) {
     return 0;
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static int fail(const char *what) {
     fprintf(stderr, "moex tokenize: %s: %s\n", what, moex_last_error());
     return 1;
@@ -104,11 +112,12 @@ static int print_json(cJSON *root) {
 
 int moex_cli_tokenize(int argc, char **argv) {
     const char *dir = NULL, *text = NULL, *file = NULL, *decode = NULL;
-    int json = 0, special = 1;
+    int json = 0, special = 1, timed = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--no-special")) special = 0;
+        else if (!strcmp(a, "--time")) timed = 1;
         else if (!strcmp(a, "--file") || !strcmp(a, "--decode")) {
             if (i + 1 >= argc) return usage_error("%s needs a value", a);
             *(a[2] == 'f' ? &file : &decode) = argv[++i];
@@ -137,7 +146,11 @@ int moex_cli_tokenize(int argc, char **argv) {
         char *out = NULL;
         size_t len = 0;
         if (!(rc = parse_ids(decode, &ids, &n))) {
-            if (moex_tokenizer_decode(t, ids, n, !special, &out, &len) != MOEX_OK) {
+            const double t0 = now_s();
+            const moex_status st = moex_tokenizer_decode(t, ids, n, !special, &out, &len);
+            if (timed && !st)
+                fprintf(stderr, "moex tokenize: decoded %lld ids into %zu bytes in %.6f s\n", (long long)n, len, now_s() - t0);
+            if (st != MOEX_OK) {
                 rc = fail("decoding");
             } else if (json) {
                 cJSON *root = cJSON_CreateObject();
@@ -159,7 +172,13 @@ int moex_cli_tokenize(int argc, char **argv) {
         }
         int32_t *ids = NULL;
         int64_t n = 0;
-        if (moex_tokenizer_encode(t, file ? bytes : text, len, special, &ids, &n) != MOEX_OK) {
+        const double t0 = now_s();
+        const moex_status st = moex_tokenizer_encode(t, file ? bytes : text, len, special, &ids, &n);
+        const double sec = now_s() - t0;
+        if (timed && !st)
+            fprintf(stderr, "moex tokenize: encoded %zu bytes into %lld ids in %.6f s (%.2f MB/s)\n", len, (long long)n, sec,
+                    sec > 0 ? (double)len / sec / 1e6 : 0.0);
+        if (st != MOEX_OK) {
             rc = fail("encoding");
         } else if (json) {
             cJSON *root = cJSON_CreateObject(), *ja = cJSON_AddArrayToObject(root, "ids"),

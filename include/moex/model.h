@@ -136,6 +136,10 @@ typedef struct moex_generate_options {
                                   step of that size; each step's ids and positions are written into the
                                   same device buffers first. Same tokens as 0. Default 0; 1 on a model
                                   loaded on the cpu fails (MOEX_ERR_INVALID_ARGUMENT) */
+    /** Called with each new token as soon as it is chosen, prompt by prompt in step order, from
+     *  the thread that called moex_generate (streaming); NULL: none. */
+    void (*on_token)(void *user, int prompt, int32_t id);
+    void *user;              /**< passed to on_token */
 } moex_generate_options;
 
 /** Defaults: 16 new tokens, greedy, top_p 1, seed 0. */

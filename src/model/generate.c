@@ -57,6 +57,7 @@ static int is_eos(const moex_config *c, int64_t tok) {
 static void accept(gen_state *s, int64_t i, int64_t tok) {
     s->g->new_ids[i][s->g->num_new[i]++] = (int32_t)tok;
     s->last[i] = (int32_t)tok;
+    if (s->o->on_token) s->o->on_token(s->o->user, (int)i, (int32_t)tok);
     if ((!s->o->ignore_eos && is_eos(&s->m->cfg, tok)) || s->g->num_new[i] >= s->o->max_new_tokens) s->done[i] = 1;
 }
 

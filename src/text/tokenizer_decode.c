@@ -68,8 +68,10 @@ static int valid_utf8(const char *s, size_t n) {
     return 1;
 }
 
-/* One decoder step: in -> out. */
-static int step(const tk_dec *d, const strs *in, strs *out) {
+/* One decoder step: in -> out. first = 0: in continues a sequence decoded before (the window of
+ * streaming), so the effects on the sequence's first token are not applied: Metaspace's removal
+ * of the first space, and Strip's start once Fuse has made one token of everything (fused). */
+static int step(const tk_dec *d, const strs *in, strs *out, int first, int fused) {
     strs_clear(out);
     if (!tk_buf_put(&out->b, "", 0)) return 0;
     if (d->kind == TK_D_FUSE) {
@@ -117,7 +119,8 @@ static int step(const tk_dec *d, const strs *in, strs *out) {
             }
         } else if (d->kind == TK_D_STRIP) {
             const size_t cl = strlen(d->content);
-            for (int k = 0; k < d->start && n >= cl && memcmp(s, d->content, cl) == 0; k++) s += cl, n -= cl;
+            for (int k = 0; k < d->start && (first || !fused) && n >= cl && memcmp(s, d->content, cl) == 0; k++)
+                s += cl, n -= cl;
             for (int k = 0; k < d->stop && n >= cl && memcmp(s + n - cl, d->content, cl) == 0; k++) n -= cl;
             ok = tk_buf_put(&tmp, s, n);
         } else { /* METASPACE, REPLACE */
@@ -130,7 +133,7 @@ static int step(const tk_dec *d, const strs *in, strs *out) {
                 } else {
                     ok = tk_buf_putc(&tmp, s[q++]);
                 }
-            if (ok && d->kind == TK_D_METASPACE && i == 0 && d->prepend && tmp.n && tmp.p[0] == ' ') {
+            if (ok && d->kind == TK_D_METASPACE && i == 0 && first && d->prepend && tmp.n && tmp.p[0] == ' ') {
                 memmove(tmp.p, tmp.p + 1, tmp.n); /* the space the pre-tokenizer put first */
                 tmp.n--;
             }
@@ -144,7 +147,8 @@ static int step(const tk_dec *d, const strs *in, strs *out) {
     return 1;
 }
 
-moex_status tk_decode_raw(const moex_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, tk_buf *out) {
+moex_status tk_decode_raw(const moex_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, int first,
+                          tk_buf *out) {
     strs a = {0}, b = {0};
     int ok = tk_buf_put(&a.b, "", 0);
     for (int64_t i = 0; ok && i < n; i++) {
@@ -157,8 +161,9 @@ moex_status tk_decode_raw(const moex_tokenizer *t, const int32_t *ids, int64_t n
         if (skip_special && t->special[id]) continue;
         ok = strs_add(&a, t->tok[id], t->tok_len[id]);
     }
-    for (int k = 0; ok && k < t->n_dec; k++) {
-        ok = step(&t->dec[k], &a, &b);
+    for (int k = 0, fused = 0; ok && k < t->n_dec; k++) {
+        ok = step(&t->dec[k], &a, &b, first, fused);
+        fused |= t->dec[k].kind == TK_D_FUSE;
         strs sw = a;
         a = b, b = sw;
     }
@@ -175,7 +180,7 @@ moex_status moex_tokenizer_decode(const moex_tokenizer *t, const int32_t *ids, i
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tokenizer_decode: a NULL argument or a negative count");
     *text = NULL, *len = 0;
     tk_buf raw = {0}, out = {0};
-    moex_status st = tk_decode_raw(t, ids, n, skip_special, &raw);
+    moex_status st = tk_decode_raw(t, ids, n, skip_special, 1, &raw);
     if (!st && !tk_utf8_repair(raw.p ? raw.p : "", raw.n, &out)) st = moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_tokenizer_decode: out of memory");
     free(raw.p);
     if (st) {
@@ -188,17 +193,21 @@ moex_status moex_tokenizer_decode(const moex_tokenizer *t, const int32_t *ids, i
 
 /* ---- streaming --------------------------------------------------------------------------
  *
- * The ids so far; the text already given out is decode(ids[prefix .. read)) minus
- * decode(ids[prefix .. read)) of the step before: each push decodes the window from `prefix`
- * twice (without and with the new ids) and gives the difference once it ends on a whole
- * character (and not on a U+FFFD, which ByteFallback makes of an incomplete character), so that
- * decoders looking at the first token (Metaspace) see the same context. */
+ * The ids not yet given out as text form a window; every push decodes the window (as the
+ * continuation of what came before: first-token effects only for the window at the start)
+ * and gives its whole text once it ends on a whole character, not on a U+FFFD (which
+ * ByteFallback makes of bytes the next tokens may complete) and not inside a run of byte tokens
+ * (which ByteFallback decodes as one: a later byte can turn the whole run into U+FFFDs); the
+ * window then starts again after it. Cut there, the decoders give the same text as one decode
+ * of all the ids (their only effects across tokens are those of the first token and of byte
+ * runs), except a Strip decoder's stop after Fuse, which strips the end of each piece. */
 struct moex_detok_stream {
     const moex_tokenizer *t;
     int skip_special;
-    tk_ids ids;
-    int64_t prefix, read;
-    tk_buf a, b, piece;
+    tk_ids ids;     /* the window */
+    int started;    /* a window was given out already */
+    int byte_runs;  /* a ByteFallback decoder */
+    tk_buf raw, text;
 };
 
 moex_status moex_detok_stream_new(const moex_tokenizer *t, int skip_special, moex_detok_stream **out) {
@@ -206,6 +215,7 @@ moex_status moex_detok_stream_new(const moex_tokenizer *t, int skip_special, moe
     moex_detok_stream *s = calloc(1, sizeof *s);
     if (!s) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_detok_stream_new: out of memory");
     s->t = t, s->skip_special = skip_special;
+    for (int i = 0; i < t->n_dec; i++) s->byte_runs |= t->dec[i].kind == TK_D_BYTEFALLBACK;
     *out = s;
     return MOEX_OK;
 }
@@ -221,44 +231,42 @@ static int ends_inside(const char *p, size_t n) {
     return 0;
 }
 
+/* The window's text, when whole (or at the end, whatever there is). */
+static moex_status give(moex_detok_stream *s, int final, const char **text, size_t *len) {
+    *text = "", *len = 0;
+    if (!s->ids.n) return MOEX_OK;
+    if (!final && s->byte_runs) { /* a run of <0xXX> tokens is decoded as a whole: wait for its end */
+        const int32_t last = s->ids.p[s->ids.n - 1];
+        if (byte_token(s->t->tok[last], s->t->tok_len[last]) >= 0) return MOEX_OK;
+    }
+    moex_status st = tk_decode_raw(s->t, s->ids.p, s->ids.n, s->skip_special, !s->started, &s->raw);
+    if (st) return st;
+    if (!final && (ends_inside(s->raw.p, s->raw.n) ||
+                   (s->raw.n >= 3 && memcmp(s->raw.p + s->raw.n - 3, REPLACEMENT, 3) == 0)))
+        return MOEX_OK; /* nothing whole yet */
+    if (!tk_utf8_repair(s->raw.p, s->raw.n, &s->text)) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "streamed decode: out of memory");
+    if (s->text.n) s->started = 1; /* a window of skipped special tokens alone leaves the start where it is */
+    s->ids.n = 0;
+    *text = s->text.p, *len = s->text.n;
+    return MOEX_OK;
+}
+
 moex_status moex_detok_stream_push(moex_detok_stream *s, int32_t id, const char **text, size_t *len) {
     if (!s || !text || !len) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_detok_stream_push: a NULL argument");
     *text = "", *len = 0;
+    if (id < 0 || id >= s->t->n_tok || !s->t->tok[id]) /* the bad id is not kept */
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_detok_stream_push: %d is not a token of %s", (int)id, s->t->path);
     if (!tk_ids_put(&s->ids, id)) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_detok_stream_push: out of memory");
-    moex_status st = tk_decode_raw(s->t, s->ids.p + s->prefix, s->read - s->prefix, s->skip_special, &s->a);
-    if (!st) st = tk_decode_raw(s->t, s->ids.p + s->prefix, s->ids.n - s->prefix, s->skip_special, &s->b);
-    if (st) {
-        s->ids.n--; /* the bad id is not kept */
-        return st;
-    }
-    /* nothing whole yet: a character cut at the end, or a U+FFFD that a byte-fallback decoder made
-     * of bytes the next tokens may complete */
-    if (s->b.n <= s->a.n || ends_inside(s->b.p, s->b.n) ||
-        (s->b.n >= s->a.n + 3 && memcmp(s->b.p + s->b.n - 3, REPLACEMENT, 3) == 0))
-        return MOEX_OK;
-    if (!tk_utf8_repair(s->b.p + s->a.n, s->b.n - s->a.n, &s->piece))
-        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_detok_stream_push: out of memory");
-    s->prefix = s->read, s->read = s->ids.n;
-    *text = s->piece.p, *len = s->piece.n;
-    return MOEX_OK;
+    return give(s, 0, text, len);
 }
 
 moex_status moex_detok_stream_finish(moex_detok_stream *s, const char **text, size_t *len) {
     if (!s || !text || !len) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_detok_stream_finish: a NULL argument");
-    *text = "", *len = 0;
-    moex_status st = tk_decode_raw(s->t, s->ids.p + s->prefix, s->read - s->prefix, s->skip_special, &s->a);
-    if (!st) st = tk_decode_raw(s->t, s->ids.p + s->prefix, s->ids.n - s->prefix, s->skip_special, &s->b);
-    if (st) return st;
-    if (s->b.n <= s->a.n) return MOEX_OK;
-    if (!tk_utf8_repair(s->b.p + s->a.n, s->b.n - s->a.n, &s->piece))
-        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_detok_stream_finish: out of memory");
-    s->prefix = s->read = s->ids.n;
-    *text = s->piece.p, *len = s->piece.n;
-    return MOEX_OK;
+    return give(s, 1, text, len);
 }
 
 void moex_detok_stream_free(moex_detok_stream *s) {
     if (!s) return;
-    free(s->ids.p), free(s->a.p), free(s->b.p), free(s->piece.p);
+    free(s->ids.p), free(s->raw.p), free(s->text.p);
     free(s);
 }

@@ -37,7 +37,8 @@ static void pieces_free(pieces *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* A per-call cache of BPE results: piece -> its ids (direct-mapped, the strings kept). */
+/* A per-call cache of BPE results: piece -> its ids (direct-mapped, the strings kept), of
+ * 64 to CACHE_SLOTS slots by the text's length. */
 enum { CACHE_SLOTS = 1 << 14 };
 typedef struct cache_slot {
     uint64_t hash;
@@ -46,6 +47,7 @@ typedef struct cache_slot {
 } cache_slot;
 typedef struct bpe_cache {
     cache_slot *slot;
+    uint64_t mask;
     tk_buf keys;
     tk_ids ids;
 } bpe_cache;
@@ -348,7 +350,7 @@ static moex_status bpe_piece(enc *E, const char *s, size_t n) {
     }
     bpe_cache *c = &E->cache;
     const uint64_t h = tk_hash(s, n);
-    cache_slot *slot = &c->slot[h & (CACHE_SLOTS - 1)];
+    cache_slot *slot = &c->slot[h & c->mask];
     if (slot->used && slot->hash == h && slot->key_len == n && memcmp(c->keys.p + slot->key_off, s, n) == 0) {
         for (size_t i = 0; i < slot->n_ids; i++)
             if (!tk_ids_put(E->out, c->ids.p[slot->ids_off + i])) return OOM();
@@ -433,7 +435,10 @@ moex_status moex_tokenizer_encode(const moex_tokenizer *t, const char *text, siz
     enc E;
     memset(&E, 0, sizeof E);
     E.t = t, E.out = &body, E.first_piece = 1;
-    E.cache.slot = calloc(CACHE_SLOTS, sizeof *E.cache.slot);
+    size_t slots = 64;
+    while (slots < CACHE_SLOTS && slots < len / 8) slots *= 2;
+    E.cache.slot = calloc(slots, sizeof *E.cache.slot);
+    E.cache.mask = slots - 1;
     E.md = pcre2_match_data_create(8, NULL);
     moex_status st = E.cache.slot && E.md ? encode_text(&E, text ? text : "", len) : OOM();
     if (!st && add_special && t->n_tmpl) { /* the template around the sequence */

@@ -124,8 +124,10 @@ int32_t tk_utf8_decode(const uint8_t *s, size_t n, int *len);
 /* Token id of a string, or -1. */
 int32_t tk_lookup(const moex_tokenizer *t, const char *s, size_t n);
 
-/* The raw bytes of ids[0 .. n) through the decoders (no UTF-8 repair) into out. */
-moex_status tk_decode_raw(const moex_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, tk_buf *out);
+/* The raw bytes of ids[0 .. n) through the decoders (no UTF-8 repair) into out; first = 0: ids
+ * continue a sequence (the first token's effects are not applied). */
+moex_status tk_decode_raw(const moex_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, int first,
+                          tk_buf *out);
 /* out = in with every invalid UTF-8 sequence replaced by U+FFFD. */
 int tk_utf8_repair(const char *in, size_t n, tk_buf *out);
 

@@ -516,6 +516,12 @@ static moex_status load_model(loader *ld, const cJSON *root) {
         if ((int64_t)id->valuedouble > max_id) max_id = (int64_t)id->valuedouble;
     }
     if (max_id < 0) return bad(ld, "model.vocab", "empty");
+    if (max_id >= count + ((int64_t)1 << 20)) { /* the tables are indexed by id: a sparse one would be huge */
+        char what[160];
+        snprintf(what, sizeof what, "id %lld for %lld tokens: more than 2^20 ids unused", (long long)max_id,
+                 (long long)count);
+        return bad(ld, "model.vocab / added_tokens", what);
+    }
     t->n_tok = max_id + 1;
     t->tok = calloc((size_t)t->n_tok, sizeof *t->tok);
     t->tok_len = calloc((size_t)t->n_tok, sizeof *t->tok_len);
@@ -611,7 +617,10 @@ moex_status moex_tokenizer_load(const char *path, moex_tokenizer **out) {
     *out = NULL;
     char file[600];
     struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+    if (stat(path, &sb) != 0)
+        return moex_fail(MOEX_ERR_IO, "%s: no such file or directory (a tokenizer.json, or a directory holding one)",
+                         path);
+    if (S_ISDIR(sb.st_mode))
         snprintf(file, sizeof file, "%s/tokenizer.json", path);
     else
         snprintf(file, sizeof file, "%s", path);

@@ -235,6 +235,38 @@ foreign_flags)
     accepted "${g[@]}" --json --logits
     ;;
 
+text)
+    # tokenize and text prompts, on the fixture's byte-level tokenizer.json (token b = byte b)
+    "$moex" tokenize "$fx" "Hi there" >out 2>err
+    if grep -q "has no tokenizer" err; then echo "text: skipped (this build has no tokenizer)"; exit 0; fi
+    check $? 0 ''
+    grep -qx '72,105,32,116,104,101,114,101' out || { echo "FAIL: tokenize \"Hi there\": $(cat out)"; failed=1; }
+    "$moex" tokenize "$fx" --decode 72,105 >out 2>err
+    check $? 0 ''
+    grep -qx 'Hi' out || { echo "FAIL: tokenize --decode 72,105: $(cat out)"; failed=1; }
+    printf 'a\tb\n' >prompt.txt
+    "$moex" tokenize "$fx" --file prompt.txt --json >out 2>err
+    check $? 0 ''
+    grep -q '"ids":\[97,9,98,10\]' out || { echo "FAIL: tokenize --file: $(cat out)"; failed=1; }
+    refused 2 'moex tokenize: no DIR' tokenize
+    refused 2 'give exactly one of TEXT, --file F and --decode IDS' tokenize "$fx" "x" --decode 1
+    refused 2 '--decode: "-3" is not a token id' tokenize "$fx" --decode 1,-3
+    refused 2 'unknown option --frobnicate' tokenize "$fx" x --frobnicate
+    refused 1 'no-such-dir: no such file or directory \(a tokenizer.json' tokenize "$work/no-such-dir" x
+    refused 1 'ids\[0\] = 999 is not a token' tokenize "$fx" --decode 999
+    # generate with text: the new text streamed to stdout, the report on stderr
+    "$moex" generate "$fx" --prompt "Hello" --max-new-tokens 4 >out 2>err
+    what="generate --prompt" check $? 0 'prompt 0 -> 4 new tokens'
+    [ -s out ] || { echo "FAIL: generate --prompt printed no text"; failed=1; }
+    "$moex" generate "$fx" --prompt "Hello" --prompt-file prompt.txt --max-new-tokens 2 --json >out 2>err
+    what="generate --prompt --prompt-file --json" check $? 0 ''
+    grep -q '"text":\[' out || { echo "FAIL: generate --json has no text: $(cat out)"; failed=1; }
+    accepted generate "$fx" --prompt "Hello" --chat --max-new-tokens 2
+    refused 2 '--chat needs a text prompt' generate "$fx" --prompt-ids 1,2 --chat
+    refused 1 'prompt-file .*nope.txt' generate "$fx" --prompt-file nope.txt
+    refused 1 '--prompt needs .*mixtral/tokenizer.json' generate "$fx/../mixtral" --prompt "Hello"
+    ;;
+
 *)
     echo "unknown group \"$group\""
     exit 2
