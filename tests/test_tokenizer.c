@@ -1,6 +1,6 @@
 /* test_tokenizer.c — moex's tokenizer.json (moex/tokenizer.h) against the `tokenizers` library:
  * the fixtures of tests/fixtures/tokenizers (written by make_tokenizer_fixtures.py: GPT-2, Qwen,
- * Llama-3 byte-level layouts, Llama-2 and Mistral SentencePiece-style ones) give the same ids with
+ * Llama-3 and GPT-OSS (o200k) byte-level layouts, Llama-2 and Mistral SentencePiece-style ones) give the same ids with
  * and without the post-processor's special tokens and the same decoded text on every line of
  * corpus.json (code, whitespace runs, digits, contractions, CJK, Arabic, emoji with ZWJ,
  * combining accents, special tokens inside text, empty and long strings); streaming decode
@@ -23,8 +23,8 @@
 #include "moex.h"
 
 #define DIR MOEX_FIXTURES "/tokenizers"
-static const char *const FIXTURES[] = {"bytelevel-qwen", "bytelevel-gpt2", "bytelevel-llama3", "spm-llama2",
-                                       "spm-mistral"};
+static const char *const FIXTURES[] = {"bytelevel-qwen", "bytelevel-gpt2", "bytelevel-llama3", "bytelevel-o200k",
+                                       "spm-llama2", "spm-mistral"};
 #define N_FIXTURES ((int)(sizeof FIXTURES / sizeof FIXTURES[0]))
 
 static int have_tokenizer(void) {
