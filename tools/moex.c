@@ -19,7 +19,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: moex COMMAND [options]\n"
             "commands:\n"
-            "  generate   MODEL_DIR --prompt-ids 1,2,3 [--prompt-ids ...] --max-new-tokens N\n"
+            "  generate   MODEL_DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [...] [--chat]\n"
+            "             --max-new-tokens N\n"
             "             [--experts NAME|JSON] [--device cpu|cuda] [--dtype f32|bf16]\n"
             "             [--temperature T [--top-k K] [--top-p P] [--seed S]] [--threads N] [--ignore-eos]\n"
             "             [--warmup N] [--json [--logits]] [--quantize fp8|fp8-ue8m0|fp4 | --dequantize]\n"
