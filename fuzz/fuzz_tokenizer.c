@@ -12,6 +12,9 @@
  * and stream-decode (one id at a time) to the same text. A file that does not load must say
  * why. Anything else aborts.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* mkdtemp */
+#endif
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,16 +44,16 @@ static moex_tokenizer *tok_fixture(int i) {
     return t[i];
 }
 
-/* One directory for the loaded files, made once. */
+/* One directory for the loaded files, made once and removed at exit. */
+static char tok_dir[64];
+static void tok_rmdir(void) { rmdir(tok_dir); }
 static const char *tok_tmpdir(void) {
-    static char dir[64];
-    if (!dir[0]) {
-        snprintf(dir, sizeof dir, "/tmp/moex-fuzz-tok-%d", (int)getpid());
-        char cmd[96];
-        snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
-        if (system(cmd) != 0) abort();
+    if (!tok_dir[0]) {
+        snprintf(tok_dir, sizeof tok_dir, "/tmp/moex-fuzz-tok-XXXXXX");
+        if (!mkdtemp(tok_dir)) abort();
+        atexit(tok_rmdir);
     }
-    return dir;
+    return tok_dir;
 }
 
 static void tok_check(const moex_tokenizer *t, const uint8_t *text, size_t n, int special) {
@@ -106,6 +109,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fclose(f);
     moex_tokenizer *t = NULL;
     const moex_status st = moex_tokenizer_load(path, &t);
+    unlink(path);
     if (st != MOEX_OK) {
         if (t || !moex_last_error()[0]) abort(); /* a refusal leaves nothing and says why */
         return 0;
