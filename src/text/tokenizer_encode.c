@@ -60,6 +60,7 @@ typedef struct enc {
     int first_piece; /* Metaspace "first": the input's first piece not yet seen */
     /* BPE scratch */
     int32_t *sym, *rank, *nxt, *prv;
+    uint64_t *heap; /* 3 entries a symbol: the initial pairs and two a merge */
     size_t sym_cap;
 } enc;
 
@@ -282,7 +283,9 @@ static int scratch(enc *E, size_t n) {
     if (c) E->nxt = c;
     int32_t *d = c ? realloc(E->prv, cap * 4) : NULL;
     if (d) E->prv = d;
-    if (!d) return 0;
+    uint64_t *h = d ? realloc(E->heap, 3 * cap * sizeof *h) : NULL;
+    if (h) E->heap = h;
+    if (!h) return 0;
     E->sym_cap = cap;
     return 1;
 }
@@ -322,23 +325,68 @@ static moex_status symbols(enc *E, const char *s, size_t n, size_t *count) {
     return MOEX_OK;
 }
 
-/* Merge the symbols by rank, the lowest first and among equals the leftmost. */
+/* The merge of the pair at i into i, and the new ranks of the pairs around it. */
+static void merge_at(const moex_tokenizer *t, int32_t *sym, int32_t *rank, int32_t *nxt, int32_t *prv, int32_t at) {
+    int32_t tmp;
+    const int32_t r = nxt[at];
+    merge_of(t, sym[at], sym[r], &sym[at]);
+    nxt[at] = nxt[r];
+    if (nxt[r] >= 0) prv[nxt[r]] = at;
+    rank[r] = INT32_MAX; /* gone */
+    rank[at] = nxt[at] >= 0 ? merge_of(t, sym[at], sym[nxt[at]], &tmp) : INT32_MAX;
+    if (prv[at] >= 0) rank[prv[at]] = merge_of(t, sym[prv[at]], sym[at], &tmp);
+}
+
+static void heap_push(uint64_t *h, size_t *n, uint64_t v) {
+    size_t i = (*n)++;
+    while (i && h[(i - 1) / 2] > v) h[i] = h[(i - 1) / 2], i = (i - 1) / 2;
+    h[i] = v;
+}
+
+static uint64_t heap_pop(uint64_t *h, size_t *n) {
+    const uint64_t top = h[0], v = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && h[c + 1] < h[c]) c++;
+        if (h[c] >= v) break;
+        h[i] = h[c], i = c;
+    }
+    if (*n) h[i] = v;
+    return top;
+}
+
+/* Merge the symbols by rank, the lowest first and among equals the leftmost: a scan for each
+ * merge for short pieces; for long ones (a run of letters or spaces can be megabytes) a heap of
+ * (rank, position), an entry valid while rank[position] still holds its rank (a rank names one
+ * pair, so an equal rank at the same place is the same merge). */
 static void merge_all(enc *E, size_t m) {
     const moex_tokenizer *t = E->t;
     int32_t *sym = E->sym, *rank = E->rank, *nxt = E->nxt, *prv = E->prv, tmp;
     if (!m) return;
     for (size_t i = 0; i < m; i++) rank[i] = nxt[i] >= 0 ? merge_of(t, sym[i], sym[nxt[i]], &tmp) : INT32_MAX;
-    for (;;) {
-        int32_t best = INT32_MAX, at = -1;
-        for (int32_t i = 0; i >= 0; i = nxt[i])
-            if (rank[i] < best) best = rank[i], at = i;
-        if (at < 0) return;
-        const int32_t r = nxt[at];
-        merge_of(t, sym[at], sym[r], &sym[at]);
-        nxt[at] = nxt[r];
-        if (nxt[r] >= 0) prv[nxt[r]] = at;
-        rank[at] = nxt[at] >= 0 ? merge_of(t, sym[at], sym[nxt[at]], &tmp) : INT32_MAX;
-        if (prv[at] >= 0) rank[prv[at]] = merge_of(t, sym[prv[at]], sym[at], &tmp);
+    if (m <= 48 || !E->heap) {
+        for (;;) {
+            int32_t best = INT32_MAX, at = -1;
+            for (int32_t i = 0; i >= 0; i = nxt[i])
+                if (rank[i] < best) best = rank[i], at = i;
+            if (at < 0) return;
+            merge_at(t, sym, rank, nxt, prv, at);
+        }
+    }
+    uint64_t *h = E->heap;
+    size_t n = 0;
+    for (size_t i = 0; i < m; i++)
+        if (rank[i] != INT32_MAX) heap_push(h, &n, ((uint64_t)(uint32_t)rank[i] << 32) | i);
+    while (n) {
+        const uint64_t top = heap_pop(h, &n);
+        const int32_t at = (int32_t)(top & 0xFFFFFFFFu), rk = (int32_t)(top >> 32);
+        if (rank[at] != rk) continue; /* stale */
+        merge_at(t, sym, rank, nxt, prv, at);
+        if (rank[at] != INT32_MAX) heap_push(h, &n, ((uint64_t)(uint32_t)rank[at] << 32) | (uint32_t)at);
+        if (prv[at] >= 0 && rank[prv[at]] != INT32_MAX)
+            heap_push(h, &n, ((uint64_t)(uint32_t)rank[prv[at]] << 32) | (uint32_t)prv[at]);
     }
 }
 
@@ -454,7 +502,7 @@ moex_status moex_tokenizer_encode(const moex_tokenizer *t, const char *text, siz
         body = out;
     }
     free(E.cache.slot), free(E.cache.keys.p), free(E.cache.ids.p);
-    free(E.sym), free(E.rank), free(E.nxt), free(E.prv);
+    free(E.sym), free(E.rank), free(E.nxt), free(E.prv), free(E.heap);
     pcre2_match_data_free(E.md);
     if (st) {
         free(body.p);
