@@ -168,6 +168,46 @@ static void test_bytelevel_round_trip(void **state) {
     moex_tokenizer_free(t);
 }
 
+/* Every Split behaviour, with and without invert, on eight patterns (zero-width ones too):
+ * tests/fixtures/tokenizers/split-cases.json gives each pre-tokenizer (over bytelevel-gpt2's
+ * model) and the ids tokenizers 0.23 gives on 24 texts. */
+static void test_split_behaviors(void **state) {
+    (void)state;
+    if (!have_tokenizer()) skip();
+    cJSON *cases = read_json(DIR "/split-cases.json"), *base = read_json(DIR "/bytelevel-gpt2/tokenizer.json");
+    const cJSON *texts = cJSON_GetObjectItem(cases, "texts"), *c;
+    char dir[] = "/tmp/moex-split-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    int n = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(cases, "cases")) {
+        cJSON_ReplaceItemInObject(base, "pre_tokenizer", cJSON_Duplicate(cJSON_GetObjectItem(c, "pre_tokenizer"), 1));
+        char *json = cJSON_PrintUnformatted(base);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(json, f);
+        fclose(f);
+        free(json);
+        moex_tokenizer *t = NULL;
+        assert_int_equal(moex_tokenizer_load(path, &t), MOEX_OK);
+        for (int i = 0; i < cJSON_GetArraySize(texts); i++) {
+            const char *text = cJSON_GetArrayItem(texts, i)->valuestring;
+            int32_t *ids;
+            int64_t k;
+            assert_int_equal(moex_tokenizer_encode(t, text, strlen(text), 0, &ids, &k), MOEX_OK);
+            expect_ids("split-cases", text, ids, k, cJSON_GetArrayItem(cJSON_GetObjectItem(c, "ids"), i), "ids");
+            moex_tokenizer_buffer_free(ids);
+        }
+        moex_tokenizer_free(t);
+        n++;
+    }
+    assert_int_equal(n, 80);
+    unlink(path);
+    rmdir(dir);
+    cJSON_Delete(cases);
+    cJSON_Delete(base);
+}
+
 /* A tokenizer.json written from text into a temporary directory, loaded: its status and message. */
 static moex_status load_text(const char *json, char *msg, size_t n) {
     char dir[] = "/tmp/moex-tok-XXXXXX", path[64];
@@ -247,6 +287,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixtures_match_tokenizers),
         cmocka_unit_test(test_bytelevel_round_trip),
+        cmocka_unit_test(test_split_behaviors),
         cmocka_unit_test(test_malformed_files),
         cmocka_unit_test(test_without_tokenizer),
     };

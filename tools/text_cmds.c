@@ -12,6 +12,7 @@
 #include <time.h>
 
 static const char *USAGE = "usage: moex tokenize DIR (TEXT | --file F | --decode ID,ID,...) [--json] [--no-special] [--time]\n"
+                           "       moex tokenize [options] DIR -- TEXT    (a TEXT that starts with \"--\")\n"
                            "  DIR holds tokenizer.json (or is the file). TEXT or the bytes of F become ids (the\n"
                            "  post-processor's special tokens included unless --no-special); --decode turns ids\n"
                            "  into text (special tokens dropped with --no-special). --json prints\n"
@@ -112,10 +113,15 @@ static int print_json(cJSON *root) {
 
 int moex_cli_tokenize(int argc, char **argv) {
     const char *dir = NULL, *text = NULL, *file = NULL, *decode = NULL;
-    int json = 0, special = 1, timed = 0;
+    int json = 0, special = 1, timed = 0, options = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--json")) json = 1;
+        if (options && !strcmp(a, "--")) options = 0; /* a TEXT that starts with "--" follows */
+        else if (!options) {
+            if (!dir) dir = a;
+            else if (!text) text = a;
+            else return usage_error("one TEXT only (\"%s\" is one too many; quote the text)", a);
+        } else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--no-special")) special = 0;
         else if (!strcmp(a, "--time")) timed = 1;
         else if (!strcmp(a, "--file") || !strcmp(a, "--decode")) {

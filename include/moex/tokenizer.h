@@ -17,8 +17,8 @@ typedef struct moex_tokenizer moex_tokenizer;
  * Load `path`: a tokenizer.json file, or a directory holding one. Supported: model BPE
  * (vocab, merges as "a b" strings or [a, b] pairs, byte_fallback, unk_token, ignore_merges),
  * normalizers NFC, Prepend, Replace (string patterns) and Sequence, pre-tokenizers ByteLevel,
- * Split (a regex through PCRE2 in UTF and Unicode-property mode, or a string; behaviours
- * Isolated and Removed), Metaspace and Sequence, decoders ByteLevel, ByteFallback, Fuse,
+ * Split (a regex through PCRE2 in UTF and Unicode-property mode, or a string; every behaviour,
+ * invert), Metaspace and Sequence, decoders ByteLevel, ByteFallback, Fuse,
  * Strip, Metaspace, Replace and Sequence, post-processors ByteLevel and TemplateProcessing,
  * added tokens (special, lstrip, rstrip). Anything else the file asks for fails the load
  * with MOEX_ERR_UNSUPPORTED naming the key and value; a malformed file fails with

@@ -131,49 +131,101 @@ static moex_status normalize(const moex_tokenizer *t, const char *s, size_t n, t
 
 /* ---- pre-tokenizers ------------------------------------------------------------------ */
 
-/* Split every piece of in at the regex's (or literal's) matches into out: Isolated keeps the
- * matches as pieces, Removed drops them. */
+/* The parts of one piece in order, each a match of the pattern (a delimiter; with invert, the
+ * parts between matches are) or not. */
+typedef struct part {
+    size_t off, len;
+    int delim;
+} part;
+
+typedef struct parts {
+    part *p;
+    size_t n, cap;
+} parts;
+
+/* keep_empty: an empty match stays a part (it separates runs for Contiguous, as in tokenizers) */
+static int part_add(parts *v, size_t off, size_t len, int delim, int keep_empty) {
+    if (!len && !keep_empty) return 1;
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? 2 * v->cap : 32;
+        part *p = realloc(v->p, cap * sizeof *p);
+        if (!p) return 0;
+        v->p = p, v->cap = cap;
+    }
+    v->p[v->n].off = off, v->p[v->n].len = len, v->p[v->n].delim = delim;
+    v->n++;
+    return 1;
+}
+
+/* The pieces of one piece's parts, as tokenizers' SplitDelimiterBehavior says: Removed drops the
+ * delimiters, Isolated keeps them as pieces, MergedWithPrevious appends each to the piece before
+ * it (a delimiter after a delimiter stands alone), MergedWithNext prepends each to the piece after
+ * it (likewise), Contiguous makes one piece of each run of parts alike (delimiters or not). */
+static int emit_parts(const parts *v, tk_split_behavior b, pieces *out) {
+    for (size_t i = 0; i < v->n; i++) {
+        const part *q = &v->p[i];
+        size_t off = q->off, len = q->len;
+        if (b == TK_REMOVED && q->delim) continue;
+        if (b == TK_MERGED_WITH_PREVIOUS && !q->delim && i + 1 < v->n && v->p[i + 1].delim)
+            len += v->p[++i].len; /* this piece and the delimiter after it */
+        else if (b == TK_MERGED_WITH_NEXT && q->delim && i + 1 < v->n && !v->p[i + 1].delim)
+            len += v->p[++i].len; /* the delimiter and the piece after it */
+        else if (b == TK_CONTIGUOUS) /* a run of parts alike (delimiters, or not) */
+            while (i + 1 < v->n && v->p[i + 1].delim == q->delim) len += v->p[++i].len;
+        if (!piece_add(out, off, len)) return 0;
+    }
+    return 1;
+}
+
+/* Split every piece of in at the regex's (or literal's) matches into out, by p->behavior. */
 static moex_status split_step(enc *E, const tk_pre *p, const pieces *in, pieces *out) {
     out->n = 0;
     out->text.n = 0;
     if (!tk_buf_put(&out->text, in->text.p, in->text.n)) return OOM();
     const char *base = out->text.p;
-    for (size_t k = 0; k < in->n; k++) {
+    parts v = {0};
+    moex_status st = MOEX_OK;
+    for (size_t k = 0; !st && k < in->n; k++) {
         const size_t off = in->s[k].off, len = in->s[k].len;
-        size_t at = 0; /* the end of the last match, within the piece */
-        while (at <= len) {
+        size_t at = 0, from = 0; /* the end of the last match, and where the next search starts */
+        v.n = 0;
+        while (from <= len) {
             size_t m0, m1;
             if (p->re) {
-                const int rc = pcre2_match(p->re, (PCRE2_SPTR)(base + off), len, at, 0, E->md, NULL);
+                const int rc = pcre2_match(p->re, (PCRE2_SPTR)(base + off), len, from, 0, E->md, NULL);
                 if (rc == PCRE2_ERROR_NOMATCH) break;
                 if (rc < 0) {
                     PCRE2_UCHAR msg[120];
                     pcre2_get_error_message(rc, msg, sizeof msg);
-                    return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tokenizer_encode: the pre-tokenizer's regex failed "
-                                     "on the text: %s", (const char *)msg);
+                    st = moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tokenizer_encode: the pre-tokenizer's regex failed "
+                                   "on the text: %s", (const char *)msg);
+                    break;
                 }
                 const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(E->md);
                 m0 = ov[0], m1 = ov[1];
             } else {
                 const size_t nl = strlen(p->literal);
-                const char *hit = at + nl <= len ? memmem(base + off + at, len - at, p->literal, nl) : NULL;
+                const char *hit = from + nl <= len ? memmem(base + off + from, len - from, p->literal, nl) : NULL;
                 if (!hit) break;
                 m0 = (size_t)(hit - (base + off)), m1 = m0 + nl;
             }
-            if (!piece_add(out, off + at, m0 - at)) return OOM();
-            if (p->behavior == TK_ISOLATED && !piece_add(out, off + m0, m1 - m0)) return OOM();
-            if (m1 == m0) { /* an empty match: step one character on */
+            if (!part_add(&v, off + at, m0 - at, p->invert, 0) || !part_add(&v, off + m0, m1 - m0, !p->invert, 1)) {
+                st = OOM();
+                break;
+            }
+            at = from = m1;
+            if (m1 == m0) { /* an empty match: the next search starts a character on (it stays in the gap) */
                 if (m1 >= len) break;
                 int cl;
                 tk_utf8_decode((const uint8_t *)base + off + m1, len - m1, &cl);
-                if (!piece_add(out, off + m1, (size_t)cl)) return OOM();
-                m1 += (size_t)cl;
+                from = m1 + (size_t)cl;
             }
-            at = m1;
         }
-        if (at < len && !piece_add(out, off + at, len - at)) return OOM();
+        if (!st && at < len && !part_add(&v, off + at, len - at, p->invert, 0)) st = OOM();
+        if (!st && !emit_parts(&v, p->behavior, out)) st = OOM();
     }
-    return MOEX_OK;
+    free(v.p);
+    return st;
 }
 
 /* Map every byte of every piece to GPT-2's byte alphabet (a space first with add_prefix_space). */

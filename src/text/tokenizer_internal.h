@@ -49,13 +49,16 @@ typedef struct tk_norm {
 } tk_norm;
 
 typedef enum tk_pre_kind { TK_BYTELEVEL, TK_SPLIT, TK_METASPACE } tk_pre_kind;
-typedef enum tk_split_behavior { TK_ISOLATED, TK_REMOVED } tk_split_behavior;
+typedef enum tk_split_behavior {
+    TK_ISOLATED, TK_REMOVED, TK_MERGED_WITH_PREVIOUS, TK_MERGED_WITH_NEXT, TK_CONTIGUOUS
+} tk_split_behavior;
 typedef struct tk_pre {
     tk_pre_kind kind;
     int add_prefix_space, use_regex;      /* BYTELEVEL */
     pcre2_code *re;                       /* SPLIT (regex) and BYTELEVEL with use_regex */
     char *literal;                        /* SPLIT with a string pattern */
     tk_split_behavior behavior;           /* SPLIT */
+    int invert;                           /* SPLIT: the matches are the pieces, the rest the delimiters */
     char replacement[8];                  /* METASPACE: its character (UTF-8) */
     int prepend;                          /* METASPACE: 0 never, 1 first, 2 always */
     int split;                            /* METASPACE */

@@ -304,11 +304,11 @@ static moex_status load_pre(loader *ld, const cJSON *o, const char *key) {
         if ((st = get_string(ld, o, "behavior", k, &beh))) return st;
         if (!strcmp(beh, "Isolated")) p->behavior = TK_ISOLATED;
         else if (!strcmp(beh, "Removed")) p->behavior = TK_REMOVED;
+        else if (!strcmp(beh, "MergedWithPrevious")) p->behavior = TK_MERGED_WITH_PREVIOUS;
+        else if (!strcmp(beh, "MergedWithNext")) p->behavior = TK_MERGED_WITH_NEXT;
+        else if (!strcmp(beh, "Contiguous")) p->behavior = TK_CONTIGUOUS;
         else return unsupported(ld, k, beh);
-        if (get_bool(o, "invert", 0)) {
-            snprintf(k, sizeof k, "%s.invert", key);
-            return unsupported(ld, k, "true");
-        }
+        p->invert = get_bool(o, "invert", 0);
         p->kind = TK_SPLIT;
         if ((st = pattern(ld, o, key, 1, &p->literal, &p->re))) return st;
         if (p->literal && !p->literal[0]) {
