@@ -265,6 +265,9 @@ text)
     refused 2 '--chat needs a text prompt' generate "$fx" --prompt-ids 1,2 --chat
     refused 1 'prompt-file .*nope.txt' generate "$fx" --prompt-file nope.txt
     refused 1 '--prompt needs .*mixtral/tokenizer.json' generate "$fx/../mixtral" --prompt "Hello"
+    # a family without a chat format (olmoe, given the byte-level tokenizer.json)
+    mkdir olmoe && cp "$fx"/../olmoe/* olmoe/ && cp "$fx/tokenizer.json" olmoe/
+    refused 2 'olmoe: no chat format is written for this family' generate olmoe --prompt "Hi" --chat
     ;;
 
 *)
