@@ -501,6 +501,20 @@ static void print_info(const moex_model *m, const moex_model_info *in, const gen
            in->per_expert_layout ? "per-expert tensors" : "fused tensors", in->transposed ? " (transposed)" : "");
     if (in->shared_intermediate) printf("shared expert intermediate: %lld\n", (long long)in->shared_intermediate);
     if (in->formats[0]) printf("formats:     %s\n", in->formats);
+    char tok_path[1024];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", a->dir);
+    moex_tokenizer *tok = NULL;
+    FILE *tf = fopen(tok_path, "rb");
+    if (!tf) {
+        printf("tokenizer:   none (no tokenizer.json: --prompt-ids only)\n");
+    } else {
+        fclose(tf);
+        if (moex_tokenizer_load(tok_path, &tok) == MOEX_OK)
+            printf("tokenizer:   %lld tokens (tokenizer.json)\n", (long long)moex_tokenizer_vocab_size(tok));
+        else
+            printf("tokenizer:   not usable: %s\n", moex_last_error());
+        moex_tokenizer_free(tok);
+    }
     if (device.kind == MOEX_DEVICE_CUDA) print_gpu_memory(in);
     printf("experts map: %s\n", map);
     printf("backends on %s:\n", a->device);
