@@ -200,14 +200,40 @@ static moex_status pattern(const loader *ld, const cJSON *o, const char *key, in
 
 typedef moex_status (*step_loader)(loader *ld, const cJSON *o, const char *key);
 
-/* o's "type" (key.type). */
-static moex_status step_type(const loader *ld, const cJSON *o, const char *key, const char **type) {
+
+/* A Replace step's string pattern (into *a; an empty one is malformed) and content (*b). */
+static moex_status load_replace(const loader *ld, const cJSON *o, const char *key, char **a, char **b) {
+    const char *c = NULL;
+    pcre2_code *re = NULL;
     char k[256];
-    snprintf(k, sizeof k, "%s.type", key);
-    return get_string(ld, o, "type", k, type);
+    snprintf(k, sizeof k, "%s.content", key);
+    moex_status st = get_string(ld, o, "content", k, &c);
+    if (!st) st = pattern(ld, o, key, 0, a, &re);
+    if (st) return st;
+    if (!(*a)[0]) {
+        snprintf(k, sizeof k, "%s.pattern.String", key);
+        return bad(ld, k, "an empty pattern");
+    }
+    return (*b = dup(c)) ? MOEX_OK : MOEX_ERR_OUT_OF_MEMORY;
 }
 
 /* A Sequence step: fn on every element of o[list] (key.list[i]). */
+static moex_status each(loader *ld, const cJSON *o, const char *key, const char *list, step_loader fn);
+
+/* What every step loader does first: nothing for null (*done), o's "type" (key.type) into *type,
+ * and a Sequence (of list) through fn (*done). */
+static moex_status step_begin(loader *ld, const cJSON *o, const char *key, const char *list, step_loader fn,
+                              const char **type, int *done) {
+    char k[256];
+    *done = is_null(o);
+    if (*done) return MOEX_OK;
+    snprintf(k, sizeof k, "%s.type", key);
+    moex_status st = get_string(ld, o, "type", k, type);
+    if (st || strcmp(*type, "Sequence")) return st;
+    *done = 1;
+    return each(ld, o, key, list, fn);
+}
+
 static moex_status each(loader *ld, const cJSON *o, const char *key, const char *list, step_loader fn) {
     char k[256];
     const cJSON *l = field(o, list);
@@ -224,12 +250,11 @@ static moex_status each(loader *ld, const cJSON *o, const char *key, const char 
 
 static moex_status load_normalizer(loader *ld, const cJSON *o, const char *key) {
     moex_tokenizer *t = ld->t;
-    if (is_null(o)) return MOEX_OK;
     const char *type = NULL;
     char k[256];
-    moex_status st = step_type(ld, o, key, &type);
-    if (st) return st;
-    if (!strcmp(type, "Sequence")) return each(ld, o, key, "normalizers", load_normalizer);
+    int done;
+    moex_status st = step_begin(ld, o, key, "normalizers", load_normalizer, &type, &done);
+    if (st || done) return st;
     snprintf(k, sizeof k, "%s.type", key);
     if (t->n_norm == TK_MAX_STEPS) return bad(ld, key, "more normalizers than moex takes (16)");
     tk_norm *n = &t->norm[t->n_norm];
@@ -243,13 +268,8 @@ static moex_status load_normalizer(loader *ld, const cJSON *o, const char *key) 
         n->kind = TK_PREPEND;
         if (!(n->a = dup(s))) return MOEX_ERR_OUT_OF_MEMORY;
     } else if (!strcmp(type, "Replace")) {
-        const char *c = NULL;
-        pcre2_code *re = NULL;
-        snprintf(k, sizeof k, "%s.content", key);
-        if ((st = get_string(ld, o, "content", k, &c))) return st;
-        if ((st = pattern(ld, o, key, 0, &n->a, &re))) return st;
         n->kind = TK_REPLACE;
-        if (!(n->b = dup(c))) return MOEX_ERR_OUT_OF_MEMORY;
+        if ((st = load_replace(ld, o, key, &n->a, &n->b))) return st;
     } else {
         snprintf(k, sizeof k, "%s.type", key);
         return unsupported(ld, k, type);
@@ -281,12 +301,11 @@ static const char GPT2_PATTERN[] =
 
 static moex_status load_pre(loader *ld, const cJSON *o, const char *key) {
     moex_tokenizer *t = ld->t;
-    if (is_null(o)) return MOEX_OK;
     const char *type = NULL;
     char k[256];
-    moex_status st = step_type(ld, o, key, &type);
-    if (st) return st;
-    if (!strcmp(type, "Sequence")) return each(ld, o, key, "pretokenizers", load_pre);
+    int done;
+    moex_status st = step_begin(ld, o, key, "pretokenizers", load_pre, &type, &done);
+    if (st || done) return st;
     snprintf(k, sizeof k, "%s.type", key);
     if (t->n_pre == TK_MAX_STEPS) return bad(ld, key, "more pre-tokenizers than moex takes (16)");
     tk_pre *p = &t->pre[t->n_pre];
@@ -331,12 +350,11 @@ static moex_status load_pre(loader *ld, const cJSON *o, const char *key) {
 
 static moex_status load_decoder(loader *ld, const cJSON *o, const char *key) {
     moex_tokenizer *t = ld->t;
-    if (is_null(o)) return MOEX_OK;
     const char *type = NULL;
     char k[256];
-    moex_status st = step_type(ld, o, key, &type);
-    if (st) return st;
-    if (!strcmp(type, "Sequence")) return each(ld, o, key, "decoders", load_decoder);
+    int done;
+    moex_status st = step_begin(ld, o, key, "decoders", load_decoder, &type, &done);
+    if (st || done) return st;
     snprintf(k, sizeof k, "%s.type", key);
     if (t->n_dec == TK_MAX_STEPS) return bad(ld, key, "more decoders than moex takes (16)");
     tk_dec *d = &t->dec[t->n_dec];
@@ -365,16 +383,8 @@ static moex_status load_decoder(loader *ld, const cJSON *o, const char *key) {
         if ((st = prepend_scheme(ld, o, key, &d->prepend))) return st;
         d->kind = TK_D_METASPACE;
     } else if (!strcmp(type, "Replace")) {
-        const char *c = NULL;
-        pcre2_code *re = NULL;
-        snprintf(k, sizeof k, "%s.content", key);
-        if ((st = get_string(ld, o, "content", k, &c)) || (st = pattern(ld, o, key, 0, &d->a, &re))) return st;
-        if (!d->a[0]) {
-            snprintf(k, sizeof k, "%s.pattern.String", key);
-            return bad(ld, k, "an empty pattern");
-        }
         d->kind = TK_D_REPLACE;
-        if (!(d->b = dup(c))) return MOEX_ERR_OUT_OF_MEMORY;
+        if ((st = load_replace(ld, o, key, &d->a, &d->b))) return st;
     } else {
         return unsupported(ld, k, type);
     }
@@ -386,13 +396,12 @@ static moex_status load_decoder(loader *ld, const cJSON *o, const char *key) {
  * with the special tokens' ids in "special_tokens". */
 static moex_status load_post(loader *ld, const cJSON *o, const char *key) {
     moex_tokenizer *t = ld->t;
-    if (is_null(o)) return MOEX_OK;
     const char *type = NULL;
     char k[256];
-    moex_status st = step_type(ld, o, key, &type);
-    if (st) return st;
+    int done;
+    moex_status st = step_begin(ld, o, key, "processors", load_post, &type, &done);
+    if (st || done) return st;
     if (!strcmp(type, "ByteLevel")) return MOEX_OK; /* offsets only: the ids are unchanged */
-    if (!strcmp(type, "Sequence")) return each(ld, o, key, "processors", load_post);
     snprintf(k, sizeof k, "%s.type", key);
     if (strcmp(type, "TemplateProcessing")) return unsupported(ld, k, type);
     if (t->n_tmpl) return unsupported(ld, key, "(a second TemplateProcessing)");
