@@ -263,21 +263,28 @@ static char *read_prompt_file(const char *path) {
     return b;
 }
 
+/* dir's tokenizer.json (its path into path): 1 loaded into *tok, 0 there is none, -1 it does not
+ * load (moex_last_error says why). */
+static int dir_tokenizer(const char *dir, moex_tokenizer **tok, char *path, size_t n) {
+    *tok = NULL;
+    snprintf(path, n, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    fclose(f);
+    return moex_tokenizer_load(path, tok) == MOEX_OK ? 1 : -1;
+}
+
 /* The checkpoint's tokenizer (when it has one; text prompts need it), then every text prompt
  * (wrapped in the family's chat format with --chat) as ids. 0, or an exit code. */
 static int tokenize_prompts(gen_args *a) {
     char path[1024];
-    snprintf(path, sizeof path, "%s/tokenizer.json", a->dir);
-    FILE *f = fopen(path, "rb");
-    const int present = f != NULL;
-    if (f) fclose(f);
-    if (!present && a->n_text) {
+    const int got = dir_tokenizer(a->dir, &a->tok, path, sizeof path);
+    if (got == 0 && a->n_text) {
         fprintf(stderr, "%s: --prompt needs %s (or give --prompt-ids)\n", usage_cmd, path);
         return 1;
     }
-    if (present && moex_tokenizer_load(path, &a->tok) != MOEX_OK) {
+    if (got < 0) { /* ids in, ids out need no tokenizer: the text is only a convenience */
         if (a->n_text) return fail("loading the tokenizer");
-        a->tok = NULL; /* ids in, ids out: the text is only a convenience */
         return 0;
     }
     char family[128] = "";
@@ -502,19 +509,12 @@ static void print_info(const moex_model *m, const moex_model_info *in, const gen
     if (in->shared_intermediate) printf("shared expert intermediate: %lld\n", (long long)in->shared_intermediate);
     if (in->formats[0]) printf("formats:     %s\n", in->formats);
     char tok_path[1024];
-    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", a->dir);
     moex_tokenizer *tok = NULL;
-    FILE *tf = fopen(tok_path, "rb");
-    if (!tf) {
-        printf("tokenizer:   none (no tokenizer.json: --prompt-ids only)\n");
-    } else {
-        fclose(tf);
-        if (moex_tokenizer_load(tok_path, &tok) == MOEX_OK)
-            printf("tokenizer:   %lld tokens (tokenizer.json)\n", (long long)moex_tokenizer_vocab_size(tok));
-        else
-            printf("tokenizer:   not usable: %s\n", moex_last_error());
-        moex_tokenizer_free(tok);
-    }
+    const int got = dir_tokenizer(a->dir, &tok, tok_path, sizeof tok_path);
+    if (got > 0) printf("tokenizer:   %lld tokens (tokenizer.json)\n", (long long)moex_tokenizer_vocab_size(tok));
+    else if (got == 0) printf("tokenizer:   none (no tokenizer.json: --prompt-ids only)\n");
+    else printf("tokenizer:   not usable: %s\n", moex_last_error());
+    moex_tokenizer_free(tok);
     if (device.kind == MOEX_DEVICE_CUDA) print_gpu_memory(in);
     printf("experts map: %s\n", map);
     printf("backends on %s:\n", a->device);

@@ -71,7 +71,7 @@ static int valid_utf8(const char *s, size_t n) {
 /* One decoder step: in -> out. first = 0: in continues a sequence decoded before (the window of
  * streaming), so the effects on the sequence's first token are not applied: Metaspace's removal
  * of the first space, and Strip's start once Fuse has made one token of everything (fused). */
-static int step(const tk_dec *d, const strs *in, strs *out, int first, int fused) {
+static int step(const moex_tokenizer *t, const tk_dec *d, const strs *in, strs *out, int first, int fused) {
     strs_clear(out);
     if (!tk_buf_put(&out->b, "", 0)) return 0;
     if (d->kind == TK_D_FUSE) {
@@ -113,7 +113,7 @@ static int step(const tk_dec *d, const strs *in, strs *out, int first, int fused
             for (size_t q = 0; ok && q < n;) {
                 int l;
                 const int32_t cp = tk_utf8_decode((const uint8_t *)s + q, n - q, &l);
-                const int b = cp >= 0 ? tk_char_byte((uint32_t)cp) : -1;
+                const int b = cp >= 0 && cp < 324 ? t->cp_byte[cp] : -1;
                 ok = b >= 0 ? tk_buf_putc(&tmp, (char)b) : tk_buf_put(&tmp, s + q, (size_t)l);
                 q += (size_t)l;
             }
@@ -162,7 +162,7 @@ moex_status tk_decode_raw(const moex_tokenizer *t, const int32_t *ids, int64_t n
         ok = strs_add(&a, t->tok[id], t->tok_len[id]);
     }
     for (int k = 0, fused = 0; ok && k < t->n_dec; k++) {
-        ok = step(&t->dec[k], &a, &b, first, fused);
+        ok = step(t, &t->dec[k], &a, &b, first, fused);
         fused |= t->dec[k].kind == TK_D_FUSE;
         strs sw = a;
         a = b, b = sw;

@@ -229,22 +229,17 @@ static moex_status split_step(enc *E, const tk_pre *p, const pieces *in, pieces 
 }
 
 /* Map every byte of every piece to GPT-2's byte alphabet (a space first with add_prefix_space). */
-static moex_status bytelevel_map(const tk_pre *p, const pieces *in, pieces *out) {
+static moex_status bytelevel_map(const moex_tokenizer *t, const tk_pre *p, const pieces *in, pieces *out) {
     out->n = 0;
     out->text.n = 0;
     if (!tk_buf_put(&out->text, "", 0)) return OOM();
     for (size_t k = 0; k < in->n; k++) {
         const size_t start = out->text.n;
-        const char *s = in->text.p + in->s[k].off;
-        char c[2];
-        if (p->add_prefix_space && s[0] != ' ') {
-            const int l = tk_byte_char(' ', c);
-            if (!tk_buf_put(&out->text, c, (size_t)l)) return OOM();
-        }
-        for (size_t i = 0; i < in->s[k].len; i++) {
-            const int l = tk_byte_char((uint8_t)s[i], c);
-            if (!tk_buf_put(&out->text, c, (size_t)l)) return OOM();
-        }
+        const uint8_t *s = (const uint8_t *)in->text.p + in->s[k].off;
+        if (p->add_prefix_space && s[0] != ' ' && !tk_buf_put(&out->text, t->byte_utf8[' '], t->byte_len[' ']))
+            return OOM();
+        for (size_t i = 0; i < in->s[k].len; i++)
+            if (!tk_buf_put(&out->text, t->byte_utf8[s[i]], t->byte_len[s[i]])) return OOM();
         if (!piece_add(out, start, out->text.n - start)) return OOM();
     }
     return MOEX_OK;
@@ -299,7 +294,7 @@ static moex_status pre_tokenize(enc *E, pieces *a, pieces *b) {
                 pieces sw = *a;
                 *a = *b, *b = sw;
             }
-            st = bytelevel_map(p, a, b);
+            st = bytelevel_map(t, p, a, b);
         }
         if (st) return st;
         pieces sw = *a;
@@ -503,12 +498,10 @@ static const tk_added *added_at(const moex_tokenizer *t, const char *text, size_
 
 static moex_status encode_text(enc *E, const char *text, size_t len) {
     const moex_tokenizer *t = E->t;
-    uint8_t first[256] = {0}; /* first bytes of added tokens */
-    for (int k = 0; k < t->n_added; k++) first[(uint8_t)t->added[k].content[0]] = 1;
     size_t seg = 0, i = 0;
     moex_status st;
     while (i < len) {
-        const tk_added *a = first[(uint8_t)text[i]] ? added_at(t, text, len, i) : NULL;
+        const tk_added *a = t->added_first[(uint8_t)text[i]] ? added_at(t, text, len, i) : NULL;
         if (!a) {
             i++;
             continue;

@@ -102,21 +102,22 @@ struct moex_tokenizer {
     tk_dec dec[TK_MAX_STEPS];
     int n_dec;
     int byte_level; /* a ByteLevel pre-tokenizer: pieces are mapped to the byte alphabet */
+    /* the byte alphabet (GPT-2's): byte b -> its character's UTF-8 (byte_len[b] bytes), and the
+     * byte a character of code point cp < 324 stands for (-1: none) */
+    char byte_utf8[256][2];
+    uint8_t byte_len[256];
+    int16_t cp_byte[324];
     /* added tokens, and the post-processor's template for a single sequence: ids, with -2
      * standing for the sequence (none: the sequence alone) */
     tk_added *added;
     int n_added;
     uint8_t *special; /* [n_tok] 1: special added token */
+    uint8_t added_first[256]; /* 1: an added token starts with this byte */
     int32_t tmpl[32];
     int n_tmpl;
     char path[600];
 };
 
-/* The byte-level alphabet (GPT-2): byte b -> its character's UTF-8 (1 or 2 bytes) in out,
- * returns the length. */
-int tk_byte_char(uint8_t b, char out[2]);
-/* The byte a byte-level character (code point cp) stands for, or -1. */
-int tk_char_byte(uint32_t cp);
 
 /* UTF-8: the length of the character starting with lead byte c (1 for an invalid lead). */
 int tk_utf8_len(uint8_t c);

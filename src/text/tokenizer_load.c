@@ -76,26 +76,19 @@ static int byte_cp(uint8_t b) {
     return 256 + n;
 }
 
-int tk_byte_char(uint8_t b, char out[2]) {
-    const int cp = byte_cp(b);
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
+/* The byte alphabet's two tables: byte -> its character's UTF-8, code point -> byte. */
+static void byte_tables(moex_tokenizer *t) {
+    for (int i = 0; i < 324; i++) t->cp_byte[i] = -1;
+    for (int b = 0; b < 256; b++) {
+        const int cp = byte_cp((uint8_t)b);
+        t->cp_byte[cp] = (int16_t)b;
+        if (cp < 0x80) {
+            t->byte_utf8[b][0] = (char)cp, t->byte_len[b] = 1;
+        } else {
+            t->byte_utf8[b][0] = (char)(0xC0 | (cp >> 6)), t->byte_utf8[b][1] = (char)(0x80 | (cp & 0x3F));
+            t->byte_len[b] = 2;
+        }
     }
-    out[0] = (char)(0xC0 | (cp >> 6));
-    out[1] = (char)(0x80 | (cp & 0x3F));
-    return 2;
-}
-
-int tk_char_byte(uint32_t cp) {
-    static int16_t rev[324];
-    static int ready;
-    if (!ready) { /* the same table every time: a benign race */
-        for (int i = 0; i < 324; i++) rev[i] = -1;
-        for (int b = 0; b < 256; b++) rev[byte_cp((uint8_t)b)] = (int16_t)b;
-        ready = 1;
-    }
-    return cp < 324 ? rev[cp] : -1;
 }
 
 int tk_utf8_len(uint8_t c) { return c < 0x80 ? 1 : c >= 0xF0 && c < 0xF5 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 1; }
@@ -567,6 +560,7 @@ static moex_status load_model(loader *ld, const cJSON *root) {
         a->id = (int32_t)id, a->content = t->tok[id], a->len = strlen(content);
         a->special = get_bool(e, "special", 0), a->lstrip = get_bool(e, "lstrip", 0), a->rstrip = get_bool(e, "rstrip", 0);
         t->special[id] = (uint8_t)a->special;
+        t->added_first[(uint8_t)content[0]] = 1;
     }
     /* merges */
     const int n_merges = cJSON_GetArraySize(merges);
@@ -654,6 +648,7 @@ moex_status moex_tokenizer_load(const char *path, moex_tokenizer **out) {
     else if (!cJSON_IsObject(root)) st = bad(&ld, "(the top level)", "not an object");
     if (!st) {
         snprintf(t->path, sizeof t->path, "%s", file);
+        byte_tables(t);
         st = load_model(&ld, root);
     }
     if (!st) st = load_normalizer(&ld, field(root, "normalizer"), "normalizer");
