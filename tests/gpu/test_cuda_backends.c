@@ -760,26 +760,32 @@ static void test_streamed_tensor_cores(void) {
  * the float64 reference that applies the same quantization: DeepSeek's 128 x 128 blocks with H
  * and I not multiples of 128 (partial blocks along both), 16 x 64 blocks, empty experts (T = 1 of
  * E = 16), every token on one expert, sentinel rows, each layout the GPU takes (concat,
- * interleaved, ungated; biases; GPT-OSS's clamped activation), bf16 and f32 hidden states. */
+ * interleaved, ungated; biases; GPT-OSS's clamped activation), bf16 and f32 hidden states.
+ * The last four run grouped_mm's FP8 tensor-core GEMMs (I a multiple of 64, experts of 16 rows
+ * or more on average): partial k-blocks and output tiles, 64-row blocks, block_k 256, biases,
+ * an expert of 400 rows (4 row tiles). */
 static void test_fp8(void) {
     typedef struct fp8_case {
         int64_t T, bn, bk;
         int layout;
         moex_activation act;
         moex_dtype dt;
-        int64_t hot;
+        int64_t hot, H, I;
     } fp8_case;
     static const fp8_case CASES[] = {
-        {1, 128, 128, 0, MOEX_ACT_SILU, MOEX_BF16, 0},   {5, 128, 128, 1, MOEX_ACT_SILU, MOEX_BF16, 0},
-        {64, 128, 128, 4, MOEX_ACT_GELU, MOEX_F32, 0},   {300, 128, 128, 0, MOEX_ACT_SILU, MOEX_BF16, 300},
-        {37, 16, 64, 9, MOEX_ACT_RELU, MOEX_BF16, 0},    {19, 128, 128, 5, MOEX_ACT_GPTOSS_CLAMP, MOEX_BF16, 0},
-        {130, 128, 128, 0, MOEX_ACT_SILU, MOEX_F32, 40},
+        {1, 128, 128, 0, MOEX_ACT_SILU, MOEX_BF16, 0, 336, 208},   {5, 128, 128, 1, MOEX_ACT_SILU, MOEX_BF16, 0, 336, 208},
+        {64, 128, 128, 4, MOEX_ACT_GELU, MOEX_F32, 0, 336, 208},   {300, 128, 128, 0, MOEX_ACT_SILU, MOEX_BF16, 300, 336, 208},
+        {37, 16, 64, 9, MOEX_ACT_RELU, MOEX_BF16, 0, 336, 208},    {19, 128, 128, 5, MOEX_ACT_GPTOSS_CLAMP, MOEX_BF16, 0, 336, 208},
+        {130, 128, 128, 0, MOEX_ACT_SILU, MOEX_F32, 40, 336, 208},
+        /* the tensor-core GEMMs */
+        {300, 128, 128, 0, MOEX_ACT_SILU, MOEX_BF16, 0, 336, 192}, {520, 64, 128, 1, MOEX_ACT_GPTOSS_CLAMP, MOEX_F32, 0, 336, 192},
+        {400, 128, 256, 0, MOEX_ACT_SILU, MOEX_BF16, 400, 512, 256}, {70, 128, 128, 1, MOEX_ACT_GELU, MOEX_BF16, 0, 336, 192},
     };
     const int n = (int)(sizeof CASES / sizeof CASES[0]);
     for (int i = 0; i < n; i++) {
         if (g_quick && i % 3) continue;
         const fp8_case *f = &CASES[i];
-        gcase c = gcase_make(f->T, 16, 4, 336, 208, f->dt, 8100u + (uint64_t)i);
+        gcase c = gcase_make(f->T, 16, 4, f->H, f->I, f->dt, 8100u + (uint64_t)i);
         c.fp8 = 1 + i % 2;
         c.block_n = f->bn, c.block_k = f->bk;
         c.layout = f->layout;
@@ -1049,8 +1055,9 @@ static int new_inputs(grun *r, uint64_t seed) {
 }
 
 static void test_graph_replay(void) {
-    /* bf16 experts at three sizes, then FP8 experts (f32 and ue8m0 scales, 128 x 128 blocks) */
-    static const int64_t Ts[] = {1, 7, 64, 7, 64};
+    /* bf16 experts at three sizes, then FP8 experts (f32 and ue8m0 scales, 128 x 128 blocks):
+     * the streamed forward at 7 tokens, the tensor-core GEMMs at 160 (20 rows an expert) */
+    static const int64_t Ts[] = {1, 7, 64, 7, 160};
     for (int b = 0; b < N_BACKENDS; b++)
         for (int it = 0; it < 5; it++) {
             if (g_quick && it != 1 && it != 3) continue;

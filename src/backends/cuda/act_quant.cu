@@ -1,4 +1,5 @@
-/* act_quant.cu — act_quant_e4m3 (see act_quant.cuh): a grid of warps, one row each.
+/* act_quant.cu — act_quant_e4m3 and act_quant_gather_e4m3 (see act_quant.cuh): a grid of
+ * warps, one row (one token) each.
  * Shapes: x [rows, K] (row stride x_ld), q and f [rows, K], s [rows, ceil(K/bk)]. */
 #include "backends/cuda/act_quant.cuh"
 #include "gpu/cuda_check.h"
@@ -27,4 +28,34 @@ moex_status act_quant_e4m3(const void *x, moex_dtype xdt, int64_t x_ld, int64_t 
     else
         act_quant_kernel<float><<<grid, block, 0, st>>>((const float *)x, x_ld, rows, K, bk, q, s, f);
     return MOEX_CUDA_LAUNCHED("activation quantization kernel");
+}
+
+/* One warp a token: its row quantized into each of its pairs' slots (the k copies read the
+ * row from L1/L2 after the first). */
+template <typename XT>
+__global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_gather_kernel(const int *pair_slot, int64_t T, int64_t k,
+                                                                         const XT *x, int64_t x_ld, int64_t K,
+                                                                         int64_t bk, uint8_t *q, float *s) {
+    const int lane = threadIdx.x & 31;
+    const int64_t nkb = (K + bk - 1) / bk;
+    for (int64_t t = blockIdx.x * (int64_t)AQ_WARPS + (threadIdx.x >> 5); t < T; t += (int64_t)gridDim.x * AQ_WARPS)
+        for (int64_t j = 0; j < k; j++) {
+            const int slot = pair_slot[t * k + j];
+            if (slot >= 0) quant_row_e4m3<XT>(x + t * x_ld, K, bk, q + (int64_t)slot * K, s + (int64_t)slot * nkb, NULL, lane);
+        }
+}
+
+moex_status act_quant_gather_e4m3(const int *pair_slot, int64_t T, int64_t k, const void *x, moex_dtype xdt,
+                                  int64_t x_ld, int64_t K, int64_t bk, uint8_t *q, float *s, cudaStream_t st) {
+    if (T <= 0) return MOEX_OK;
+    const int64_t blocks = (T + AQ_WARPS - 1) / AQ_WARPS;
+    const dim3 grid((unsigned)(blocks < 65535 ? blocks : 65535)), block(AQ_WARPS * 32);
+    if (xdt == MOEX_BF16)
+        act_quant_gather_kernel<__nv_bfloat16><<<grid, block, 0, st>>>(pair_slot, T, k, (const __nv_bfloat16 *)x, x_ld,
+                                                                       K, bk, q, s);
+    else if (xdt == MOEX_F16)
+        act_quant_gather_kernel<__half><<<grid, block, 0, st>>>(pair_slot, T, k, (const __half *)x, x_ld, K, bk, q, s);
+    else
+        act_quant_gather_kernel<float><<<grid, block, 0, st>>>(pair_slot, T, k, (const float *)x, x_ld, K, bk, q, s);
+    return MOEX_CUDA_LAUNCHED("activation quantizing gather kernel");
 }

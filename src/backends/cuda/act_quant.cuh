@@ -4,7 +4,8 @@
  * e4m3(clamp(x / s, +-448)) to nearest, ties to even; the projection reads code * s.
  *
  * quant_row_e4m3 is the warp-level piece (the streamed experts kernel calls it inside its
- * launch); act_quant_e4m3 launches it over rows (batched_mm's FP8 path). */
+ * launch); act_quant_e4m3 launches it over rows (batched_mm's FP8 path, the grouped GEMM's h),
+ * act_quant_gather_e4m3 over tokens into their pairs' rows in expert order. */
 #ifndef MOEX_ACT_QUANT_CUH
 #define MOEX_ACT_QUANT_CUH
 
@@ -119,5 +120,11 @@ __device__ __forceinline__ void quant_row_e4m3(const XT *x, int64_t K, int64_t b
  * [rows, K] f32 (or NULL; f may be x when x is f32 with x_ld = K). One warp a row. */
 moex_status act_quant_e4m3(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int64_t bk,
                            uint8_t *q, float *s, float *f, cudaStream_t st);
+
+/* The same rounding, gathered in expert order (the FP8 grouped GEMM's A): token t's row of x
+ * quantized into row pair_slot[t*k+j] of q [P, K] and s [P, ceil(K/bk)] for every pair that is
+ * not a sentinel (slot -1). */
+moex_status act_quant_gather_e4m3(const int *pair_slot, int64_t T, int64_t k, const void *x, moex_dtype xdt,
+                                  int64_t x_ld, int64_t K, int64_t bk, uint8_t *q, float *s, cudaStream_t st);
 
 #endif

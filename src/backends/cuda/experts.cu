@@ -10,8 +10,10 @@
  *   grouped_mm  routing on the device -> small T: both projections streamed per expert
  *               in one launch (bf16/f16; else gemv per expert, 2 kernels); large T:
  *               gather, tensor-core grouped GEMM (gate/up + activation),
- *               grouped GEMM (down) -> reduction in token order. FP8: the one-launch
- *               streamed forward at every T (it quantizes the activations itself)
+ *               grouped GEMM (down) -> reduction in token order. FP8: small T, the
+ *               one-launch streamed forward (it quantizes the activations itself); large T,
+ *               x quantized into expert order, the FP8 grouped GEMM (gate/up), h
+ *               quantized, the FP8 grouped GEMM (down), the reduction
  *   eager       the same pieces, launched once per expert (empty experts
  *               return on the device); float weights only
  */
@@ -43,6 +45,8 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 /* ---- support ---------------------------------------------------------------- */
 
+static quant_view make_quant_view(const moex_experts_desc *d);
+
 static int tc_layout(const moex_experts_desc *d, char *why, size_t n) {
     if (d->expert_up) {
         snprintf(why, n, "per-expert weight pointers");
@@ -57,7 +61,11 @@ static int tc_layout(const moex_experts_desc *d, char *why, size_t n) {
         return 0;
     }
     if (!grouped_gemm_usable(d->gate_up.dtype, d->gate_up.data, d->hidden, why, n)) return 0;
-    return grouped_gemm_usable(d->down.dtype, d->down.data, d->intermediate, why, n);
+    if (!grouped_gemm_usable(d->down.dtype, d->down.data, d->intermediate, why, n)) return 0;
+    if (moex_weight_dtype(d) != MOEX_E4M3) return 1;
+    const quant_view q = make_quant_view(d);
+    const gemm_epilogue epi = !d->gated ? EPI_UP_ONLY : d->interleaved ? EPI_GATE_UP_INTERLEAVED : EPI_GATE_UP_CONCAT;
+    return grouped_gemm_fp8_usable(q, epi, q.up.row0, why, n);
 }
 
 /* FP8 layers (the table's rows give batched_mm and grouped_mm FP8): what their kernels take. */
@@ -256,7 +264,8 @@ static size_t tc_bytes(const moex_experts_desc *d, int64_t P) {
 }
 
 /* FP8 carves of a forward of T tokens (P pairs): batched_mm xf [T, H] f32 (the quantized
- * inputs), h [P, I] f32; grouped_mm xq [T, H] codes, xs [T, ceil(H/bk)], hf [P, I] f32, hq [P, I],
+ * inputs), h [P, I] f32; grouped_mm xq [P, H] codes, xs [P, ceil(H/bk)] (the streamed forward
+ * uses T rows of them, by token; the GEMM P, in expert order), h [P, I] f32, hq [P, I],
  * hs [P, ceil(I/bk)], y [P, H] f32, after the routing arrays. */
 typedef struct quant_ws {
     float *xf, *h, *xs, *hs, *y;
@@ -274,8 +283,8 @@ static quant_ws quant_carve(cuda_kind kind, const moex_experts_desc *d, int64_t 
         CARVE(xf, float, T * H);
         CARVE(h, float, P * I);
     } else {
-        CARVE(xq, uint8_t, T * H);
-        CARVE(xs, float, T * ((H + bk - 1) / bk));
+        CARVE(xq, uint8_t, P * H);
+        CARVE(xs, float, P * ((H + bk - 1) / bk));
         CARVE(h, float, P * I);
         CARVE(hq, uint8_t, P * I);
         CARVE(hs, float, P * ((I + bk - 1) / bk));
@@ -359,6 +368,36 @@ static moex_status batched_forward(fwd *f) {
                            a->out->dtype, a->out->strides[0], f->stream);
 }
 
+/* grouped_mm, FP8, large T (after the routing, tiles of GEMM_TILE_ROWS): x quantized into expert
+ * order, gate/up GEMM (h in f32), h quantized, down GEMM (y in f32), the reduction. */
+static moex_status quant_gemm_forward(fwd *f, const routing_dev &r, char *ws) {
+    const moex_forward_args *a = f->a;
+    const moex_experts_desc *d = a->layer;
+    const cuda_state *s = f->s;
+    const layer_view &L = s->L;
+    const quant_view &Q = s->Q;
+    const quant_ws w = quant_carve(CUDA_GROUPED_MM, d, f->T, f->P, ws);
+    moex_status st = act_quant_gather_e4m3(r.pair_slot, f->T, f->k, a->hidden->data, a->hidden->dtype,
+                                           a->hidden->strides[0], L.H, Q.bk, w.xq, w.xs, f->stream);
+    if (st) return st;
+    grouped_gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.a = w.xq, g.a_scales = w.xs, g.a_rows = f->P, g.b = d->gate_up.data;
+    g.rows_per_expert = 2 * L.I, g.up_offset = L.I;
+    g.K = L.H, g.N = L.I, g.c = w.h;
+    g.offsets = r.offsets, g.mtile_off = r.mtile_off;
+    g.e_begin = 0, g.e_end = f->E;
+    g.epi = EPI_GATE_UP_CONCAT, g.L = L, g.dt = MOEX_E4M3, g.q = Q;
+    if ((st = grouped_gemm_run(&g, s->num_sms, f->stream))) return st;
+    if ((st = act_quant_e4m3(w.h, MOEX_F32, L.I, f->P, L.I, Q.bk, w.hq, w.hs, NULL, f->stream))) return st;
+    g.a = w.hq, g.a_scales = w.hs, g.b = d->down.data;
+    g.rows_per_expert = L.H, g.up_offset = 0;
+    g.K = L.I, g.N = L.H, g.c = w.y, g.epi = EPI_DOWN;
+    if ((st = grouped_gemm_run(&g, s->num_sms, f->stream))) return st;
+    return routing_reduce(r.pair_slot, w.y, MOEX_F32, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0],
+                          f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
+}
+
 /* Routing, then the per-expert pieces for experts [e_begin, e_end) in `launches` launches
  * (1 for grouped_mm, one per expert for eager), then the reduction. */
 static moex_status experts_forward(fwd *f, int per_expert) {
@@ -368,7 +407,7 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     char *ws = (char *)a->workspace;
     routing_dev r = routing_carve(ws, f->E, f->P);
     ws += align256(routing_bytes(f->E, f->P));
-    const int tc = s->tc && grouped_gemm_pays(f->P, f->E, L.H, per_expert);
+    const int tc = s->tc && (s->Q.on ? grouped_gemm_fp8_pays(f->P, f->E) : grouped_gemm_pays(f->P, f->E, L.H, per_expert));
     /* narrow tiles for experts of few rows: the routing counts tiles of their size */
     const int narrow = tc && grouped_gemm_narrow_pays(f->P, f->E, s->epi);
     /* eager launches one expert at a time: too few blocks for the tensor-core kernels' 16-row warps */
@@ -377,6 +416,7 @@ static moex_status experts_forward(fwd *f, int per_expert) {
                                    narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS, mma, f->G.flags, f->stream);
     if (st) return st;
     const int launches = per_expert ? (int)f->E : 1;
+    if (tc && s->Q.on) return quant_gemm_forward(f, r, ws);
     if (tc) {
         const size_t es = esize(L.wdt);
         void *xa = ws, *hb = ws + align256((size_t)f->P * L.H * es), *y = (char *)hb + align256((size_t)f->P * L.I * es);

@@ -13,6 +13,12 @@
  *
  *   A [rows, K] row-major; B [E*R, K] row-major (weights as stored: out x in);
  *   C [rows, N] row-major.
+ *
+ * FP8 (T = uint8_t: e4m3 codes of A and B, C in f32): the same bytes. A k-block is 128 inputs
+ * (128 bytes, one scale block), multiplied by 4 wgmmas of k32 into a block accumulator that is
+ * then added to the total times row scale x weight scale (the promotion). Tiles of 128 rows x
+ * 128 weight rows (gate/up: 64 gate + 64 up), each warpgroup 64 rows; no narrow or overlapped
+ * variants.
  */
 #include "backends/cuda/gemm_sm90.cuh"
 #include "gpu/cuda_check.h"
@@ -21,6 +27,7 @@
 #include <cudaTypedefs.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 
 namespace {
 
@@ -46,7 +53,18 @@ struct gemm_params {
     void *c;
     gemm_epilogue epi;
     layer_view L;
+    /* FP8: A's row scales [rows, a_sld] (one per bk inputs; a k-block of 128 inputs reads scale
+     * kb / kstep, kstep = bk / 128) and the weights' block scales */
+    const float *a_scale;
+    int64_t a_sld;
+    int kstep;
+    quant_view Q;
 };
+
+/* FP8 tiles: 128 weight rows (gate/up: 64 features, their gate and up rows) */
+constexpr int FP8_BN = BN / 2, FP8_BK = 128;
+template <typename T> constexpr bool is_fp8() { return sizeof(T) == 1; }
+template <typename T> constexpr int k_block() { return is_fp8<T>() ? FP8_BK : BK; }
 
 /* ---- PTX wrappers ------------------------------------------------------------ */
 
@@ -100,6 +118,14 @@ __device__ __forceinline__ void wgmma_128(float (&d)[64], uint64_t da, uint64_t 
 __device__ __forceinline__ void wgmma_128(float (&d)[64], uint64_t da, uint64_t db, int accumulate, __half *) {
     asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
                  " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WGMMA_D_REGS ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : WGMMA_D_OPS(d)
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+
+/* d[64 x 128] (+)= A[64 x 32] . B[128 x 32]^T in e4m3 (both K-major, as FP8 wgmma requires). */
+__device__ __forceinline__ void wgmma_128(float (&d)[64], uint64_t da, uint64_t db, int accumulate, uint8_t *) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WGMMA_D_REGS ", %64, %65, p, 1, 1;\n}\n"
                  : WGMMA_D_OPS(d)
                  : "l"(da), "l"(db), "r"(accumulate));
 }
@@ -297,62 +323,51 @@ __device__ __forceinline__ void epilogue_half(const float (&dh)[64], int half, c
     }
 }
 
-/* ---- the kernel ------------------------------------------------------------------- */
+/* ---- the producer ---------------------------------------------------------------- */
 
-/* OVERLAP (down and SiLU gate/up without biases, experts of a tile or more): the second half's
- * epilogue of each tile runs while the next tile's first k-blocks multiply. NARROW (experts of
- * few rows; not with OVERLAP): tiles of NARROW_ROWS rows, and warpgroup w multiplies all of them
- * by half w-1 of the weight tile, so no warpgroup multiplies a block of empty rows. */
-template <typename T, int EPI, bool OVERLAP, bool NARROW>
-__global__ void __launch_bounds__(THREADS, 1)
-    grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                        gemm_params p) {
-    extern __shared__ unsigned char smem_raw[];
-    unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    uint64_t *full = (uint64_t *)(smem + STAGES * STAGE_BYTES), *empty = full + STAGES;
-    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], CONSUMERS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-    const int64_t total = (int64_t)(p.mtile_off[p.e_end] - p.mtile_off[p.e_begin]) * p.n_tiles;
-    const int k_blocks = (int)((p.K + BK - 1) / BK);
-
-    if (wg == 0) { /* producer: thread 0 issues the TMA copies */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
-        if (tid != 0) return;
-        int stage = 0, phase = 0;
-        for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-            const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
-            const int64_t b_row = tl.e * p.rows_per_expert;
-            for (int kb = 0; kb < k_blocks; kb++) {
-                mbar_wait(&empty[stage], phase ^ 1);
-                unsigned char *a = smem + stage * STAGE_BYTES, *b = a + A_BYTES;
-                mbar_expect_tx(&full[stage], (NARROW ? NARROW_ROWS * BK * 2 : A_BYTES) + B_BYTES);
-                tma_load(a, &map_a, &full[stage], kb * BK, (int)tl.a_row);
-                if (EPI == EPI_GATE_UP_CONCAT) { /* [gate 0-63, up 0-63 | gate 64-127, up 64-127] of the tile */
-                    for (int q = 0; q < 4; q++)
-                        tma_load(b + q * (B_BYTES / 4), &map_b, &full[stage], kb * BK,
-                                 (int)(b_row + (q & 1) * p.up_offset + tl.n * (BN / 2) + (q >> 1) * (BN / 4)));
-                } else {
-                    tma_load(b, &map_b, &full[stage], kb * BK, (int)(b_row + tl.n * BN));
-                }
-                if (++stage == STAGES) stage = 0, phase ^= 1;
+/* Thread 0 of warpgroup 0 issues the TMA copies of every k-block of the block's tiles into the
+ * ring. Per stage: the tile's A rows (k_block<T>() inputs, 128 bytes a row), then the weight
+ * rows: gate/up concatenated as [gate 0-63, up 0-63 | gate 64-127, up 64-127] of the tile (FP8:
+ * the first half only), otherwise BN (FP8: FP8_BN) consecutive rows. */
+template <typename T, int EPI, bool NARROW>
+__device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensorMap &map_b, const gemm_params &p,
+                                        unsigned char *smem, uint64_t *full, uint64_t *empty, int64_t total,
+                                        int k_blocks) {
+    constexpr bool FP8 = is_fp8<T>();
+    constexpr int KB = k_block<T>(), TILE_N = FP8 ? FP8_BN : BN, B_LOAD = FP8 ? B_BYTES / 2 : B_BYTES;
+    int stage = 0, phase = 0;
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
+        const int64_t b_row = tl.e * p.rows_per_expert;
+        for (int kb = 0; kb < k_blocks; kb++) {
+            mbar_wait(&empty[stage], phase ^ 1);
+            unsigned char *a = smem + stage * STAGE_BYTES, *b = a + A_BYTES;
+            mbar_expect_tx(&full[stage], (NARROW ? NARROW_ROWS * 128 : A_BYTES) + B_LOAD);
+            tma_load(a, &map_a, &full[stage], kb * KB, (int)tl.a_row);
+            if (EPI == EPI_GATE_UP_CONCAT) {
+                for (int q = 0; q < (FP8 ? 2 : 4); q++)
+                    tma_load(b + q * (B_BYTES / 4), &map_b, &full[stage], kb * KB,
+                             (int)(b_row + (q & 1) * p.up_offset + tl.n * (TILE_N / 2) + (q >> 1) * (BN / 4)));
+            } else {
+                tma_load(b, &map_b, &full[stage], kb * KB, (int)(b_row + tl.n * TILE_N));
             }
+            if (++stage == STAGES) stage = 0, phase ^= 1;
         }
-        return;
     }
+}
 
-    /* consumers: warpgroup wg computes rows (wg-1)*64 .. +64 of each tile, as two halves of
-     * 128 weight rows with their own accumulators. OVERLAP: the second half's epilogue of a
-     * tile waits until the next tile's first k-blocks are issued for the first half, so that
-     * it runs while the tensor cores multiply (the stages of those k-blocks are kept until the
-     * second half has read them too). */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
+/* ---- the float consumers ------------------------------------------------------------ */
+
+/* Warpgroup wg computes rows (wg-1)*64 .. +64 of each tile, as two halves of 128 weight rows
+ * with their own accumulators. OVERLAP (down and SiLU gate/up without biases, experts of a
+ * tile or more): the second half's epilogue of a tile waits until the next tile's first
+ * k-blocks are issued for the first half, so that it runs while the tensor cores multiply (the
+ * stages of those k-blocks are kept until the second half has read them too). NARROW (experts
+ * of few rows; not with OVERLAP): tiles of NARROW_ROWS rows, and warpgroup w multiplies all of
+ * them by half w-1 of the weight tile, so no warpgroup multiplies a block of empty rows. */
+template <typename T, int EPI, bool OVERLAP, bool NARROW>
+__device__ __forceinline__ void consume_float(const gemm_params &p, unsigned char *smem, uint64_t *full,
+                                              uint64_t *empty, int64_t total, int k_blocks, int wg, int tid) {
     int stage = 0, phase = 0;
     float acc0[64], acc1[64];
     tile done = {}; /* the previous tile: its second half waits for its epilogue */
@@ -441,6 +456,142 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (OVERLAP && pending) epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid, (wg - 1) * 64);
 }
 
+/* ---- the FP8 consumers --------------------------------------------------------------- */
+
+/* The FP8 epilogue: the thread's two rows (lane/4 and +8 of its warp's 16) of the warpgroup's
+ * 64 rows of tile tl, from the promoted totals, straight to C in f32 (pairs of columns, 8
+ * bytes; the 4 lanes of a row write 32 contiguous bytes). Gate/up: gate column 8i + c0 (+1)
+ * with its up column in acc[4(i+8) ..], 64 outputs; down: 128 outputs. */
+template <int EPI>
+__device__ __forceinline__ void epilogue_fp8(const float (&acc)[64], const tile &tl, const gemm_params &p, int wg,
+                                             int tid) {
+    const int warp = tid / 32, lane = tid % 32, c0 = 2 * (lane % 4);
+    const int row_base = (wg - 1) * 64 + warp * 16;
+    if (row_base >= tl.rows) return;
+    const layer_view &L = p.L;
+    const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
+    const bool silu = plain && L.act == MOEX_ACT_SILU;
+    constexpr int COLS = EPI == EPI_DOWN ? 16 : 8;
+    const int64_t n_tile = tl.n * (EPI == EPI_DOWN ? FP8_BN : FP8_BN / 2);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = row_base + lane / 4 + 8 * h;
+        if (r >= tl.rows) continue;
+        float *crow = (float *)p.c + (tl.a_row + r) * p.N;
+#pragma unroll
+        for (int i = 0; i < COLS; i++) {
+            const int64_t n = n_tile + 8 * i + c0;
+            if (n >= p.N) continue;
+            float v0 = acc[4 * i + 2 * h], v1 = acc[4 * i + 2 * h + 1];
+            if (EPI == EPI_DOWN) {
+                if (!plain) {
+                    v0 = epilogue_value(L, EPI_DOWN, tl.e, n, 0.0f, v0);
+                    v1 = epilogue_value(L, EPI_DOWN, tl.e, n + 1, 0.0f, v1);
+                }
+            } else {
+                const float u0 = acc[4 * (i + 8) + 2 * h], u1 = acc[4 * (i + 8) + 2 * h + 1];
+                if (silu) {
+                    v0 = __fdividef(v0, 1.0f + __expf(-v0)) * u0;
+                    v1 = __fdividef(v1, 1.0f + __expf(-v1)) * u1;
+                } else {
+                    v0 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, v0, u0);
+                    v1 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n + 1, v1, u1);
+                }
+            }
+            *(float2 *)(crow + n) = make_float2(v0, v1); /* N even: n and n + 1 are both in the row */
+        }
+    }
+}
+
+/* FP8 tiles: warpgroup wg multiplies rows (wg-1)*64 .. +64 by the tile's 128 weight rows, one
+ * k-block at a time into blk (4 wgmmas of k32), waits for it, releases the stage and adds blk
+ * times the scales into acc: each thread's two rows have their row scales (A's, scale kb /
+ * kstep of the row), and each 64-row chunk of the weight tile (columns 8i.., i < 8 and i >= 8)
+ * its block scale (bn a multiple of 64 with 64-aligned chunk starts, so a chunk is one block:
+ * grouped_gemm_fp8_usable). While one warpgroup promotes, the other's wgmmas run. */
+template <int EPI>
+__device__ __forceinline__ void consume_fp8(const gemm_params &p, unsigned char *smem, uint64_t *full,
+                                            uint64_t *empty, int64_t total, int k_blocks, int wg, int tid) {
+    const quant_view &Q = p.Q;
+    const int warp = tid / 32, lane = tid % 32;
+    const int r0 = (wg - 1) * 64 + warp * 16 + lane / 4; /* the thread's rows r0, r0 + 8 of a tile */
+    int stage = 0, phase = 0;
+    float acc[64], blk[64];
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const tile tl = find_tile<BM>(p, t);
+        const bool in0 = r0 < tl.rows, in1 = r0 + 8 < tl.rows;
+        const float *sa0 = p.a_scale + (tl.a_row + r0) * p.a_sld, *sa1 = sa0 + 8 * p.a_sld;
+        /* the weight scale rows of the tile's two chunks of 64 weight rows */
+        const scale_view &v0 = EPI == EPI_DOWN ? Q.down : Q.gate, &v1 = EPI == EPI_DOWN ? Q.down : Q.up;
+        const int64_t n0 = EPI == EPI_DOWN ? tl.n * FP8_BN : tl.n * (FP8_BN / 2);
+        const int64_t n1 = EPI == EPI_DOWN ? (n0 + 64 < p.N ? n0 + 64 : n0) : n0;
+        const uint32_t w0 = scale_row(Q, v0, tl.e, n0), w1 = scale_row(Q, v1, tl.e, n1);
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+        for (int kb = 0; kb < k_blocks; kb++) {
+            const int sk = kb / p.kstep;
+            /* the scales, loaded while the wgmmas run */
+            const float ra0 = in0 ? __ldg(sa0 + sk) : 0.0f, ra1 = in1 ? __ldg(sa1 + sk) : 0.0f;
+            const float wa = scale_load(Q.sdt, v0.base, w0 + sk), wb = scale_load(Q.sdt, v1.base, w1 + sk);
+            mbar_wait(&full[stage], phase);
+            const unsigned char *a = smem + stage * STAGE_BYTES + (wg - 1) * (64 * 128), *b = smem + stage * STAGE_BYTES + A_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int s = 0; s < FP8_BK / 32; s++)
+                wgmma_128(blk, smem_desc(a + s * 32), smem_desc(b + s * 32), s > 0, (uint8_t *)nullptr);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_acc(blk);
+            if (tid == 0) mbar_arrive(&empty[stage]);
+            if (++stage == STAGES) stage = 0, phase ^= 1;
+            const float s00 = ra0 * wa, s01 = ra0 * wb, s10 = ra1 * wa, s11 = ra1 * wb;
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const float sh0 = i < 8 ? s00 : s01, sh1 = i < 8 ? s10 : s11;
+                acc[4 * i] = fmaf(blk[4 * i], sh0, acc[4 * i]);
+                acc[4 * i + 1] = fmaf(blk[4 * i + 1], sh0, acc[4 * i + 1]);
+                acc[4 * i + 2] = fmaf(blk[4 * i + 2], sh1, acc[4 * i + 2]);
+                acc[4 * i + 3] = fmaf(blk[4 * i + 3], sh1, acc[4 * i + 3]);
+            }
+        }
+        epilogue_fp8<EPI>(acc, tl, p, wg, tid);
+    }
+}
+
+/* ---- the kernel ------------------------------------------------------------------- */
+
+/* One producer warpgroup (setmaxnreg'd down; one thread issues the copies) and CONSUMERS
+ * warpgroups: the float consumers, or the FP8 ones for T = uint8_t. */
+template <typename T, int EPI, bool OVERLAP, bool NARROW>
+__global__ void __launch_bounds__(THREADS, 1)
+    grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                        gemm_params p) {
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint64_t *full = (uint64_t *)(smem + STAGES * STAGE_BYTES), *empty = full + STAGES;
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], CONSUMERS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    const int64_t total = (int64_t)(p.mtile_off[p.e_end] - p.mtile_off[p.e_begin]) * p.n_tiles;
+    const int k_blocks = (int)((p.K + k_block<T>() - 1) / k_block<T>());
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
+        if (tid == 0) produce<T, EPI, NARROW>(map_a, map_b, p, smem, full, empty, total, k_blocks);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
+    if constexpr (is_fp8<T>())
+        consume_fp8<EPI>(p, smem, full, empty, total, k_blocks, wg, tid);
+    else
+        consume_float<T, EPI, OVERLAP, NARROW>(p, smem, full, empty, total, k_blocks, wg, tid);
+}
+
 /* ---- host side ----------------------------------------------------------------------- */
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled;
@@ -456,11 +607,14 @@ void find_encode(void) {
 
 moex_status make_map(CUtensorMap *m, const void *base, int64_t rows, int64_t K, int box_rows, moex_dtype dt,
                      const char *what) {
+    const int fp8 = dt == MOEX_E4M3;
     cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
-    cuuint64_t strides[1] = {(cuuint64_t)K * 2};
-    cuuint32_t box[2] = {BK, (cuuint32_t)box_rows}, elem[2] = {1, 1};
-    CUresult r = encode_tiled(m, dt == MOEX_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                              (void *)base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+    cuuint64_t strides[1] = {(cuuint64_t)K * (fp8 ? 1 : 2)};
+    cuuint32_t box[2] = {fp8 ? (cuuint32_t)FP8_BK : (cuuint32_t)BK, (cuuint32_t)box_rows}, elem[2] = {1, 1};
+    const CUtensorMapDataType type = fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                     : dt == MOEX_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    CUresult r = encode_tiled(m, type, 2, (void *)base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
                               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
@@ -472,6 +626,14 @@ moex_status make_map(CUtensorMap *m, const void *base, int64_t rows, int64_t K, 
 } // namespace
 
 int grouped_gemm_usable(moex_dtype dt, const void *b, int64_t K, char *why, size_t n) {
+    if (dt == MOEX_E4M3) {
+        if (K % 16 || ((uintptr_t)b & 15)) {
+            snprintf(why, n, "the FP8 tensor-core path needs 16-byte aligned rows (the input size %lld must be a "
+                     "multiple of 16)", (long long)K);
+            return 0;
+        }
+        return 1;
+    }
     if (dt != MOEX_BF16 && dt != MOEX_F16) {
         snprintf(why, n, "the tensor-core path takes bf16 or f16 weights, not %s", moex_dtype_name(dt));
         return 0;
@@ -506,6 +668,8 @@ moex_status grouped_gemm_init(void) {
     if (encode_status != cudaSuccess) return moex_cuda_status(encode_status, "finding cuTensorMapEncodeTiled");
     cudaError_t err = allow_smem_all<__nv_bfloat16>();
     if (!err) err = allow_smem_all<__half>();
+    if (!err) err = allow_smem<uint8_t, EPI_DOWN, false>();
+    if (!err) err = allow_smem<uint8_t, EPI_GATE_UP_CONCAT, false>();
     return moex_cuda_status(err, "grouped GEMM shared memory size");
 }
 
@@ -543,7 +707,13 @@ static void launch_epi(gemm_epilogue epi, bool narrow, bool overlap, int num_sms
 
 moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s) {
     CUtensorMap map_a, map_b;
-    const int b_box = g->epi == EPI_GATE_UP_CONCAT ? BN / 4 : BN; /* gate/up: four boxes of 64 rows */
+    const int fp8 = g->dt == MOEX_E4M3;
+    if (fp8 && (g->narrow || (g->epi != EPI_DOWN && g->epi != EPI_GATE_UP_CONCAT) || !g->a_scales || !g->q.on))
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: FP8 takes the down and concatenated gate/up epilogues, "
+                         "wide tiles, row scales and the weights' scales");
+    /* weight rows a tile: gate/up four boxes of 64 (FP8: two); down BN (FP8: FP8_BN) */
+    const int tile_n = fp8 ? FP8_BN : BN;
+    const int b_box = g->epi == EPI_GATE_UP_CONCAT ? BN / 4 : tile_n;
     int64_t E_rows = g->L.E * g->rows_per_expert;
     const bool narrow = g->narrow && (g->epi == EPI_DOWN || g->epi == EPI_GATE_UP_CONCAT);
     if (g->narrow && !narrow)
@@ -552,12 +722,13 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
     if (!st) st = make_map(&map_b, g->b, E_rows, g->K, b_box, g->dt, "B");
     if (st) return st;
     gemm_params p;
+    memset(&p, 0, sizeof p);
     p.K = g->K;
     p.N = g->N;
     p.rows_per_expert = g->rows_per_expert;
     p.up_offset = g->up_offset;
-    p.n_tiles = g->epi == EPI_GATE_UP_CONCAT || g->epi == EPI_GATE_UP_INTERLEAVED ? (g->N + BN / 2 - 1) / (BN / 2)
-                                                                                   : (g->N + BN - 1) / BN;
+    p.n_tiles = g->epi == EPI_GATE_UP_CONCAT || g->epi == EPI_GATE_UP_INTERLEAVED ? (g->N + tile_n / 2 - 1) / (tile_n / 2)
+                                                                                   : (g->N + tile_n - 1) / tile_n;
     p.e_begin = g->e_begin;
     p.e_end = g->e_end;
     p.offsets = g->offsets;
@@ -565,6 +736,17 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
     p.c = g->c;
     p.epi = g->epi;
     p.L = g->L;
+    if (fp8) {
+        p.a_scale = g->a_scales;
+        p.a_sld = (g->K + g->q.bk - 1) / g->q.bk;
+        p.kstep = (int)(g->q.bk / FP8_BK);
+        p.Q = g->q;
+        if (g->epi == EPI_DOWN)
+            grouped_gemm_kernel<uint8_t, EPI_DOWN, false, false><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p);
+        else
+            grouped_gemm_kernel<uint8_t, EPI_GATE_UP_CONCAT, false, false><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p);
+        return MOEX_CUDA_LAUNCHED("FP8 grouped GEMM kernel");
+    }
     /* the overlapped epilogue takes the common cases only (no biases; SiLU for gate/up) and
      * stages every warp's rows, so it pays for experts of a tile or more on average */
     const layer_view &L = g->L;

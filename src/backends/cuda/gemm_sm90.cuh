@@ -1,12 +1,14 @@
 /* gemm_sm90.cuh — the Hopper tensor-core grouped GEMM (gemm_sm90.cu):
  * C[rows of expert e] = A[rows of e] . B_e^T for every expert at once, bf16 or
- * f16 in, f32 accumulation, with the experts' epilogues fused. */
+ * f16 in, or FP8 (e4m3 codes with block scales, C in f32), f32 accumulation,
+ * with the experts' epilogues fused. */
 #ifndef MOEX_GEMM_SM90_CUH
 #define MOEX_GEMM_SM90_CUH
 
 #include "backends/cuda/device_common.cuh"
 #include "core/internal.h"
 #include <cuda_runtime.h>
+#include <stdio.h>
 
 /* Rows of A per tile: the routing's tile size (routing_build's tile_rows); GEMM_NARROW_ROWS
  * with grouped_gemm_args.narrow. */
@@ -31,9 +33,11 @@ typedef struct grouped_gemm_args {
     int64_t e_begin, e_end;    /* experts computed: [e_begin, e_end) */
     gemm_epilogue epi;
     layer_view L;              /* activation and biases */
-    moex_dtype dt;             /* bf16 or f16: A, B and C */
+    moex_dtype dt;             /* bf16 or f16: A, B and C; e4m3: A and B codes, C f32 */
     int narrow;                /* tiles of GEMM_NARROW_ROWS rows (the routing's tile_rows): for experts of few
                                   rows; down and concatenated gate/up epilogues, A read with TMA */
+    const float *a_scales;     /* e4m3: A's scales [a_rows, ceil(K / q.bk)] */
+    quant_view q;              /* e4m3: the weights' block scales */
 } grouped_gemm_args;
 
 /* ---- size policy: when this kernel family runs --------------------------------------------- */
@@ -54,12 +58,35 @@ static inline int64_t grouped_gemm_streamed_rows_max(int64_t P, int64_t E) {
     return P < GEMM_MIN_AVG_ROWS * E ? P : GEMM_MIN_AVG_ROWS * E;
 }
 
+/* FP8 layers take the tensor-core path when experts average at least GEMM_MIN_AVG_ROWS rows, at
+ * every hidden size: the streamed FP8 forward (gemv.cuh) wins below it, on both shapes measured
+ * (the crossover lies between 8 and 16 rows an expert: dev/notes/cuda-notes.md). */
+static inline int grouped_gemm_fp8_pays(int64_t P, int64_t E) { return P >= GEMM_MIN_AVG_ROWS * E; }
+
 /* Tiles of GEMM_NARROW_ROWS (64) rows pay when experts average at most GEMM_NARROW_AVG rows and
  * the gate/up layout is concatenated: a 128-row tile of such experts is mostly empty rows, which
  * the tensor cores multiply all the same (faster on both shapes: dev/notes/cuda-notes.md). */
 #define GEMM_NARROW_AVG 32
 static inline int grouped_gemm_narrow_pays(int64_t P, int64_t E, gemm_epilogue gate_up_epi) {
     return gate_up_epi == EPI_GATE_UP_CONCAT && P <= GEMM_NARROW_AVG * E;
+}
+
+/* FP8 layers take the tensor-core path with concatenated gate/up (or down alone) when a k-block
+ * of 128 inputs lies in one scale block (bk a multiple of 128) and each chunk of 64 weight rows a
+ * tile multiplies lies in one (bn a multiple of 64, up rows starting at a multiple of 64). */
+static inline int grouped_gemm_fp8_usable(const quant_view &q, gemm_epilogue gate_up_epi, int64_t up_row0, char *why,
+                                          size_t n) {
+    if (gate_up_epi != EPI_GATE_UP_CONCAT) {
+        snprintf(why, n, "the FP8 tensor-core path takes gated experts with concatenated gate/up rows");
+        return 0;
+    }
+    if (q.bk % 128 || q.bn % 64 || up_row0 % 64) {
+        snprintf(why, n, "the FP8 tensor-core path needs block_k a multiple of 128 and block_n and the intermediate "
+                 "size multiples of 64 (block %lldx%lld, up rows from %lld)", (long long)q.bn, (long long)q.bk,
+                 (long long)up_row0);
+        return 0;
+    }
+    return 1;
 }
 
 /* 1 if the tensor-core path can take a layer with these matrices (strides,
