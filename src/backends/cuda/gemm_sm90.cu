@@ -503,12 +503,41 @@ __device__ __forceinline__ void epilogue_fp8(const float (&acc)[64], const tile 
     }
 }
 
+/* The scales of one k-block for a thread's two rows (A's row scales) and the tile's two chunks of
+ * 64 weight rows (their block scales): s[h][c] for row h, chunk c. */
+struct fp8_scales {
+    float s00, s01, s10, s11;
+};
+
+/* The 4 wgmmas (k32) of the k-block in stage `stage` into blk, committed as one group. */
+__device__ __forceinline__ void fp8_issue(float (&blk)[64], const unsigned char *smem, int stage, int wg) {
+    const unsigned char *a = smem + stage * STAGE_BYTES + (wg - 1) * (64 * 128), *b = smem + stage * STAGE_BYTES + A_BYTES;
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < FP8_BK / 32; s++)
+        wgmma_128(blk, smem_desc(a + s * 32), smem_desc(b + s * 32), s > 0, (uint8_t *)nullptr);
+    wgmma_commit();
+}
+
+/* acc += blk x its scales: columns 8i.. of chunk i / 8, rows lane/4 (h = 0) and +8 (h = 1). */
+__device__ __forceinline__ void fp8_promote(float (&acc)[64], const float (&blk)[64], const fp8_scales &k) {
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const float sh0 = i < 8 ? k.s00 : k.s01, sh1 = i < 8 ? k.s10 : k.s11;
+        acc[4 * i] = fmaf(blk[4 * i], sh0, acc[4 * i]);
+        acc[4 * i + 1] = fmaf(blk[4 * i + 1], sh0, acc[4 * i + 1]);
+        acc[4 * i + 2] = fmaf(blk[4 * i + 2], sh1, acc[4 * i + 2]);
+        acc[4 * i + 3] = fmaf(blk[4 * i + 3], sh1, acc[4 * i + 3]);
+    }
+}
+
 /* FP8 tiles: warpgroup wg multiplies rows (wg-1)*64 .. +64 by the tile's 128 weight rows, one
- * k-block at a time into blk (4 wgmmas of k32), waits for it, releases the stage and adds blk
- * times the scales into acc: each thread's two rows have their row scales (A's, scale kb /
- * kstep of the row), and each 64-row chunk of the weight tile (columns 8i.., i < 8 and i >= 8)
- * its block scale (bn a multiple of 64 with 64-aligned chunk starts, so a chunk is one block:
- * grouped_gemm_fp8_usable). While one warpgroup promotes, the other's wgmmas run. */
+ * k-block (4 wgmmas of k32) at a time into a block accumulator, and adds each finished block
+ * into acc times its scales: each thread's two rows have their row scales (A's, scale kb / kstep
+ * of the row), and each 64-row chunk of the weight tile (columns 8i.., i < 8 and i >= 8) its
+ * block scale (bn a multiple of 64 with 64-aligned chunk starts, so a chunk is one block:
+ * grouped_gemm_fp8_usable). Two block accumulators alternate, so that k-block kb is promoted
+ * (and its stage released) while kb + 1 multiplies: the tensor cores wait for no promotion. */
 template <int EPI>
 __device__ __forceinline__ void consume_fp8(const gemm_params &p, unsigned char *smem, uint64_t *full,
                                             uint64_t *empty, int64_t total, int k_blocks, int wg, int tid) {
@@ -516,7 +545,7 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, unsigned char 
     const int warp = tid / 32, lane = tid % 32;
     const int r0 = (wg - 1) * 64 + warp * 16 + lane / 4; /* the thread's rows r0, r0 + 8 of a tile */
     int stage = 0, phase = 0;
-    float acc[64], blk[64];
+    float acc[64], blk0[64], blk1[64];
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
         const tile tl = find_tile<BM>(p, t);
         const bool in0 = r0 < tl.rows, in1 = r0 + 8 < tl.rows;
@@ -526,33 +555,49 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, unsigned char 
         const int64_t n0 = EPI == EPI_DOWN ? tl.n * FP8_BN : tl.n * (FP8_BN / 2);
         const int64_t n1 = EPI == EPI_DOWN ? (n0 + 64 < p.N ? n0 + 64 : n0) : n0;
         const uint32_t w0 = scale_row(Q, v0, tl.e, n0), w1 = scale_row(Q, v1, tl.e, n1);
-#pragma unroll
-        for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-        for (int kb = 0; kb < k_blocks; kb++) {
+        /* k-block kb's scales (loaded when its wgmmas are issued, used when they are done) */
+        auto scales = [&](int kb) {
             const int sk = kb / p.kstep;
-            /* the scales, loaded while the wgmmas run */
             const float ra0 = in0 ? __ldg(sa0 + sk) : 0.0f, ra1 = in1 ? __ldg(sa1 + sk) : 0.0f;
             const float wa = scale_load(Q.sdt, v0.base, w0 + sk), wb = scale_load(Q.sdt, v1.base, w1 + sk);
-            mbar_wait(&full[stage], phase);
-            const unsigned char *a = smem + stage * STAGE_BYTES + (wg - 1) * (64 * 128), *b = smem + stage * STAGE_BYTES + A_BYTES;
-            wgmma_fence();
+            return fp8_scales{ra0 * wa, ra0 * wb, ra1 * wa, ra1 * wb};
+        };
 #pragma unroll
-            for (int s = 0; s < FP8_BK / 32; s++)
-                wgmma_128(blk, smem_desc(a + s * 32), smem_desc(b + s * 32), s > 0, (uint8_t *)nullptr);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_acc(blk);
-            if (tid == 0) mbar_arrive(&empty[stage]);
-            if (++stage == STAGES) stage = 0, phase ^= 1;
-            const float s00 = ra0 * wa, s01 = ra0 * wb, s10 = ra1 * wa, s11 = ra1 * wb;
-#pragma unroll
-            for (int i = 0; i < 16; i++) {
-                const float sh0 = i < 8 ? s00 : s01, sh1 = i < 8 ? s10 : s11;
-                acc[4 * i] = fmaf(blk[4 * i], sh0, acc[4 * i]);
-                acc[4 * i + 1] = fmaf(blk[4 * i + 1], sh0, acc[4 * i + 1]);
-                acc[4 * i + 2] = fmaf(blk[4 * i + 2], sh1, acc[4 * i + 2]);
-                acc[4 * i + 3] = fmaf(blk[4 * i + 3], sh1, acc[4 * i + 3]);
+        for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+        /* k-block kb in stage `stage` is in flight in blk0 (kb even) or blk1 (kb odd) */
+        fp8_scales k0 = scales(0), k1;
+        mbar_wait(&full[stage], phase);
+        fp8_issue(blk0, smem, stage, wg);
+        for (int kb = 0; kb < k_blocks; kb += 2) {
+            int next = stage + 1, next_phase = phase;
+            if (next == STAGES) next = 0, next_phase ^= 1;
+            if (kb + 1 < k_blocks) {
+                k1 = scales(kb + 1);
+                mbar_wait(&full[next], next_phase);
+                fp8_issue(blk1, smem, next, wg);
+                wgmma_wait<1>();
+            } else {
+                wgmma_wait<0>();
             }
+            fence_acc(blk0);
+            if (tid == 0) mbar_arrive(&empty[stage]);
+            stage = next, phase = next_phase;
+            fp8_promote(acc, blk0, k0);
+            if (kb + 1 >= k_blocks) break;
+            next = stage + 1, next_phase = phase;
+            if (next == STAGES) next = 0, next_phase ^= 1;
+            if (kb + 2 < k_blocks) {
+                k0 = scales(kb + 2);
+                mbar_wait(&full[next], next_phase);
+                fp8_issue(blk0, smem, next, wg);
+                wgmma_wait<1>();
+            } else {
+                wgmma_wait<0>();
+            }
+            fence_acc(blk1);
+            if (tid == 0) mbar_arrive(&empty[stage]);
+            stage = next, phase = next_phase;
+            fp8_promote(acc, blk1, k1);
         }
         epilogue_fp8<EPI>(acc, tl, p, wg, tid);
     }
