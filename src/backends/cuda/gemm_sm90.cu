@@ -65,6 +65,12 @@ struct gemm_params {
 constexpr int FP8_BN = BN / 2, FP8_BK = 128;
 template <typename T> constexpr bool is_fp8() { return sizeof(T) == 1; }
 template <typename T> constexpr int k_block() { return is_fp8<T>() ? FP8_BK : BK; }
+/* The ring: STAGES stages of 48 KiB for floats; FP8 FP8_STAGES of 32 KiB (A and a 128-row weight
+ * tile), the barriers after them in both cases */
+constexpr int FP8_STAGES = 6, FP8_STAGE_BYTES = A_BYTES + B_BYTES / 2;
+template <typename T> constexpr int ring_stages() { return is_fp8<T>() ? FP8_STAGES : STAGES; }
+template <typename T> constexpr int ring_bytes() { return is_fp8<T>() ? FP8_STAGE_BYTES : STAGE_BYTES; }
+static_assert(FP8_STAGES * FP8_STAGE_BYTES + 1024 + 128 <= SMEM_BYTES && 2 * FP8_STAGES * 8 <= 128, "FP8 ring");
 
 /* ---- PTX wrappers ------------------------------------------------------------ */
 
@@ -341,7 +347,7 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
         const int64_t b_row = tl.e * p.rows_per_expert;
         for (int kb = 0; kb < k_blocks; kb++) {
             mbar_wait(&empty[stage], phase ^ 1);
-            unsigned char *a = smem + stage * STAGE_BYTES, *b = a + A_BYTES;
+            unsigned char *a = smem + stage * ring_bytes<T>(), *b = a + A_BYTES;
             mbar_expect_tx(&full[stage], (NARROW ? NARROW_ROWS * 128 : A_BYTES) + B_LOAD);
             tma_load(a, &map_a, &full[stage], kb * KB, (int)tl.a_row);
             if (EPI == EPI_GATE_UP_CONCAT) {
@@ -351,7 +357,7 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
             } else {
                 tma_load(b, &map_b, &full[stage], kb * KB, (int)(b_row + tl.n * TILE_N));
             }
-            if (++stage == STAGES) stage = 0, phase ^= 1;
+            if (++stage == ring_stages<T>()) stage = 0, phase ^= 1;
         }
     }
 }
@@ -534,7 +540,7 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, unsigned char 
             const float ra0 = in0 ? __ldg(sa0 + sk) : 0.0f, ra1 = in1 ? __ldg(sa1 + sk) : 0.0f;
             const float wa = scale_load(Q.sdt, v0.base, w0 + sk), wb = scale_load(Q.sdt, v1.base, w1 + sk);
             mbar_wait(&full[stage], phase);
-            const unsigned char *a = smem + stage * STAGE_BYTES + (wg - 1) * (64 * 128), *b = smem + stage * STAGE_BYTES + A_BYTES;
+            const unsigned char *a = smem + stage * FP8_STAGE_BYTES + (wg - 1) * (64 * 128), *b = smem + stage * FP8_STAGE_BYTES + A_BYTES;
             wgmma_fence();
 #pragma unroll
             for (int s = 0; s < FP8_BK / 32; s++)
@@ -543,7 +549,7 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, unsigned char 
             wgmma_wait<0>();
             fence_acc(blk);
             if (tid == 0) mbar_arrive(&empty[stage]);
-            if (++stage == STAGES) stage = 0, phase ^= 1;
+            if (++stage == FP8_STAGES) stage = 0, phase ^= 1;
             const float s00 = ra0 * wa, s01 = ra0 * wb, s10 = ra1 * wa, s11 = ra1 * wb;
 #pragma unroll
             for (int i = 0; i < 16; i++) {
@@ -568,10 +574,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                         gemm_params p) {
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    uint64_t *full = (uint64_t *)(smem + STAGES * STAGE_BYTES), *empty = full + STAGES;
+    uint64_t *full = (uint64_t *)(smem + ring_stages<T>() * ring_bytes<T>()), *empty = full + ring_stages<T>();
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
+        for (int s = 0; s < ring_stages<T>(); s++) {
             mbar_init(&full[s], 1);
             mbar_init(&empty[s], CONSUMERS);
         }
