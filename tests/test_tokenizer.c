@@ -260,6 +260,15 @@ static void test_malformed_files(void **state) {
         {"[1, 2]", "(the top level)", MOEX_ERR_FORMAT},
         {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 1000000000}, \"merges\": []}}", "more than 2^20 ids unused",
          MOEX_ERR_FORMAT},
+        /* refused after their pattern was read: what they allocated is freed (LeakSanitizer) */
+        {"{\"model\": {\"type\": \"BPE\", " MINI_VOCAB ", \"merges\": []}, \"decoder\": {\"type\": \"Replace\", "
+         "\"pattern\": {\"String\": \"\"}, \"content\": \"x\"}}", "decoder.pattern.String: an empty pattern", MOEX_ERR_FORMAT},
+        {"{\"model\": {\"type\": \"BPE\", " MINI_VOCAB ", \"merges\": []}, \"normalizer\": {\"type\": \"Sequence\", "
+         "\"normalizers\": [{\"type\": \"Replace\", \"pattern\": {\"String\": \"\"}, \"content\": \"x\"}]}}",
+         "normalizer.normalizers[0].pattern.String", MOEX_ERR_FORMAT},
+        {"{\"model\": {\"type\": \"BPE\", " MINI_VOCAB ", \"merges\": []}, \"pre_tokenizer\": {\"type\": \"Split\", "
+         "\"pattern\": {\"String\": \"\"}, \"behavior\": \"Isolated\", \"invert\": false}}",
+         "pre_tokenizer.pattern.String: an empty pattern", MOEX_ERR_FORMAT},
         {"{\"model\": {\"type\": \"BPE\", " MINI_VOCAB ", \"merges\": [[\"a\", \"b\"]]}}", "", MOEX_OK},
     };
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {

@@ -607,12 +607,14 @@ void moex_tokenizer_free(moex_tokenizer *t) {
     if (!t) return;
     for (int64_t i = 0; t->tok && i < t->n_tok; i++) free(t->tok[i]);
     free(t->tok), free(t->tok_len), free(t->special), free(t->map.slot), free(t->merges), free(t->added);
-    for (int i = 0; i < t->n_norm; i++) free(t->norm[i].a), free(t->norm[i].b);
-    for (int i = 0; i < t->n_pre; i++) {
+    /* every slot, not only the n_* counted ones: a step that failed half-way (a pattern read, then
+     * refused) holds what it allocated in the next slot, which the tokenizer's calloc zeroed */
+    for (int i = 0; i < TK_MAX_STEPS; i++) {
+        free(t->norm[i].a), free(t->norm[i].b);
         pcre2_code_free(t->pre[i].re);
         free(t->pre[i].literal);
+        free(t->dec[i].a), free(t->dec[i].b);
     }
-    for (int i = 0; i < t->n_dec; i++) free(t->dec[i].a), free(t->dec[i].b);
     free(t);
 }
 

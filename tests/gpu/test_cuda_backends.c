@@ -761,9 +761,10 @@ static void test_streamed_tensor_cores(void) {
  * and I not multiples of 128 (partial blocks along both), 16 x 64 blocks, empty experts (T = 1 of
  * E = 16), every token on one expert, sentinel rows, each layout the GPU takes (concat,
  * interleaved, ungated; biases; GPT-OSS's clamped activation), bf16 and f32 hidden states.
- * The last four run grouped_mm's FP8 tensor-core GEMMs (I a multiple of 64, experts of 16 rows
- * or more on average): partial k-blocks and output tiles, 64-row blocks, block_k 256, biases,
- * an expert of 400 rows (4 row tiles). */
+ * The last five run grouped_mm's FP8 tensor-core GEMMs (I a multiple of 64, experts of 16 rows
+ * or more on average; the last two, of 32 or fewer, its narrow tiles): partial k-blocks and
+ * output tiles, 64-row blocks, block_k 256, biases, an expert of 400 rows (4 row tiles), one of
+ * about 95 among experts of about 20 (two narrow tiles). */
 static void test_fp8(void) {
     typedef struct fp8_case {
         int64_t T, bn, bk;
@@ -780,6 +781,7 @@ static void test_fp8(void) {
         /* the tensor-core GEMMs */
         {300, 128, 128, 0, MOEX_ACT_SILU, MOEX_BF16, 0, 336, 192}, {520, 64, 128, 1, MOEX_ACT_GPTOSS_CLAMP, MOEX_F32, 0, 336, 192},
         {400, 128, 256, 0, MOEX_ACT_SILU, MOEX_BF16, 400, 512, 256}, {70, 128, 128, 1, MOEX_ACT_GELU, MOEX_BF16, 0, 336, 192},
+        {100, 64, 128, 0, MOEX_ACT_SILU, MOEX_F32, 70, 336, 192},
     };
     const int n = (int)(sizeof CASES / sizeof CASES[0]);
     for (int i = 0; i < n; i++) {
@@ -1056,7 +1058,7 @@ static int new_inputs(grun *r, uint64_t seed) {
 
 static void test_graph_replay(void) {
     /* bf16 experts at three sizes, then FP8 experts (f32 and ue8m0 scales, 128 x 128 blocks):
-     * the streamed forward at 7 tokens, the tensor-core GEMMs at 160 (20 rows an expert) */
+     * the streamed forward at 7 tokens, the tensor-core GEMMs' narrow tiles at 160 (20 rows an expert) */
     static const int64_t Ts[] = {1, 7, 64, 7, 160};
     for (int b = 0; b < N_BACKENDS; b++)
         for (int it = 0; it < 5; it++) {

@@ -368,9 +368,10 @@ static moex_status batched_forward(fwd *f) {
                            a->out->dtype, a->out->strides[0], f->stream);
 }
 
-/* grouped_mm, FP8, large T (after the routing, tiles of GEMM_TILE_ROWS): x quantized into expert
- * order, gate/up GEMM (h in f32), h quantized, down GEMM (y in f32), the reduction. */
-static moex_status quant_gemm_forward(fwd *f, const routing_dev &r, char *ws) {
+/* grouped_mm, FP8, large T (after the routing, tiles of GEMM_TILE_ROWS, or GEMM_NARROW_ROWS when
+ * narrow): x quantized into expert order, gate/up GEMM (h in f32), h quantized, down GEMM (y in
+ * f32), the reduction. */
+static moex_status quant_gemm_forward(fwd *f, const routing_dev &r, char *ws, int narrow) {
     const moex_forward_args *a = f->a;
     const moex_experts_desc *d = a->layer;
     const cuda_state *s = f->s;
@@ -387,7 +388,7 @@ static moex_status quant_gemm_forward(fwd *f, const routing_dev &r, char *ws) {
     g.K = L.H, g.N = L.I, g.c = w.h;
     g.offsets = r.offsets, g.mtile_off = r.mtile_off;
     g.e_begin = 0, g.e_end = f->E;
-    g.epi = EPI_GATE_UP_CONCAT, g.L = L, g.dt = MOEX_E4M3, g.q = Q;
+    g.epi = EPI_GATE_UP_CONCAT, g.L = L, g.dt = MOEX_E4M3, g.q = Q, g.narrow = narrow;
     if ((st = grouped_gemm_run(&g, s->num_sms, f->stream))) return st;
     if ((st = act_quant_e4m3(w.h, MOEX_F32, L.I, f->P, L.I, Q.bk, w.hq, w.hs, NULL, f->stream))) return st;
     g.a = w.hq, g.a_scales = w.hs, g.b = d->down.data;
@@ -416,7 +417,7 @@ static moex_status experts_forward(fwd *f, int per_expert) {
                                    narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS, mma, f->G.flags, f->stream);
     if (st) return st;
     const int launches = per_expert ? (int)f->E : 1;
-    if (tc && s->Q.on) return quant_gemm_forward(f, r, ws);
+    if (tc && s->Q.on) return quant_gemm_forward(f, r, ws, narrow);
     if (tc) {
         const size_t es = esize(L.wdt);
         void *xa = ws, *hb = ws + align256((size_t)f->P * L.H * es), *y = (char *)hb + align256((size_t)f->P * L.I * es);

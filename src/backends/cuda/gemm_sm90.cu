@@ -17,8 +17,8 @@
  * FP8 (T = uint8_t: e4m3 codes of A and B, C in f32): the same bytes. A k-block is 128 inputs
  * (128 bytes, one scale block), multiplied by 4 wgmmas of k32 into a block accumulator that is
  * then added to the total times row scale x weight scale (the promotion). Tiles of 128 rows x
- * 128 weight rows (gate/up: 64 gate + 64 up), each warpgroup 64 rows; no narrow or overlapped
- * variants.
+ * 128 weight rows (gate/up: 64 gate + 64 up), each warpgroup 64 rows; narrow tiles of 64 rows,
+ * each warpgroup all of them by half the weight rows; no overlapped variant.
  */
 #include "backends/cuda/gemm_sm90.cuh"
 #include "gpu/cuda_check.h"
@@ -130,10 +130,24 @@ __device__ __forceinline__ void wgmma_128(float (&d)[64], uint64_t da, uint64_t 
                  : "l"(da), "l"(db), "r"(accumulate));
 }
 
+#define WGMMA_D32_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WGMMA_D32_OPS(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+/* d[64 x 64] (+)= A[64 x 32] . B[64 x 32]^T in e4m3 (the FP8 narrow tiles' half of the weight tile). */
+__device__ __forceinline__ void wgmma_128(float (&d)[32], uint64_t da, uint64_t db, int accumulate, uint8_t *) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " WGMMA_D32_REGS ", %32, %33, p, 1, 1;\n}\n"
+                 : WGMMA_D32_OPS(d)
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+
 /* After a wait: the accumulators are redefined here (an empty asm), so that ptxas sees no
  * later use depending on an earlier wgmma and injects no wait of its own (C7517). */
 __device__ __forceinline__ void fence_acc(float (&d)[64]) {
     asm volatile("" : WGMMA_D_OPS(d)::"memory");
+}
+__device__ __forceinline__ void fence_acc(float (&d)[32]) {
+    asm volatile("" : WGMMA_D32_OPS(d)::"memory");
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -328,13 +342,16 @@ __device__ __forceinline__ void epilogue_half(const float (&dh)[64], int half, c
 /* Thread 0 of warpgroup 0 issues the TMA copies of every k-block of the block's tiles into the
  * ring. Per stage: the tile's A rows (k_block<T>() inputs, 128 bytes a row), then the weight
  * rows: gate/up concatenated as [gate 0-63, up 0-63 | gate 64-127, up 64-127] of the tile (FP8:
- * the first half only), otherwise BN (FP8: FP8_BN) consecutive rows. */
+ * [gate 0-63, up 0-63]; FP8 narrow: [gate 0-31, up 0-31 | gate 32-63, up 32-63], one half a
+ * warpgroup), otherwise BN (FP8: FP8_BN) consecutive rows. */
 template <typename T, int EPI, bool NARROW>
 __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensorMap &map_b, const gemm_params &p,
                                         unsigned char *smem, uint64_t *full, uint64_t *empty, int64_t total,
                                         int k_blocks) {
     constexpr bool FP8 = is_fp8<T>();
     constexpr int KB = k_block<T>(), TILE_N = FP8 ? FP8_BN : BN, B_LOAD = FP8 ? B_BYTES / 2 : B_BYTES;
+    /* gate/up boxes (rows each, boxes a stage): [gate, up] pairs of the tile's features */
+    constexpr int GU_BOX = FP8 && NARROW ? FP8_BN / 4 : BN / 4, GU_BOXES = FP8 && !NARROW ? 2 : 4;
     int stage = 0, phase = 0;
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
         const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
@@ -345,9 +362,9 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
             mbar_expect_tx(&full[stage], (NARROW ? NARROW_ROWS * 128 : A_BYTES) + B_LOAD);
             tma_load(a, &map_a, &full[stage], kb * KB, (int)tl.a_row);
             if (EPI == EPI_GATE_UP_CONCAT) {
-                for (int q = 0; q < (FP8 ? 2 : 4); q++)
-                    tma_load(b + q * (B_BYTES / 4), &map_b, &full[stage], kb * KB,
-                             (int)(b_row + (q & 1) * p.up_offset + tl.n * (TILE_N / 2) + (q >> 1) * (BN / 4)));
+                for (int q = 0; q < GU_BOXES; q++)
+                    tma_load(b + q * GU_BOX * 128, &map_b, &full[stage], kb * KB,
+                             (int)(b_row + (q & 1) * p.up_offset + tl.n * (TILE_N / 2) + (q >> 1) * GU_BOX));
             } else {
                 tma_load(b, &map_b, &full[stage], kb * KB, (int)(b_row + tl.n * TILE_N));
             }
@@ -459,20 +476,23 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
 /* ---- the FP8 consumers --------------------------------------------------------------- */
 
 /* The FP8 epilogue: the thread's two rows (lane/4 and +8 of its warp's 16) of the warpgroup's
- * 64 rows of tile tl, from the promoted totals, straight to C in f32 (pairs of columns, 8
- * bytes; the 4 lanes of a row write 32 contiguous bytes). Gate/up: gate column 8i + c0 (+1)
- * with its up column in acc[4(i+8) ..], 64 outputs; down: 128 outputs. */
-template <int EPI>
-__device__ __forceinline__ void epilogue_fp8(const float (&acc)[64], const tile &tl, const gemm_params &p, int wg,
+ * rows of tile tl, from the promoted totals, straight to C in f32 (pairs of columns, 8 bytes;
+ * the 4 lanes of a row write 32 contiguous bytes). Wide tiles: the warpgroup's 64 of 128 rows;
+ * gate/up: gate column 8i + c0 (+1) with its up column in acc[4(i+8) ..], 64 outputs; down: 128
+ * outputs. NARROW: all 64 rows by the warpgroup's half of the weight tile (gate/up: 32 outputs,
+ * up from acc[4(i+4) ..]; down: 64). */
+template <int EPI, bool NARROW, int ACC>
+__device__ __forceinline__ void epilogue_fp8(const float (&acc)[ACC], const tile &tl, const gemm_params &p, int wg,
                                              int tid) {
     const int warp = tid / 32, lane = tid % 32, c0 = 2 * (lane % 4);
-    const int row_base = (wg - 1) * 64 + warp * 16;
+    const int row_base = (NARROW ? 0 : (wg - 1) * 64) + warp * 16;
     if (row_base >= tl.rows) return;
     const layer_view &L = p.L;
     const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
     const bool silu = plain && L.act == MOEX_ACT_SILU;
-    constexpr int COLS = EPI == EPI_DOWN ? 16 : 8;
-    const int64_t n_tile = tl.n * (EPI == EPI_DOWN ? FP8_BN : FP8_BN / 2);
+    constexpr int COLS = EPI == EPI_DOWN ? ACC / 4 : ACC / 8; /* column groups of 8 out */
+    const int64_t n_tile = EPI == EPI_DOWN ? tl.n * FP8_BN + (NARROW ? (wg - 1) * 64 : 0)
+                                           : tl.n * (FP8_BN / 2) + (NARROW ? (wg - 1) * 32 : 0);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int r = row_base + lane / 4 + 8 * h;
@@ -489,7 +509,7 @@ __device__ __forceinline__ void epilogue_fp8(const float (&acc)[64], const tile 
                     v1 = epilogue_value(L, EPI_DOWN, tl.e, n + 1, 0.0f, v1);
                 }
             } else {
-                const float u0 = acc[4 * (i + 8) + 2 * h], u1 = acc[4 * (i + 8) + 2 * h + 1];
+                const float u0 = acc[4 * (i + COLS) + 2 * h], u1 = acc[4 * (i + COLS) + 2 * h + 1];
                 if (silu) {
                     v0 = __fdividef(v0, 1.0f + __expf(-v0)) * u0;
                     v1 = __fdividef(v1, 1.0f + __expf(-v1)) * u1;
@@ -503,38 +523,46 @@ __device__ __forceinline__ void epilogue_fp8(const float (&acc)[64], const tile 
     }
 }
 
-/* FP8 tiles: warpgroup wg multiplies rows (wg-1)*64 .. +64 by the tile's 128 weight rows, one
- * k-block at a time into blk (4 wgmmas of k32), waits for it, releases the stage and adds blk
- * times the scales into acc: each thread's two rows have their row scales (A's, scale kb /
- * kstep of the row), and each 64-row chunk of the weight tile (columns 8i.., i < 8 and i >= 8)
- * its block scale (bn a multiple of 64 with 64-aligned chunk starts, so a chunk is one block:
- * grouped_gemm_fp8_usable). While one warpgroup promotes, the other's wgmmas run. */
-template <int EPI>
+/* FP8 tiles, one k-block (4 wgmmas of k32) at a time into blk, waited for, the stage released,
+ * then added into acc times the scales: each thread's two rows have their row scales (A's,
+ * scale kb / kstep of the row), and each chunk of 64 weight rows (gate or up rows of 64
+ * features, or 64 down rows) its block scale (bn a multiple of 64 with 64-aligned chunk
+ * starts, so a chunk is one block: grouped_gemm_fp8_usable). While one warpgroup promotes, the
+ * other's wgmmas run. Wide tiles: warpgroup wg multiplies rows (wg-1)*64 .. +64 by the tile's
+ * 128 weight rows (m64n128, chunks: columns i < 8 and i >= 8). NARROW (tiles of NARROW_ROWS
+ * rows): both multiply all 64 rows, warpgroup wg by half wg-1 of the weight tile (m64n64; gate/up
+ * 32 gate then 32 up columns, two chunks; down one). */
+template <int EPI, bool NARROW>
 __device__ __forceinline__ void consume_fp8(const gemm_params &p, unsigned char *smem, uint64_t *full,
                                             uint64_t *empty, int64_t total, int k_blocks, int wg, int tid) {
+    constexpr int ACC = NARROW ? 32 : 64, SPLIT = ACC / 8; /* column groups i < SPLIT: the first chunk */
     const quant_view &Q = p.Q;
     const int warp = tid / 32, lane = tid % 32;
-    const int r0 = (wg - 1) * 64 + warp * 16 + lane / 4; /* the thread's rows r0, r0 + 8 of a tile */
+    const int r0 = (NARROW ? 0 : (wg - 1) * 64) + warp * 16 + lane / 4; /* the thread's rows r0, r0 + 8 */
+    const int a_off = NARROW ? 0 : (wg - 1) * (64 * 128), b_off = NARROW ? (wg - 1) * (64 * 128) : 0;
     int stage = 0, phase = 0;
-    float acc[64], blk[64];
+    float acc[ACC], blk[ACC];
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-        const tile tl = find_tile<BM>(p, t);
+        const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
         const bool in0 = r0 < tl.rows, in1 = r0 + 8 < tl.rows;
         const float *sa0 = p.a_scale + (tl.a_row + r0) * p.a_sld, *sa1 = sa0 + 8 * p.a_sld;
-        /* the weight scale rows of the tile's two chunks of 64 weight rows */
+        /* the weight scale rows of the two chunks (gate, up; or two 64-row pieces of down) */
         const scale_view &v0 = EPI == EPI_DOWN ? Q.down : Q.gate, &v1 = EPI == EPI_DOWN ? Q.down : Q.up;
-        const int64_t n0 = EPI == EPI_DOWN ? tl.n * FP8_BN : tl.n * (FP8_BN / 2);
-        const int64_t n1 = EPI == EPI_DOWN ? (n0 + 64 < p.N ? n0 + 64 : n0) : n0;
+        int64_t n0 = EPI == EPI_DOWN ? tl.n * FP8_BN : tl.n * (FP8_BN / 2), n1 = n0;
+        if (EPI == EPI_DOWN) {
+            n1 = n0 + 64 < p.N ? n0 + 64 : n0; /* past N: columns never stored */
+            if (NARROW) n0 = n1 = wg == 2 ? n1 : n0;
+        }
         const uint32_t w0 = scale_row(Q, v0, tl.e, n0), w1 = scale_row(Q, v1, tl.e, n1);
 #pragma unroll
-        for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+        for (int i = 0; i < ACC; i++) acc[i] = 0.0f;
         for (int kb = 0; kb < k_blocks; kb++) {
             const int sk = kb / p.kstep;
             /* the scales, loaded while the wgmmas run */
             const float ra0 = in0 ? __ldg(sa0 + sk) : 0.0f, ra1 = in1 ? __ldg(sa1 + sk) : 0.0f;
             const float wa = scale_load(Q.sdt, v0.base, w0 + sk), wb = scale_load(Q.sdt, v1.base, w1 + sk);
             mbar_wait(&full[stage], phase);
-            const unsigned char *a = smem + stage * STAGE_BYTES + (wg - 1) * (64 * 128), *b = smem + stage * STAGE_BYTES + A_BYTES;
+            const unsigned char *a = smem + stage * STAGE_BYTES + a_off, *b = smem + stage * STAGE_BYTES + A_BYTES + b_off;
             wgmma_fence();
 #pragma unroll
             for (int s = 0; s < FP8_BK / 32; s++)
@@ -546,15 +574,15 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, unsigned char 
             if (++stage == STAGES) stage = 0, phase ^= 1;
             const float s00 = ra0 * wa, s01 = ra0 * wb, s10 = ra1 * wa, s11 = ra1 * wb;
 #pragma unroll
-            for (int i = 0; i < 16; i++) {
-                const float sh0 = i < 8 ? s00 : s01, sh1 = i < 8 ? s10 : s11;
+            for (int i = 0; i < ACC / 4; i++) {
+                const float sh0 = i < SPLIT ? s00 : s01, sh1 = i < SPLIT ? s10 : s11;
                 acc[4 * i] = fmaf(blk[4 * i], sh0, acc[4 * i]);
                 acc[4 * i + 1] = fmaf(blk[4 * i + 1], sh0, acc[4 * i + 1]);
                 acc[4 * i + 2] = fmaf(blk[4 * i + 2], sh1, acc[4 * i + 2]);
                 acc[4 * i + 3] = fmaf(blk[4 * i + 3], sh1, acc[4 * i + 3]);
             }
         }
-        epilogue_fp8<EPI>(acc, tl, p, wg, tid);
+        epilogue_fp8<EPI, NARROW>(acc, tl, p, wg, tid);
     }
 }
 
@@ -587,7 +615,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
     if constexpr (is_fp8<T>())
-        consume_fp8<EPI>(p, smem, full, empty, total, k_blocks, wg, tid);
+        consume_fp8<EPI, NARROW>(p, smem, full, empty, total, k_blocks, wg, tid);
     else
         consume_float<T, EPI, OVERLAP, NARROW>(p, smem, full, empty, total, k_blocks, wg, tid);
 }
@@ -669,12 +697,14 @@ moex_status grouped_gemm_init(void) {
     cudaError_t err = allow_smem_all<__nv_bfloat16>();
     if (!err) err = allow_smem_all<__half>();
     if (!err) err = allow_smem<uint8_t, EPI_DOWN, false>();
+    if (!err) err = allow_smem<uint8_t, EPI_DOWN, false, true>();
     if (!err) err = allow_smem<uint8_t, EPI_GATE_UP_CONCAT, false>();
+    if (!err) err = allow_smem<uint8_t, EPI_GATE_UP_CONCAT, false, true>();
     return moex_cuda_status(err, "grouped GEMM shared memory size");
 }
 
 /* The kernel of one (dtype, epilogue): narrow tiles, the overlapped epilogue or the plain one
- * (only down and concatenated gate/up have the first two). */
+ * (only down and concatenated gate/up have the first two; FP8 has no overlapped one). */
 template <typename T, int EPI>
 static void launch_kernel(bool narrow, bool overlap, int num_sms, cudaStream_t s, const CUtensorMap &map_a,
                           const CUtensorMap &map_b, const gemm_params &p) {
@@ -684,6 +714,8 @@ static void launch_kernel(bool narrow, bool overlap, int num_sms, cudaStream_t s
             grouped_gemm_kernel<T, EPI, false, true><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p);
             return;
         }
+    }
+    if constexpr (variants && !is_fp8<T>()) {
         if (overlap) {
             grouped_gemm_kernel<T, EPI, true, false><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p);
             return;
@@ -708,12 +740,12 @@ static void launch_epi(gemm_epilogue epi, bool narrow, bool overlap, int num_sms
 moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s) {
     CUtensorMap map_a, map_b;
     const int fp8 = g->dt == MOEX_E4M3;
-    if (fp8 && (g->narrow || (g->epi != EPI_DOWN && g->epi != EPI_GATE_UP_CONCAT) || !g->a_scales || !g->q.on))
+    if (fp8 && ((g->epi != EPI_DOWN && g->epi != EPI_GATE_UP_CONCAT) || !g->a_scales || !g->q.on))
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: FP8 takes the down and concatenated gate/up epilogues, "
-                         "wide tiles, row scales and the weights' scales");
-    /* weight rows a tile: gate/up four boxes of 64 (FP8: two); down BN (FP8: FP8_BN) */
+                         "row scales and the weights' scales");
+    /* weight rows a tile: gate/up four boxes of 64 (FP8: two; FP8 narrow: four of 32); down BN (FP8: FP8_BN) */
     const int tile_n = fp8 ? FP8_BN : BN;
-    const int b_box = g->epi == EPI_GATE_UP_CONCAT ? BN / 4 : tile_n;
+    const int b_box = g->epi != EPI_GATE_UP_CONCAT ? tile_n : fp8 && g->narrow ? FP8_BN / 4 : BN / 4;
     int64_t E_rows = g->L.E * g->rows_per_expert;
     const bool narrow = g->narrow && (g->epi == EPI_DOWN || g->epi == EPI_GATE_UP_CONCAT);
     if (g->narrow && !narrow)
@@ -742,9 +774,9 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
         p.kstep = (int)(g->q.bk / FP8_BK);
         p.Q = g->q;
         if (g->epi == EPI_DOWN)
-            grouped_gemm_kernel<uint8_t, EPI_DOWN, false, false><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p);
+            launch_kernel<uint8_t, EPI_DOWN>(narrow, false, num_sms, s, map_a, map_b, p);
         else
-            grouped_gemm_kernel<uint8_t, EPI_GATE_UP_CONCAT, false, false><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p);
+            launch_kernel<uint8_t, EPI_GATE_UP_CONCAT>(narrow, false, num_sms, s, map_a, map_b, p);
         return MOEX_CUDA_LAUNCHED("FP8 grouped GEMM kernel");
     }
     /* the overlapped epilogue takes the common cases only (no biases; SiLU for gate/up) and
