@@ -208,6 +208,55 @@ static void test_split_behaviors(void **state) {
     cJSON_Delete(base);
 }
 
+/* Decoder chains whose effects on the first token reach across tokens (Metaspace, and Fuse before
+ * Metaspace or Strip): tests/fixtures/tokenizers/decoder-cases.json gives each chain and the text
+ * tokenizers 0.23 decodes from 9 id lists; the whole decode and the streamed pieces must give it. */
+static void test_decoder_chains(void **state) {
+    (void)state;
+    if (!have_tokenizer()) skip();
+    cJSON *cases = read_json(DIR "/decoder-cases.json");
+    cJSON *base = cJSON_Duplicate(cJSON_GetObjectItem(cases, "base"), 1);
+    const cJSON *idss = cJSON_GetObjectItem(cases, "ids"), *c;
+    char dir[] = "/tmp/moex-dec-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    int n = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(cases, "cases")) {
+        cJSON_DeleteItemFromObject(base, "decoder");
+        cJSON_AddItemToObject(base, "decoder", cJSON_Duplicate(cJSON_GetObjectItem(c, "decoder"), 1));
+        char *json = cJSON_PrintUnformatted(base);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(json, f);
+        fclose(f);
+        free(json);
+        moex_tokenizer *t = NULL;
+        assert_int_equal(moex_tokenizer_load(path, &t), MOEX_OK);
+        for (int i = 0; i < cJSON_GetArraySize(idss); i++) {
+            const cJSON *l = cJSON_GetArrayItem(idss, i);
+            int32_t ids[16];
+            const int k = cJSON_GetArraySize(l);
+            assert_true(k <= 16);
+            for (int j = 0; j < k; j++) ids[j] = cJSON_GetArrayItem(l, j)->valueint;
+            const char *want = cJSON_GetArrayItem(cJSON_GetObjectItem(c, "decoded"), i)->valuestring;
+            char *text;
+            size_t len;
+            assert_int_equal(moex_tokenizer_decode(t, ids, k, 0, &text, &len), MOEX_OK);
+            if (strcmp(text, want)) fprintf(stderr, "decoder case %d, ids %d: '%s', want '%s'\n", n, i, text, want);
+            assert_string_equal(text, want);
+            moex_tokenizer_buffer_free(text);
+            check_stream(t, ids, k, want);
+        }
+        moex_tokenizer_free(t);
+        n++;
+    }
+    assert_int_equal(n, 7);
+    unlink(path);
+    rmdir(dir);
+    cJSON_Delete(base);
+    cJSON_Delete(cases);
+}
+
 /* A tokenizer.json written from text into a temporary directory, loaded: its status and message. */
 static moex_status load_text(const char *json, char *msg, size_t n) {
     char dir[] = "/tmp/moex-tok-XXXXXX", path[64];
@@ -297,6 +346,7 @@ int main(void) {
         cmocka_unit_test(test_fixtures_match_tokenizers),
         cmocka_unit_test(test_bytelevel_round_trip),
         cmocka_unit_test(test_split_behaviors),
+        cmocka_unit_test(test_decoder_chains),
         cmocka_unit_test(test_malformed_files),
         cmocka_unit_test(test_without_tokenizer),
     };

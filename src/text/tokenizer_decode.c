@@ -68,10 +68,14 @@ static int valid_utf8(const char *s, size_t n) {
     return 1;
 }
 
-/* One decoder step: in -> out. first = 0: in continues a sequence decoded before (the window of
- * streaming), so the effects on the sequence's first token are not applied: Metaspace's removal
- * of the first space, and Strip's start once Fuse has made one token of everything (fused). */
-static int step(const moex_tokenizer *t, const tk_dec *d, const strs *in, strs *out, int first, int fused) {
+/* One decoder step: in -> out. *used: how much of the step's effect on the sequence's first token
+ * earlier windows of a stream used up (0 for a whole decode; updated here): Metaspace drops every
+ * replacement character of the first token where the others become spaces (after a Fuse the
+ * first token is the whole text, so it drops them all, in every window); Strip's start, after a
+ * Fuse, strips at most start contents from the beginning of the whole text (*used: how many went,
+ * or start once the text has begun with something else). Before a Fuse, Strip acts on each token
+ * alike. */
+static int step(const moex_tokenizer *t, const tk_dec *d, const strs *in, strs *out, int *used, int fused) {
     strs_clear(out);
     if (!tk_buf_put(&out->b, "", 0)) return 0;
     if (d->kind == TK_D_FUSE) {
@@ -119,12 +123,16 @@ static int step(const moex_tokenizer *t, const tk_dec *d, const strs *in, strs *
             }
         } else if (d->kind == TK_D_STRIP) {
             const size_t cl = strlen(d->content);
-            for (int k = 0; k < d->start && (first || !fused) && n >= cl && memcmp(s, d->content, cl) == 0; k++)
-                s += cl, n -= cl;
+            const int budget = fused ? d->start - *used : d->start;
+            int k = 0;
+            for (; k < budget && n >= cl && memcmp(s, d->content, cl) == 0; k++) s += cl, n -= cl;
+            if (fused) *used = n ? d->start : *used + k;
             for (int k = 0; k < d->stop && n >= cl && memcmp(s + n - cl, d->content, cl) == 0; k++) n -= cl;
             ok = tk_buf_put(&tmp, s, n);
         } else { /* METASPACE, REPLACE */
-            const char *a = d->kind == TK_D_METASPACE ? d->content : d->a, *b = d->kind == TK_D_METASPACE ? " " : d->b;
+            const int drop = d->kind == TK_D_METASPACE && d->prepend && i == 0 && (fused || !*used);
+            const char *a = d->kind == TK_D_METASPACE ? d->content : d->a;
+            const char *b = drop ? "" : d->kind == TK_D_METASPACE ? " " : d->b;
             const size_t na = strlen(a), nb = strlen(b);
             for (size_t q = 0; ok && q < n;)
                 if (q + na <= n && memcmp(s + q, a, na) == 0) {
@@ -133,22 +141,21 @@ static int step(const moex_tokenizer *t, const tk_dec *d, const strs *in, strs *
                 } else {
                     ok = tk_buf_putc(&tmp, s[q++]);
                 }
-            if (ok && d->kind == TK_D_METASPACE && i == 0 && first && d->prepend && tmp.n && tmp.p[0] == ' ') {
-                memmove(tmp.p, tmp.p + 1, tmp.n); /* the space the pre-tokenizer put first */
-                tmp.n--;
-            }
         }
         if (!ok || !strs_add(out, tmp.p, tmp.n)) {
             free(tmp.p);
             return 0;
         }
     }
+    if (d->kind == TK_D_METASPACE && !fused && in->n) *used = 1;
     free(tmp.p);
     return 1;
 }
 
-moex_status tk_decode_raw(const moex_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, int first,
+moex_status tk_decode_raw(const moex_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, int *used,
                           tk_buf *out) {
+    int none[TK_MAX_STEPS] = {0};
+    if (!used) used = none;
     strs a = {0}, b = {0};
     int ok = tk_buf_put(&a.b, "", 0);
     for (int64_t i = 0; ok && i < n; i++) {
@@ -162,7 +169,7 @@ moex_status tk_decode_raw(const moex_tokenizer *t, const int32_t *ids, int64_t n
         ok = strs_add(&a, t->tok[id], t->tok_len[id]);
     }
     for (int k = 0, fused = 0; ok && k < t->n_dec; k++) {
-        ok = step(t, &t->dec[k], &a, &b, first, fused);
+        ok = step(t, &t->dec[k], &a, &b, &used[k], fused);
         fused |= t->dec[k].kind == TK_D_FUSE;
         strs sw = a;
         a = b, b = sw;
@@ -180,7 +187,7 @@ moex_status moex_tokenizer_decode(const moex_tokenizer *t, const int32_t *ids, i
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_tokenizer_decode: a NULL argument or a negative count");
     *text = NULL, *len = 0;
     tk_buf raw = {0}, out = {0};
-    moex_status st = tk_decode_raw(t, ids, n, skip_special, 1, &raw);
+    moex_status st = tk_decode_raw(t, ids, n, skip_special, NULL, &raw);
     if (!st && !tk_utf8_repair(raw.p ? raw.p : "", raw.n, &out)) st = moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_tokenizer_decode: out of memory");
     free(raw.p);
     if (st) {
@@ -194,7 +201,8 @@ moex_status moex_tokenizer_decode(const moex_tokenizer *t, const int32_t *ids, i
 /* ---- streaming --------------------------------------------------------------------------
  *
  * The ids not yet given out as text form a window; every push decodes the window (as the
- * continuation of what came before: first-token effects only for the window at the start)
+ * continuation of what came before: a decoder's first-token effect only until a window given
+ * out has used it)
  * and gives its whole text once it ends on a whole character, not on a U+FFFD (which
  * ByteFallback makes of bytes the next tokens may complete) and not inside a run of byte tokens
  * (which ByteFallback decodes as one: a later byte can turn the whole run into U+FFFDs); the
@@ -205,7 +213,7 @@ struct moex_detok_stream {
     const moex_tokenizer *t;
     int skip_special;
     tk_ids ids;     /* the window */
-    int started;    /* a window was given out already */
+    int used[TK_MAX_STEPS]; /* what the windows given out used of the decoders' first-token effects (step) */
     int byte_runs;  /* a ByteFallback decoder */
     tk_buf raw, text;
 };
@@ -239,13 +247,15 @@ static moex_status give(moex_detok_stream *s, int final, const char **text, size
         const int32_t last = s->ids.p[s->ids.n - 1];
         if (byte_token(s->t->tok[last], s->t->tok_len[last]) >= 0) return MOEX_OK;
     }
-    moex_status st = tk_decode_raw(s->t, s->ids.p, s->ids.n, s->skip_special, !s->started, &s->raw);
+    int used[TK_MAX_STEPS];
+    memcpy(used, s->used, sizeof used); /* kept only if the window is given out */
+    moex_status st = tk_decode_raw(s->t, s->ids.p, s->ids.n, s->skip_special, used, &s->raw);
     if (st) return st;
     if (!final && (ends_inside(s->raw.p, s->raw.n) ||
                    (s->raw.n >= 3 && memcmp(s->raw.p + s->raw.n - 3, REPLACEMENT, 3) == 0)))
         return MOEX_OK; /* nothing whole yet */
     if (!tk_utf8_repair(s->raw.p, s->raw.n, &s->text)) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "streamed decode: out of memory");
-    if (s->text.n) s->started = 1; /* a window of skipped special tokens alone leaves the start where it is */
+    memcpy(s->used, used, sizeof used); /* a window of skipped special tokens alone uses nothing */
     s->ids.n = 0;
     *text = s->text.p, *len = s->text.n;
     return MOEX_OK;

@@ -128,9 +128,11 @@ int32_t tk_utf8_decode(const uint8_t *s, size_t n, int *len);
 /* Token id of a string, or -1. */
 int32_t tk_lookup(const moex_tokenizer *t, const char *s, size_t n);
 
-/* The raw bytes of ids[0 .. n) through the decoders (no UTF-8 repair) into out; first = 0: ids
- * continue a sequence (the first token's effects are not applied). */
-moex_status tk_decode_raw(const moex_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, int first,
+/* The raw bytes of ids[0 .. n) through the decoders (no UTF-8 repair) into out. used (NULL for a
+ * whole decode, else TK_MAX_STEPS counters, updated): how much of each decoder's effect on the
+ * sequence's first token the ids before these (earlier windows of a stream) used up, so that a
+ * window gives what the whole decode gives there (tokenizer_decode.c, step). */
+moex_status tk_decode_raw(const moex_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, int *used,
                           tk_buf *out);
 /* out = in with every invalid UTF-8 sequence replaced by U+FFFD. */
 int tk_utf8_repair(const char *in, size_t n, tk_buf *out);
