@@ -168,6 +168,27 @@ static void test_bytelevel_round_trip(void **state) {
     moex_tokenizer_free(t);
 }
 
+/* A new temporary directory (dir: a mkdtemp template) and its tokenizer.json path. */
+static void temp_tokenizer_path(char *dir, char *path, size_t n) {
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, n, "%s/tokenizer.json", dir);
+}
+
+/* base with its member key set to a copy of value, written to path and loaded. */
+static moex_tokenizer *load_with(cJSON *base, const char *key, const cJSON *value, const char *path) {
+    cJSON_DeleteItemFromObject(base, key);
+    cJSON_AddItemToObject(base, key, cJSON_Duplicate(value, 1));
+    char *json = cJSON_PrintUnformatted(base);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(json, f);
+    fclose(f);
+    free(json);
+    moex_tokenizer *t = NULL;
+    assert_int_equal(moex_tokenizer_load(path, &t), MOEX_OK);
+    return t;
+}
+
 /* Every Split behaviour, with and without invert, on eight patterns (zero-width ones too):
  * tests/fixtures/tokenizers/split-cases.json gives each pre-tokenizer (over bytelevel-gpt2's
  * model) and the ids tokenizers 0.23 gives on 24 texts. */
@@ -177,19 +198,10 @@ static void test_split_behaviors(void **state) {
     cJSON *cases = read_json(DIR "/split-cases.json"), *base = read_json(DIR "/bytelevel-gpt2/tokenizer.json");
     const cJSON *texts = cJSON_GetObjectItem(cases, "texts"), *c;
     char dir[] = "/tmp/moex-split-XXXXXX", path[64];
-    assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    temp_tokenizer_path(dir, path, sizeof path);
     int n = 0;
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(cases, "cases")) {
-        cJSON_ReplaceItemInObject(base, "pre_tokenizer", cJSON_Duplicate(cJSON_GetObjectItem(c, "pre_tokenizer"), 1));
-        char *json = cJSON_PrintUnformatted(base);
-        FILE *f = fopen(path, "w");
-        assert_non_null(f);
-        fputs(json, f);
-        fclose(f);
-        free(json);
-        moex_tokenizer *t = NULL;
-        assert_int_equal(moex_tokenizer_load(path, &t), MOEX_OK);
+        moex_tokenizer *t = load_with(base, "pre_tokenizer", cJSON_GetObjectItem(c, "pre_tokenizer"), path);
         for (int i = 0; i < cJSON_GetArraySize(texts); i++) {
             const char *text = cJSON_GetArrayItem(texts, i)->valuestring;
             int32_t *ids;
@@ -218,20 +230,10 @@ static void test_decoder_chains(void **state) {
     cJSON *base = cJSON_Duplicate(cJSON_GetObjectItem(cases, "base"), 1);
     const cJSON *idss = cJSON_GetObjectItem(cases, "ids"), *c;
     char dir[] = "/tmp/moex-dec-XXXXXX", path[64];
-    assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    temp_tokenizer_path(dir, path, sizeof path);
     int n = 0;
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(cases, "cases")) {
-        cJSON_DeleteItemFromObject(base, "decoder");
-        cJSON_AddItemToObject(base, "decoder", cJSON_Duplicate(cJSON_GetObjectItem(c, "decoder"), 1));
-        char *json = cJSON_PrintUnformatted(base);
-        FILE *f = fopen(path, "w");
-        assert_non_null(f);
-        fputs(json, f);
-        fclose(f);
-        free(json);
-        moex_tokenizer *t = NULL;
-        assert_int_equal(moex_tokenizer_load(path, &t), MOEX_OK);
+        moex_tokenizer *t = load_with(base, "decoder", cJSON_GetObjectItem(c, "decoder"), path);
         for (int i = 0; i < cJSON_GetArraySize(idss); i++) {
             const cJSON *l = cJSON_GetArrayItem(idss, i);
             int32_t ids[16];
@@ -260,8 +262,7 @@ static void test_decoder_chains(void **state) {
 /* A tokenizer.json written from text into a temporary directory, loaded: its status and message. */
 static moex_status load_text(const char *json, char *msg, size_t n) {
     char dir[] = "/tmp/moex-tok-XXXXXX", path[64];
-    assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    temp_tokenizer_path(dir, path, sizeof path);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fputs(json, f);
