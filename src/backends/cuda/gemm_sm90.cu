@@ -63,8 +63,8 @@ struct gemm_params {
 
 /* FP8 tiles: 128 weight rows (gate/up: 64 features, their gate and up rows) */
 constexpr int FP8_BN = BN / 2, FP8_BK = 128;
-template <typename T> constexpr bool is_fp8() { return sizeof(T) == 1; }
-template <typename T> constexpr int k_block() { return is_fp8<T>() ? FP8_BK : BK; }
+template <typename T> __host__ __device__ constexpr bool is_fp8() { return sizeof(T) == 1; }
+template <typename T> __host__ __device__ constexpr int k_block() { return is_fp8<T>() ? FP8_BK : BK; }
 
 /* ---- PTX wrappers ------------------------------------------------------------ */
 

@@ -71,9 +71,10 @@ static inline int grouped_gemm_narrow_pays(int64_t P, int64_t E, gemm_epilogue g
     return gate_up_epi == EPI_GATE_UP_CONCAT && P <= GEMM_NARROW_AVG * E;
 }
 
-/* FP8 layers take the tensor-core path with concatenated gate/up (or down alone) when a k-block
- * of 128 inputs lies in one scale block (bk a multiple of 128) and each chunk of 64 weight rows a
- * tile multiplies lies in one (bn a multiple of 64, up rows starting at a multiple of 64). */
+/* FP8 layers take the tensor-core path (both projections) when gated with concatenated gate/up
+ * rows, a k-block of 128 inputs lies in one scale block (bk a multiple of 128) and each chunk of
+ * 64 weight rows a tile multiplies lies in one (bn a multiple of 64, up rows starting at a
+ * multiple of 64); otherwise they take the streamed forward at every size. */
 static inline int grouped_gemm_fp8_usable(const quant_view &q, gemm_epilogue gate_up_epi, int64_t up_row0, char *why,
                                           size_t n) {
     if (gate_up_epi != EPI_GATE_UP_CONCAT) {
