@@ -208,7 +208,10 @@ moex_status moex_tokenizer_decode(const moex_tokenizer *t, const int32_t *ids, i
  * (which ByteFallback decodes as one: a later byte can turn the whole run into U+FFFDs); the
  * window then starts again after it. Cut there, the decoders give the same text as one decode
  * of all the ids (their only effects across tokens are those of the first token and of byte
- * runs), except a Strip decoder's stop after Fuse, which strips the end of each piece. */
+ * runs). A Strip decoder's stop after a Fuse acts on the end of the whole text instead: with
+ * one (stream_whole), the window is every id so far, each push decodes it all and gives what
+ * the decode has beyond the text already given (which it begins with: only the end is
+ * stripped), so that tokenizer streams in time quadratic in the length. */
 struct moex_detok_stream {
     const moex_tokenizer *t;
     int skip_special;
@@ -216,6 +219,7 @@ struct moex_detok_stream {
     int used[TK_MAX_STEPS]; /* what the windows given out used of the decoders' first-token effects (step) */
     int byte_runs;  /* a ByteFallback decoder */
     tk_buf raw, text;
+    size_t given;   /* stream_whole: the bytes of the decode given out so far */
 };
 
 moex_status moex_detok_stream_new(const moex_tokenizer *t, int skip_special, moex_detok_stream **out) {
@@ -255,6 +259,12 @@ static moex_status give(moex_detok_stream *s, int final, const char **text, size
                    (s->raw.n >= 3 && memcmp(s->raw.p + s->raw.n - 3, REPLACEMENT, 3) == 0)))
         return MOEX_OK; /* nothing whole yet */
     if (!tk_utf8_repair(s->raw.p, s->raw.n, &s->text)) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "streamed decode: out of memory");
+    if (s->t->stream_whole) { /* all ids decoded as one: give the new end */
+        if (s->text.n < s->given) return MOEX_OK; /* an end the strip shortened: nothing new yet */
+        *text = s->text.p + s->given, *len = s->text.n - s->given;
+        s->given = s->text.n;
+        return MOEX_OK;
+    }
     memcpy(s->used, used, sizeof used); /* a window of skipped special tokens alone uses nothing */
     s->ids.n = 0;
     *text = s->text.p, *len = s->text.n;

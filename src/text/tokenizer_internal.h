@@ -101,6 +101,7 @@ struct moex_tokenizer {
     int n_pre;
     tk_dec dec[TK_MAX_STEPS];
     int n_dec;
+    int stream_whole; /* a Strip with stop after a Fuse: a stream decodes all its ids each time */
     int byte_level; /* a ByteLevel pre-tokenizer: pieces are mapped to the byte alphabet */
     /* the byte alphabet (GPT-2's): byte b -> its character's UTF-8 (byte_len[b] bytes), and the
      * byte a character of code point cp < 324 stands for (-1: none) */

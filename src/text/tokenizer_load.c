@@ -656,6 +656,10 @@ moex_status moex_tokenizer_load(const char *path, moex_tokenizer **out) {
     if (!st) st = load_normalizer(&ld, field(root, "normalizer"), "normalizer");
     if (!st) st = load_pre(&ld, field(root, "pre_tokenizer"), "pre_tokenizer");
     if (!st) st = load_decoder(&ld, field(root, "decoder"), "decoder");
+    for (int i = 0, fused = 0; !st && i < t->n_dec; i++) { /* the stream's one effect on a text's end */
+        t->stream_whole |= fused && t->dec[i].kind == TK_D_STRIP && t->dec[i].stop > 0;
+        fused |= t->dec[i].kind == TK_D_FUSE;
+    }
     if (!st) st = load_post(&ld, field(root, "post_processor"), "post_processor");
     cJSON_Delete(root);
     free(text);
