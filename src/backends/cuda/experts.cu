@@ -47,6 +47,11 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 static quant_view make_quant_view(const moex_experts_desc *d);
 
+/* The grouped GEMM's gate/up epilogue for the layer's layout. */
+static gemm_epilogue gate_up_epilogue(const moex_experts_desc *d) {
+    return !d->gated ? EPI_UP_ONLY : d->interleaved ? EPI_GATE_UP_INTERLEAVED : EPI_GATE_UP_CONCAT;
+}
+
 static int tc_layout(const moex_experts_desc *d, char *why, size_t n) {
     if (d->expert_up) {
         snprintf(why, n, "per-expert weight pointers");
@@ -64,8 +69,7 @@ static int tc_layout(const moex_experts_desc *d, char *why, size_t n) {
     if (!grouped_gemm_usable(d->down.dtype, d->down.data, d->intermediate, why, n)) return 0;
     if (moex_weight_dtype(d) != MOEX_E4M3) return 1;
     const quant_view q = make_quant_view(d);
-    const gemm_epilogue epi = !d->gated ? EPI_UP_ONLY : d->interleaved ? EPI_GATE_UP_INTERLEAVED : EPI_GATE_UP_CONCAT;
-    return grouped_gemm_fp8_usable(q, epi, q.up.row0, why, n);
+    return grouped_gemm_fp8_usable(q, gate_up_epilogue(d), q.up.row0, why, n);
 }
 
 /* FP8 layers (the table's rows give batched_mm and grouped_mm FP8): what their kernels take. */
@@ -231,7 +235,7 @@ static moex_status prepare(cuda_kind kind, moex_context *ctx, const moex_experts
     s->Q = make_quant_view(d);
     char why[160];
     s->tc = kind != CUDA_BATCHED_MM && tc_layout(d, why, sizeof why);
-    s->epi = !d->gated ? EPI_UP_ONLY : d->interleaved ? EPI_GATE_UP_INTERLEAVED : EPI_GATE_UP_CONCAT;
+    s->epi = gate_up_epilogue(d);
     /* gemv_mma_usable's first condition */
     const int mma_dtype = s->L.wdt == MOEX_BF16 || s->L.wdt == MOEX_F16 || s->L.wdt == MOEX_E4M3;
     if ((kind == CUDA_GROUPED_MM && mma_dtype && (st = gemv_mma_init())) || (s->tc && (st = grouped_gemm_init()))) {
