@@ -432,6 +432,87 @@ static void test_attention_sinks_window(void **state) {
     end_problems();
 }
 
+/* DeepSeek-V3's absorbed latent attention against float64: the latent cache (a prefill of 5 rows, then
+ * 2 more), every head over the shared latent rows, the values their first R entries; then kv_b's two
+ * per-head products, in f32 and bf16 weights, with odd sizes; a plain cache and a bad value_dim refused. */
+static void test_latent_attention(void **state) {
+    (void)state;
+    enum { T = 7, NH = 3, R = 5, ROPE = 4, W = R + ROPE, NOPE = 6, VD = 7 };
+    ref_rng r;
+    ref_rng_seed(&r, 77);
+    float *q = frand(&r, T * NH * W, 1.0), *kv = frand(&r, T * W, 1.0), *out = fout(T * NH * R);
+    moex_kv_cache *cache = NULL, *plain = NULL;
+    assert_int_equal(moex_kv_cache_create_latent(2, 2, 16, W, &cache), MOEX_OK);
+    assert_int_equal(moex_kv_cache_bytes(cache), (size_t)(2 * 2 * 16 * W) * sizeof(float));
+    const float scale = 0.37f;
+    const moex_attn_seq a = {1, 5, 0}, b = {1, 2, 5};
+    assert_int_equal(moex_attention_forward_latent(cache, 1, &a, 1, NH, q, kv, R, scale, out, 2), MOEX_OK);
+    assert_int_equal(moex_attention_forward_latent(cache, 1, &b, 1, NH, q + 5 * NH * W, kv + 5 * W, R, scale,
+                                                   out + 5 * NH * R, 1), MOEX_OK);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < NH; h++) {
+            double sc[T], mx = -INFINITY, sum = 0.0, ref[R] = {0};
+            for (int j = 0; j <= t; j++) {
+                double dot = 0.0;
+                for (int i = 0; i < W; i++) dot += (double)q[(t * NH + h) * W + i] * kv[j * W + i];
+                sc[j] = dot * scale;
+                if (sc[j] > mx) mx = sc[j];
+            }
+            for (int j = 0; j <= t; j++) sum += exp(sc[j] - mx);
+            for (int j = 0; j <= t; j++)
+                for (int i = 0; i < R; i++) ref[i] += exp(sc[j] - mx) / sum * kv[j * W + i];
+            for (int i = 0; i < R; i++) assert_float_equal(out[(t * NH + h) * R + i], ref[i], 2e-6);
+        }
+    int64_t len = 0;
+    assert_int_equal(moex_kv_cache_length(cache, 1, 1, &len), MOEX_OK);
+    assert_int_equal(len, 7);
+    expect_fail(moex_attention_forward_latent(cache, 1, &b, 1, NH, q, kv, W + 1, scale, out, 1),
+                MOEX_ERR_INVALID_ARGUMENT, "value_dim = 10", NULL, "value_dim above the width");
+    assert_int_equal(moex_kv_cache_create(1, 2, 8, 1, W, &plain), MOEX_OK);
+    expect_fail(moex_attention_forward_latent(plain, 0, &a, 1, NH, q, kv, R, scale, out, 1), MOEX_ERR_INVALID_ARGUMENT,
+                "not a latent cache", NULL, "a cache with values");
+    expect_fail(moex_attention_forward_batch(cache, 0, &a, 1, NH, q, kv, kv, out, 1), MOEX_ERR_INVALID_ARGUMENT,
+                "latent one", NULL, "plain attention on a latent cache");
+    moex_kv_cache_free(plain);
+    moex_kv_cache_free(cache);
+
+    /* kv_b [NH * (NOPE + VD), R]: absorb q [T, NH, NOPE + ROPE] -> [T, NH, W], values [T, NH, R] -> [T, NH, VD] */
+    const int64_t wn = NH * (NOPE + VD) * R;
+    for (int bf = 0; bf < 2; bf++) {
+        float *w = frand(&r, wn, 0.5);
+        uint16_t *w16 = malloc(sizeof(uint16_t) * (size_t)wn);
+        for (int64_t i = 0; i < wn; i++) w16[i] = moex_f32_to_bf16(w[i]), w[i] = bf ? moex_bf16_to_f32(w16[i]) : w[i];
+        const moex_linear_w kvb = {bf ? (const void *)w16 : (const void *)w, bf ? MOEX_BF16 : MOEX_F32, NH * (NOPE + VD),
+                                   R, NULL, MOEX_F32};
+        float *qq = frand(&r, T * NH * (NOPE + ROPE), 1.0), *ql = fout(T * NH * W), *lat = frand(&r, T * NH * R, 1.0),
+              *vo = fout(T * NH * VD);
+        for (int64_t i = 0; i < T * NH * W; i++) ql[i] = 99.0f; /* the rope columns are left as they are */
+        assert_int_equal(moex_mla_absorb(&kvb, NH, NOPE, VD, qq, NOPE + ROPE, T, ql, W, 2), MOEX_OK);
+        assert_int_equal(moex_mla_values(&kvb, NH, NOPE, VD, lat, T, vo, 2), MOEX_OK);
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                for (int c = 0; c < R; c++) {
+                    double ref = 0.0;
+                    for (int i = 0; i < NOPE; i++)
+                        ref += (double)qq[(t * NH + h) * (NOPE + ROPE) + i] * w[(h * (NOPE + VD) + i) * R + c];
+                    assert_float_equal(ql[(t * NH + h) * W + c], ref, 2e-6);
+                }
+                for (int c = R; c < W; c++) assert_float_equal(ql[(t * NH + h) * W + c], 99.0f, 0.0);
+                for (int i = 0; i < VD; i++) {
+                    double ref = 0.0;
+                    for (int c = 0; c < R; c++)
+                        ref += (double)w[(h * (NOPE + VD) + NOPE + i) * R + c] * lat[(t * NH + h) * R + c];
+                    assert_float_equal(vo[(t * NH + h) * VD + i], ref, 2e-6);
+                }
+            }
+        expect_fail(moex_mla_values(&kvb, NH + 1, NOPE, VD, lat, T, vo, 1), MOEX_ERR_INVALID_ARGUMENT,
+                    "not 4 heads", NULL, "kv_b of another head count");
+        free(w), free(w16), free(qq), free(ql), free(lat), free(vo);
+    }
+    free(q), free(kv), free(out);
+    end_problems();
+}
+
 /* Interleaved pairs (deepseek_v3): x [2 tokens, 3 heads, 8] by hand in float64, the pairs'
  * results de-interleaved as transformers lays them out; head_dim > 512 refused. */
 static void test_rope_interleaved(void **state) {
@@ -1426,6 +1507,7 @@ int main(void) {
         cmocka_unit_test(test_rope_yarn),
         cmocka_unit_test(test_rope_interleaved),
         cmocka_unit_test(test_attention_sinks_window),
+        cmocka_unit_test(test_latent_attention),
         cmocka_unit_test(test_mrope),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_errors),

@@ -26,7 +26,8 @@
  * backend (the FP4 path quantizes the experts' activations per 32 too); the bound leaves a little room. */
 #define MXFP4_BOUND 1.0
 static const char *const FP8_FIXTURES[] = {"qwen3_moe-fp8", "qwen3_moe-fp8-ue8m0", "qwen3_moe-fp8-flat",
-                                          "qwen3_moe-fp8-fused-flat", "qwen3_moe-fp8-128", "deepseek_v3-fp8"};
+                                          "qwen3_moe-fp8-fused-flat", "qwen3_moe-fp8-128", "deepseek_v3-fp8",
+                                          "deepseek_v3-fp8-128"};
 
 /* What transformers wrote for a fixture. */
 typedef struct expected {

@@ -7,14 +7,15 @@
 
 struct moex_kv_cache {
     int64_t layers, max_batch, max_seq, kv_heads, head_dim;
-    float *k, *v;  /* [layers, max_batch, kv_heads, max_seq, head_dim] each */
+    float *k, *v;  /* [layers, max_batch, kv_heads, max_seq, head_dim] each; v NULL for a latent cache */
     int64_t *len;  /* [layers, max_batch]: positions filled */
 };
 
 /* ---- the cache ---------------------------------------------------------- */
 
-moex_status moex_kv_cache_create(int64_t layers, int64_t max_batch, int64_t max_seq, int64_t kv_heads,
-                                 int64_t head_dim, moex_kv_cache **out) {
+// keys_only: one array (a latent cache), else keys and values.
+static moex_status cache_create(int64_t layers, int64_t max_batch, int64_t max_seq, int64_t kv_heads, int64_t head_dim,
+                                int keys_only, moex_kv_cache **out) {
     if (!out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "kv_cache_create: out is NULL");
     const int64_t dims[5] = {layers, max_batch, max_seq, kv_heads, head_dim};
     static const char *const names[5] = {"layers", "max_batch", "max_seq", "kv_heads", "head_dim"};
@@ -33,8 +34,8 @@ moex_status moex_kv_cache_create(int64_t layers, int64_t max_batch, int64_t max_
     moex_kv_cache *c = calloc(1, sizeof *c);
     if (c) {
         c->k = calloc((size_t)n, sizeof(float));
-        c->v = c->k ? calloc((size_t)n, sizeof(float)) : NULL;
-        c->len = c->v ? calloc((size_t)(layers * max_batch), sizeof(int64_t)) : NULL;
+        c->v = c->k && !keys_only ? calloc((size_t)n, sizeof(float)) : NULL;
+        c->len = c->k && (keys_only || c->v) ? calloc((size_t)(layers * max_batch), sizeof(int64_t)) : NULL;
     }
     if (!c || !c->len) {
         if (c) {
@@ -42,8 +43,8 @@ moex_status moex_kv_cache_create(int64_t layers, int64_t max_batch, int64_t max_
             free(c->v);
         }
         free(c);
-        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "kv_cache_create: no memory for 2 x %lld floats (%.1f MiB)",
-                         (long long)n, 2.0 * (double)n * 4.0 / 1048576.0);
+        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "kv_cache_create: no memory for %d x %lld floats (%.1f MiB)",
+                         keys_only ? 1 : 2, (long long)n, (keys_only ? 1.0 : 2.0) * (double)n * 4.0 / 1048576.0);
     }
     c->layers = layers;
     c->max_batch = max_batch;
@@ -52,6 +53,16 @@ moex_status moex_kv_cache_create(int64_t layers, int64_t max_batch, int64_t max_
     c->head_dim = head_dim;
     *out = c;
     return MOEX_OK;
+}
+
+moex_status moex_kv_cache_create(int64_t layers, int64_t max_batch, int64_t max_seq, int64_t kv_heads,
+                                 int64_t head_dim, moex_kv_cache **out) {
+    return cache_create(layers, max_batch, max_seq, kv_heads, head_dim, 0, out);
+}
+
+moex_status moex_kv_cache_create_latent(int64_t layers, int64_t max_batch, int64_t max_seq, int64_t width,
+                                        moex_kv_cache **out) {
+    return cache_create(layers, max_batch, max_seq, 1, width, 1, out);
 }
 
 void moex_kv_cache_free(moex_kv_cache *cache) {
@@ -78,29 +89,6 @@ static inline size_t head_offset(const moex_kv_cache *c, int64_t layer, int64_t 
     return (size_t)(((layer * c->max_batch + seq) * c->kv_heads + h) * c->max_seq) * (size_t)c->head_dim;
 }
 
-moex_status moex_kv_cache_store(moex_kv_cache *cache, int64_t layer, int64_t seq, int64_t start, int64_t T,
-                                const float *k, const float *v) {
-    const char *fn = "kv_cache_store";
-    if (!cache) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: cache is NULL", fn);
-    const int64_t B = cache->max_batch, KV = cache->kv_heads, d = cache->head_dim;
-    if (layer < 0 || layer >= cache->layers || seq < 0 || seq >= B)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: layer = %lld, seq = %lld outside [0, %lld) x [0, %lld)", fn,
-                         (long long)layer, (long long)seq, (long long)cache->layers, (long long)B);
-    if (start < 0 || T < 0 || start > cache->len[layer * B + seq] || T > cache->max_seq - start)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: positions %lld .. %lld with %lld recorded and max_seq = %lld", fn,
-                         (long long)start, (long long)(start + T), (long long)cache->len[layer * B + seq],
-                         (long long)cache->max_seq);
-    if (T && (!k || !v)) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !k ? "k" : "v");
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t h = 0; h < KV; h++) {
-            const size_t src = (size_t)((t * KV + h) * d), dst = head_offset(cache, layer, seq, h) + (size_t)((start + t) * d);
-            memcpy(cache->k + dst, k + src, sizeof(float) * (size_t)d);
-            memcpy(cache->v + dst, v + src, sizeof(float) * (size_t)d);
-        }
-    cache->len[layer * B + seq] = start + T;
-    return MOEX_OK;
-}
-
 moex_status moex_kv_cache_length(const moex_kv_cache *cache, int64_t layer, int64_t seq, int64_t *length) {
     if (!cache) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "kv_cache_length: cache is NULL");
     if (!length) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "kv_cache_length: length is NULL");
@@ -116,7 +104,7 @@ moex_status moex_kv_cache_length(const moex_kv_cache *cache, int64_t layer, int6
 
 size_t moex_kv_cache_bytes(const moex_kv_cache *cache) {
     if (!cache) return 0;
-    return 2 * sizeof(float) *
+    return (cache->v ? 2 : 1) * sizeof(float) *
            (size_t)(cache->layers * cache->max_batch * cache->kv_heads * cache->max_seq * cache->head_dim);
 }
 
@@ -139,12 +127,11 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-// One query row against positions 0 .. L-1 of one kv head.
-// q: [d], keys, vals: [L, d] -> o: [d]; scores: [L] scratch
-// Positions lo .. L-1 (lo > 0: a sliding window); sink (gpt_oss): one more logit in the softmax's
-// maximum and sum that weighs no value, or NULL.
+// One query row against positions lo .. L-1 of one kv head (lo > 0: a sliding window).
+// q: [d], keys: [L, d], vals: [L, vstride] (the first dv values of each row) -> o: [dv]; scores: [L]
+// scratch. sink (gpt_oss): one more logit in the softmax's maximum and sum that weighs no value, or NULL.
 static void attend_row(const float *q, const float *keys, const float *vals, int64_t lo, int64_t L, int64_t d,
-                       float scale, const float *sink, float *scores, float *o) {
+                       int64_t dv, int64_t vstride, float scale, const float *sink, float *scores, float *o) {
     float m = sink ? *sink : -INFINITY;
     for (int64_t j = lo; j < L; j++) {
         const float s = dot(q, keys + j * d, d) * scale; /* matmul(q, k^T) * scaling */
@@ -158,11 +145,11 @@ static void attend_row(const float *q, const float *keys, const float *vals, int
         sum += e;
     }
     const float inv = 1.0f / (float)sum;
-    for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
+    for (int64_t i = 0; i < dv; i++) o[i] = 0.0f;
     for (int64_t j = lo; j < L; j++) {
         const float w = scores[j] * inv; /* softmax weights, then matmul(weights, v) */
-        const float *vj = vals + j * d;
-        for (int64_t i = 0; i < d; i++) {
+        const float *vj = vals + j * vstride;
+        for (int64_t i = 0; i < dv; i++) {
             const float p = w * vj[i];
             o[i] += p;
         }
@@ -174,23 +161,14 @@ static int ranges_overlap(const void *a, size_t an, const void *b, size_t bn) {
     return ab < bb + bn && bb < ab + an;
 }
 
-// q: [sum T_i, heads, d], k, v: [sum T_i, kv_heads, d] -> out: [sum T_i, heads * d]
-moex_status moex_attention_forward_batch(moex_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
-                                         int64_t nseq, int64_t heads, const float *q, const float *k, const float *v,
-                                         float *out, int threads) {
-    return moex_attention_forward_sinks(cache, layer, seqs, nseq, heads, q, k, v, out, threads, 0, NULL);
-}
-
-moex_status moex_attention_forward_sinks(moex_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs, int64_t nseq,
-                                         int64_t heads, const float *q, const float *k, const float *v, float *out,
-                                         int threads, int64_t window, const float *sinks) {
-    const char *fn = "attention";
-    if (window < 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: window = %lld is negative", fn, (long long)window);
+// The descriptors against the cache's layer (before anything is written): *total = their tokens.
+static moex_status check_seqs(const char *fn, const moex_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
+                              int64_t nseq, int64_t heads, int threads, int64_t *total) {
     if (!cache) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: cache is NULL", fn);
     if (layer < 0 || layer >= cache->layers)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: layer = %lld is outside [0, %lld)", fn, (long long)layer,
                          (long long)cache->layers);
-    const int64_t KV = cache->kv_heads, d = cache->head_dim, S = cache->max_seq, B = cache->max_batch;
+    const int64_t KV = cache->kv_heads, S = cache->max_seq, B = cache->max_batch;
     if (heads < 1 || heads % KV != 0)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: heads = %lld is not a positive multiple of kv_heads = %lld",
                          fn, (long long)heads, (long long)KV);
@@ -200,7 +178,7 @@ moex_status moex_attention_forward_sinks(moex_kv_cache *cache, int64_t layer, co
                          (long long)nseq, (long long)B);
     if (nseq > 0 && !seqs) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: seqs is NULL (%lld sequences)", fn,
                                             (long long)nseq);
-    int64_t total = 0;
+    int64_t sum = 0;
     for (int64_t i = 0; i < nseq; i++) {
         const moex_attn_seq *s = &seqs[i];
         if (s->seq < 0 || s->seq >= B)
@@ -225,22 +203,27 @@ moex_status moex_attention_forward_sinks(moex_kv_cache *cache, int64_t layer, co
                              "cache's max_seq = %lld",
                              fn, (long long)s->seq, (long long)s->past, (long long)s->tokens,
                              (long long)(s->past + s->tokens), (long long)S);
-        total += s->tokens; /* <= nseq * max_seq: no overflow beyond the cache's own size */
+        sum += s->tokens; /* <= nseq * max_seq: no overflow beyond the cache's own size */
     }
-    if (total == 0) return MOEX_OK;
-    if (!q || !k || !v || !out)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL (%lld tokens)", fn,
-                         !q ? "q" : !k ? "k" : !v ? "v" : "out", (long long)total);
-    int64_t hd, qn, kn;
-    if (!moex_mul_ok(heads, d, &hd) || !moex_mul_ok(total, hd, &qn) || qn > INT64_MAX / 4 ||
-        !moex_mul_ok(total, KV * d, &kn))
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %lld tokens of %lld heads x %lld overflows", fn,
-                         (long long)total, (long long)heads, (long long)d);
-    const size_t qb = sizeof(float) * (size_t)qn, kb = sizeof(float) * (size_t)kn;
-    if (ranges_overlap(out, qb, k, kb) || ranges_overlap(out, qb, v, kb) || (out != q && ranges_overlap(out, qb, q, qb)))
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: out overlaps %s", fn,
-                         ranges_overlap(out, qb, k, kb) ? "k" : ranges_overlap(out, qb, v, kb) ? "v" : "q (other than being q)");
+    *total = sum;
+    return MOEX_OK;
+}
 
+// What attend() runs: queries of width d (the cache's head_dim) against the cache's keys, dv values
+// each (the cache's values, or for a latent cache the first dv values of each key row).
+typedef struct attend_args {
+    int64_t dv, window;
+    float scale;
+    const float *sinks;
+} attend_args;
+
+// The new rows appended, then every (sequence, head) pair attended by one thread.
+// q: [total, heads, d], k, v: [total, kv_heads, d] (v NULL for a latent cache) -> out: [total, heads, dv]
+static moex_status attend(const char *fn, moex_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs, int64_t nseq,
+                          int64_t total, int64_t heads, const float *q, const float *k, const float *v, float *out,
+                          int threads, const attend_args *a) {
+    const int64_t KV = cache->kv_heads, d = cache->head_dim, S = cache->max_seq, B = cache->max_batch, dv = a->dv;
+    const int latent = cache->v == NULL;
     // Work items are (sequence, head) pairs, each computed start to end by one thread.
     const int64_t items = nseq * heads;
     int nt = threads > 0 ? threads : moex_cpu_cores();
@@ -254,6 +237,7 @@ moex_status moex_attention_forward_sinks(moex_kv_cache *cache, int64_t layer, co
         free(first);
         return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "%s: no memory for %d x %zu floats of scratch", fn, nt, per_thread);
     }
+    (void)total;
     int64_t row = 0;
     for (int64_t i = 0; i < nseq; i++) {
         first[i] = row;
@@ -268,14 +252,13 @@ moex_status moex_attention_forward_sinks(moex_kv_cache *cache, int64_t layer, co
                 const size_t src = (size_t)(((first[i] + t) * KV + h) * d);
                 const size_t dst = head_offset(cache, layer, s->seq, h) + (size_t)((s->past + t) * d);
                 memcpy(cache->k + dst, k + src, sizeof(float) * (size_t)d);
-                memcpy(cache->v + dst, v + src, sizeof(float) * (size_t)d);
+                if (!latent) memcpy(cache->v + dst, v + src, sizeof(float) * (size_t)d);
             }
         cache->len[layer * B + s->seq] = s->past + s->tokens;
     }
 
-    // 2. attend: token t of a sequence sees positions 0 .. past + t
-    const float scale = (float)pow((double)d, -0.5); /* head_dim ** -0.5 */
-    const int64_t group = heads / KV;
+    // 2. attend: token t of a sequence sees positions 0 .. past + t (the last `window` of them)
+    const int64_t group = heads / KV, window = a->window;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         float *scores = scratch + per_thread * (size_t)omp_get_thread_num();
@@ -285,18 +268,83 @@ moex_status moex_attention_forward_sinks(moex_kv_cache *cache, int64_t layer, co
             const int64_t i = it / heads, h = it % heads;
             const moex_attn_seq *s = &seqs[i];
             const size_t off = head_offset(cache, layer, s->seq, h / group);
+            const float *keys = cache->k + off, *vals = latent ? keys : cache->v + off;
             for (int64_t t = 0; t < s->tokens; t++) {
                 const int64_t r = first[i] + t, p = s->past + t;
                 const int64_t lo = window > 0 && p + 1 > window ? p + 1 - window : 0; /* kv > q - window */
                 memcpy(qrow, q + (r * heads + h) * d, sizeof(float) * (size_t)d); /* out may be q */
-                attend_row(qrow, cache->k + off, cache->v + off, lo, p + 1, d, scale, sinks ? sinks + h : NULL, scores,
-                           out + (r * heads + h) * d);
+                attend_row(qrow, keys, vals, lo, p + 1, d, dv, d, a->scale, a->sinks ? a->sinks + h : NULL, scores,
+                           out + (r * heads + h) * dv);
             }
         }
     }
     free(scratch);
     free(first);
     return MOEX_OK;
+}
+
+// q: [sum T_i, heads, d], k, v: [sum T_i, kv_heads, d] -> out: [sum T_i, heads * d]
+moex_status moex_attention_forward_batch(moex_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
+                                         int64_t nseq, int64_t heads, const float *q, const float *k, const float *v,
+                                         float *out, int threads) {
+    return moex_attention_forward_sinks(cache, layer, seqs, nseq, heads, q, k, v, out, threads, 0, NULL);
+}
+
+moex_status moex_attention_forward_sinks(moex_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs, int64_t nseq,
+                                         int64_t heads, const float *q, const float *k, const float *v, float *out,
+                                         int threads, int64_t window, const float *sinks) {
+    const char *fn = "attention";
+    if (window < 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: window = %lld is negative", fn, (long long)window);
+    int64_t total = 0;
+    moex_status st = check_seqs(fn, cache, layer, seqs, nseq, heads, threads, &total);
+    if (st) return st;
+    if (!cache->v)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the cache is a latent one (moex_attention_forward_latent)", fn);
+    if (total == 0) return MOEX_OK;
+    if (!q || !k || !v || !out)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL (%lld tokens)", fn,
+                         !q ? "q" : !k ? "k" : !v ? "v" : "out", (long long)total);
+    const int64_t KV = cache->kv_heads, d = cache->head_dim;
+    int64_t hd, qn, kn;
+    if (!moex_mul_ok(heads, d, &hd) || !moex_mul_ok(total, hd, &qn) || qn > INT64_MAX / 4 ||
+        !moex_mul_ok(total, KV * d, &kn))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %lld tokens of %lld heads x %lld overflows", fn,
+                         (long long)total, (long long)heads, (long long)d);
+    const size_t qb = sizeof(float) * (size_t)qn, kb = sizeof(float) * (size_t)kn;
+    if (ranges_overlap(out, qb, k, kb) || ranges_overlap(out, qb, v, kb) || (out != q && ranges_overlap(out, qb, q, qb)))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: out overlaps %s", fn,
+                         ranges_overlap(out, qb, k, kb) ? "k" : ranges_overlap(out, qb, v, kb) ? "v" : "q (other than being q)");
+    const attend_args a = {d, window, (float)pow((double)d, -0.5) /* head_dim ** -0.5 */, sinks};
+    return attend(fn, cache, layer, seqs, nseq, total, heads, q, k, v, out, threads, &a);
+}
+
+moex_status moex_attention_forward_latent(moex_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
+                                          int64_t nseq, int64_t heads, const float *q, const float *kv,
+                                          int64_t value_dim, float scale, float *out, int threads) {
+    const char *fn = "latent attention";
+    int64_t total = 0;
+    moex_status st = check_seqs(fn, cache, layer, seqs, nseq, heads, threads, &total);
+    if (st) return st;
+    if (cache->v) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the cache keeps values (not a latent cache)", fn);
+    const int64_t w = cache->head_dim;
+    if (value_dim < 1 || value_dim > w)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: value_dim = %lld is outside [1, width = %lld]", fn,
+                         (long long)value_dim, (long long)w);
+    if (!(scale > 0.0f) || !isfinite(scale))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: scale = %g must be a positive number", fn, (double)scale);
+    if (total == 0) return MOEX_OK;
+    if (!q || !kv || !out)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL (%lld tokens)", fn, !q ? "q" : !kv ? "kv" : "out",
+                         (long long)total);
+    int64_t qn, on;
+    if (!moex_mul_ok(total, heads * w, &qn) || qn > INT64_MAX / 4 || !moex_mul_ok(total, heads * value_dim, &on))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %lld tokens of %lld heads x %lld overflows", fn,
+                         (long long)total, (long long)heads, (long long)w);
+    const size_t qb = sizeof(float) * (size_t)qn, kb = sizeof(float) * (size_t)(total * w), ob = sizeof(float) * (size_t)on;
+    if (ranges_overlap(out, ob, q, qb) || ranges_overlap(out, ob, kv, kb))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: out overlaps %s", fn, ranges_overlap(out, ob, q, qb) ? "q" : "kv");
+    const attend_args a = {value_dim, 0, scale, NULL};
+    return attend(fn, cache, layer, seqs, nseq, total, heads, q, kv, NULL, out, threads, &a);
 }
 
 // q: [T, heads, d], k, v: [T, kv_heads, d] -> out: [T, heads * d]

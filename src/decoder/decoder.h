@@ -67,6 +67,21 @@ typedef struct moex_linear_w {
 moex_status moex_linear(const moex_linear_w *w, const float *x, int64_t T, float *y, int threads);
 
 /**
+ * DeepSeek-V3's absorbed latent attention, the two per-head products of kv_b (weight
+ * [heads * (nope + vd), r], r = kv_lora_rank; per head its nope key rows, then its vd value rows; no bias):
+ *   moex_mla_absorb: out[t, h, 0 .. r) = sum_i q[t, h, i] * kv_b[h * (nope + vd) + i, :], i < nope
+ *                    (the query folded through the key rows, so that q . k_j = out . latent_j)
+ *   moex_mla_values: out[t, h, i] = sum_c kv_b[h * (nope + vd) + nope + i, c] * lat[t, h, c], i < vd
+ * Sums in f32 by moex_gemm, as moex_linear.
+ */
+// q: [T, heads, q_stride] (the first nope of each head read) -> out: [T, heads, out_stride] (the first r written)
+moex_status moex_mla_absorb(const moex_linear_w *kv_b, int64_t heads, int64_t nope, int64_t vd, const float *q,
+                            int64_t q_stride, int64_t T, float *out, int64_t out_stride, int threads);
+// lat: [T, heads, r] -> out: [T, heads, vd]
+moex_status moex_mla_values(const moex_linear_w *kv_b, int64_t heads, int64_t nope, int64_t vd, const float *lat,
+                            int64_t T, float *out, int threads);
+
+/**
  * nn.Embedding: out[t] = table[ids[t]] decoded to f32. Every id is checked
  * against [0, V) before anything is written.
  */
@@ -209,10 +224,11 @@ void moex_kv_cache_free(moex_kv_cache *cache);
 /** Forget sequence `seq` in every layer (length 0), or every sequence when seq == -1. */
 moex_status moex_kv_cache_reset(moex_kv_cache *cache, int64_t seq);
 
-/** Write k, v [T, kv_heads, head_dim] at positions start .. start+T-1 of (layer, seq) (start at most the
- *  recorded length); the recorded length becomes start + T. */
-moex_status moex_kv_cache_store(moex_kv_cache *cache, int64_t layer, int64_t seq, int64_t start, int64_t T,
-                                const float *k, const float *v);
+/** A latent cache (deepseek_v3's absorbed attention): one row of `width` floats per position of each
+ *  (layer, sequence), the keys; the values are the first value_dim floats of each row
+ *  (layers * max_batch * max_seq * width floats). Only moex_attention_forward_latent uses it. */
+moex_status moex_kv_cache_create_latent(int64_t layers, int64_t max_batch, int64_t max_seq, int64_t width,
+                                        moex_kv_cache **out);
 
 /** Positions filled for (layer, seq) into *length. */
 moex_status moex_kv_cache_length(const moex_kv_cache *cache, int64_t layer, int64_t seq, int64_t *length);
@@ -268,6 +284,18 @@ moex_status moex_attention_forward_batch(moex_kv_cache *cache, int64_t layer, co
 moex_status moex_attention_forward_sinks(moex_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs, int64_t nseq,
                                          int64_t heads, const float *q, const float *k, const float *v, float *out,
                                          int threads, int64_t window, const float *sinks);
+
+/**
+ * Multi-head attention over a latent cache (moex_kv_cache_create_latent), DeepSeek-V3's absorbed form:
+ *   1. kv rows [total, width] are written at positions past .. past + T_i - 1 of (layer, seq);
+ *   2. every (row, head): s_j = dot(q, kv_j) * scale over the width, the softmax as
+ *      moex_attention_forward's, out = sum_j w_j kv_j[0 .. value_dim).
+ * Every head reads the one latent row of each position. out must not overlap q or kv.
+ */
+// q: [sum T_i, heads, width], kv: [sum T_i, width] -> out: [sum T_i, heads, value_dim]
+moex_status moex_attention_forward_latent(moex_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
+                                          int64_t nseq, int64_t heads, const float *q, const float *kv,
+                                          int64_t value_dim, float scale, float *out, int threads);
 
 /* ------------------------------------------------------------------------ */
 /* Activations and dense MLPs                                                */

@@ -95,14 +95,22 @@ struct moex_decoder_ops {
      * src[r*src_ld + i] for r < rows, i < n (src_ld 0: one row repeated); no overlap */
     moex_status (*copy_rows)(const moex_decoder_env *e, float *dst, int64_t dst_ld, const float *src, int64_t src_ld,
                              int64_t rows, int64_t n);
-    /* moex_kv_cache_store into the environment's KV cache (deepseek_v3: the expanded past of a sequence) */
-    moex_status (*kv_store)(const moex_decoder_env *e, int64_t layer, int64_t seq, int64_t start, int64_t T,
-                            const float *k, const float *v);
-    /* x[i] *= s in f32 (deepseek_v3's yarn softmax scale, applied to q) */
+    /* x[i] *= s in f32 (gpt_oss's yarn attention factor on cos and sin) */
     moex_status (*scale)(const moex_decoder_env *e, float *x, int64_t n, float s);
     /* moex_rope_apply_interleaved in place (deepseek_v3's rope_interleave): x [T, heads, head_dim] */
     moex_status (*rope_apply_interleaved)(const moex_decoder_env *e, float *x, int64_t T, int64_t heads,
                                           int64_t head_dim, const float *cos_in, const float *sin_in);
+    /* moex_attention_forward_latent with the environment's latent cache (deepseek_v3): kv [total, width]
+     * appended, q [total, heads, width] -> out [total, heads, value_dim] */
+    moex_status (*latent_attention)(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs, int64_t nseq,
+                                    int64_t total, int64_t heads, const float *q, const float *kv, int64_t value_dim,
+                                    float scale, float *out);
+    /* moex_mla_absorb: q [T, heads, q_stride] -> out [T, heads, out_stride] (the first kv_lora_rank) */
+    moex_status (*mla_absorb)(const moex_decoder_env *e, const moex_linear_w *kv_b, int64_t heads, int64_t nope,
+                              int64_t vd, const float *q, int64_t q_stride, int64_t T, float *out, int64_t out_stride);
+    /* moex_mla_values: lat [T, heads, kv_lora_rank] -> out [T, heads, vd] */
+    moex_status (*mla_values)(const moex_decoder_env *e, const moex_linear_w *kv_b, int64_t heads, int64_t nope,
+                              int64_t vd, const float *lat, int64_t T, float *out);
 };
 
 extern const moex_decoder_ops moex_decoder_ops_cpu;

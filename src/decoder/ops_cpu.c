@@ -158,9 +158,23 @@ static moex_status cpu_copy_rows(const moex_decoder_env *e, float *dst, int64_t 
     return MOEX_OK;
 }
 
-static moex_status cpu_kv_store(const moex_decoder_env *e, int64_t layer, int64_t seq, int64_t start, int64_t T,
-                                const float *k, const float *v) {
-    return moex_kv_cache_store((moex_kv_cache *)e->kv, layer, seq, start, T, k, v);
+static moex_status cpu_latent_attention(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs,
+                                        int64_t nseq, int64_t total, int64_t heads, const float *q, const float *kv,
+                                        int64_t value_dim, float scale, float *out) {
+    (void)total; /* the descriptors give it on the CPU */
+    return moex_attention_forward_latent((moex_kv_cache *)e->kv, layer, seqs, nseq, heads, q, kv, value_dim, scale, out,
+                                         e->threads);
+}
+
+static moex_status cpu_mla_absorb(const moex_decoder_env *e, const moex_linear_w *kv_b, int64_t heads, int64_t nope,
+                                  int64_t vd, const float *q, int64_t q_stride, int64_t T, float *out,
+                                  int64_t out_stride) {
+    return moex_mla_absorb(kv_b, heads, nope, vd, q, q_stride, T, out, out_stride, e->threads);
+}
+
+static moex_status cpu_mla_values(const moex_decoder_env *e, const moex_linear_w *kv_b, int64_t heads, int64_t nope,
+                                  int64_t vd, const float *lat, int64_t T, float *out) {
+    return moex_mla_values(kv_b, heads, nope, vd, lat, T, out, e->threads);
 }
 
 static moex_status cpu_scale(const moex_decoder_env *e, float *x, int64_t n, float s) {
@@ -198,7 +212,9 @@ const moex_decoder_ops moex_decoder_ops_cpu = {
     cpu_argmax,
     cpu_kv_reset,
     cpu_copy_rows,
-    cpu_kv_store,
     cpu_scale,
     cpu_rope_apply_interleaved,
+    cpu_latent_attention,
+    cpu_mla_absorb,
+    cpu_mla_values,
 };

@@ -51,10 +51,7 @@ static moex_status cu_rmsnorm_heads(const moex_decoder_env *e, const float *x, i
 
 static moex_status cu_rope_apply(const moex_decoder_env *e, float *x, int64_t T, int64_t heads, int64_t head_dim,
                                  int64_t rotary_dim, const float *cos_in, const float *sin_in) {
-    if (rotary_dim != head_dim) /* the loader refuses partial rotary on CUDA; this keeps the op honest */
-        return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda rope_apply: partial rotary (rotary_dim = %lld of head_dim = %lld) "
-                         "is not implemented on the GPU", (long long)rotary_dim, (long long)head_dim);
-    return moex_cuda_rope_apply(x, T, heads, head_dim, cos_in, sin_in, e->stream);
+    return moex_cuda_rope_apply(x, T, heads, head_dim, rotary_dim, cos_in, sin_in, e->stream);
 }
 
 static moex_status cu_linear(const moex_decoder_env *e, const moex_linear_w *w, const float *x, int64_t T, float *y) {
@@ -64,15 +61,15 @@ static moex_status cu_linear(const moex_decoder_env *e, const moex_linear_w *w, 
 static moex_status cu_attention(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs, int64_t nseq,
                                 int64_t total, int64_t heads, const float *q, const float *k, const float *v,
                                 float *out, int64_t window, const float *sinks) {
-    if (window || sinks) /* gpt_oss, which the loader keeps on the cpu */
-        return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda attention: sliding windows and sinks are not on the GPU in this version");
-    return moex_cuda_attention((const moex_cuda_kv_cache *)e->kv, layer, seqs, nseq, total, heads, q, k, v, out,
-                               e->flags, e->stream);
+    return moex_cuda_attention((const moex_cuda_kv_cache *)e->kv, layer, seqs, nseq, total, heads, q, k, v, out, window,
+                               sinks, e->flags, e->stream);
 }
 
 static moex_status cu_route(const moex_decoder_env *e, const moex_router_desc *desc, const float *logits, int64_t T,
                             int32_t *ids, float *weights) {
-    return moex_cuda_route(desc, NULL, logits, T, ids, weights, e->stream);
+    /* the grouped sigmoid router's correction bias: a device f32 [E] (the layer's, step.c) */
+    const float *bias = desc->kind == MOEX_ROUTER_SIGMOID_GROUPED_TOPK ? (const float *)desc->correction_bias.data : NULL;
+    return moex_cuda_route(desc, bias, logits, T, ids, weights, e->stream);
 }
 
 // y [T, H] = down(act(gate(x)) * up(x)) (moex_gated_mlp) in gate, up [T, I]
@@ -119,26 +116,35 @@ static moex_status cu_kv_reset(const moex_decoder_env *e, int64_t seq) {
 
 static moex_status cu_copy_rows(const moex_decoder_env *e, float *dst, int64_t dst_ld, const float *src, int64_t src_ld,
                                 int64_t rows, int64_t n) {
-    (void)e, (void)dst, (void)dst_ld, (void)src, (void)src_ld, (void)rows, (void)n;
-    /* only deepseek_v3's latent attention uses it, and the loader keeps that family on the cpu */
-    return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda copy_rows: not on the GPU in this version");
-}
-
-static moex_status cu_kv_store(const moex_decoder_env *e, int64_t layer, int64_t seq, int64_t start, int64_t T,
-                               const float *k, const float *v) {
-    (void)e, (void)layer, (void)seq, (void)start, (void)T, (void)k, (void)v;
-    return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda kv_store: not on the GPU in this version");
+    return moex_cuda_copy_rows(dst, dst_ld, src, src_ld, rows, n, e->stream);
 }
 
 static moex_status cu_scale(const moex_decoder_env *e, float *x, int64_t n, float s) {
-    (void)e, (void)x, (void)n, (void)s;
-    return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda scale: not on the GPU in this version");
+    return moex_cuda_scale(x, n, s, e->stream);
 }
 
 static moex_status cu_rope_apply_interleaved(const moex_decoder_env *e, float *x, int64_t T, int64_t heads,
                                              int64_t head_dim, const float *cos_in, const float *sin_in) {
-    (void)e, (void)x, (void)T, (void)heads, (void)head_dim, (void)cos_in, (void)sin_in;
-    return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda rope_apply_interleaved: not on the GPU in this version");
+    return moex_cuda_rope_apply_interleaved(x, T, heads, head_dim, cos_in, sin_in, e->stream);
+}
+
+static moex_status cu_latent_attention(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs,
+                                       int64_t nseq, int64_t total, int64_t heads, const float *q, const float *kv,
+                                       int64_t value_dim, float scale, float *out) {
+    return moex_cuda_attention_latent((const moex_cuda_kv_cache *)e->kv, layer, seqs, nseq, total, heads, q, kv,
+                                      value_dim, scale, out, e->flags, e->stream);
+}
+
+static moex_status cu_mla_absorb(const moex_decoder_env *e, const moex_linear_w *kv_b, int64_t heads, int64_t nope,
+                                 int64_t vd, const float *q, int64_t q_stride, int64_t T, float *out,
+                                 int64_t out_stride) {
+    return moex_cuda_mla_absorb((const moex_cuda_blas *)e->blas, kv_b, heads, nope, vd, q, q_stride, T, out, out_stride,
+                                e->x16, e->stream);
+}
+
+static moex_status cu_mla_values(const moex_decoder_env *e, const moex_linear_w *kv_b, int64_t heads, int64_t nope,
+                                 int64_t vd, const float *lat, int64_t T, float *out) {
+    return moex_cuda_mla_values((const moex_cuda_blas *)e->blas, kv_b, heads, nope, vd, lat, T, out, e->x16, e->stream);
 }
 
 const moex_decoder_ops moex_decoder_ops_cuda = {
@@ -164,9 +170,11 @@ const moex_decoder_ops moex_decoder_ops_cuda = {
     cu_argmax,
     cu_kv_reset,
     cu_copy_rows,
-    cu_kv_store,
     cu_scale,
     cu_rope_apply_interleaved,
+    cu_latent_attention,
+    cu_mla_absorb,
+    cu_mla_values,
 };
 
 #else

@@ -212,20 +212,40 @@ moex_status model_gpu_experts(moex_model *m, moex_experts_desc *d) {
         d->expert_gate = d->expert_up = d->expert_down = NULL;
         return MOEX_OK;
     }
-    moex_tensor *t[2] = {&d->gate_up, &d->down};
-    for (int i = 0; i < 2; i++) {
+    /* stacked: gate_up [E, R, H], down [E, H, I]; a transposed checkpoint's [E, in, out] tensors
+     * (gpt_oss) are transposed here, once, into that layout, which the tensor-core path reads */
+    moex_tensor *t[4] = {&d->gate_up, &d->down, &d->gate_up_bias, &d->down_bias};
+    for (int i = 0; i < 4; i++) {
+        if (!moex_tensor_present(t[i])) continue;
         if (!moex_is_float_dtype(t[i]->dtype))
             return moex_fail(MOEX_ERR_UNSUPPORTED, "experts of dtype %s run on the cpu only in this version of moex "
                              "(the GPU takes FP8 e4m3 experts); load with dequantize = 1 (--dequantize)",
                              moex_dtype_name(t[i]->dtype));
         const size_t n = tensor_elems(t[i]);
-        const void *dev;
-        if ((st = upload(g, t[i]->data, t[i]->dtype, n, dt, &dev))) return st;
         int64_t shape[MOEX_MAX_DIMS];
         memcpy(shape, t[i]->shape, sizeof shape);
-        if ((st = moex_tensor_init(t[i], (void *)dev, dt, t[i]->ndim, shape))) return st;
+        const void *src = t[i]->data;
+        void *flipped = NULL;
+        if (i < 2 && d->transposed) { /* [E, in, out] -> [E, out, in] */
+            const int64_t E = shape[0], in = shape[1], out = shape[2];
+            const size_t esz = moex_dtype_size(t[i]->dtype);
+            if (!(flipped = malloc(n * esz)))
+                return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory transposing %zu expert weights for the GPU", n);
+            for (int64_t e = 0; e < E; e++)
+                for (int64_t k = 0; k < in; k++)
+                    for (int64_t r = 0; r < out; r++)
+                        memcpy((char *)flipped + (size_t)((e * out + r) * in + k) * esz,
+                               (const char *)src + (size_t)((e * in + k) * out + r) * esz, esz);
+            shape[1] = out, shape[2] = in;
+            src = flipped;
+        }
+        const void *dev;
+        st = upload(g, src, t[i]->dtype, n, dt, &dev);
+        free(flipped);
+        if (st || (st = moex_tensor_init(t[i], (void *)dev, dt, t[i]->ndim, shape))) return st;
         t[i]->device = g->dev;
     }
+    d->transposed = 0;
     return MOEX_OK;
 }
 
@@ -247,7 +267,19 @@ static moex_status upload_layers(moex_model *m) {
         if (!st) st = upload_linear(m, &ly->k, &gl->k);
         if (!st) st = upload_linear(m, &ly->v, &gl->v);
         if (!st) st = upload_linear(m, &ly->o, &gl->o);
+        if (!st) st = upload_linear(m, &ly->q_a, &gl->q_a); /* deepseek_v3's latent attention */
+        if (!st) st = upload_linear(m, &ly->q_b, &gl->q_b);
+        if (!st) st = upload_linear(m, &ly->kv_a, &gl->kv_a);
+        if (!st) st = upload_linear(m, &ly->kv_b, &gl->kv_b);
+        if (!st) st = upload_vec(m, ly->q_a_norm, c->q_lora_rank, &gl->q_a_norm);
+        if (!st) st = upload_vec(m, ly->kv_a_norm, c->kv_lora_rank, &gl->kv_a_norm);
+        gl->window = ly->window; /* gpt_oss */
+        if (!st && ly->sinks)
+            st = upload(m->gpu, ly->sinks, MOEX_F32, (size_t)c->num_attention_heads, MOEX_F32, (const void **)&gl->sinks);
         if (!st && ly->is_moe) st = upload_linear(m, &ly->router, &gl->router);
+        if (!st && ly->router_bias) /* glm4_moe, deepseek_v3: e_score_correction_bias */
+            st = upload(m->gpu, ly->router_bias, MOEX_F32, (size_t)c->num_experts, MOEX_F32,
+                        (const void **)&gl->router_bias);
         if (!st && !ly->is_moe) st = upload_mlp(m, &ly->dense, &gl->dense);
         if (!st && ly->has_shared) st = upload_mlp(m, &ly->shared, &gl->shared);
         if (!st && ly->has_shared) st = upload_linear(m, &ly->shared_gate, &gl->shared_gate);
@@ -278,13 +310,21 @@ static moex_status alloc_scratch(moex_model *m) {
     model_run *r = &m->run;
     const moex_config *c = &m->cfg;
     const size_t T = (size_t)m->opt.max_tokens, B = (size_t)m->opt.max_batch, H = (size_t)c->hidden_size;
-    const size_t d = (size_t)c->head_dim, qd = (size_t)c->num_attention_heads * d;
+    const size_t d = (size_t)c->head_dim, nh = (size_t)c->num_attention_heads;
+    const size_t vd = c->kv_lora_rank && (size_t)c->v_head_dim > d ? (size_t)c->v_head_dim : d;
+    const size_t qd = nh * vd; /* q and the attention's output (deepseek_v3: its q is in run.mla) */
     const size_t kvd = (size_t)c->num_key_value_heads * d;
     size_t inter = 1; /* the dense MLPs' and the shared expert's widths */
     if ((size_t)c->intermediate_size > inter) inter = (size_t)c->intermediate_size;
     if ((size_t)c->shared_expert_intermediate_size > inter) inter = (size_t)c->shared_expert_intermediate_size;
     size_t widest_in = H > qd ? H : qd; /* the widest input of a linear layer */
     if (inter > widest_in) widest_in = inter;
+    if (c->kv_lora_rank) { /* and of the latent attention's per-head products: q, the attended latents */
+        const size_t mq = nh * (size_t)(c->qk_nope_head_dim + c->qk_rope_head_dim), ml = nh * (size_t)c->kv_lora_rank;
+        if (mq > widest_in) widest_in = mq;
+        if (ml > widest_in) widest_in = ml;
+        if ((size_t)c->q_lora_rank > widest_in) widest_in = (size_t)c->q_lora_rank;
+    }
     const size_t E = (size_t)(c->num_experts > 0 ? c->num_experts : 1);
     const size_t K = (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1);
     float *inv_freq = NULL;
@@ -305,7 +345,12 @@ static moex_status alloc_scratch(moex_model *m) {
         if (!st) st = dev_alloc(g, T * H * 2, &g->scratch_bytes, (void **)&r->out16);
         if (!st) st = dev_alloc(g, T * widest_in * 2, &g->scratch_bytes, &r->env.x16);
     }
-    if (!st) st = upload_into(g, inv_freq, m->inv_freq, MOEX_F32, d / 2, MOEX_F32);
+    if (!st && c->kv_lora_rank) {
+        model_mla_bufs unused;
+        st = dev_alloc(g, model_mla_scratch(c, (int64_t)T, NULL, &unused) * sizeof(float), &g->scratch_bytes,
+                       (void **)&r->mla);
+    }
+    if (!st) st = upload_into(g, inv_freq, m->inv_freq, MOEX_F32, (size_t)m->rotary_dim / 2, MOEX_F32);
     r->inv_freq = inv_freq;
     return st;
 }
@@ -320,11 +365,19 @@ moex_status model_gpu_load(moex_model *m) {
     g->graphs = calloc((size_t)m->opt.max_batch + 1, sizeof *g->graphs);
     if (!g->graphs) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the graph table");
     if ((st = upload_embed_head(m)) || (st = upload_layers(m))) return st;
-    if ((st = moex_cuda_kv_cache_create(g->dev.index, c->num_hidden_layers, m->opt.max_batch, m->opt.max_seq,
-                                        c->num_key_value_heads, c->head_dim, &g->cache)))
-        return st;
-    g->kv_bytes = 2 * sizeof(float) * (size_t)c->num_hidden_layers * (size_t)m->opt.max_batch *
-                  (size_t)c->num_key_value_heads * (size_t)m->opt.max_seq * (size_t)c->head_dim;
+    const size_t rows = (size_t)c->num_hidden_layers * (size_t)m->opt.max_batch * (size_t)m->opt.max_seq;
+    if (c->kv_lora_rank) { /* deepseek_v3: the latent cache, kv_lora_rank + rope values a token and layer */
+        const int64_t lw = c->kv_lora_rank + c->qk_rope_head_dim;
+        if ((st = moex_cuda_kv_cache_create_latent(g->dev.index, c->num_hidden_layers, m->opt.max_batch,
+                                                   m->opt.max_seq, lw, &g->cache)))
+            return st;
+        g->kv_bytes = sizeof(float) * rows * (size_t)lw;
+    } else {
+        if ((st = moex_cuda_kv_cache_create(g->dev.index, c->num_hidden_layers, m->opt.max_batch, m->opt.max_seq,
+                                            c->num_key_value_heads, c->head_dim, &g->cache)))
+            return st;
+        g->kv_bytes = 2 * sizeof(float) * rows * (size_t)c->num_key_value_heads * (size_t)c->head_dim;
+    }
     if ((st = moex_cuda_blas_create(g->dev.index, 0, &g->blas))) return st;
     g->scratch_bytes += g->blas.workspace_bytes;
     /* the step: the CUDA op table on the context's stream, the device weights and scratch */

@@ -202,6 +202,16 @@ static moex_status load_expert_biases(moex_model *m, const char *moe, moex_exper
     if (st) return st;
     snprintf(name, sizeof name, "%s.experts.down_proj_bias", moe);
     if ((st = get(m, name, 2, dbs, &db, &dbt))) return st;
+    /* float experts take biases of their own dtype: a checkpoint's bf16 biases beside weights dequantized
+     * (or stored) in another float dtype are converted once, into memory the model owns */
+    const moex_dtype wdt = d->gate_up.dtype;
+    if (moex_is_float_dtype(wdt) && (gbt != wdt || dbt != wdt)) {
+        const size_t gn = (size_t)(E * 2 * I), dn = (size_t)(E * H), esz = moex_dtype_size(wdt);
+        void *g2 = model_own(m, gn * esz), *d2 = g2 ? model_own(m, dn * esz) : NULL;
+        if (!g2 || !d2) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory converting %s's expert biases", moe);
+        if ((st = moex_convert(gb, gbt, g2, wdt, gn)) || (st = moex_convert(db, dbt, d2, wdt, dn))) return st;
+        gb = g2, db = d2, gbt = dbt = wdt;
+    }
     if ((st = moex_tensor_init(&d->gate_up_bias, (void *)gb, gbt, 2, gbs))) return st;
     return moex_tensor_init(&d->down_bias, (void *)db, dbt, 2, dbs);
 }
@@ -512,9 +522,6 @@ static moex_status check_config(moex_model *m, const char *dir) {
                          c->rope.partial_rotary_factor, (long long)c->head_dim, (long long)m->rotary_dim);
     const int deepseek = !strcmp(c->model_type, "deepseek_v3");
     if (deepseek) {
-        if (m->opt.device.kind == MOEX_DEVICE_CUDA)
-            return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: deepseek_v3 runs on the cpu only in this version of "
-                             "moex (its latent attention is not on the GPU yet)", dir, sep);
         if (c->num_key_value_heads != c->num_attention_heads)
             return moex_fail(MOEX_ERR_FORMAT, "%s%sconfig.json: %snum_key_value_heads = %lld; deepseek_v3's latent "
                              "attention expands a key and a value for each of the %lld heads", dir, sep, pfx,
@@ -525,9 +532,6 @@ static moex_status check_config(moex_model *m, const char *dir) {
                              (long long)c->v_head_dim, (long long)(c->qk_nope_head_dim + c->qk_rope_head_dim));
     }
     if (glm4 || deepseek) {
-        if (glm4 && m->opt.device.kind == MOEX_DEVICE_CUDA)
-            return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: glm4_moe runs on the cpu only in this version of "
-                             "moex (its partial rotary and per-layer router bias are not on the GPU yet)", dir, sep);
         const int64_t E = c->num_experts, G = c->n_group;
         if (E < 1 || G < 1 || E % G || c->topk_group < 1 || c->topk_group > G ||
             c->num_experts_per_tok > c->topk_group * (E / G))
@@ -551,9 +555,6 @@ static moex_status check_config(moex_model *m, const char *dir) {
                                                               (c->rope.n_mrope_section > 2 ? ms[2] : 0)),
                              (long long)(c->head_dim / 2));
     }
-    if (gpt_oss && m->opt.device.kind == MOEX_DEVICE_CUDA)
-        return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: gpt_oss runs on the cpu only in this version of moex "
-                         "(its sinks and sliding windows are not on the GPU yet)", dir, sep);
     if (c->n_sliding_layers && (c->sliding_window < 1 || (!gpt_oss && m->opt.max_seq > c->sliding_window))) {
         if (c->sliding_window < 1)
             return moex_fail(MOEX_ERR_UNSUPPORTED, "%s%sconfig.json: %s gives layer %lld sliding-window attention with "
@@ -632,12 +633,24 @@ static moex_status check_options(const moex_model_options *o) {
     return MOEX_OK;
 }
 
+// m->inv_freq [rotary_dim / 2]: the default rope's, or yarn's blend.
+static moex_status rope_table(moex_model *m) {
+    const moex_config *c = &m->cfg;
+    if (!strcmp(c->rope.type, "yarn")) {
+        moex_yarn_params y;
+        double af;
+        model_yarn_params(c, &y);
+        return moex_rope_inv_freq_yarn(m->rotary_dim, c->rope.theta, &y, m->inv_freq, &af);
+    }
+    return moex_rope_inv_freq(m->rotary_dim, c->rope.theta, m->inv_freq);
+}
+
 static moex_status alloc_scratch(moex_model *m) {
     const moex_config *c = &m->cfg;
     if (m->gpu) { /* the step runs on the device: only the rotary table, uploaded by model_gpu_load */
         const size_t half = (size_t)c->head_dim / 2 + 1;
         if (!(m->inv_freq = malloc(half * sizeof(float)))) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
-        return moex_rope_inv_freq(m->rotary_dim, c->rope.theta, m->inv_freq);
+        return rope_table(m);
     }
     const size_t T = (size_t)m->opt.max_tokens, H = (size_t)c->hidden_size, d = (size_t)c->head_dim;
     /* the attention's output (q, k, v of the latent attention are in run.mla) */
@@ -663,14 +676,8 @@ static moex_status alloc_scratch(moex_model *m) {
     r->last = r->h, r->normed = r->tmp; /* max_tokens >= max_batch rows */
     if (c->kv_lora_rank) {
         model_mla_bufs unused;
-        const size_t lat = (size_t)c->num_hidden_layers * B * (size_t)m->opt.max_seq *
-                           (size_t)(c->kv_lora_rank + c->qk_rope_head_dim);
-        r->mla = calloc(model_mla_scratch(c, (int64_t)T, 0, NULL, &unused), sizeof(float));
-        r->mla_past = calloc(model_mla_scratch(c, m->opt.max_seq, 1, NULL, &unused), sizeof(float));
-        m->latent = malloc(lat * sizeof(float));
-        if (!r->mla || !r->mla_past || !m->latent)
-            return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the latent attention's cache (%zu floats) and "
-                             "scratch", lat);
+        r->mla = malloc(model_mla_scratch(c, (int64_t)T, NULL, &unused) * sizeof(float));
+        if (!r->mla) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for the latent attention's scratch");
     }
     r->route_ids = malloc(T * K * sizeof(int32_t));
     r->positions = malloc(T * sizeof(int64_t));
@@ -679,13 +686,7 @@ static moex_status alloc_scratch(moex_model *m) {
     m->inv_freq = malloc((d / 2 + 1) * sizeof(float));
     if (!r->route_ids || !r->positions || !r->tokens || !r->seqs || !m->inv_freq)
         return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for scratch");
-    if (!strcmp(c->rope.type, "yarn")) {
-        moex_yarn_params y;
-        double af;
-        model_yarn_params(c, &y);
-        return moex_rope_inv_freq_yarn(m->rotary_dim, c->rope.theta, &y, m->inv_freq, &af);
-    }
-    return moex_rope_inv_freq(m->rotary_dim, c->rope.theta, m->inv_freq);
+    return rope_table(m);
 }
 
 // Prepare every MoE layer for the backend its map entry names, and for the one
@@ -762,11 +763,11 @@ static moex_status load(moex_model *m, const char *dir) {
     if ((st = prepare_experts(m))) return st;
     if (m->gpu) /* device KV cache, handle and scratch instead of the host ones */
         return (st = alloc_scratch(m)) ? st : model_gpu_load(m);
-    /* deepseek_v3: one layer of expanded keys and values, refilled from m->latent each step */
-    if ((st = moex_kv_cache_create(c->kv_lora_rank ? 1 : c->num_hidden_layers, m->opt.max_batch, m->opt.max_seq,
-                                   c->kv_lora_rank ? c->num_attention_heads : c->num_key_value_heads,
-                                   c->kv_lora_rank ? c->qk_nope_head_dim + c->qk_rope_head_dim : c->head_dim,
-                                   &m->cache)))
+    /* deepseek_v3: the latent cache, kv_lora_rank + rope values a token and layer */
+    if ((st = c->kv_lora_rank ? moex_kv_cache_create_latent(c->num_hidden_layers, m->opt.max_batch, m->opt.max_seq,
+                                                            c->kv_lora_rank + c->qk_rope_head_dim, &m->cache)
+                              : moex_kv_cache_create(c->num_hidden_layers, m->opt.max_batch, m->opt.max_seq,
+                                                     c->num_key_value_heads, c->head_dim, &m->cache)))
         return st;
     return (st = alloc_scratch(m)) ? st : model_run_cpu(m);
 }
@@ -811,9 +812,7 @@ void moex_model_free(moex_model *m) {
         free(r->h16);
         free(r->out16);
         free(r->mla);
-        free(r->mla_past);
     }
-    free(m->latent);
     free(m->host_layers);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);

@@ -46,6 +46,7 @@ typedef struct model_layer_w {
     moex_vec_w q_a_norm, kv_a_norm;
     int64_t window;                     /* gpt_oss: a sliding layer's window (0: full attention) */
     const float *sinks;                 /* gpt_oss: [heads] f32, or NULL */
+    const float *router_bias;           /* glm4_moe, deepseek_v3: e_score_correction_bias [E] f32, or NULL */
 } model_layer_w;
 
 /* What one step (step.c) runs with, all of it in the memory of env's op table: host memory
@@ -67,18 +68,17 @@ typedef struct model_run {
     int64_t *positions, *tokens, *argmax;
     moex_attn_seq *seqs;          /* [max_batch] the step's sequences */
     uint16_t *h16, *out16;        /* bf16 compute: the experts' input and output */
-    float *mla;                   /* deepseek_v3 (CPU): the latent attention's scratch (model_mla_scratch), zeroed */
-    float *mla_past;              /* its key/value side for max_seq rows: a sequence's past latents expanded */
+    float *mla;                   /* deepseek_v3: the latent attention's scratch (model_mla_scratch) */
 } model_run;
 
 /* deepseek_v3's latent attention scratch for T rows: its buffers carved from base (NULL: only
- * count), and the floats they take; past = 1: only the key/value side (c, kr, kvb, k, v), for a
- * sequence's expanded past (q, a, kva, qr and o empty). k and v are [T, heads, nope + rope]: v's columns past v_head_dim
- * stay zero, so the cache's attention over nope + rope values gives the v_head_dim outputs. */
+ * count), and the floats they take. q [T, heads, nope + rope], a [T, q_lora_rank], kva [T, kv_lora_rank +
+ * rope] (the new latent rows), c [T, kv_lora_rank], kr [T, rope], qr [T, heads, rope], ql [T, heads,
+ * kv_lora_rank + rope] (the absorbed query), ol [T, heads, kv_lora_rank] (the attended latents). */
 typedef struct model_mla_bufs {
-    float *q, *a, *kva, *c, *kr, *kvb, *qr, *k, *v, *o;
+    float *q, *a, *kva, *c, *kr, *qr, *ql, *ol;
 } model_mla_bufs;
-size_t model_mla_scratch(const moex_config *c, int64_t T, int past, float *base, model_mla_bufs *b);
+size_t model_mla_scratch(const moex_config *c, int64_t T, float *base, model_mla_bufs *b);
 
 /* The yarn parameters of the config's rope (rope_type "yarn"). */
 moex_status model_yarn_params(const moex_config *c, moex_yarn_params *y);
@@ -104,11 +104,9 @@ struct moex_model {
     moex_vec_w final_norm;           /* [H] */
     int64_t rotary_dim;              /* the rotated values of each head: head_dim * partial_rotary_factor
                                         (glm4_moe), else head_dim */
-    float *latent;                   /* deepseek_v3 (CPU): the latent cache [layers, max_batch, max_seq,
-                                        kv_lora_rank + qk_rope_head_dim] f32 */
     float cos_scale;                 /* gpt_oss with yarn: the attention factor cos and sin are multiplied by; else 1 */
-    float q_scale;                   /* deepseek_v3 with yarn: mscale(factor, mscale_all_dim)^2, by which q is
-                                        multiplied (transformers' softmax scale over head_dim^-0.5); else 1 */
+    float q_scale;                   /* deepseek_v3 with yarn: mscale(factor, mscale_all_dim)^2, transformers'
+                                        softmax scale over qk_head_dim^-0.5; else 1 */
     int qk_norm_rows;                /* olmoe: q_norm / k_norm span the whole q / k row (nh*d, nkv*d),
                                         not each head (the qwen3 families) */
     moex_linear_w lm_head;

@@ -8,6 +8,7 @@
  * be captured once per batch size and replayed; the one synchronisation is before the results
  * are copied back. */
 #include "model/model_internal.h"
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -17,44 +18,25 @@ static moex_status R(const moex_model *m, float *x, int64_t n) {
     return m->opt.dtype == MOEX_BF16 ? e->ops->round_bf16(e, x, n) : MOEX_OK;
 }
 
-size_t model_mla_scratch(const moex_config *c, int64_t T, int past, float *base, model_mla_bufs *b) {
+size_t model_mla_scratch(const moex_config *c, int64_t T, float *base, model_mla_bufs *b) {
     const int64_t nh = c->num_attention_heads, qd = c->qk_nope_head_dim + c->qk_rope_head_dim;
-    const int64_t Q = past ? 0 : T; /* the query side: none for a sequence's expanded past */
-    const int64_t sizes[10] = {Q * nh * qd, Q * (c->q_lora_rank > 0 ? c->q_lora_rank : 1),
-                               Q * (c->kv_lora_rank + c->qk_rope_head_dim), T * c->kv_lora_rank, T * c->qk_rope_head_dim,
-                               T * nh * (c->qk_nope_head_dim + c->v_head_dim), Q * nh * c->qk_rope_head_dim,
-                               T * nh * qd, T * nh * qd, Q * nh * qd};
-    float **dst[10] = {&b->q, &b->a, &b->kva, &b->c, &b->kr, &b->kvb, &b->qr, &b->k, &b->v, &b->o};
+    const int64_t kvl = c->kv_lora_rank, rope = c->qk_rope_head_dim, lw = kvl + rope;
+    const int64_t sizes[8] = {T * nh * qd, T * (c->q_lora_rank > 0 ? c->q_lora_rank : 1), T * lw, T * kvl, T * rope,
+                              T * nh * rope, T * nh * lw, T * nh * kvl};
+    float **dst[8] = {&b->q, &b->a, &b->kva, &b->c, &b->kr, &b->qr, &b->ql, &b->ol};
     size_t n = 0;
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < 8; i++) {
         if (base) *dst[i] = base + n;
         n += (size_t)sizes[i];
     }
     return n;
 }
 
-// k, v [rows, heads, nope + rope] from the latents cn [rows, kv_lora_rank] (normed) and kr [rows, rope]
-// (rotated): [k_nope, v] of each head = kv_b(cn), k = [k_nope, kr]; v's columns past v_head_dim are
-// left as they are (zero: the scratch is zeroed and they are never written).
-static moex_status mla_expand(moex_model *m, const model_layer_w *ly, const float *cn, const float *kr, int64_t rows,
-                              float *kvb, float *k, float *v) {
-    const moex_config *c = &m->cfg;
-    const moex_decoder_env *e = &m->run.env;
-    const moex_decoder_ops *op = e->ops;
-    const int64_t nh = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
-    const int64_t qd = nope + rope, kvw = nope + c->v_head_dim;
-    moex_status st = op->linear(e, &ly->kv_b, cn, rows, kvb);
-    if (!st) st = R(m, kvb, rows * nh * kvw);
-    if (!st) st = op->copy_rows(e, k, qd, kvb, kvw, rows * nh, nope);
-    for (int64_t t = 0; !st && t < rows; t++) st = op->copy_rows(e, k + t * nh * qd + nope, qd, kr + t * rope, 0, nh, rope);
-    if (!st) st = op->copy_rows(e, v, qd, kvb + nope, kvw, rows * nh, c->v_head_dim);
-    return st;
-}
-
-// deepseek_v3's latent attention (transformers' DeepseekV3Attention): h [T, H] -> attn [T, heads *
-// v_head_dim]. The model keeps each token's latents [norm(c), rotated k_rot] (kv_lora_rank + rope
-// values a layer: m->latent); each step expands a sequence's past latents into the one-layer KV cache
-// (as transformers expands its cached latents) and attends with the new tokens' keys and values.
+// deepseek_v3's latent attention (transformers' DeepseekV3Attention) in the absorbed form: h [T, H]
+// -> attn [T, heads * v_head_dim]. The cache keeps each token's latent row [norm(c), rotated k_rot]
+// (kv_lora_rank + rope values a layer). kv_b's key rows are folded into the query (ql = [W_UK^T q_nope,
+// q_rot]), so that each head attends over the latent rows themselves; the attended latents go
+// through kv_b's value rows. The same sums as transformers' expanded keys and values, in another order.
 static moex_status mla_attention(moex_model *m, const model_layer_w *ly, int64_t L, int64_t nseq, int64_t T) {
     const moex_config *c = &m->cfg;
     model_run *r = &m->run;
@@ -62,10 +44,8 @@ static moex_status mla_attention(moex_model *m, const model_layer_w *ly, int64_t
     const moex_decoder_ops *op = e->ops;
     const int64_t nh = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
     const int64_t vd = c->v_head_dim, qd = nope + rope, kvl = c->kv_lora_rank, lw = kvl + rope;
-    const int64_t B = m->opt.max_batch, S = m->opt.max_seq;
-    model_mla_bufs b, p;
-    model_mla_scratch(c, T, 0, r->mla, &b);
-    model_mla_scratch(c, S, 1, r->mla_past, &p);
+    model_mla_bufs b;
+    model_mla_scratch(c, T, r->mla, &b);
     moex_status st;
     if (c->q_lora_rank > 0) {
         st = op->linear(e, &ly->q_a, r->h, T, b.a);
@@ -93,30 +73,17 @@ static moex_status mla_attention(moex_model *m, const model_layer_w *ly, int64_t
     }
     if (!st) st = R(m, b.qr, T * nh * rope);
     if (!st) st = R(m, b.kr, T * rope);
-    if (!st) st = op->copy_rows(e, b.q + nope, qd, b.qr, rope, T * nh, rope);
-    /* each sequence: its new latents into m->latent, its past ones expanded into the KV cache */
-    int64_t row = 0;
-    for (int64_t i = 0; !st && i < nseq; i++) {
-        const moex_attn_seq *s = &r->seqs[i];
-        if (s->seq < 0 || s->seq >= B || s->past < 0 || s->tokens < 0 || s->past + s->tokens > S)
-            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "latent attention: sequence %lld at %lld + %lld positions (max_batch "
-                             "%lld, max_seq %lld)", (long long)s->seq, (long long)s->past, (long long)s->tokens,
-                             (long long)B, (long long)S);
-        float *lat = m->latent + ((L * B + s->seq) * S) * lw;
-        st = op->copy_rows(e, lat + s->past * lw, lw, b.c + row * kvl, kvl, s->tokens, kvl);
-        if (!st) st = op->copy_rows(e, lat + s->past * lw + kvl, lw, b.kr + row * rope, rope, s->tokens, rope);
-        if (!st && s->past > 0) {
-            st = op->copy_rows(e, p.c, kvl, lat, lw, s->past, kvl);
-            if (!st) st = op->copy_rows(e, p.kr, rope, lat + kvl, lw, s->past, rope);
-            if (!st) st = mla_expand(m, ly, p.c, p.kr, s->past, p.kvb, p.k, p.v);
-        }
-        if (!st) st = op->kv_store(e, 0, s->seq, 0, s->past, p.k, p.v);
-        row += s->tokens;
-    }
-    if (!st) st = mla_expand(m, ly, b.c, b.kr, T, b.kvb, b.k, b.v);
-    if (!st && m->q_scale != 1.0f) st = op->scale(e, b.q, T * nh * qd, m->q_scale);
-    if (!st) st = op->attention(e, 0, r->seqs, nseq, T, nh, b.q, b.k, b.v, b.o, 0, NULL); /* the one-layer cache */
-    if (!st) st = op->copy_rows(e, r->attn, vd, b.o, qd, T * nh, vd);
+    /* the new latent rows [norm(c), k_rot] and the absorbed query [W_UK^T q_nope, q_rot] of each head */
+    if (!st) st = op->copy_rows(e, b.kva, lw, b.c, kvl, T, kvl);
+    if (!st) st = op->copy_rows(e, b.kva + kvl, lw, b.kr, rope, T, rope);
+    if (!st) st = op->mla_absorb(e, &ly->kv_b, nh, nope, vd, b.q, qd, T, b.ql, lw);
+    if (!st) st = op->copy_rows(e, b.ql + kvl, lw, b.qr, rope, T * nh, rope);
+    if (!st) st = R(m, b.ql, T * nh * lw);
+    /* softmax(q k^T * qk_head_dim^-0.5 * mscale^2) over the latent rows, then kv_b's value rows */
+    const float scale = (float)(pow((double)qd, -0.5) * (double)m->q_scale);
+    if (!st) st = op->latent_attention(e, L, r->seqs, nseq, T, nh, b.ql, b.kva, kvl, scale, b.ol);
+    if (!st) st = R(m, b.ol, T * nh * kvl);
+    if (!st) st = op->mla_values(e, &ly->kv_b, nh, nope, vd, b.ol, T, r->attn);
     return st;
 }
 
@@ -177,10 +144,11 @@ static moex_status moe_block(moex_model *m, const model_layer *ly, const model_l
     const int bf16 = m->opt.dtype == MOEX_BF16;
     moex_status st = op->linear(e, &lw->router, r->h, T, r->router_logits);
     if (!st) st = R(m, r->router_logits, T * E);
-    moex_router_desc router = m->router; /* with the layer's correction bias (glm4_moe) */
-    if (ly->router_bias) {
+    moex_router_desc router = m->router; /* with the layer's correction bias (glm4_moe, deepseek_v3) */
+    if (lw->router_bias) {
         int64_t bs[1] = {E};
-        if (!st) st = moex_tensor_init(&router.correction_bias, ly->router_bias, MOEX_F32, 1, bs);
+        if (!st) st = moex_tensor_init(&router.correction_bias, (void *)lw->router_bias, MOEX_F32, 1, bs);
+        router.correction_bias.device = e->device;
     }
     if (!st) st = op->route(e, &router, r->router_logits, T, r->route_ids, r->route_w);
     if (!st) st = R(m, r->route_w, T * k);
@@ -357,7 +325,8 @@ moex_status model_run_cpu(moex_model *m) {
                                             ly->q,       ly->k,         ly->v,          ly->o,
                                             ly->router,  ly->shared_gate, ly->dense,    ly->shared,
                                             ly->q_a,     ly->q_b,         ly->kv_a,     ly->kv_b,
-                                            ly->q_a_norm, ly->kv_a_norm, ly->window, ly->sinks};
+                                            ly->q_a_norm, ly->kv_a_norm, ly->window, ly->sinks,
+                                            ly->router_bias};
     }
     r->env.ops = &moex_decoder_ops_cpu;
     r->env.device = (moex_device){MOEX_DEVICE_CPU, 0};

@@ -379,7 +379,7 @@ static void test_rope(void) {
             float *dx = dup_to_dev(x, sizeof(float) * nx);
             up(dc, cc, sizeof(float) * n), up(ds, cs, sizeof(float) * n);
             if (moex_rope_apply(x, T, heads, d, cc, cs) == MOEX_OK &&
-                moex_cuda_rope_apply(dx, T, heads, d, dc, ds, g_stream) == MOEX_OK) {
+                moex_cuda_rope_apply(dx, T, heads, d, d, dc, ds, g_stream) == MOEX_OK) {
                 sync_flags();
                 down(gx, dx, sizeof(float) * nx);
                 snprintf(what, sizeof what, "rope_apply d=%lld T=%lld heads=%lld", (long long)d, (long long)T,
@@ -388,6 +388,38 @@ static void test_rope(void) {
             } else {
                 fail_at(__FILE__, __LINE__, "rope_apply: %s", moex_last_error());
             }
+            // partial rotary (glm4_moe): the first rd values of each head, with the tables of rd (the first
+            // rd/2 columns of cc, cs read as [T, rd/2]: a prefix of each row is not a [T, rd/2] table, so
+            // both sides get the same repacked one)
+            const int64_t rd = (d / 2) & ~(int64_t)1, rh = rd / 2;
+            float *pc = malloc(sizeof(float) * T * rh), *ps = malloc(sizeof(float) * T * rh);
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t i = 0; i < rh; i++) pc[t * rh + i] = cc[t * half + i], ps[t * rh + i] = cs[t * half + i];
+            fill(x, nx, -2, 2);
+            up(dx, x, sizeof(float) * nx), up(dc, pc, sizeof(float) * T * rh), up(ds, ps, sizeof(float) * T * rh);
+            if (moex_rope_apply_partial(x, T, heads, d, rd, pc, ps) == MOEX_OK &&
+                moex_cuda_rope_apply(dx, T, heads, d, rd, dc, ds, g_stream) == MOEX_OK) {
+                sync_flags();
+                down(gx, dx, sizeof(float) * nx);
+                snprintf(what, sizeof what, "rope_apply partial %lld of d=%lld T=%lld", (long long)rd, (long long)d,
+                         (long long)T);
+                close_f32(what, gx, x, nx, 0, 0);
+            } else {
+                fail_at(__FILE__, __LINE__, "rope_apply partial: %s", moex_last_error());
+            }
+            // interleaved pairs (deepseek_v3's rope_interleave)
+            fill(x, nx, -2, 2);
+            up(dx, x, sizeof(float) * nx), up(dc, cc, sizeof(float) * n), up(ds, cs, sizeof(float) * n);
+            if (moex_rope_apply_interleaved(x, T, heads, d, cc, cs) == MOEX_OK &&
+                moex_cuda_rope_apply_interleaved(dx, T, heads, d, dc, ds, g_stream) == MOEX_OK) {
+                sync_flags();
+                down(gx, dx, sizeof(float) * nx);
+                snprintf(what, sizeof what, "rope_apply_interleaved d=%lld T=%lld", (long long)d, (long long)T);
+                close_f32(what, gx, x, nx, 0, 0);
+            } else {
+                fail_at(__FILE__, __LINE__, "rope_apply_interleaved: %s", moex_last_error());
+            }
+            free(pc), free(ps);
             free(cc), free(cs), free(gc), free(gs), free(x), free(gx);
             dfree(dinv), dfree(dc), dfree(ds), dfree(dpt), dfree(dph), dfree(dpw), dfree(dx);
         }
@@ -400,6 +432,8 @@ static void test_rope(void) {
 /* The same caches on both sides and buffers for one call of up to max_rows rows. */
 typedef struct attn_rig {
     int64_t layers, B, S, KV, d, heads, max_rows;
+    int64_t window;                            /* gpt_oss's sliding window (0: none) */
+    float *sinks, *dsinks;                     /* gpt_oss's sinks [heads] (host, device), or NULL */
     moex_kv_cache *cpu;
     moex_cuda_kv_cache gpu;
     float *q, *k, *v, *out_cpu, *out_gpu;      /* host */
@@ -430,6 +464,7 @@ static void rig_free(attn_rig *r) {
     moex_cuda_kv_cache_free(&r->gpu);
     free(r->q), free(r->k), free(r->v), free(r->out_cpu), free(r->out_gpu);
     dfree(r->dq), dfree(r->dk), dfree(r->dv), dfree(r->dout), dfree(r->dseqs);
+    free(r->sinks), dfree(r->dsinks);
 }
 
 /* Every cached length of both sides agree. */
@@ -457,9 +492,10 @@ static void rig_step(attn_rig *r, int64_t layer, const moex_attn_seq *seqs, int6
     up(r->dq, r->q, sizeof(float) * qn), up(r->dk, r->k, sizeof(float) * kn), up(r->dv, r->v, sizeof(float) * kn);
     up(r->dseqs, seqs, sizeof(moex_attn_seq) * (size_t)nseq);
     float *dout = in_place ? r->dq : r->dout;
-    moex_status cs = moex_attention_forward_batch(r->cpu, layer, seqs, nseq, r->heads, r->q, r->k, r->v, r->out_cpu, 2);
+    moex_status cs = moex_attention_forward_sinks(r->cpu, layer, seqs, nseq, r->heads, r->q, r->k, r->v, r->out_cpu, 2,
+                                                  r->window, r->sinks);
     moex_status gs = moex_cuda_attention(&r->gpu, layer, r->dseqs, nseq, total, r->heads, r->dq, r->dk, r->dv, dout,
-                                         g_flags, g_stream);
+                                         r->window, r->dsinks, g_flags, g_stream);
     g_checks++;
     if (cs != MOEX_OK || gs != MOEX_OK) {
         fail_at(__FILE__, __LINE__, "%s: attention: %s", when, moex_last_error());
@@ -468,15 +504,23 @@ static void rig_step(attn_rig *r, int64_t layer, const moex_attn_seq *seqs, int6
     CHECK(sync_flags() == 0, "%s: status word set", when);
     down(r->out_gpu, dout, sizeof(float) * qn);
     char what[200];
-    snprintf(what, sizeof what, "attention %s (heads %lld, kv %lld, d %lld, %lld rows%s)", when, (long long)r->heads,
-             (long long)r->KV, (long long)r->d, (long long)total, in_place ? ", out = q" : "");
+    snprintf(what, sizeof what, "attention %s (heads %lld, kv %lld, d %lld, %lld rows%s, window %lld%s)", when,
+             (long long)r->heads, (long long)r->KV, (long long)r->d, (long long)total, in_place ? ", out = q" : "",
+             (long long)r->window, r->sinks ? ", sinks" : "");
     close_f32(what, r->out_gpu, r->out_cpu, qn, 1e-5, 1e-6);
     rig_check_lengths(r, when);
 }
 
-static void attention_config(int64_t heads, int64_t KV, int64_t d) {
+// window > 0 and sinks: gpt_oss's sliding window and attention sinks on every call.
+static void attention_config(int64_t heads, int64_t KV, int64_t d, int64_t window, int sinks) {
     attn_rig r;
     if (!rig_init(&r, 2, 4, 64, KV, d, heads, 64)) return;
+    r.window = window;
+    if (sinks) {
+        r.sinks = malloc(sizeof(float) * (size_t)heads);
+        fill(r.sinks, heads, -1.0f, 3.0f);
+        r.dsinks = dup_to_dev(r.sinks, sizeof(float) * (size_t)heads);
+    }
     // prefill three sequences of different lengths in one call, in layer 1
     moex_attn_seq pre[3] = {{2, 7, 0}, {0, 1, 0}, {3, 33, 0}};
     rig_step(&r, 1, pre, 3, 0, "prefill 7+1+33");
@@ -505,13 +549,14 @@ static void attention_config(int64_t heads, int64_t KV, int64_t d) {
     float *poison = malloc(sizeof(float) * qn);
     for (int64_t i = 0; i < qn; i++) poison[i] = 12345.0f;
     up(r.dout, poison, sizeof(float) * qn);
-    moex_status gs = moex_cuda_attention(&r.gpu, 1, r.dseqs, 2, 2, heads, r.dq, r.dk, r.dv, r.dout, g_flags, g_stream);
+    moex_status gs = moex_cuda_attention(&r.gpu, 1, r.dseqs, 2, 2, heads, r.dq, r.dk, r.dv, r.dout, r.window, r.dsinks,
+                                         g_flags, g_stream);
     CHECK(gs == MOEX_OK, "attention with a bad descriptor: queued: %s", moex_last_error());
     CHECK(sync_flags() == MOEX_CUDA_FLAG_BAD_SEQ, "attention: a bad descriptor did not set the status bit");
     // the good one (seq 2) ran: compare it with the CPU running it alone
     moex_attn_seq good = bad[1];
-    moex_status cs = moex_attention_forward_batch(r.cpu, 1, &good, 1, heads, r.q + heads * d, r.k + KV * d,
-                                                  r.v + KV * d, r.out_cpu, 1);
+    moex_status cs = moex_attention_forward_sinks(r.cpu, 1, &good, 1, heads, r.q + heads * d, r.k + KV * d,
+                                                  r.v + KV * d, r.out_cpu, 1, r.window, r.sinks);
     CHECK(cs == MOEX_OK, "cpu attention: %s", moex_last_error());
     down(r.out_gpu, r.dout, sizeof(float) * qn);
     close_f32("attention: the bad sequence's rows untouched", r.out_gpu, poison, heads * d, 0, 0);
@@ -535,7 +580,10 @@ static void attention_long(void) {
 
 static void test_attention(void) {
     static const int64_t CFG[3][3] = {{5, 1, 40}, {8, 2, 64}, {4, 4, 128}};
-    for (int i = 0; i < 3; i++) attention_config(CFG[i][0], CFG[i][1], CFG[i][2]);
+    for (int i = 0; i < 3; i++) attention_config(CFG[i][0], CFG[i][1], CFG[i][2], 0, 0);
+    attention_config(8, 2, 64, 5, 1); /* gpt_oss: a window of 5 positions (binding from the 6th) and sinks */
+    attention_config(5, 1, 40, 0, 1); /* sinks alone */
+    attention_config(4, 4, 128, 1, 0); /* a window of one: each row sees itself */
     if (!g_quick) attention_long();
     // reset: one sequence, then all
     attn_rig r;
@@ -551,6 +599,139 @@ static void test_attention(void) {
     sync_flags();
     rig_check_lengths(&r, "reset of everything");
     rig_free(&r);
+}
+
+/* deepseek_v3's latent attention: the same latent caches on both sides (width w, values its first
+ * vd), heads query heads; a prefill of two sequences, decode steps, a continued prefill. */
+static void latent_case(int64_t heads, int64_t w, int64_t vd, float scale) {
+    const int64_t B = 3, S = 64, rows = 48;
+    moex_kv_cache *cpu = NULL;
+    moex_cuda_kv_cache gpu;
+    memset(&gpu, 0, sizeof gpu);
+    if (moex_kv_cache_create_latent(2, B, S, w, &cpu) != MOEX_OK ||
+        moex_cuda_kv_cache_create_latent(g_gpu, 2, B, S, w, &gpu) != MOEX_OK) {
+        fail_at(__FILE__, __LINE__, "latent cache: %s", moex_last_error());
+        moex_kv_cache_free(cpu);
+        return;
+    }
+    const size_t qn = (size_t)(rows * heads * w), kn = (size_t)(rows * w), on = (size_t)(rows * heads * vd);
+    float *q = malloc(sizeof(float) * qn), *kv = malloc(sizeof(float) * kn), *oc = malloc(sizeof(float) * on),
+          *og = malloc(sizeof(float) * on);
+    float *dq = dmalloc(sizeof(float) * qn), *dkv = dmalloc(sizeof(float) * kn), *dout = dmalloc(sizeof(float) * on);
+    moex_attn_seq *dseqs = dmalloc(sizeof(moex_attn_seq) * (size_t)B);
+    const moex_attn_seq calls[4][2] = {{{1, 7, 0}, {0, 33, 0}}, {{0, 1, 33}, {1, 1, 7}}, {{1, 1, 8}, {0, 1, 34}},
+                                       {{2, 5, 0}, {1, 3, 9}}};
+    const char *names[4] = {"prefill 7+33", "decode", "decode, other order", "prefill next to a continued one"};
+    for (int c = 0; c < 4; c++) {
+        const int64_t total = calls[c][0].tokens + calls[c][1].tokens;
+        fill(q, total * heads * w, -1.5f, 1.5f), fill(kv, total * w, -1.5f, 1.5f);
+        up(dq, q, sizeof(float) * (size_t)(total * heads * w)), up(dkv, kv, sizeof(float) * (size_t)(total * w));
+        up(dseqs, calls[c], sizeof calls[c]);
+        moex_status cs = moex_attention_forward_latent(cpu, 1, calls[c], 2, heads, q, kv, vd, scale, oc, 2);
+        moex_status gs = moex_cuda_attention_latent(&gpu, 1, dseqs, 2, total, heads, dq, dkv, vd, scale, dout, g_flags,
+                                                    g_stream);
+        g_checks++;
+        if (cs || gs) {
+            fail_at(__FILE__, __LINE__, "latent attention %s: %s", names[c], moex_last_error());
+            break;
+        }
+        CHECK(sync_flags() == 0, "latent attention %s: status word set", names[c]);
+        down(og, dout, sizeof(float) * (size_t)(total * heads * vd));
+        char what[160];
+        snprintf(what, sizeof what, "latent attention %s (heads %lld, width %lld, values %lld)", names[c],
+                 (long long)heads, (long long)w, (long long)vd);
+        close_f32(what, og, oc, total * heads * vd, 1e-5, 1e-6);
+    }
+    int64_t len[6];
+    down(len, gpu.len, sizeof len);
+    for (int64_t s = 0; s < B; s++) {
+        int64_t cl = -1;
+        moex_kv_cache_length(cpu, 1, s, &cl);
+        CHECK(len[B + s] == cl, "latent cache: sequence %lld: gpu length %lld, cpu %lld", (long long)s,
+              (long long)len[B + s], (long long)cl);
+    }
+    CHECK(moex_cuda_attention(&gpu, 0, dseqs, 1, 1, heads, dq, dkv, dkv, dout, 0, NULL, g_flags, g_stream) ==
+              MOEX_ERR_INVALID_ARGUMENT, "plain attention on a latent cache is refused");
+    moex_kv_cache_free(cpu);
+    moex_cuda_kv_cache_free(&gpu);
+    free(q), free(kv), free(oc), free(og);
+    dfree(dq), dfree(dkv), dfree(dout), dfree(dseqs);
+}
+
+/* copy_rows (strided both sides, and one row repeated) and scale against plain loops. */
+static void test_copy_scale(void) {
+    const int64_t rows = 37, n = 13, sld = 21, dld = 17, nd = rows * dld;
+    float src[37 * 21], dst[37 * 17], got[37 * 17];
+    fill(src, rows * sld, -4, 4);
+    fill(dst, nd, -4, 4);
+    float *ds = dup_to_dev(src, sizeof src), *dd = dup_to_dev(dst, sizeof dst);
+    for (int rep = 0; rep < 2; rep++) { /* rep 1: src_ld 0, the first row to every row */
+        const int64_t ld = rep ? 0 : sld;
+        MUST(moex_cuda_copy_rows(dd, dld, ds, ld, rows, n, g_stream));
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < n; i++) dst[r * dld + i] = src[r * ld + i];
+        sync_flags();
+        down(got, dd, sizeof got);
+        close_f32(rep ? "copy_rows of one row" : "copy_rows strided", got, dst, nd, 0, 0);
+    }
+    MUST(moex_cuda_scale(dd, nd, 1.2345f, g_stream));
+    for (int64_t i = 0; i < nd; i++) dst[i] *= 1.2345f;
+    sync_flags();
+    down(got, dd, sizeof got);
+    close_f32("scale", got, dst, nd, 0, 0);
+    CHECK(moex_cuda_copy_rows(dd, 5, ds, sld, rows, n, g_stream) == MOEX_ERR_INVALID_ARGUMENT,
+          "copy_rows with dst_ld < n accepted");
+    dfree(ds), dfree(dd);
+}
+
+static void test_latent_attention(void) {
+    latent_case(4, 24, 16, 0.25f);   /* the fixtures' sizes: kv_lora_rank 16 + rope 8 */
+    latent_case(3, 200, 160, 0.07f); /* more than one pass of output features */
+}
+
+/* The absorbed attention's per-head products of kv_b ([heads * (nope + vd), r]) against the CPU's,
+ * f32 and bf16 weights (the input rounded to bf16 on both sides first: the device's bf16 GEMM reads
+ * it so). */
+static void mla_case(const moex_cuda_blas *blas, int64_t T, int64_t heads, int64_t nope, int64_t vd, int64_t r,
+                     moex_dtype dt) {
+    const int64_t rope = 8, qs = nope + rope, os = r + rope, wn = heads * (nope + vd) * r;
+    float *w = malloc(sizeof(float) * (size_t)wn);
+    fill(w, wn, -0.3f, 0.3f);
+    round_to(w, wn, dt);
+    void *wh = encode(w, wn, dt);
+    void *dw = dup_to_dev(wh, (size_t)wn * (dt == MOEX_F32 ? 4 : 2));
+    const moex_linear_w hw = {wh, dt, heads * (nope + vd), r, NULL, MOEX_F32}, gw = {dw, dt, heads * (nope + vd), r, NULL, MOEX_F32};
+    const int64_t nq = T * heads * qs, no = T * heads * os, nl = T * heads * r, nv = T * heads * vd;
+    float *q = malloc(sizeof(float) * nq), *oc = calloc((size_t)no, sizeof(float)), *og = malloc(sizeof(float) * no);
+    float *lat = malloc(sizeof(float) * nl), *vc = malloc(sizeof(float) * nv), *vg = malloc(sizeof(float) * nv);
+    fill(q, nq, -1, 1), fill(lat, nl, -1, 1);
+    if (dt != MOEX_F32) round_to(q, nq, dt), round_to(lat, nl, dt);
+    float *dq = dup_to_dev(q, sizeof(float) * nq), *do_ = dup_to_dev(oc, sizeof(float) * no);
+    float *dl = dup_to_dev(lat, sizeof(float) * nl), *dv = dmalloc(sizeof(float) * nv);
+    void *x16 = dmalloc(2 * (size_t)(nq > nl ? nq : nl));
+    char what[160];
+    if (moex_mla_absorb(&hw, heads, nope, vd, q, qs, T, oc, os, 2) == MOEX_OK &&
+        moex_cuda_mla_absorb(blas, &gw, heads, nope, vd, dq, qs, T, do_, os, x16, g_stream) == MOEX_OK) {
+        sync_flags();
+        down(og, do_, sizeof(float) * no);
+        snprintf(what, sizeof what, "mla_absorb T=%lld heads=%lld nope=%lld r=%lld %s", (long long)T, (long long)heads,
+                 (long long)nope, (long long)r, moex_dtype_name(dt));
+        close_f32(what, og, oc, no, 1e-5, 1e-5); /* the rope columns stay as they were (zero) on both */
+    } else {
+        fail_at(__FILE__, __LINE__, "mla_absorb: %s", moex_last_error());
+    }
+    if (moex_mla_values(&hw, heads, nope, vd, lat, T, vc, 2) == MOEX_OK &&
+        moex_cuda_mla_values(blas, &gw, heads, nope, vd, dl, T, dv, x16, g_stream) == MOEX_OK) {
+        sync_flags();
+        down(vg, dv, sizeof(float) * nv);
+        snprintf(what, sizeof what, "mla_values T=%lld heads=%lld vd=%lld r=%lld %s", (long long)T, (long long)heads,
+                 (long long)vd, (long long)r, moex_dtype_name(dt));
+        close_f32(what, vg, vc, nv, 1e-5, 1e-5);
+    } else {
+        fail_at(__FILE__, __LINE__, "mla_values: %s", moex_last_error());
+    }
+    free(w), free(wh), free(q), free(oc), free(og), free(lat), free(vc), free(vg);
+    dfree(dw), dfree(dq), dfree(do_), dfree(dl), dfree(dv), dfree(x16);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -895,6 +1076,10 @@ static void test_linear(void) {
         mlp_case(&blas, TOKENS[ti], 64, 129, 0);
         mlp_case(&blas, TOKENS[ti], 40, 96, 1);
     }
+    for (int ti = 0; ti < 3; ti++) { /* deepseek_v3's absorbed attention: the fixtures' sizes and odd ones */
+        mla_case(&blas, TOKENS[ti], 4, 16, 16, 16, MOEX_F32);
+        mla_case(&blas, TOKENS[ti], 3, 24, 40, 72, ti == 1 ? MOEX_BF16 : MOEX_F32);
+    }
     // refused: 16-bit weights without scratch
     lin_pair p;
     lin_make(&p, 8, 8, MOEX_BF16, 0, MOEX_F32);
@@ -947,10 +1132,10 @@ static void test_graph_decode(void) {
             moex_status st = moex_cuda_linear(&blas, &wq.gpu, dx, nseq, r.dq, NULL, g_stream);
             if (!st) st = moex_cuda_positions(r.dseqs, nseq, nseq, dpos, g_stream);
             if (!st) st = moex_cuda_rope_cos_sin(dinv, d, dpos, nseq, dc, ds, g_stream);
-            if (!st) st = moex_cuda_rope_apply(r.dq, nseq, heads, d, dc, ds, g_stream);
-            if (!st) st = moex_cuda_rope_apply(r.dk, nseq, KV, d, dc, ds, g_stream);
-            if (!st) st = moex_cuda_attention(&r.gpu, 0, r.dseqs, nseq, nseq, heads, r.dq, r.dk, r.dv, r.dout, g_flags,
-                                              g_stream);
+            if (!st) st = moex_cuda_rope_apply(r.dq, nseq, heads, d, d, dc, ds, g_stream);
+            if (!st) st = moex_cuda_rope_apply(r.dk, nseq, KV, d, d, dc, ds, g_stream);
+            if (!st) st = moex_cuda_attention(&r.gpu, 0, r.dseqs, nseq, nseq, heads, r.dq, r.dk, r.dv, r.dout, 0, NULL,
+                                              g_flags, g_stream);
             if (!st) st = moex_cuda_linear(&blas, &wo.gpu, r.dout, nseq, dlog, NULL, g_stream);
             if (!st) st = moex_cuda_argmax(dlog, nseq, V, dtok, g_stream);
             void *e = NULL;
@@ -1113,7 +1298,8 @@ int main(int argc, char **argv) {
     fflush(stdout);
     static const test_entry TESTS[] = {
         {"embedding", test_embedding}, {"rmsnorm", test_rmsnorm},         {"rope", test_rope},
-        {"attention", test_attention}, {"routers", test_routers},         {"elementwise", test_elementwise},
+        {"attention", test_attention}, {"latent attention", test_latent_attention},
+        {"copy_rows and scale", test_copy_scale}, {"routers", test_routers},         {"elementwise", test_elementwise},
         {"argmax", test_argmax},       {"linear", test_linear},           {"graph_decode", test_graph_decode},
         {"op_tables", test_op_tables},
     };

@@ -68,10 +68,16 @@ moex_status moex_cuda_mrope_cos_sin(const float *inv_freq, int64_t head_dim, con
                                     const int64_t *pos_t, const int64_t *pos_h, const int64_t *pos_w, int64_t T,
                                     float *cos_out, float *sin_out, void *stream);
 
-/** moex_rope_apply in place (rotate_half convention, one rounding per op). */
+/** moex_rope_apply_partial in place (rotate_half convention, one rounding per op): the first
+ *  rotary_dim values of each head (even, 2 .. head_dim; rotary_dim = head_dim: moex_rope_apply). */
+// x: [T, heads, head_dim], cos, sin: [T, rotary_dim/2]
+moex_status moex_cuda_rope_apply(float *x, int64_t T, int64_t heads, int64_t head_dim, int64_t rotary_dim,
+                                 const float *cos_in, const float *sin_in, void *stream);
+
+/** moex_rope_apply_interleaved in place (DeepSeek-V3's rope_interleave); head_dim <= MOEX_ROPE_INTERLEAVED_MAX. */
 // x: [T, heads, head_dim], cos, sin: [T, head_dim/2]
-moex_status moex_cuda_rope_apply(float *x, int64_t T, int64_t heads, int64_t head_dim, const float *cos_in,
-                                 const float *sin_in, void *stream);
+moex_status moex_cuda_rope_apply_interleaved(float *x, int64_t T, int64_t heads, int64_t head_dim, const float *cos_in,
+                                             const float *sin_in, void *stream);
 
 /* ---- KV cache and attention (decoder_attention.cu) ------------------------- */
 
@@ -87,21 +93,25 @@ typedef struct moex_cuda_kv_cache {
 /** Allocate (synchronously) and zero a cache; every length 0. Same limits as moex_kv_cache_create. */
 moex_status moex_cuda_kv_cache_create(int device, int64_t layers, int64_t max_batch, int64_t max_seq,
                                       int64_t kv_heads, int64_t head_dim, moex_cuda_kv_cache *out);
+/** A latent cache (moex_kv_cache_create_latent's twin): kv_heads 1, head_dim = width, k only (v NULL). */
+moex_status moex_cuda_kv_cache_create_latent(int device, int64_t layers, int64_t max_batch, int64_t max_seq,
+                                             int64_t width, moex_cuda_kv_cache *out);
 /** Free what create allocated and zero *cache. NULL or an empty cache is a no-op. */
 void moex_cuda_kv_cache_free(moex_cuda_kv_cache *cache);
 /** Queue: forget sequence seq in every layer (length 0), or every sequence for seq == -1. */
 moex_status moex_cuda_kv_cache_reset(const moex_cuda_kv_cache *cache, int64_t seq, void *stream);
 
 /**
- * moex_attention_forward_batch on the device. seqs: nseq descriptors (the
+ * moex_attention_forward_sinks on the device. seqs: nseq descriptors (the
  * CPU's struct) in device memory, so that a captured decode step reads this
  * step's `past` when it is replayed; `total` = sum of their tokens, known to
  * the host (the grid is sized by it).
  *   1. k, v rows are written at positions past .. past + T_i - 1 of (layer, seq);
  *      the sequence's length becomes past + T_i.
- *   2. every (row, head): s_j = dot(q, k_j) * head_dim^-0.5 (the CPU's eight
- *      partial sums, in its order), w_j = expf(s_j - max) * (1 / sum_j e_j)
- *      (sum in double), out = sum_j w_j v_j (f32, j ascending).
+ *   2. every (row, head): s_j = dot(q, k_j) * head_dim^-0.5 over positions j > p - window
+ *      (window 0: all of 0 .. p), w_j = expf(s_j - max) * (1 / sum_j e_j) (sum in double),
+ *      with sinks [heads] (or NULL) one more logit per head in the max and the sum that weighs
+ *      no value; out = sum_j w_j v_j (f32, j ascending within each warp).
  * A descriptor with seq outside [0, max_batch), a repeated seq, tokens < 0,
  * past < 0 or above the recorded length, past + tokens > max_seq, or token
  * counts that do not add up to `total`, sets MOEX_CUDA_FLAG_BAD_SEQ and that
@@ -109,10 +119,21 @@ moex_status moex_cuda_kv_cache_reset(const moex_cuda_kv_cache *cache, int64_t se
  * Shared memory: up to 8192 scores per block; longer contexts recompute
  * their scores in chunks (same results).
  */
-// q: [total, heads, d], k, v: [total, kv_heads, d] -> out: [total, heads * d]
+// q: [total, heads, d], k, v: [total, kv_heads, d], sinks: [heads] -> out: [total, heads * d]
 moex_status moex_cuda_attention(const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
                                 int64_t nseq, int64_t total, int64_t heads, const float *q, const float *k,
-                                const float *v, float *out, int *flags, void *stream);
+                                const float *v, float *out, int64_t window, const float *sinks, int *flags,
+                                void *stream);
+
+/**
+ * moex_attention_forward_latent on the device, over a latent cache: kv rows appended as k above,
+ * then s_j = dot(q, kv_j) * scale over the width, the same softmax, out = sum_j w_j kv_j[0 ..
+ * value_dim). Descriptors are checked and flagged as above. out must not overlap q or kv.
+ */
+// q: [total, heads, width], kv: [total, width] -> out: [total, heads, value_dim]
+moex_status moex_cuda_attention_latent(const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
+                                       int64_t nseq, int64_t total, int64_t heads, const float *q, const float *kv,
+                                       int64_t value_dim, float scale, float *out, int *flags, void *stream);
 
 /* ---- routers (decoder_router.cu) ------------------------------------------- */
 
@@ -181,6 +202,16 @@ moex_status moex_cuda_gather_last_rows(const float *x, int64_t H, const moex_att
 moex_status moex_cuda_positions(const moex_attn_seq *seqs, int64_t nseq, int64_t total, int64_t *positions,
                                 void *stream);
 
+/** Rows of floats between two strided buffers: dst[r*dst_ld + i] = src[r*src_ld + i], r < rows,
+ *  i < n (src_ld 0: one row repeated). No overlap. */
+// src: [rows, src_ld] -> dst: [rows, dst_ld]
+moex_status moex_cuda_copy_rows(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows, int64_t n,
+                                void *stream);
+
+/** x[i] *= s, rounded once (gpt_oss's yarn attention factor on cos and sin). */
+// x: [n] (in place)
+moex_status moex_cuda_scale(float *x, int64_t n, float s, void *stream);
+
 /* ---- greedy (decoder_argmax.cu) -------------------------------------------- */
 
 /** moex_sample_greedy per row: the first maximum; a row with a NaN gets -1 - (its first NaN's index). */
@@ -216,6 +247,20 @@ void moex_cuda_blas_free(moex_cuda_blas *blas);
 // x: [T, K] -> y: [T, N]
 moex_status moex_cuda_linear(const moex_cuda_blas *blas, const moex_linear_w *w, const float *x, int64_t T, float *y,
                              void *x16, void *stream);
+
+/**
+ * moex_mla_absorb and moex_mla_values on the device: one strided batched cuBLAS GEMM over the heads
+ * (cublasGemmStridedBatchedEx), the sums in f32 as moex_cuda_linear's (f32 kv_b: pedantic f32; bf16
+ * or f16 kv_b: the input rounded to its dtype into x16, [T, heads * q_stride] or [T, heads *
+ * kv_lora_rank] of kv_b's dtype, then tensor cores with f32 accumulation).
+ */
+// q: [T, heads, q_stride] -> out: [T, heads, out_stride] (the first kv_lora_rank of each head)
+moex_status moex_cuda_mla_absorb(const moex_cuda_blas *blas, const moex_linear_w *kv_b, int64_t heads, int64_t nope,
+                                 int64_t vd, const float *q, int64_t q_stride, int64_t T, float *out,
+                                 int64_t out_stride, void *x16, void *stream);
+// lat: [T, heads, kv_lora_rank] -> out: [T, heads, vd]
+moex_status moex_cuda_mla_values(const moex_cuda_blas *blas, const moex_linear_w *kv_b, int64_t heads, int64_t nope,
+                                 int64_t vd, const float *lat, int64_t T, float *out, void *x16, void *stream);
 
 #ifdef __cplusplus
 }

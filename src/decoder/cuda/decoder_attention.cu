@@ -16,7 +16,7 @@
 
 /* The cache as kernels see it. */
 typedef struct kv_view {
-    float *k, *v;         /* [layers, B, KV, S, d] */
+    float *k, *v;         /* [layers, B, KV, S, d]; v NULL for a latent cache (the values are the keys' first dv) */
     int64_t *len;         /* [B]: the lengths of this call's layer */
     int64_t B, S, KV, d;
     size_t layer_off;     /* elements before this layer in k and v */
@@ -82,7 +82,7 @@ __global__ void kv_append_kernel(kv_view c, const moex_attn_seq *seqs, int64_t n
                 const int64_t h = e / c.d, i = e % c.d;
                 const size_t dst = head_rows(c, seq, h) + (size_t)(pos * c.d + i);
                 c.k[dst] = k[r * n + e];
-                c.v[dst] = v[r * n + e];
+                if (c.v) c.v[dst] = v[r * n + e];
             }
         __syncthreads();
     }
@@ -135,23 +135,34 @@ __device__ __forceinline__ void chunk_scores(const float *qs, const float *keys,
 /* Features handled per pass of the value sum: 32 lanes x OUT_PER_LANE. */
 #define OUT_PER_LANE 4
 
+/* What attend_kernel computes besides the cache and the rows: the softmax scale, the values a
+ * head puts out (d, or a latent cache's dv), gpt_oss's sliding window (0: none) and sinks [heads]
+ * (NULL: none). */
+typedef struct attend_params {
+    float scale;
+    int64_t dv, window;
+    const float *sinks;
+} attend_params;
+
 /* One block per (stacked row, query head): blockIdx.x = row (grid-stride), blockIdx.y = head.
  * ATT_THREADS threads (warps split the keys). Shared: q [d] then scores [chunk] (dynamic); the
  * warps' partial outputs and the reductions (static).
- * Positions 0 .. past + t of the sequence's kv head h / group; keys in chunks of `chunk`:
- * when all fit (L <= chunk) the scores are computed once, else they are recomputed per pass.
- * q: [total, heads, d] -> out: [total, heads, d] (out may be q). */
+ * Positions lo .. past + t of the sequence's kv head h / group (lo > 0: the window); keys in chunks
+ * of `chunk`: when all fit (L - lo <= chunk) the scores are computed once, else they are recomputed
+ * per pass. A sink is one more logit in the maximum and the sum that weighs no value.
+ * q: [total, heads, d] -> out: [total, heads, dv] (out may be q when dv == d). */
 #define ATT_THREADS 128
 __global__ void __launch_bounds__(ATT_THREADS)
     attend_kernel(kv_view c, const moex_attn_seq *seqs, int64_t nseq, int64_t total, int64_t heads, int64_t group,
-                  float scale, int64_t chunk, const float *q, float *out) {
+                  attend_params ap, int64_t chunk, const float *q, float *out) {
     extern __shared__ float smem[];
     __shared__ float red_f[32];
     __shared__ double red_d[32];
     __shared__ float part[ATT_THREADS / 32][32 * OUT_PER_LANE];
     __shared__ int64_t s_seq, s_len;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int64_t d = c.d, h = blockIdx.y;
+    const int64_t d = c.d, dv = ap.dv, h = blockIdx.y;
+    const float scale = ap.scale;
     float *qs = smem, *sc = smem + d;
     for (int64_t r = blockIdx.x; r < total; r += gridDim.x) {
         if (threadIdx.x == 0) {
@@ -169,13 +180,14 @@ __global__ void __launch_bounds__(ATT_THREADS)
             __syncthreads();
             continue;
         }
+        const int64_t lo = ap.window > 0 && L > ap.window ? L - ap.window : 0; /* kv > q - window */
         const size_t off = head_rows(c, seq, h / group);
-        const float *keys = c.k + off, *vals = c.v + off;
-        const int resident = L <= chunk;
+        const float *keys = c.k + off, *vals = c.v ? c.v + off : keys;
+        const int resident = L - lo <= chunk;
 
-        // 1. the largest score (NaN scores are passed over, as `if (s > m)` does)
+        // 1. the largest score (NaN scores are passed over, as `if (s > m)` does), and the sink's logit
         float m = -INFINITY;
-        for (int64_t c0 = 0; c0 < L; c0 += chunk) {
+        for (int64_t c0 = lo; c0 < L; c0 += chunk) {
             const int64_t n = L - c0 < chunk ? L - c0 : chunk;
             chunk_scores(qs, keys, d, scale, c0, n, sc);
             __syncthreads(); /* the scores were written by other warps */
@@ -183,10 +195,12 @@ __global__ void __launch_bounds__(ATT_THREADS)
             if (!resident) __syncthreads(); /* sc is rewritten by the next chunk */
         }
         m = block_max(m, red_f);
+        const float sink = ap.sinks ? ap.sinks[h] : 0.0f;
+        if (ap.sinks) m = sink > m ? sink : m;
 
-        // 2. e_j = expf(s_j - m), their sum in double
+        // 2. e_j = expf(s_j - m), their sum in double (with the sink's)
         double sum = 0.0;
-        for (int64_t c0 = 0; c0 < L; c0 += chunk) {
+        for (int64_t c0 = lo; c0 < L; c0 += chunk) {
             const int64_t n = L - c0 < chunk ? L - c0 : chunk;
             if (!resident) {
                 chunk_scores(qs, keys, d, scale, c0, n, sc);
@@ -200,16 +214,17 @@ __global__ void __launch_bounds__(ATT_THREADS)
             if (!resident) __syncthreads();
         }
         sum = block_sum_double(sum, red_d);
+        if (ap.sinks) sum += (double)expf(sink - m);
         const float inv = 1.0f / (float)sum;
 
         // 3. out = sum_j (e_j * inv) * v_j: in passes of 32 * OUT_PER_LANE features, warp w sums the
         //    keys j = w (mod warps) (a value row read coalesced by each warp), then the warps' partial
         //    sums are added in warp order
-        for (int64_t f0 = 0; f0 < d; f0 += 32 * OUT_PER_LANE) {
+        for (int64_t f0 = 0; f0 < dv; f0 += 32 * OUT_PER_LANE) {
             float o[OUT_PER_LANE];
 #pragma unroll
             for (int u = 0; u < OUT_PER_LANE; u++) o[u] = 0.0f;
-            for (int64_t c0 = 0; c0 < L; c0 += chunk) {
+            for (int64_t c0 = lo; c0 < L; c0 += chunk) {
                 const int64_t n = L - c0 < chunk ? L - c0 : chunk;
                 if (!resident) {
                     __syncthreads(); /* every warp is done with the previous chunk */
@@ -225,17 +240,17 @@ __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
                     for (int u = 0; u < OUT_PER_LANE; u++) {
                         const int64_t i = lane + 32 * u;
-                        if (f0 + i < d) o[u] += p * vj[i];
+                        if (f0 + i < dv) o[u] += p * vj[i];
                     }
                 }
             }
 #pragma unroll
             for (int u = 0; u < OUT_PER_LANE; u++) part[warp][lane + 32 * u] = o[u];
             __syncthreads();
-            for (int64_t i = threadIdx.x; i < 32 * OUT_PER_LANE && f0 + i < d; i += blockDim.x) {
+            for (int64_t i = threadIdx.x; i < 32 * OUT_PER_LANE && f0 + i < dv; i += blockDim.x) {
                 float acc = 0.0f;
                 for (int w = 0; w < warps; w++) acc += part[w][i];
-                out[(r * heads + h) * d + f0 + i] = acc;
+                out[(r * heads + h) * dv + f0 + i] = acc;
             }
             __syncthreads(); /* part is reused by the next pass */
         }
@@ -254,8 +269,9 @@ __global__ void kv_commit_kernel(kv_view c, const moex_attn_seq *seqs, int64_t n
 
 /* ---- the cache ------------------------------------------------------------ */
 
-extern "C" moex_status moex_cuda_kv_cache_create(int device, int64_t layers, int64_t max_batch, int64_t max_seq,
-                                                 int64_t kv_heads, int64_t head_dim, moex_cuda_kv_cache *out) {
+// keys_only: a latent cache (no value array).
+static moex_status cache_create(int device, int64_t layers, int64_t max_batch, int64_t max_seq, int64_t kv_heads,
+                                int64_t head_dim, int keys_only, moex_cuda_kv_cache *out) {
     if (!out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "cuda kv_cache_create: out is NULL");
     const int64_t dims[5] = {layers, max_batch, max_seq, kv_heads, head_dim};
     static const char *const names[5] = {"layers", "max_batch", "max_seq", "kv_heads", "head_dim"};
@@ -275,10 +291,10 @@ extern "C" moex_status moex_cuda_kv_cache_create(int device, int64_t layers, int
     void *k = NULL, *v = NULL, *len = NULL;
     const size_t bytes = sizeof(float) * (size_t)n, len_bytes = sizeof(int64_t) * (size_t)(layers * max_batch);
     moex_status st = moex_cuda_alloc(device, bytes, &k);
-    if (!st) st = moex_cuda_alloc(device, bytes, &v);
+    if (!st && !keys_only) st = moex_cuda_alloc(device, bytes, &v);
     if (!st) st = moex_cuda_alloc(device, len_bytes, &len);
     if (!st) st = moex_cuda_status(cudaMemset(k, 0, bytes), "cuda kv_cache_create: cudaMemset");
-    if (!st) st = moex_cuda_status(cudaMemset(v, 0, bytes), "cuda kv_cache_create: cudaMemset");
+    if (!st && v) st = moex_cuda_status(cudaMemset(v, 0, bytes), "cuda kv_cache_create: cudaMemset");
     if (!st) st = moex_cuda_status(cudaMemset(len, 0, len_bytes), "cuda kv_cache_create: cudaMemset");
     /* the zeros are in place before any stream, blocking or not, uses the cache */
     if (!st) st = moex_cuda_status(cudaStreamSynchronize(cudaStreamLegacy), "cuda kv_cache_create: synchronize");
@@ -291,6 +307,16 @@ extern "C" moex_status moex_cuda_kv_cache_create(int device, int64_t layers, int
     c.k = (float *)k, c.v = (float *)v, c.len = (int64_t *)len;
     *out = c;
     return MOEX_OK;
+}
+
+extern "C" moex_status moex_cuda_kv_cache_create(int device, int64_t layers, int64_t max_batch, int64_t max_seq,
+                                                 int64_t kv_heads, int64_t head_dim, moex_cuda_kv_cache *out) {
+    return cache_create(device, layers, max_batch, max_seq, kv_heads, head_dim, 0, out);
+}
+
+extern "C" moex_status moex_cuda_kv_cache_create_latent(int device, int64_t layers, int64_t max_batch,
+                                                        int64_t max_seq, int64_t width, moex_cuda_kv_cache *out) {
+    return cache_create(device, layers, max_batch, max_seq, 1, width, 1, out);
 }
 
 extern "C" void moex_cuda_kv_cache_free(moex_cuda_kv_cache *cache) {
@@ -324,10 +350,9 @@ extern "C" moex_status moex_cuda_kv_cache_reset(const moex_cuda_kv_cache *cache,
 
 static const int64_t MAX_RESIDENT_SCORES = 8192; /* scores a block keeps in shared memory */
 
-extern "C" moex_status moex_cuda_attention(const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
-                                           int64_t nseq, int64_t total, int64_t heads, const float *q, const float *k,
-                                           const float *v, float *out, int *flags, void *stream) {
-    const char *fn = "cuda attention";
+// The checks both entry points share: the layer, heads and descriptors' count against the cache.
+static moex_status check_call(const char *fn, const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
+                              int64_t nseq, int64_t total, int64_t heads) {
     if (!cache || !cache->k) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: no cache", fn);
     if (layer < 0 || layer >= cache->layers)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: layer = %lld is outside [0, %lld)", fn, (long long)layer,
@@ -345,33 +370,84 @@ extern "C" moex_status moex_cuda_attention(const moex_cuda_kv_cache *cache, int6
     if (total < 0 || total > B * S || total > INT32_MAX)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: total = %lld tokens is outside [0, max_batch x max_seq]", fn,
                          (long long)total);
-    if (nseq == 0 || total == 0) return MOEX_OK; /* as the CPU: no token, nothing written */
-    if (!seqs) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: seqs is NULL (%lld sequences)", fn, (long long)nseq);
-    if (!q || !k || !v || !out)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL (%lld tokens)", fn,
-                         !q ? "q" : !k ? "k" : !v ? "v" : "out", (long long)total);
-    const size_t qb = sizeof(float) * (size_t)(total * heads * d), kb = sizeof(float) * (size_t)(total * KV * d);
-    const char *ob = (const char *)out, *kb0 = (const char *)k, *vb0 = (const char *)v;
-    if ((ob < kb0 + kb && kb0 < ob + qb) || (ob < vb0 + kb && vb0 < ob + qb) ||
-        (out != q && ob < (const char *)q + qb && (const char *)q < ob + qb))
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: out overlaps k, v or q (other than being q)", fn);
+    if (nseq > 0 && total > 0 && !seqs)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: seqs is NULL (%lld sequences)", fn, (long long)nseq);
+    return MOEX_OK;
+}
 
+// append, attend, commit
+static moex_status launch(const char *fn, const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
+                          int64_t nseq, int64_t total, int64_t heads, const float *q, const float *k, const float *v,
+                          float *out, const attend_params &ap, int *flags, cudaStream_t s) {
+    const int64_t KV = cache->kv_heads, d = cache->head_dim, B = cache->max_batch, S = cache->max_seq;
     kv_view c;
     c.k = cache->k, c.v = cache->v, c.len = cache->len + layer * B;
     c.B = B, c.S = S, c.KV = KV, c.d = d;
     c.layer_off = (size_t)layer * (size_t)(B * KV * S * d);
-    cudaStream_t s = (cudaStream_t)stream;
     const unsigned rows = (unsigned)(total < 1048576 ? total : 1048576);
     kv_append_kernel<<<rows, 128, 0, s>>>(c, seqs, nseq, total, k, v);
-    moex_status st = MOEX_CUDA_LAUNCHED("cuda attention: append kernel");
+    moex_status st = MOEX_CUDA_LAUNCHED(fn);
     if (st) return st;
-    const int threads = ATT_THREADS;
     const int64_t chunk = S < MAX_RESIDENT_SCORES ? S : MAX_RESIDENT_SCORES;
     const size_t shmem = sizeof(float) * (size_t)(d + chunk);
-    const float scale = (float)pow((double)d, -0.5); /* head_dim ** -0.5 */
     dim3 grid(rows, (unsigned)heads);
-    attend_kernel<<<grid, threads, shmem, s>>>(c, seqs, nseq, total, heads, heads / KV, scale, chunk, q, out);
-    if ((st = MOEX_CUDA_LAUNCHED("cuda attention: attend kernel"))) return st;
+    attend_kernel<<<grid, ATT_THREADS, shmem, s>>>(c, seqs, nseq, total, heads, heads / KV, ap, chunk, q, out);
+    if ((st = MOEX_CUDA_LAUNCHED(fn))) return st;
     kv_commit_kernel<<<1, 256, 0, s>>>(c, seqs, nseq, total, flags);
-    return MOEX_CUDA_LAUNCHED("cuda attention: commit kernel");
+    return MOEX_CUDA_LAUNCHED(fn);
+}
+
+static int overlaps(const void *a, size_t an, const void *b, size_t bn) {
+    const char *ab = (const char *)a, *bb = (const char *)b;
+    return ab < bb + bn && bb < ab + an;
+}
+
+extern "C" moex_status moex_cuda_attention(const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
+                                           int64_t nseq, int64_t total, int64_t heads, const float *q, const float *k,
+                                           const float *v, float *out, int64_t window, const float *sinks, int *flags,
+                                           void *stream) {
+    const char *fn = "cuda attention";
+    moex_status st = check_call(fn, cache, layer, seqs, nseq, total, heads);
+    if (st) return st;
+    if (!cache->v) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the cache is a latent one", fn);
+    if (window < 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: window = %lld is negative", fn, (long long)window);
+    if (nseq == 0 || total == 0) return MOEX_OK; /* as the CPU: no token, nothing written */
+    if (!q || !k || !v || !out)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL (%lld tokens)", fn,
+                         !q ? "q" : !k ? "k" : !v ? "v" : "out", (long long)total);
+    const int64_t KV = cache->kv_heads, d = cache->head_dim;
+    const size_t qb = sizeof(float) * (size_t)(total * heads * d), kb = sizeof(float) * (size_t)(total * KV * d);
+    if (overlaps(out, qb, k, kb) || overlaps(out, qb, v, kb) || (out != q && overlaps(out, qb, q, qb)))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: out overlaps k, v or q (other than being q)", fn);
+    attend_params ap;
+    ap.scale = (float)pow((double)d, -0.5); /* head_dim ** -0.5 */
+    ap.dv = d, ap.window = window, ap.sinks = sinks;
+    return launch(fn, cache, layer, seqs, nseq, total, heads, q, k, v, out, ap, flags, (cudaStream_t)stream);
+}
+
+extern "C" moex_status moex_cuda_attention_latent(const moex_cuda_kv_cache *cache, int64_t layer,
+                                                  const moex_attn_seq *seqs, int64_t nseq, int64_t total, int64_t heads,
+                                                  const float *q, const float *kv, int64_t value_dim, float scale,
+                                                  float *out, int *flags, void *stream) {
+    const char *fn = "cuda latent attention";
+    moex_status st = check_call(fn, cache, layer, seqs, nseq, total, heads);
+    if (st) return st;
+    if (cache->v) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the cache keeps values (not a latent cache)", fn);
+    const int64_t w = cache->head_dim;
+    if (value_dim < 1 || value_dim > w)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: value_dim = %lld is outside [1, width = %lld]", fn,
+                         (long long)value_dim, (long long)w);
+    if (!(scale > 0.0f) || !isfinite(scale))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: scale = %g must be a positive number", fn, (double)scale);
+    if (nseq == 0 || total == 0) return MOEX_OK;
+    if (!q || !kv || !out)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL (%lld tokens)", fn, !q ? "q" : !kv ? "kv" : "out",
+                         (long long)total);
+    const size_t qb = sizeof(float) * (size_t)(total * heads * w), kb = sizeof(float) * (size_t)(total * w),
+                 ob = sizeof(float) * (size_t)(total * heads * value_dim);
+    if (overlaps(out, ob, q, qb) || overlaps(out, ob, kv, kb))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: out overlaps %s", fn, overlaps(out, ob, q, qb) ? "q" : "kv");
+    attend_params ap;
+    ap.scale = scale, ap.dv = value_dim, ap.window = 0, ap.sinks = NULL;
+    return launch(fn, cache, layer, seqs, nseq, total, heads, q, kv, NULL, out, ap, flags, (cudaStream_t)stream);
 }

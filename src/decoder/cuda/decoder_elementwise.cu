@@ -214,3 +214,39 @@ extern "C" moex_status moex_cuda_positions(const moex_attn_seq *seqs, int64_t ns
                                                                                                positions);
     return MOEX_CUDA_LAUNCHED("cuda positions kernel");
 }
+
+/* ---- strided copies and scaling ------------------------------------------------- */
+
+// src: rows of src_ld floats (0: one row repeated) -> dst: rows of dst_ld floats, n of each
+__global__ void copy_rows_kernel(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows,
+                                 int64_t n) {
+    GRID_STRIDE(idx, rows * n) {
+        const int64_t r = idx / n, i = idx % n;
+        dst[r * dst_ld + i] = src[r * src_ld + i];
+    }
+}
+
+extern "C" moex_status moex_cuda_copy_rows(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows,
+                                           int64_t n, void *stream) {
+    const char *fn = "cuda copy_rows";
+    if (rows < 0 || n < 0 || dst_ld < n || src_ld < 0 || (src_ld && src_ld < n) ||
+        (rows > 0 && n > 0 && rows > INT64_MAX / 4 / (dst_ld > n ? dst_ld : n)))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: rows = %lld, n = %lld, dst_ld = %lld, src_ld = %lld", fn,
+                         (long long)rows, (long long)n, (long long)dst_ld, (long long)src_ld);
+    if (rows == 0 || n == 0) return MOEX_OK;
+    if (!dst || !src) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !dst ? "dst" : "src");
+    copy_rows_kernel LAUNCH_1D(rows * n)(dst, dst_ld, src, src_ld, rows, n);
+    return MOEX_CUDA_LAUNCHED(fn);
+}
+
+// x: [n] (in place)
+__global__ void scale_kernel(float *x, int64_t n, float s) {
+    GRID_STRIDE(i, n) x[i] = mul_rn(x[i], s);
+}
+
+extern "C" moex_status moex_cuda_scale(float *x, int64_t n, float s, void *stream) {
+    moex_status st = check_n("cuda scale", n, x, x);
+    if (st || n == 0) return st;
+    scale_kernel LAUNCH_1D(n)(x, n, s);
+    return MOEX_CUDA_LAUNCHED("cuda scale kernel");
+}

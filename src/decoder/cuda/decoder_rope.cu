@@ -74,13 +74,14 @@ extern "C" moex_status moex_cuda_mrope_cos_sin(const float *inv_freq, int64_t he
     return MOEX_CUDA_LAUNCHED(fn);
 }
 
-/* One thread per (token, head, frequency): the pair (i, i + half) of that head.
- * x: [T, heads, 2*half] in place, cos, sin: [T, half]. */
-__global__ void rope_apply_kernel(float *x, int64_t T, int64_t heads, int64_t half, const float *cos_in,
-                                  const float *sin_in) {
+/* One thread per (token, head, frequency): the pair (i, i + half) of the head's first 2*half values
+ * (the rotary part; the rest of the head is left as it is).
+ * x: [T, heads, head_dim] in place, cos, sin: [T, half]. */
+__global__ void rope_apply_kernel(float *x, int64_t T, int64_t heads, int64_t head_dim, int64_t half,
+                                  const float *cos_in, const float *sin_in) {
     GRID_STRIDE(idx, T * heads * half) {
         const int64_t i = idx % half, th = idx / half, t = th / heads;
-        float *v = x + th * 2 * half;
+        float *v = x + th * head_dim;
         const float c = cos_in[t * half + i], s = sin_in[t * half + i];
         const float a = v[i], b = v[half + i];
         /* q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-x2, x1); one rounding per op */
@@ -90,20 +91,63 @@ __global__ void rope_apply_kernel(float *x, int64_t T, int64_t heads, int64_t ha
     }
 }
 
-extern "C" moex_status moex_cuda_rope_apply(float *x, int64_t T, int64_t heads, int64_t head_dim, const float *cos_in,
-                                            const float *sin_in, void *stream) {
-    const char *fn = "cuda rope_apply";
+/* One thread per (token, head): the pairs (2i, 2i + 1) rotated into (i, half + i), as transformers lays
+ * out DeepSeek-V3's interleaved rope. x: [T, heads, 2*half] in place, cos, sin: [T, half]. */
+__global__ void rope_apply_interleaved_kernel(float *x, int64_t T, int64_t heads, int64_t half, const float *cos_in,
+                                              const float *sin_in) {
+    GRID_STRIDE(th, T * heads) {
+        const int64_t t = th / heads;
+        float *v = x + th * 2 * half;
+        float out[MOEX_ROPE_INTERLEAVED_MAX];
+        for (int64_t i = 0; i < half; i++) {
+            const float c = cos_in[t * half + i], s = sin_in[t * half + i];
+            const float a = v[2 * i], b = v[2 * i + 1];
+            const float ac = mul_rn(a, c), bs = mul_rn(b, s), bc = mul_rn(b, c), as = mul_rn(a, s);
+            out[i] = sub_rn(ac, bs);
+            out[half + i] = add_rn(bc, as);
+        }
+        for (int64_t i = 0; i < 2 * half; i++) v[i] = out[i];
+    }
+}
+
+static moex_status apply_check(const char *fn, float *x, int64_t T, int64_t heads, int64_t head_dim, int64_t rotary_dim,
+                               const float *cos_in, const float *sin_in) {
     if (head_dim < 2 || head_dim % 2 != 0)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: head_dim = %lld must be even and >= 2", fn,
                          (long long)head_dim);
+    if (rotary_dim < 2 || rotary_dim % 2 || rotary_dim > head_dim)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: rotary_dim = %lld must be even, >= 2 and at most head_dim = %lld",
+                         fn, (long long)rotary_dim, (long long)head_dim);
     if (T < 0 || heads < 1 || (T > 0 && heads > INT64_MAX / 4 / head_dim / T))
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: T = %lld must be >= 0 and heads = %lld >= 1 (no overflow)",
                          fn, (long long)T, (long long)heads);
-    if (T == 0) return MOEX_OK;
-    if (!x || !cos_in || !sin_in)
+    if (T > 0 && (!x || !cos_in || !sin_in))
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !x ? "x" : !cos_in ? "cos" : "sin");
-    const int64_t half = head_dim / 2;
-    rope_apply_kernel<<<blocks_for(T * heads * half, 256), 256, 0, (cudaStream_t)stream>>>(x, T, heads, half, cos_in,
-                                                                                            sin_in);
+    return MOEX_OK;
+}
+
+extern "C" moex_status moex_cuda_rope_apply(float *x, int64_t T, int64_t heads, int64_t head_dim, int64_t rotary_dim,
+                                            const float *cos_in, const float *sin_in, void *stream) {
+    const char *fn = "cuda rope_apply";
+    moex_status st = apply_check(fn, x, T, heads, head_dim, rotary_dim, cos_in, sin_in);
+    if (st || T == 0) return st;
+    const int64_t half = rotary_dim / 2;
+    rope_apply_kernel<<<blocks_for(T * heads * half, 256), 256, 0, (cudaStream_t)stream>>>(x, T, heads, head_dim, half,
+                                                                                            cos_in, sin_in);
+    return MOEX_CUDA_LAUNCHED(fn);
+}
+
+extern "C" moex_status moex_cuda_rope_apply_interleaved(float *x, int64_t T, int64_t heads, int64_t head_dim,
+                                                        const float *cos_in, const float *sin_in, void *stream) {
+    const char *fn = "cuda rope_apply_interleaved";
+    moex_status st = apply_check(fn, x, T, heads, head_dim, head_dim, cos_in, sin_in);
+    if (st) return st;
+    if (head_dim > MOEX_ROPE_INTERLEAVED_MAX)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "%s: head_dim = %lld is more than %d", fn, (long long)head_dim,
+                         MOEX_ROPE_INTERLEAVED_MAX);
+    if (T == 0) return MOEX_OK;
+    rope_apply_interleaved_kernel<<<blocks_for(T * heads, 128), 128, 0, (cudaStream_t)stream>>>(x, T, heads,
+                                                                                                 head_dim / 2, cos_in,
+                                                                                                 sin_in);
     return MOEX_CUDA_LAUNCHED(fn);
 }
