@@ -18,8 +18,9 @@ bf16 in memory (it runs neither format on this machine without extra kernels). m
 as it is: deepseek-v3 with FP8 experts (the attention's FP8 projections dequantized at load), gpt-oss-20b
 with --dequantize (moex has no FP4 experts on the GPU yet). bf16 compute, a 512-token prompt, 128 new
 tokens, greedy; each side warmed up once in its process. Prints and writes OUT_DIR/speed.json: tokens/s
-of both, the ratios, moex's GPU memory and its KV cache bytes per token, and how many of the greedy
-tokens agree (random weights: near-ties make later tokens diverge; this is a sanity check, not a test).
+of both, the ratios, moex's GPU memory and its KV cache bytes per token, how far apart the two sides'
+last-prompt logits are, and how many of the greedy tokens agree (random weights: near-ties make the
+tokens diverge; a sanity check, not a test); with --f32-check the same logits in f32 on both sides.
 
 --tiny: the same families at toy sizes on the CPU (transformers on the CPU, moex generate --device cpu),
 to check the script itself on a machine without a GPU.
@@ -216,24 +217,26 @@ def tf_run(model, prompt, new, dev):
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     with torch.no_grad():
         model.generate(ids, max_new_tokens=2, min_new_tokens=2, **kw)
-        sync()
-        t0 = time.perf_counter()
-        model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
-        sync()
+        prefill = float("inf")
+        for _ in range(3):  # the best of three prefills (its times vary from run to run)
+            sync()
+            t0 = time.perf_counter()
+            model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+            sync()
+            prefill = min(prefill, time.perf_counter() - t0)
         t1 = time.perf_counter()
         out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
         sync()
         t2 = time.perf_counter()
-    prefill = t1 - t0
     decode = max((t2 - t1) - prefill, 1e-9)
     return out[0, len(prompt):].tolist(), len(prompt) / prefill, (new - 1) / decode
 
 
-def moex_run(moex, path, prompt, new, kind, gpu, extra):
+def moex_run(moex, path, prompt, new, kind, gpu, extra, dtype="bf16"):
     import subprocess
 
     cmd = [moex, "generate", path, "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", str(new),
-           "--device", kind, "--dtype", "bf16", "--ignore-eos", "--warmup", "1", *extra]
+           "--device", kind, "--dtype", dtype, "--ignore-eos", "--warmup", "1", *extra]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -251,6 +254,8 @@ def main():
     ap.add_argument("--keep", action="store_true", help="reuse OUT/checkpoint when it exists (transformers then "
                     "runs the model it rebuilds from the same seed, dequantized again)")
     ap.add_argument("--tiny", action="store_true", help="toy sizes on the CPU (checks the script)")
+    ap.add_argument("--f32-check", action="store_true", help="also compare the last-prompt logits in f32 (the "
+                    "transformers model converted to f32 after the timing; moex --dtype f32)")
     a = ap.parse_args()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     moex = a.moex or next((p for p in (os.path.join(root, "build-gpu", "moex"), os.path.join(root, "build", "moex"))
@@ -282,23 +287,43 @@ def main():
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(2, V, (prompt_len,), generator=g).tolist()
 
+    with torch.no_grad():  # the last prompt position's logits, for the check against moex's
+        tf_logits = model(torch.tensor([prompt], device=dev)).logits[0, -1].float().cpu()
     tf_tokens, tf_pre, tf_dec = tf_run(model, prompt, new, dev)
     print("transformers: prefill %.1f tokens/s, decode %.1f tokens/s" % (tf_pre, tf_dec), flush=True)
+    f32 = None
+    if a.f32_check:  # the same weights in f32 on both sides: bf16's rounding out of the comparison
+        try:
+            model = model.float()
+            with torch.no_grad():
+                f32 = model(torch.tensor([prompt], device=dev)).logits[0, -1].float().cpu()
+        except RuntimeError as err:  # out of memory: reported, the speed numbers kept
+            print("f32 check skipped: %s" % str(err).splitlines()[0], flush=True)
     del model
     if dev == "cuda":
         torch.cuda.empty_cache()
     extra = [] if a.shape == "deepseek-v3" else ["--dequantize"]
-    text, wall = moex_run(moex, ckpt, prompt, new, kind, a.device, extra + ["--json"])
+    text, wall = moex_run(moex, ckpt, prompt, new, kind, a.device, extra + ["--json", "--logits"])
     mx_json = json.loads(text[text.index("{"):])
+    mx_logits = torch.tensor(mx_json["last_prompt_logits"][0])
+    top2 = torch.topk(tf_logits, 2).values
+    logit_check = dict(max_abs_diff=float((mx_logits - tf_logits).abs().max()),
+                       mean_abs_diff=float((mx_logits - tf_logits).abs().mean()), tf_std=float(tf_logits.std()),
+                       tf_top2_gap=float(top2[0] - top2[1]))
     text, wall = moex_run(moex, ckpt, prompt, new, kind, a.device, extra)
     mx = moex_rates(text)
     mxg = moex_rates(moex_run(moex, ckpt, prompt, new, kind, a.device, extra + ["--cuda-graph"])[0]) if not a.tiny else {}
     memory = next((l for l in text.splitlines() if l.startswith("gpu memory:")), "gpu memory: not reported")
+    if f32 is not None:
+        text32, _ = moex_run(moex, ckpt, prompt, 1, kind, a.device, extra + ["--json", "--logits"], "f32")
+        d32 = (torch.tensor(json.loads(text32[text32.index("{"):])["last_prompt_logits"][0]) - f32).abs()
+        logit_check["f32_max_abs_diff"], logit_check["f32_mean_abs_diff"] = float(d32.max()), float(d32.mean())
     mx_tokens = mx_json["new_ids"][0]
     agree = next((i for i, (x, y) in enumerate(zip(tf_tokens, mx_tokens)) if x != y), min(len(tf_tokens), len(mx_tokens)))
     report = dict(shape=a.shape, prompt=prompt_len, new=new, checkpoint_bytes=size,
                   transformers=dict(prefill=tf_pre, decode=tf_dec), moex=mx, moex_graph=mxg, moex_memory=memory,
-                  moex_wall_s=wall, greedy_tokens_agree=agree, transformers_tokens=tf_tokens, moex_tokens=mx_tokens)
+                  moex_wall_s=wall, greedy_tokens_agree=agree, transformers_tokens=tf_tokens, moex_tokens=mx_tokens,
+                  last_prompt_logits=logit_check)
     if "kv cache" in memory:  # MiB over max_seq = prompt + new positions of one sequence
         kv = float(memory.split("kv cache")[1].split("MiB")[0]) * 1048576.0
         report["moex_kv_cache_bytes_per_token"] = kv / (prompt_len + new)
@@ -314,6 +339,12 @@ def main():
     print("  ratios moex/transformers: prefill %.2fx, decode %.2fx (best of plain and graph)" %
           (mx.get("prefill", 0) / tf_pre, best_dec / tf_dec))
     print("  greedy tokens agree for the first %d of %d steps" % (agree, new))
+    print("  last-prompt logits, bf16: max |moex - transformers| %.3g, mean %.3g (transformers' std %.3g, top-2 gap "
+          "%.3g)" % (logit_check["max_abs_diff"], logit_check["mean_abs_diff"], logit_check["tf_std"],
+                     logit_check["tf_top2_gap"]))
+    if "f32_max_abs_diff" in logit_check:
+        print("  last-prompt logits, f32: max |moex - transformers| %.3g, mean %.3g" %
+              (logit_check["f32_max_abs_diff"], logit_check["f32_mean_abs_diff"]))
     with open(os.path.join(a.out, "speed.json"), "w") as f:
         json.dump(report, f, indent=1)
 

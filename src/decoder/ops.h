@@ -31,6 +31,8 @@ typedef struct moex_decoder_env {
     int *flags;         /* CUDA: the status word bad ids and descriptors set (device memory) */
     const void *blas;   /* CUDA: moex_cuda_blas * for the linear layers */
     void *x16;          /* CUDA: [rows, widest input] of bf16, a linear layer's rounded input */
+    float *scores;      /* CUDA, deepseek_v3: the latent attention's GEMM path scratch, scores_floats floats */
+    size_t scores_floats;
 } moex_decoder_env;
 
 struct moex_decoder_ops {
@@ -101,10 +103,12 @@ struct moex_decoder_ops {
     moex_status (*rope_apply_interleaved)(const moex_decoder_env *e, float *x, int64_t T, int64_t heads,
                                           int64_t head_dim, const float *cos_in, const float *sin_in);
     /* moex_attention_forward_latent with the environment's latent cache (deepseek_v3): kv [total, width]
-     * appended, q [total, heads, width] -> out [total, heads, value_dim] */
-    moex_status (*latent_attention)(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs, int64_t nseq,
-                                    int64_t total, int64_t heads, const float *q, const float *kv, int64_t value_dim,
-                                    float scale, float *out);
+     * appended, q [total, heads, width] -> out [total, heads, value_dim]. host_seqs: the descriptors in
+     * host memory when the host knows them (a step not captured in a graph), else NULL; the CUDA table
+     * takes its GEMM path with them for prefills */
+    moex_status (*latent_attention)(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs,
+                                    const moex_attn_seq *host_seqs, int64_t nseq, int64_t total, int64_t heads,
+                                    const float *q, const float *kv, int64_t value_dim, float scale, float *out);
     /* moex_mla_absorb: q [T, heads, q_stride] -> out [T, heads, out_stride] (the first kv_lora_rank) */
     moex_status (*mla_absorb)(const moex_decoder_env *e, const moex_linear_w *kv_b, int64_t heads, int64_t nope,
                               int64_t vd, const float *q, int64_t q_stride, int64_t T, float *out, int64_t out_stride);

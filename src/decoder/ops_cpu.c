@@ -159,9 +159,9 @@ static moex_status cpu_copy_rows(const moex_decoder_env *e, float *dst, int64_t 
 }
 
 static moex_status cpu_latent_attention(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs,
-                                        int64_t nseq, int64_t total, int64_t heads, const float *q, const float *kv,
-                                        int64_t value_dim, float scale, float *out) {
-    (void)total; /* the descriptors give it on the CPU */
+                                        const moex_attn_seq *host_seqs, int64_t nseq, int64_t total, int64_t heads,
+                                        const float *q, const float *kv, int64_t value_dim, float scale, float *out) {
+    (void)host_seqs, (void)total; /* seqs are host memory on the CPU; they give the total */
     return moex_attention_forward_latent((moex_kv_cache *)e->kv, layer, seqs, nseq, heads, q, kv, value_dim, scale, out,
                                          e->threads);
 }

@@ -67,6 +67,7 @@ typedef struct model_run {
     int32_t *route_ids;
     int64_t *positions, *tokens, *argmax;
     moex_attn_seq *seqs;          /* [max_batch] the step's sequences */
+    const moex_attn_seq *host_seqs; /* during a step that is not captured: their host copy; else NULL */
     uint16_t *h16, *out16;        /* bf16 compute: the experts' input and output */
     float *mla;                   /* deepseek_v3: the latent attention's scratch (model_mla_scratch) */
 } model_run;

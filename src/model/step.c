@@ -81,7 +81,7 @@ static moex_status mla_attention(moex_model *m, const model_layer_w *ly, int64_t
     if (!st) st = R(m, b.ql, T * nh * lw);
     /* softmax(q k^T * qk_head_dim^-0.5 * mscale^2) over the latent rows, then kv_b's value rows */
     const float scale = (float)(pow((double)qd, -0.5) * (double)m->q_scale);
-    if (!st) st = op->latent_attention(e, L, r->seqs, nseq, T, nh, b.ql, b.kva, kvl, scale, b.ol);
+    if (!st) st = op->latent_attention(e, L, r->seqs, r->host_seqs, nseq, T, nh, b.ql, b.kva, kvl, scale, b.ol);
     if (!st) st = R(m, b.ol, T * nh * kvl);
     if (!st) st = op->mla_values(e, &ly->kv_b, nh, nope, vd, b.ol, T, r->attn);
     return st;
@@ -302,7 +302,10 @@ moex_status model_step(moex_model *m, const model_step_seq *seqs, int64_t nseq, 
     // where the table computes the results: its own buffers, or (the CPU's) the caller's
     float *lg = r->logits ? r->logits : logits;
     int64_t *am = r->argmax ? r->argmax : tokens;
-    st = use_graph && T == nseq ? graph_step(m, nseq, lg, am) : queue_step(m, nseq, T, lg, am);
+    const int graph = use_graph && T == nseq;
+    r->host_seqs = graph ? NULL : attn; /* a captured step reads only device memory */
+    st = graph ? graph_step(m, nseq, lg, am) : queue_step(m, nseq, T, lg, am);
+    r->host_seqs = NULL;
     moex_status sync = moex_context_synchronize(m->ctx); /* also after an error: nothing left in flight */
     if (st || sync) return st ? st : sync;
     if (!tokens && lg != logits &&

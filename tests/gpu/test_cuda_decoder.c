@@ -603,13 +603,15 @@ static void test_attention(void) {
 
 /* deepseek_v3's latent attention: the same latent caches on both sides (width w, values its first
  * vd), heads query heads; a prefill of two sequences, decode steps, a continued prefill. */
-static void latent_case(int64_t heads, int64_t w, int64_t vd, float scale) {
+static void latent_case(const moex_cuda_blas *blas, int64_t heads, int64_t w, int64_t vd, float scale) {
     const int64_t B = 3, S = 64, rows = 48;
     moex_kv_cache *cpu = NULL;
-    moex_cuda_kv_cache gpu;
+    moex_cuda_kv_cache gpu, gemm; /* the kernel path's cache and the GEMM path's */
     memset(&gpu, 0, sizeof gpu);
+    memset(&gemm, 0, sizeof gemm);
     if (moex_kv_cache_create_latent(2, B, S, w, &cpu) != MOEX_OK ||
-        moex_cuda_kv_cache_create_latent(g_gpu, 2, B, S, w, &gpu) != MOEX_OK) {
+        moex_cuda_kv_cache_create_latent(g_gpu, 2, B, S, w, &gpu) != MOEX_OK ||
+        moex_cuda_kv_cache_create_latent(g_gpu, 2, B, S, w, &gemm) != MOEX_OK) {
         fail_at(__FILE__, __LINE__, "latent cache: %s", moex_last_error());
         moex_kv_cache_free(cpu);
         return;
@@ -619,6 +621,8 @@ static void latent_case(int64_t heads, int64_t w, int64_t vd, float scale) {
           *og = malloc(sizeof(float) * on);
     float *dq = dmalloc(sizeof(float) * qn), *dkv = dmalloc(sizeof(float) * kn), *dout = dmalloc(sizeof(float) * on);
     moex_attn_seq *dseqs = dmalloc(sizeof(moex_attn_seq) * (size_t)B);
+    const size_t sf = (size_t)(heads * S * 5); /* the GEMM path's scores: 5 query tokens a chunk at most */
+    float *dscores = dmalloc(sizeof(float) * sf);
     const moex_attn_seq calls[4][2] = {{{1, 7, 0}, {0, 33, 0}}, {{0, 1, 33}, {1, 1, 7}}, {{1, 1, 8}, {0, 1, 34}},
                                        {{2, 5, 0}, {1, 3, 9}}};
     const char *names[4] = {"prefill 7+33", "decode", "decode, other order", "prefill next to a continued one"};
@@ -641,7 +645,22 @@ static void latent_case(int64_t heads, int64_t w, int64_t vd, float scale) {
         snprintf(what, sizeof what, "latent attention %s (heads %lld, width %lld, values %lld)", names[c],
                  (long long)heads, (long long)w, (long long)vd);
         close_f32(what, og, oc, total * heads * vd, 1e-5, 1e-6);
+        gs = moex_cuda_attention_latent_gemm(blas, &gemm, 1, dseqs, calls[c], 2, total, heads, dq, dkv, vd, scale, dout,
+                                             dscores, sf, g_flags, g_stream);
+        g_checks++;
+        if (gs) {
+            fail_at(__FILE__, __LINE__, "latent attention (GEMM) %s: %s", names[c], moex_last_error());
+            break;
+        }
+        CHECK(sync_flags() == 0, "latent attention (GEMM) %s: status word set", names[c]);
+        down(og, dout, sizeof(float) * (size_t)(total * heads * vd));
+        snprintf(what, sizeof what, "latent attention (GEMM, chunks of 5 tokens) %s (heads %lld, width %lld)", names[c],
+                 (long long)heads, (long long)w);
+        close_f32(what, og, oc, total * heads * vd, 1e-5, 1e-6);
     }
+    CHECK(moex_cuda_attention_latent_gemm(blas, &gemm, 1, dseqs, calls[0], 2, 41, heads, dq, dkv, vd, scale, dout,
+                                          dscores, sf, g_flags, g_stream) == MOEX_ERR_INVALID_ARGUMENT,
+          "latent attention (GEMM): descriptors of 40 tokens with total 41 accepted");
     int64_t len[6];
     down(len, gpu.len, sizeof len);
     for (int64_t s = 0; s < B; s++) {
@@ -654,8 +673,9 @@ static void latent_case(int64_t heads, int64_t w, int64_t vd, float scale) {
               MOEX_ERR_INVALID_ARGUMENT, "plain attention on a latent cache is refused");
     moex_kv_cache_free(cpu);
     moex_cuda_kv_cache_free(&gpu);
+    moex_cuda_kv_cache_free(&gemm);
     free(q), free(kv), free(oc), free(og);
-    dfree(dq), dfree(dkv), dfree(dout), dfree(dseqs);
+    dfree(dq), dfree(dkv), dfree(dout), dfree(dseqs), dfree(dscores);
 }
 
 /* copy_rows (strided both sides, and one row repeated) and scale against plain loops. */
@@ -684,9 +704,65 @@ static void test_copy_scale(void) {
     dfree(ds), dfree(dd);
 }
 
+/* A prefill of 600 positions, 16 heads: the kernel path, then the GEMM path in chunks of 7 query tokens. */
+static void latent_long(const moex_cuda_blas *blas) {
+    const int64_t heads = 16, w = 72, vd = 64, L = 600;
+    moex_kv_cache *cpu = NULL;
+    moex_cuda_kv_cache gpu;
+    memset(&gpu, 0, sizeof gpu);
+    if (moex_kv_cache_create_latent(1, 1, L + 1, w, &cpu) != MOEX_OK ||
+        moex_cuda_kv_cache_create_latent(g_gpu, 1, 1, L + 1, w, &gpu) != MOEX_OK) {
+        fail_at(__FILE__, __LINE__, "latent cache: %s", moex_last_error());
+        moex_kv_cache_free(cpu);
+        return;
+    }
+    const size_t qn = (size_t)(L * heads * w), kn = (size_t)(L * w), on = (size_t)(L * heads * vd);
+    float *q = malloc(sizeof(float) * qn), *kv = malloc(sizeof(float) * kn), *oc = malloc(sizeof(float) * on),
+          *og = malloc(sizeof(float) * on);
+    fill(q, (int64_t)qn, -1.5f, 1.5f), fill(kv, (int64_t)kn, -1.5f, 1.5f);
+    float *dq = dup_to_dev(q, sizeof(float) * qn), *dkv = dup_to_dev(kv, sizeof(float) * kn),
+          *dout = dmalloc(sizeof(float) * on);
+    const moex_attn_seq pre = {0, L, 0};
+    moex_attn_seq *dseq = dup_to_dev(&pre, sizeof pre);
+    moex_status cs = moex_attention_forward_latent(cpu, 0, &pre, 1, heads, q, kv, vd, 0.2f, oc, 2);
+    moex_status gs = moex_cuda_attention_latent(&gpu, 0, dseq, 1, L, heads, dq, dkv, vd, 0.2f, dout, g_flags, g_stream);
+    g_checks++;
+    if (cs || gs) {
+        fail_at(__FILE__, __LINE__, "latent attention of 600 positions: %s", moex_last_error());
+    } else {
+        CHECK(sync_flags() == 0, "latent attention of 600 positions: status word set");
+        down(og, dout, sizeof(float) * on);
+        close_f32("latent attention, a prefill of 600 positions", og, oc, (int64_t)on, 1e-5, 1e-6);
+    }
+    /* the GEMM path on a fresh cache, 7 query tokens a chunk */
+    moex_cuda_kv_cache_free(&gpu);
+    const size_t sf = (size_t)(heads * (L + 1) * 7);
+    float *dscores = dmalloc(sizeof(float) * sf);
+    if (moex_cuda_kv_cache_create_latent(g_gpu, 1, 1, L + 1, w, &gpu) != MOEX_OK ||
+        moex_cuda_attention_latent_gemm(blas, &gpu, 0, dseq, &pre, 1, L, heads, dq, dkv, vd, 0.2f, dout, dscores, sf,
+                                        g_flags, g_stream) != MOEX_OK) {
+        fail_at(__FILE__, __LINE__, "latent attention (GEMM) of 600 positions: %s", moex_last_error());
+    } else {
+        CHECK(sync_flags() == 0, "latent attention (GEMM) of 600 positions: status word set");
+        down(og, dout, sizeof(float) * on);
+        close_f32("latent attention (GEMM, chunks of 7 tokens), a prefill of 600 positions", og, oc, (int64_t)on, 1e-5,
+                  1e-6);
+    }
+    dfree(dscores);
+    moex_kv_cache_free(cpu);
+    moex_cuda_kv_cache_free(&gpu);
+    free(q), free(kv), free(oc), free(og);
+    dfree(dq), dfree(dkv), dfree(dout), dfree(dseq);
+}
+
 static void test_latent_attention(void) {
-    latent_case(4, 24, 16, 0.25f);   /* the fixtures' sizes: kv_lora_rank 16 + rope 8 */
-    latent_case(3, 200, 160, 0.07f); /* more than one pass of output features */
+    moex_cuda_blas blas;
+    MUST(moex_cuda_blas_create(g_gpu, 0, &blas));
+    latent_case(&blas, 4, 24, 16, 0.25f);   /* the fixtures' sizes: kv_lora_rank 16 + rope 8 */
+    latent_case(&blas, 3, 200, 160, 0.07f); /* more than one pass of output features */
+    latent_case(&blas, 64, 576, 512, 0.05f); /* DeepSeek-V3's width and values */
+    if (!g_quick) latent_long(&blas);
+    moex_cuda_blas_free(&blas);
 }
 
 /* The absorbed attention's per-head products of kv_b ([heads * (nope + vd), r]) against the CPU's,
@@ -1195,9 +1271,9 @@ typedef struct test_entry {
 static void test_op_tables(void) {
     moex_cuda_blas blas;
     MUST(moex_cuda_blas_create(g_gpu, 0, &blas));
-    const moex_decoder_env ce = {&moex_decoder_ops_cpu, {MOEX_DEVICE_CPU, 0}, 2, NULL, NULL, NULL, NULL, NULL};
+    const moex_decoder_env ce = {&moex_decoder_ops_cpu, {MOEX_DEVICE_CPU, 0}, 2, NULL, NULL, NULL, NULL, NULL, NULL, 0};
     const moex_decoder_env ge = {&moex_decoder_ops_cuda, {MOEX_DEVICE_CUDA, g_gpu}, 0, NULL, g_stream, g_flags, &blas,
-                                 NULL};
+                                 NULL, NULL, 0};
     const moex_decoder_ops *c = ce.ops, *g = ge.ops;
     enum { NSEQ = 3, T = 9, H = 40, I = 72, V = 301 };
     const moex_attn_seq seqs[NSEQ] = {{0, 4, 3}, {2, 0, 5}, {1, 5, 0}};

@@ -34,6 +34,8 @@ extern "C" {
 
 /* The status-word bits these kernels set are core/gpu_runtime.h's (MOEX_CUDA_FLAG_*). */
 
+typedef struct moex_cuda_blas moex_cuda_blas; /* a cuBLAS handle with its workspace (below) */
+
 /* ---- embedding (decoder_embed_norm.cu) ------------------------------------ */
 
 /** moex_embedding on the device. ids are int64 (as moex_sample_greedy's tokens). */
@@ -134,6 +136,20 @@ moex_status moex_cuda_attention(const moex_cuda_kv_cache *cache, int64_t layer, 
 moex_status moex_cuda_attention_latent(const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
                                        int64_t nseq, int64_t total, int64_t heads, const float *q, const float *kv,
                                        int64_t value_dim, float scale, float *out, int *flags, void *stream);
+
+/**
+ * The same for a step whose descriptors the host knows (a prefill, not captured in a graph), over
+ * cuBLAS (decoder_attention_gemm.cu): the rows appended and committed as above, then per sequence, in
+ * chunks of query rows, scores = q kv^T * scale (f32 GEMM, pedantic), the causal softmax in place,
+ * out = scores kv[:, 0 .. value_dim). host_seqs: the host copy of seqs (what the GEMMs' sizes come
+ * from; checked against the cache's bounds). scores: device scratch of scores_floats floats, at least
+ * heads x max_seq. Same results as moex_cuda_attention_latent up to the order of the sums.
+ */
+moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *blas, const moex_cuda_kv_cache *cache,
+                                            int64_t layer, const moex_attn_seq *seqs, const moex_attn_seq *host_seqs,
+                                            int64_t nseq, int64_t total, int64_t heads, const float *q,
+                                            const float *kv, int64_t value_dim, float scale, float *out,
+                                            float *scores, size_t scores_floats, int *flags, void *stream);
 
 /* ---- routers (decoder_router.cu) ------------------------------------------- */
 

@@ -397,6 +397,22 @@ static moex_status launch(const char *fn, const moex_cuda_kv_cache *cache, int64
     return MOEX_CUDA_LAUNCHED(fn);
 }
 
+// The latent rows appended and the lengths committed, without attending (the GEMM path's first step).
+moex_status latent_append_commit(const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
+                                 int64_t nseq, int64_t total, const float *kv, int *flags, cudaStream_t s) {
+    const int64_t B = cache->max_batch;
+    kv_view c;
+    c.k = cache->k, c.v = NULL, c.len = cache->len + layer * B;
+    c.B = B, c.S = cache->max_seq, c.KV = 1, c.d = cache->head_dim;
+    c.layer_off = (size_t)layer * (size_t)(B * c.S * c.d);
+    const unsigned rows = (unsigned)(total < 1048576 ? total : 1048576);
+    kv_append_kernel<<<rows, 128, 0, s>>>(c, seqs, nseq, total, kv, NULL);
+    moex_status st = MOEX_CUDA_LAUNCHED("cuda latent attention: append kernel");
+    if (st) return st;
+    kv_commit_kernel<<<1, 256, 0, s>>>(c, seqs, nseq, total, flags);
+    return MOEX_CUDA_LAUNCHED("cuda latent attention: commit kernel");
+}
+
 static int overlaps(const void *a, size_t an, const void *b, size_t bn) {
     const char *ab = (const char *)a, *bb = (const char *)b;
     return ab < bb + bn && bb < ab + an;
@@ -425,11 +441,9 @@ extern "C" moex_status moex_cuda_attention(const moex_cuda_kv_cache *cache, int6
     return launch(fn, cache, layer, seqs, nseq, total, heads, q, k, v, out, ap, flags, (cudaStream_t)stream);
 }
 
-extern "C" moex_status moex_cuda_attention_latent(const moex_cuda_kv_cache *cache, int64_t layer,
-                                                  const moex_attn_seq *seqs, int64_t nseq, int64_t total, int64_t heads,
-                                                  const float *q, const float *kv, int64_t value_dim, float scale,
-                                                  float *out, int *flags, void *stream) {
-    const char *fn = "cuda latent attention";
+moex_status latent_check(const char *fn, const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
+                         int64_t nseq, int64_t total, int64_t heads, const float *q, const float *kv,
+                         int64_t value_dim, float scale, const float *out) {
     moex_status st = check_call(fn, cache, layer, seqs, nseq, total, heads);
     if (st) return st;
     if (cache->v) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the cache keeps values (not a latent cache)", fn);
@@ -447,6 +461,16 @@ extern "C" moex_status moex_cuda_attention_latent(const moex_cuda_kv_cache *cach
                  ob = sizeof(float) * (size_t)(total * heads * value_dim);
     if (overlaps(out, ob, q, qb) || overlaps(out, ob, kv, kb))
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: out overlaps %s", fn, overlaps(out, ob, q, qb) ? "q" : "kv");
+    return MOEX_OK;
+}
+
+extern "C" moex_status moex_cuda_attention_latent(const moex_cuda_kv_cache *cache, int64_t layer,
+                                                  const moex_attn_seq *seqs, int64_t nseq, int64_t total, int64_t heads,
+                                                  const float *q, const float *kv, int64_t value_dim, float scale,
+                                                  float *out, int *flags, void *stream) {
+    const char *fn = "cuda latent attention";
+    moex_status st = latent_check(fn, cache, layer, seqs, nseq, total, heads, q, kv, value_dim, scale, out);
+    if (st || nseq == 0 || total == 0) return st;
     attend_params ap;
     ap.scale = scale, ap.dv = value_dim, ap.window = 0, ap.sinks = NULL;
     return launch(fn, cache, layer, seqs, nseq, total, heads, q, kv, NULL, out, ap, flags, (cudaStream_t)stream);

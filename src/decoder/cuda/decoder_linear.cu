@@ -4,15 +4,10 @@
  * an f32 model compares with the CPU to the last few ulps of a sum. */
 #include "decoder/cuda/decoder_kernels.cuh"
 
+#include "decoder/cuda/blas_status.cuh"
+
 #include <cublas_v2.h>
 #include <limits.h>
-
-/* A cuBLAS status as a moex status with cuBLAS's own words. */
-static moex_status blas_status(cublasStatus_t s, const char *what) {
-    if (s == CUBLAS_STATUS_SUCCESS) return MOEX_OK;
-    return moex_fail(s == CUBLAS_STATUS_ALLOC_FAILED ? MOEX_ERR_OUT_OF_MEMORY : MOEX_ERR_DEVICE,
-                     "%s: cuBLAS status %d (%s): %s", what, (int)s, cublasGetStatusName(s), cublasGetStatusString(s));
-}
 
 extern "C" moex_status moex_cuda_blas_create(int device, size_t workspace_bytes, moex_cuda_blas *out) {
     if (!out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "cuda blas_create: out is NULL");
