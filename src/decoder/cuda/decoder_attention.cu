@@ -258,6 +258,84 @@ __global__ void __launch_bounds__(ATT_THREADS)
     }
 }
 
+/* ---- the latent cache's attention: heads sharing each latent row ------------------ */
+
+#define LAT_HEADS 8   /* query heads a block takes (a warp each): each latent row is read once for them */
+#define LAT_CHUNK 256 /* scores a warp keeps at a time (an online softmax over the chunks) */
+#define LAT_VPL 16    /* value features per lane: dv <= 32 * LAT_VPL */
+/* Below this many (row, group) blocks (a decode step of few sequences) the latent cache goes through
+ * attend_kernel instead. */
+#define LAT_MIN_BLOCKS 256
+
+/* One block per (stacked row, LAT_HEADS heads): warp w takes head blockIdx.y * LAT_HEADS + w over the
+ * sequence's latent rows: scores (lanes over the width, reduced across the warp), then the softmax and
+ * the weighted sum online over chunks of LAT_CHUNK positions. q: [total, heads, d] -> out: [total, heads, dv]. */
+__global__ void __launch_bounds__(LAT_HEADS * 32)
+    latent_attend_kernel(kv_view c, const moex_attn_seq *seqs, int64_t nseq, int64_t total, int64_t heads,
+                         float scale, int64_t dv, const float *q, float *out) {
+    extern __shared__ float smem[];
+    __shared__ int64_t s_seq, s_len;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t d = c.d, h = (int64_t)blockIdx.y * LAT_HEADS + warp;
+    float *qs = smem + (size_t)warp * (size_t)d, *sc = smem + (size_t)LAT_HEADS * (size_t)d + warp * LAT_CHUNK;
+    for (int64_t r = blockIdx.x; r < total; r += gridDim.x) {
+        if (threadIdx.x == 0) {
+            int64_t t = 0, i = row_owner(seqs, nseq, r, &t);
+            s_seq = -1;
+            if (i >= 0 && seq_ok(c, seqs, nseq, total, i)) {
+                s_seq = seqs[i].seq;
+                s_len = seqs[i].past + t + 1;
+            }
+        }
+        __syncthreads();
+        const int64_t seq = s_seq, L = s_len;
+        if (seq >= 0 && h < heads) {
+            for (int64_t i = lane; i < d; i += 32) qs[i] = q[(r * heads + h) * d + i];
+            __syncwarp();
+            const float *rows = c.k + head_rows(c, seq, 0);
+            float m = -INFINITY, sum = 0.0f, o[LAT_VPL];
+#pragma unroll
+            for (int u = 0; u < LAT_VPL; u++) o[u] = 0.0f;
+            for (int64_t c0 = 0; c0 < L; c0 += LAT_CHUNK) {
+                const int64_t n = L - c0 < LAT_CHUNK ? L - c0 : LAT_CHUNK;
+                float mc = -INFINITY;
+                for (int64_t j = 0; j < n; j++) {
+                    const float *kj = rows + (c0 + j) * d;
+                    float part = 0.0f;
+                    for (int64_t i = lane; i < d; i += 32) part += qs[i] * __ldg(kj + i);
+                    part = warp_sum_float(part) * scale;
+                    if (lane == 0) sc[j] = part;
+                    mc = part > mc ? part : mc;
+                }
+                __syncwarp();
+                const float mn = mc > m ? mc : m, corr = expf(m - mn);
+                sum *= corr;
+#pragma unroll
+                for (int u = 0; u < LAT_VPL; u++) o[u] *= corr;
+                for (int64_t j = 0; j < n; j++) {
+                    const float e = expf(sc[j] - mn);
+                    const float *vj = rows + (c0 + j) * d;
+                    sum += e;
+#pragma unroll
+                    for (int u = 0; u < LAT_VPL; u++) {
+                        const int64_t i = lane + 32 * u;
+                        if (i < dv) o[u] += e * __ldg(vj + i);
+                    }
+                }
+                m = mn;
+                __syncwarp();
+            }
+            const float inv = 1.0f / sum;
+#pragma unroll
+            for (int u = 0; u < LAT_VPL; u++) {
+                const int64_t i = lane + 32 * u;
+                if (i < dv) out[(r * heads + h) * dv + i] = o[u] * inv;
+            }
+        }
+        __syncthreads();
+    }
+}
+
 /* One thread per descriptor: the new length, or the flag. */
 __global__ void kv_commit_kernel(kv_view c, const moex_attn_seq *seqs, int64_t nseq, int64_t total, int *flags) {
     GRID_STRIDE(i, nseq) {
@@ -388,10 +466,17 @@ static moex_status launch(const char *fn, const moex_cuda_kv_cache *cache, int64
     kv_append_kernel<<<rows, 128, 0, s>>>(c, seqs, nseq, total, k, v);
     moex_status st = MOEX_CUDA_LAUNCHED(fn);
     if (st) return st;
-    const int64_t chunk = S < MAX_RESIDENT_SCORES ? S : MAX_RESIDENT_SCORES;
-    const size_t shmem = sizeof(float) * (size_t)(d + chunk);
-    dim3 grid(rows, (unsigned)heads);
-    attend_kernel<<<grid, ATT_THREADS, shmem, s>>>(c, seqs, nseq, total, heads, heads / KV, ap, chunk, q, out);
+    const int64_t groups = (heads + LAT_HEADS - 1) / LAT_HEADS;
+    if (!c.v && total * groups >= LAT_MIN_BLOCKS) {
+        const size_t shmem = sizeof(float) * (size_t)(LAT_HEADS * (d + LAT_CHUNK));
+        dim3 grid(rows, (unsigned)groups);
+        latent_attend_kernel<<<grid, LAT_HEADS * 32, shmem, s>>>(c, seqs, nseq, total, heads, ap.scale, ap.dv, q, out);
+    } else {
+        const int64_t chunk = S < MAX_RESIDENT_SCORES ? S : MAX_RESIDENT_SCORES;
+        const size_t shmem = sizeof(float) * (size_t)(d + chunk);
+        dim3 grid(rows, (unsigned)heads);
+        attend_kernel<<<grid, ATT_THREADS, shmem, s>>>(c, seqs, nseq, total, heads, heads / KV, ap, chunk, q, out);
+    }
     if ((st = MOEX_CUDA_LAUNCHED(fn))) return st;
     kv_commit_kernel<<<1, 256, 0, s>>>(c, seqs, nseq, total, flags);
     return MOEX_CUDA_LAUNCHED(fn);
