@@ -6,12 +6,17 @@
  *   - embedding (f32/f16/bf16 tables; a bad id: zero row and the status bit)
  *   - RMSNorm over rows (both kernels: warp and block per row) and per head,
  *     in place and not, f32/f16/bf16 weights
- *   - rope cos/sin, interleaved MRoPE, rope apply; head_dim 40/64/128
+ *   - rope cos/sin, interleaved MRoPE, rope apply (whole heads, partial rotary, DeepSeek's
+ *     interleaved pairs); head_dim 40/64/128
  *   - KV cache + attention: heads 5 / kv_heads 1, 8 / 2, 4 / 4 with head_dim
  *     40/64/128; several sequences of different lengths in one prefill call,
  *     then decode steps (one token per sequence, sequences in another order),
  *     a continued prefill mixed with decode, out == q, a bad descriptor (status
- *     bit, nothing written), the chunked path (a context longer than 8192)
+ *     bit, nothing written), the chunked path (a context longer than 8192), gpt_oss's sliding
+ *     windows and sinks
+ *   - the latent cache and DeepSeek-V3's absorbed attention, kernel and GEMM paths (chunks of
+ *     query rows), prefill and decode, 600 positions; kv_b's per-head products (f32, bf16)
+ *   - strided row copies and the scale
  *   - the three routers with ties and NaN rows: ids exact, weights close
  *   - activations, sigmoid, gated product, shared-expert gate, adds, bias,
  *     bf16 rounding, conversion, last-row gather, row positions
