@@ -114,6 +114,16 @@ def moex_rates(text):
     return rates
 
 
+def find_moex(given):
+    """The moex binary: given, else build-gpu/moex, then build/moex of this tree; exits when there is none."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    moex = given or next((p for p in (os.path.join(root, "build-gpu", "moex"), os.path.join(root, "build", "moex"))
+                          if os.path.exists(p)), None)
+    if not moex:
+        sys.exit("no moex binary found; build it or pass --moex")
+    return moex
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="output folder")
@@ -121,11 +131,7 @@ def main():
     ap.add_argument("--device", type=int, default=0, help="GPU index")
     ap.add_argument("--keep", action="store_true", help="reuse OUT/checkpoint when it exists")
     a = ap.parse_args()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    moex = a.moex or next((p for p in (os.path.join(root, "build-gpu", "moex"), os.path.join(root, "build", "moex"))
-                           if os.path.exists(p)), None)
-    if not moex:
-        sys.exit("no moex binary found; build it or pass --moex")
+    moex = find_moex(a.moex)
     if not torch.cuda.is_available():
         sys.exit("torch sees no GPU")
     torch.cuda.set_device(a.device)

@@ -36,7 +36,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tf_generate_compare import moex_rates  # noqa: E402
+from tf_generate_compare import find_moex, moex_rates  # noqa: E402
 
 PROMPT, NEW = 512, 128
 FP8_MAX, BLOCK = 448.0, 128
@@ -127,14 +127,20 @@ def build(shape, tiny, dev):
     return model.eval()
 
 
+def layer_params(model, layer):
+    """(name, parameter) of layer `layer`, or for -1 those outside the layers (embeddings, final norm, lm_head)."""
+    pre = "model.layers.%d." % layer
+    for name, p in model.named_parameters():
+        if name.startswith(pre) if layer >= 0 else not name.startswith("model.layers."):
+            yield name, p
+
+
 def deepseek_tensors(model, layer):
     """Layer `layer`'s tensors in DeepSeek's FP8 layout (the model's weights replaced by their dequantized values);
     layer -1: embeddings, final norm, lm_head."""
     out = {}
     pre = "model.layers.%d." % layer
-    for name, p in model.named_parameters():
-        if (layer < 0) != (not name.startswith("model.layers.")) or (layer >= 0 and not name.startswith(pre)):
-            continue
+    for name, p in layer_params(model, layer):
         if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
             base = name.rsplit(".", 1)[0]
             parts = ["gate_proj", "up_proj"] if name.endswith("gate_up_proj") else ["down_proj"]
@@ -161,10 +167,7 @@ def deepseek_tensors(model, layer):
 def gpt_oss_tensors(model, layer):
     """The same for gpt_oss: the experts in MXFP4 (blocks of the [E, out, in] rows), the rest bf16."""
     out = {}
-    pre = "model.layers.%d." % layer
-    for name, p in model.named_parameters():
-        if (layer < 0) != (not name.startswith("model.layers.")) or (layer >= 0 and not name.startswith(pre)):
-            continue
+    for name, p in layer_params(model, layer):
         if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
             blocks, scales = [], []
             for e in range(p.shape[0]):
@@ -257,11 +260,7 @@ def main():
     ap.add_argument("--f32-check", action="store_true", help="also compare the last-prompt logits in f32 (the "
                     "transformers model converted to f32 after the timing; moex --dtype f32)")
     a = ap.parse_args()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    moex = a.moex or next((p for p in (os.path.join(root, "build-gpu", "moex"), os.path.join(root, "build", "moex"))
-                           if os.path.exists(p)), None)
-    if not moex:
-        sys.exit("no moex binary found; build it or pass --moex")
+    moex = find_moex(a.moex)
     dev, kind = ("cpu", "cpu") if a.tiny else ("cuda", "cuda")
     if not a.tiny:
         if not torch.cuda.is_available():

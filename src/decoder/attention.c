@@ -318,6 +318,16 @@ moex_status moex_attention_forward_sinks(moex_kv_cache *cache, int64_t layer, co
     return attend(fn, cache, layer, seqs, nseq, total, heads, q, k, v, out, threads, &a);
 }
 
+moex_status moex_latent_args_check(const char *fn, int latent, int64_t width, int64_t value_dim, float scale) {
+    if (!latent) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the cache keeps values (not a latent cache)", fn);
+    if (value_dim < 1 || value_dim > width)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: value_dim = %lld is outside [1, width = %lld]", fn,
+                         (long long)value_dim, (long long)width);
+    if (!(scale > 0.0f) || !isfinite(scale))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: scale = %g must be a positive number", fn, (double)scale);
+    return MOEX_OK;
+}
+
 moex_status moex_attention_forward_latent(moex_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
                                           int64_t nseq, int64_t heads, const float *q, const float *kv,
                                           int64_t value_dim, float scale, float *out, int threads) {
@@ -325,13 +335,8 @@ moex_status moex_attention_forward_latent(moex_kv_cache *cache, int64_t layer, c
     int64_t total = 0;
     moex_status st = check_seqs(fn, cache, layer, seqs, nseq, heads, threads, &total);
     if (st) return st;
-    if (cache->v) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the cache keeps values (not a latent cache)", fn);
+    if ((st = moex_latent_args_check(fn, cache->v == NULL, cache->head_dim, value_dim, scale))) return st;
     const int64_t w = cache->head_dim;
-    if (value_dim < 1 || value_dim > w)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: value_dim = %lld is outside [1, width = %lld]", fn,
-                         (long long)value_dim, (long long)w);
-    if (!(scale > 0.0f) || !isfinite(scale))
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: scale = %g must be a positive number", fn, (double)scale);
     if (total == 0) return MOEX_OK;
     if (!q || !kv || !out)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL (%lld tokens)", fn, !q ? "q" : !kv ? "kv" : "out",

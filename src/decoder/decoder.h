@@ -292,6 +292,10 @@ moex_status moex_attention_forward_sinks(moex_kv_cache *cache, int64_t layer, co
  *      moex_attention_forward's, out = sum_j w_j kv_j[0 .. value_dim).
  * Every head reads the one latent row of each position. out must not overlap q or kv.
  */
+/** The latent attention's own arguments (both devices' entry points): the cache a latent one
+ *  (latent != 0), 1 <= value_dim <= width, scale a positive number; fn names the caller. */
+moex_status moex_latent_args_check(const char *fn, int latent, int64_t width, int64_t value_dim, float scale);
+
 // q: [sum T_i, heads, width], kv: [sum T_i, width] -> out: [sum T_i, heads, value_dim]
 moex_status moex_attention_forward_latent(moex_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
                                           int64_t nseq, int64_t heads, const float *q, const float *kv,

@@ -445,14 +445,8 @@ moex_status latent_check(const char *fn, const moex_cuda_kv_cache *cache, int64_
                          int64_t nseq, int64_t total, int64_t heads, const float *q, const float *kv,
                          int64_t value_dim, float scale, const float *out) {
     moex_status st = check_call(fn, cache, layer, seqs, nseq, total, heads);
-    if (st) return st;
-    if (cache->v) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the cache keeps values (not a latent cache)", fn);
+    if (st || (st = moex_latent_args_check(fn, cache->v == NULL, cache->head_dim, value_dim, scale))) return st;
     const int64_t w = cache->head_dim;
-    if (value_dim < 1 || value_dim > w)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: value_dim = %lld is outside [1, width = %lld]", fn,
-                         (long long)value_dim, (long long)w);
-    if (!(scale > 0.0f) || !isfinite(scale))
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: scale = %g must be a positive number", fn, (double)scale);
     if (nseq == 0 || total == 0) return MOEX_OK;
     if (!q || !kv || !out)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: %s is NULL (%lld tokens)", fn, !q ? "q" : !kv ? "kv" : "out",
