@@ -320,6 +320,12 @@ static void test_malformed_files(void **state) {
         {"{\"model\": {\"type\": \"BPE\", " MINI_VOCAB ", \"merges\": []}, \"pre_tokenizer\": {\"type\": \"Split\", "
          "\"pattern\": {\"String\": \"\"}, \"behavior\": \"Isolated\", \"invert\": false}}",
          "pre_tokenizer.pattern.String: an empty pattern", MOEX_ERR_FORMAT},
+        /* a template's special token whose id is a gap of a sparse vocabulary (found by fuzz_tokenizer) */
+        {"{\"model\": {\"type\": \"BPE\", " MINI_VOCAB ", \"merges\": []}, \"added_tokens\": [{\"id\": 4, "
+         "\"content\": \"<s>\", \"special\": true}], \"post_processor\": {\"type\": \"TemplateProcessing\", "
+         "\"single\": [{\"SpecialToken\": {\"id\": \"<s>\"}}, {\"Sequence\": {\"id\": \"A\"}}], \"special_tokens\": "
+         "{\"<s>\": {\"id\": \"<s>\", \"ids\": [3]}}}}", "ids: id 3, which no token of the vocabulary has",
+         MOEX_ERR_FORMAT},
         {"{\"model\": {\"type\": \"BPE\", " MINI_VOCAB ", \"merges\": [[\"a\", \"b\"]]}}", "", MOEX_OK},
     };
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {

@@ -419,6 +419,11 @@ static moex_status load_post(loader *ld, const cJSON *o, const char *key) {
             if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= (double)t->n_tok ||
                 v->valuedouble != (double)(int32_t)v->valuedouble)
                 return bad(ld, k, "an id outside the vocabulary");
+            if (!t->tok[(int32_t)v->valuedouble]) { /* a gap in a sparse vocabulary: no token to emit */
+                char what[96];
+                snprintf(what, sizeof what, "id %d, which no token of the vocabulary has", (int)v->valuedouble);
+                return bad(ld, k, what);
+            }
             if (t->n_tmpl == 32) return bad(ld, k, "a template longer than moex takes (32)");
             t->tmpl[t->n_tmpl++] = (int32_t)v->valuedouble;
         }
