@@ -181,13 +181,15 @@ static void test_fp8_layer_and_info(void **state) {
     moex_model_free(m);
 }
 
-/* Quantize-on-load of the plain qwen3_moe fixtures (per-expert and fused layouts). */
+/* Quantize-on-load of plain fixtures: per-expert and fused layouts, and gpt_oss's fused, transposed
+ * and interleaved experts with biases (whose gate/up bias the per-expert layout reads as gate
+ * biases then up biases). */
 static void test_quantize_on_load(void **state) {
     (void)state;
     const char *formats[] = {"fp8", "fp8-ue8m0", "fp4"};
     const double bound[] = {0.25, 0.25, 1.5};
-    const char *fixtures[] = {"qwen3_moe", "qwen3_moe-fused", "mixtral-fused"};
-    for (int fx = 0; fx < 3; fx++) {
+    const char *fixtures[] = {"qwen3_moe", "qwen3_moe-fused", "mixtral-fused", "gpt_oss"};
+    for (int fx = 0; fx < 4; fx++) {
         expected x;
         expected_load(fixtures[fx], &x);
         char dir[512];

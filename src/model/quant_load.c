@@ -134,10 +134,26 @@ moex_status model_dequantize_tensor(moex_model *m, const moex_ckpt_tensor *t, co
 
 /* ---- quantize on load ------------------------------------------------------ */
 
-// Matrix [N, K] of B-view b (B(k, n)) into w (f32, row-major).
-static void gather(const moex_bmat *b, int64_t N, int64_t K, float *w) {
+// Matrix [N, K] of rows row0, row0 + step, ... of B-view b (B(k, n)) into w (f32, row-major).
+static void gather(const moex_bmat *b, int64_t row0, int64_t step, int64_t N, int64_t K, float *w) {
     for (int64_t n = 0; n < N; n++)
-        for (int64_t k = 0; k < K; k++) w[n * K + k] = moex_bmat_at(b, k, n);
+        for (int64_t k = 0; k < K; k++) w[n * K + k] = moex_bmat_at(b, k, row0 + n * step);
+}
+
+/* The per-expert layout has no interleaved rows: an interleaved layer's gate/up bias [E, 2I]
+ * (gate j at 2j, up j at 2j+1) copied into memory the model owns as gate biases then up biases. */
+static moex_status concat_gate_up_bias(moex_model *m, moex_tensor *b, int64_t E, int64_t I) {
+    const size_t es = moex_dtype_size(b->dtype);
+    char *out = model_own(m, (size_t)(E * 2 * I) * es);
+    if (!out) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for %lld experts' biases", (long long)E);
+    const char *src = (const char *)b->data;
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t j = 0; j < 2 * I; j++) {
+            const int64_t to = e * 2 * I + (j % 2) * I + j / 2;
+            memcpy(out + (size_t)to * es, src + (size_t)(e * b->strides[0] + j * b->strides[1]) * es, es);
+        }
+    const int64_t shape[2] = {E, 2 * I};
+    return moex_tensor_init(b, out, b->dtype, 2, shape);
 }
 
 moex_status model_quantize_experts(moex_model *m, model_layer *ly, moex_experts_desc *d) {
@@ -166,13 +182,17 @@ moex_status model_quantize_experts(moex_model *m, model_layer *ly, moex_experts_
         return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory quantizing %lld experts", (long long)E);
     }
     for (int64_t e = 0; e < E && !st; e++) {
-        const moex_bmat src[3] = {moex_gate_up_mat(d, e, 0), moex_gate_up_mat(d, e, I), moex_down_mat(d, e, 0)};
+        /* gate rows, up rows, down; interleaved gate/up rows (gate j at 2j, up j at 2j+1) taken apart */
+        const int il = d->gated && d->interleaved;
+        const moex_bmat src[3] = {moex_gate_up_mat(d, e, 0), il ? moex_gate_up_mat(d, e, 0) : moex_gate_up_mat(d, e, I),
+                                  moex_down_mat(d, e, 0)};
+        const int64_t row0[3] = {0, il ? 1 : 0, 0}, step[3] = {il ? 2 : 1, il ? 2 : 1, 1};
         char *qe = codes + qtotal * (size_t)e, *se = scales + stotal * (size_t)e;
         for (int i = 0; i < 3 && !st; i++) {
             const int64_t N = shapes[i][0], K = shapes[i][1];
             int64_t ws[2] = {N, K}, qs[2] = {N, fp4 ? K / 2 : K}, ss[2] = {(N + bn - 1) / bn, (K + bk - 1) / bk};
             moex_tensor tw, tq, ts;
-            gather(&src[i], N, K, tmp);
+            gather(&src[i], row0[i], step[i], N, K, tmp);
             st = moex_tensor_init(&tw, tmp, MOEX_F32, 2, ws);
             if (!st) st = moex_tensor_init(&tq, qe, qdt, 2, qs);
             if (!st) st = moex_tensor_init(&ts, se, sdt, 2, ss);
@@ -187,6 +207,12 @@ moex_status model_quantize_experts(moex_model *m, model_layer *ly, moex_experts_
         free(ptrs);
         return st;
     }
+    if (d->interleaved && moex_tensor_present(&d->gate_up_bias) &&
+        (st = concat_gate_up_bias(m, &d->gate_up_bias, E, I))) {
+        free(ptrs);
+        return st;
+    }
+    d->interleaved = 0;
     free(ly->expert_ptrs);
     ly->expert_ptrs = ptrs;
     ly->expert_scale_ptrs = ptrs + 3 * E;
