@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """tf_model_speed.py OUT_DIR --shape deepseek-v3|gpt-oss-20b [--moex PATH] [--device N] [--keep] [--tiny]
+                   [--f32-check] [--dequantize]
 
 Prefill and decode speed of a whole model, transformers beside `moex generate --device cuda`, on a
 GPU machine with torch and transformers (5.x), on a random checkpoint in the format the family ships:
@@ -16,7 +17,8 @@ GPU machine with torch and transformers (5.x), on a random checkpoint in the for
 The checkpoint is written to OUT_DIR/checkpoint. transformers runs the same weights, dequantized to
 bf16 in memory (it runs neither format on this machine without extra kernels). moex runs the checkpoint
 as it is: deepseek-v3 with FP8 experts (the attention's FP8 projections dequantized at load), gpt-oss-20b
-with --dequantize (moex has no FP4 experts on the GPU yet). bf16 compute, a 512-token prompt, 128 new
+with FP4 experts (their activations rounded to e2m1 per 32, as moex's FP4 path does on both devices);
+--dequantize runs moex on the dequantized experts instead. bf16 compute, a 512-token prompt, 128 new
 tokens, greedy; each side warmed up once in its process. Prints and writes OUT_DIR/speed.json: tokens/s
 of both, the ratios, moex's GPU memory and its KV cache bytes per token, how far apart the two sides'
 last-prompt logits are, and how many of the greedy tokens agree (random weights: near-ties make the
@@ -259,6 +261,8 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="toy sizes on the CPU (checks the script)")
     ap.add_argument("--f32-check", action="store_true", help="also compare the last-prompt logits in f32 (the "
                     "transformers model converted to f32 after the timing; moex --dtype f32)")
+    ap.add_argument("--dequantize", action="store_true", help="moex runs the experts dequantized (moex generate "
+                    "--dequantize), not in the checkpoint's format")
     a = ap.parse_args()
     moex = find_moex(a.moex)
     dev, kind = ("cpu", "cpu") if a.tiny else ("cuda", "cuda")
@@ -301,7 +305,7 @@ def main():
     del model
     if dev == "cuda":
         torch.cuda.empty_cache()
-    extra = [] if a.shape == "deepseek-v3" else ["--dequantize"]
+    extra = ["--dequantize"] if a.dequantize else []
     text, wall = moex_run(moex, ckpt, prompt, new, kind, a.device, extra + ["--json", "--logits"])
     mx_json = json.loads(text[text.index("{"):])
     mx_logits = torch.tensor(mx_json["last_prompt_logits"][0])
@@ -319,14 +323,15 @@ def main():
         logit_check["f32_max_abs_diff"], logit_check["f32_mean_abs_diff"] = float(d32.max()), float(d32.mean())
     mx_tokens = mx_json["new_ids"][0]
     agree = next((i for i, (x, y) in enumerate(zip(tf_tokens, mx_tokens)) if x != y), min(len(tf_tokens), len(mx_tokens)))
-    report = dict(shape=a.shape, prompt=prompt_len, new=new, checkpoint_bytes=size,
+    report = dict(shape=a.shape, experts="dequantized" if a.dequantize else "as stored", prompt=prompt_len, new=new, checkpoint_bytes=size,
                   transformers=dict(prefill=tf_pre, decode=tf_dec), moex=mx, moex_graph=mxg, moex_memory=memory,
                   moex_wall_s=wall, greedy_tokens_agree=agree, transformers_tokens=tf_tokens, moex_tokens=mx_tokens,
                   last_prompt_logits=logit_check)
     if "kv cache" in memory:  # MiB over max_seq = prompt + new positions of one sequence
         kv = float(memory.split("kv cache")[1].split("MiB")[0]) * 1048576.0
         report["moex_kv_cache_bytes_per_token"] = kv / (prompt_len + new)
-    print("%s, bf16, %d-token prompt + %d new tokens (tokens/s):" % (a.shape, prompt_len, new))
+    print("%s, bf16, experts %s, %d-token prompt + %d new tokens (tokens/s):" %
+          (a.shape, report["experts"], prompt_len, new))
     print("  %-20s prefill %10.1f  decode %8.1f" % ("transformers", tf_pre, tf_dec))
     print("  %-20s prefill %10.1f  decode %8.1f" % ("moex", mx.get("prefill", 0), mx.get("decode", 0)))
     if mxg:

@@ -45,8 +45,8 @@ void bench_print_usage(FILE *f)
           "  --tokens LIST     token counts, e.g. 1,8,512\n"
           "  --backends LIST   backends, run interleaved (default eager,batched_mm,grouped_mm)\n"
           "  --dtype NAME      f32, f16 or bf16: weights and activations (default bf16);\n"
-          "                    fp8, fp8-ue8m0 or fp4: quantized weights, bf16 activations\n"
-          "                    (fp4: cpu only); a list (bf16,fp8) runs the bench once per dtype in\n"
+          "                    fp8, fp8-ue8m0 or fp4: quantized weights, bf16 activations;\n"
+          "                    a list (bf16,fp8) runs the bench once per dtype in\n"
           "                    this run, into one table, CSV and plot\n"
           "  --device NAME     cpu (default), cuda or cuda:N; on cuda the weights and\n"
           "                    inputs live on the GPU, each forward is timed with CUDA\n"
@@ -557,12 +557,6 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
         o->graph = o->device.kind == MOEX_DEVICE_CUDA ? GRAPH_BOTH : GRAPH_OFF;
     if (o->device.kind == MOEX_DEVICE_CPU && o->backend_max_arg)
         return bench_usage_error("--backend-max-tokens applies to --device cuda only");
-    for (int i = 0; o->device.kind == MOEX_DEVICE_CUDA && i < o->ndtypes; i++) {
-        moex_quant_format q;
-        if (moex_quant_format_parse(o->dtypes[i], &q) == MOEX_OK && q == MOEX_QUANT_FP4)
-            return bench_usage_error("--dtype %s: FP4 experts run on --device cpu only in this version of moex",
-                                     o->dtypes[i]);
-    }
     rc = parse_backends(backends, o);
     if (!rc && o->backend_max_arg)
         rc = parse_backend_max(o->backend_max_arg, o);

@@ -53,8 +53,8 @@ static const row TABLE[] = {
     {"batched_mm",  CPU,    FLOAT | FP8 | FP4, &moex_cpu_batched_mm,   NULL},
     {"grouped_mm",  CPU,    FLOAT | FP8 | FP4, &moex_cpu_grouped_mm,   NULL},
     {"eager",       CUDA,   FLOAT,             CUDA_IMPL(eager),       NULL},
-    {"batched_mm",  CUDA,   FLOAT | FP8,       CUDA_IMPL(batched_mm),  NULL},
-    {"grouped_mm",  CUDA,   FLOAT | FP8,       CUDA_IMPL(grouped_mm),  "batched_mm"},
+    {"batched_mm",  CUDA,   FLOAT | FP8 | FP4, CUDA_IMPL(batched_mm),  NULL},
+    {"grouped_mm",  CUDA,   FLOAT | FP8 | FP4, CUDA_IMPL(grouped_mm),  "batched_mm"},
 #if MOEX_TEST_BACKENDS /* the test copy of the library only (tests/backends/test_rows.c) */
     {"test_rows",   CPU,    FLOAT | FP8 | FP4, &moex_test_rows,        NULL},
 #endif

@@ -121,10 +121,11 @@ static moex_status upload_view(model_gpu *g, moex_tensor *t) {
     return MOEX_OK;
 }
 
-/* FP8 experts: the codes and scale grids copied as they are (1 byte a weight), stacked when the
- * checkpoint keeps each expert in its own tensors: gate_up [E, R, H] with its grid [E, R/bn,
- * ceil(H/bk)] (gate rows then up rows: I must be a multiple of block_n), down [E, H, I]. */
-static moex_status upload_fp8_experts(model_gpu *g, moex_experts_desc *d) {
+/* FP8 and FP4 experts: the codes (FP8 one byte a weight, FP4 two weights a byte) and scale grids
+ * copied as they are, stacked when the checkpoint keeps each expert in its own tensors (quantize
+ * on load does): gate_up [E, R, H] with its grid [E, R/bn, ceil(H/bk)] (gate rows then up rows:
+ * I must be a multiple of block_n), down [E, H, I]; FP4 rows of H/2 and I/2 bytes. */
+static moex_status upload_quant_experts(model_gpu *g, moex_experts_desc *d, moex_dtype qdt) {
     moex_status st;
     if (!d->expert_up) {
         if ((st = upload_view(g, &d->gate_up)) || (st = upload_view(g, &d->down)) ||
@@ -132,35 +133,35 @@ static moex_status upload_fp8_experts(model_gpu *g, moex_experts_desc *d) {
             return st;
     } else {
         const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate, gated = d->expert_gate != NULL;
-        const int64_t R = gated ? 2 * I : I, bn = d->block_n, bk = d->block_k;
+        const int64_t R = gated ? 2 * I : I, bn = d->block_n, bk = d->block_k, q = qdt == MOEX_E2M1X2 ? 2 : 1;
         if (gated && I % bn)
-            return moex_fail(MOEX_ERR_UNSUPPORTED, "FP8 experts on the GPU: intermediate size %lld is not a multiple of "
-                             "the checkpoint's block_n %lld, so the gate and up scale grids do not stack",
+            return moex_fail(MOEX_ERR_UNSUPPORTED, "quantized experts on the GPU: intermediate size %lld is not a "
+                             "multiple of the checkpoint's block_n %lld, so the gate and up scale grids do not stack",
                              (long long)I, (long long)bn);
         const moex_dtype sdt = d->expert_scale_dtype;
-        const size_t ss = moex_dtype_size(sdt), per = (size_t)(I * H);
+        const size_t ss = moex_dtype_size(sdt), per = (size_t)(I * H / q);
         const int64_t sk_h = (H + bk - 1) / bk, sk_i = (I + bk - 1) / bk, sn_i = (I + bn - 1) / bn,
                       sn_h = (H + bn - 1) / bn, sn_r = gated ? 2 * sn_i : sn_i;
         char *gu, *dn, *gus, *dns;
-        if ((st = dev_alloc(g, (size_t)(E * R * H), &g->weight_bytes, (void **)&gu)) ||
+        if ((st = dev_alloc(g, (size_t)(E * R * H / q), &g->weight_bytes, (void **)&gu)) ||
             (st = dev_alloc(g, (size_t)E * per, &g->weight_bytes, (void **)&dn)) ||
             (st = dev_alloc(g, (size_t)(E * sn_r * sk_h) * ss, &g->weight_bytes, (void **)&gus)) ||
             (st = dev_alloc(g, (size_t)(E * sn_h * sk_i) * ss, &g->weight_bytes, (void **)&dns)))
             return st;
         const size_t grid_i = (size_t)(sn_i * sk_h) * ss, grid_h = (size_t)(sn_h * sk_i) * ss;
         for (int64_t e = 0; e < E && !st; e++) {
-            char *rows = gu + (size_t)(e * R * H), *grid = gus + (size_t)(e * sn_r * sk_h) * ss;
-            if (gated && (st = upload_into(g, rows, d->expert_gate[e], MOEX_E4M3, per, MOEX_E4M3))) break;
+            char *rows = gu + (size_t)(e * R * H / q), *grid = gus + (size_t)(e * sn_r * sk_h) * ss;
+            if (gated && (st = upload_into(g, rows, d->expert_gate[e], qdt, per, qdt))) break;
             if (gated && (st = upload_into(g, grid, d->expert_gate_scale[e], sdt, grid_i / ss, sdt))) break;
-            if ((st = upload_into(g, rows + (size_t)((R - I) * H), d->expert_up[e], MOEX_E4M3, per, MOEX_E4M3)) ||
+            if ((st = upload_into(g, rows + (size_t)((R - I) * H / q), d->expert_up[e], qdt, per, qdt)) ||
                 (st = upload_into(g, grid + (gated ? grid_i : 0), d->expert_up_scale[e], sdt, grid_i / ss, sdt)) ||
-                (st = upload_into(g, dn + (size_t)e * per, d->expert_down[e], MOEX_E4M3, per, MOEX_E4M3)) ||
+                (st = upload_into(g, dn + (size_t)e * per, d->expert_down[e], qdt, per, qdt)) ||
                 (st = upload_into(g, dns + (size_t)e * grid_h, d->expert_down_scale[e], sdt, grid_h / ss, sdt)))
                 break;
         }
-        const int64_t gs[3] = {E, R, H}, ds[3] = {E, H, I}, gss[3] = {E, sn_r, sk_h}, dss[3] = {E, sn_h, sk_i};
-        if (st || (st = moex_tensor_init(&d->gate_up, gu, MOEX_E4M3, 3, gs)) ||
-            (st = moex_tensor_init(&d->down, dn, MOEX_E4M3, 3, ds)) ||
+        const int64_t gs[3] = {E, R, H / q}, ds[3] = {E, H, I / q}, gss[3] = {E, sn_r, sk_h}, dss[3] = {E, sn_h, sk_i};
+        if (st || (st = moex_tensor_init(&d->gate_up, gu, qdt, 3, gs)) ||
+            (st = moex_tensor_init(&d->down, dn, qdt, 3, ds)) ||
             (st = moex_tensor_init(&d->gate_up_scale, gus, sdt, 3, gss)) ||
             (st = moex_tensor_init(&d->down_scale, dns, sdt, 3, dss)))
             return st;
@@ -180,11 +181,11 @@ moex_status model_gpu_experts(moex_model *m, moex_experts_desc *d) {
     model_gpu *g = m->gpu;
     const moex_dtype dt = weight_dtype(m);
     const moex_dtype wdt = d->expert_up ? d->expert_dtype : d->gate_up.dtype;
-    if (wdt == MOEX_E4M3) return upload_fp8_experts(g, d);
+    if (wdt == MOEX_E4M3 || wdt == MOEX_E2M1X2) return upload_quant_experts(g, d, wdt);
     if (d->expert_up) { /* per-expert matrices: stacked on the device (the layout the tensor-core path reads) */
         if (!moex_is_float_dtype(d->expert_dtype))
             return moex_fail(MOEX_ERR_UNSUPPORTED, "experts of dtype %s run on the cpu only in this version of moex "
-                             "(the GPU takes FP8 e4m3 experts); load with dequantize = 1 (--dequantize)",
+                             "(the GPU takes FP8 e4m3 and FP4 e2m1 experts); load with dequantize = 1 (--dequantize)",
                              moex_dtype_name(d->expert_dtype));
         if (d->transposed)
             return moex_fail(MOEX_ERR_UNSUPPORTED, "transposed per-expert matrices are not uploaded to the GPU");
@@ -219,7 +220,7 @@ moex_status model_gpu_experts(moex_model *m, moex_experts_desc *d) {
         if (!moex_tensor_present(t[i])) continue;
         if (!moex_is_float_dtype(t[i]->dtype))
             return moex_fail(MOEX_ERR_UNSUPPORTED, "experts of dtype %s run on the cpu only in this version of moex "
-                             "(the GPU takes FP8 e4m3 experts); load with dequantize = 1 (--dequantize)",
+                             "(the GPU takes FP8 e4m3 and FP4 e2m1 experts); load with dequantize = 1 (--dequantize)",
                              moex_dtype_name(t[i]->dtype));
         const size_t n = tensor_elems(t[i]);
         int64_t shape[MOEX_MAX_DIMS];

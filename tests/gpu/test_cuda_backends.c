@@ -13,6 +13,9 @@
  *   - FP8 experts (e4m3, f32 or ue8m0 block scales; 128 x 128 and 16 x 64 blocks,
  *     partial ones; E=16 H=336 I=208 k=4, T 1 to 300, every token on one expert)
  *     against the reference with the same quantization (NMSE 1e-4), and in graph replay
+ *   - FP4 experts (e2m1, ue8m0 scales per row per 32 inputs; E=16 H=352 I=224 k=4, T 1 to
+ *     300, each layout the GPU takes, GPT-OSS's clamp) the same way, batched_mm and grouped_mm
+ *     both required to take them; sizes that are not multiples of 32 refused, naming them
  *   - the per-expert pointer layout (arrays of device pointers)
  *   - sentinel ids (-1 and E), all-sentinel tokens (exact zeros), T == 0
  *   - output poisoned with NaN bytes before every forward, guard bytes after it
@@ -27,7 +30,8 @@
  * NMSE bounds (SPEC "Numerical agreement"): f32 1e-10, f16 1e-6, bf16 1e-4.
  *
  * Usage: test_cuda_backends [--quick] [--device N]
- *   --quick (or MOEX_GPU_TEST_QUICK=1): a small subset, for memory checkers.
+ *   --quick (or MOEX_GPU_TEST_QUICK=1): a small subset, for memory checkers;
+ *   MOEX_GPU_TEST_ONLY=fp4,graph_replay: only the tests named.
  * Exit status: 0 all passed, 1 a check failed, 77 no usable CUDA device (skip).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -162,7 +166,8 @@ typedef struct gcase {
     int64_t hot_rows;    /* tokens 0 .. hot_rows-1 also route to expert 0 (one expert with many rows) */
     float limit;
     uint64_t seed;
-    int fp8;             /* 1: e4m3 experts with f32 scales, 2: ue8m0 scales; block_n x block_k blocks */
+    int fp8;             /* 1: e4m3 experts with f32 scales, 2: ue8m0 scales; block_n x block_k blocks;
+                            3: FP4, e2m1 experts with ue8m0 scales, 1 x 32 blocks */
     int64_t block_n, block_k;
 } gcase;
 
@@ -170,8 +175,8 @@ static const char *describe(const gcase *c, const char *backend) {
     static char buf[400];
     char q[64] = "";
     if (c->fp8)
-        snprintf(q, sizeof q, " fp8%s %lldx%lld", c->fp8 == 2 ? "-ue8m0" : "", (long long)c->block_n,
-                 (long long)c->block_k);
+        snprintf(q, sizeof q, " %s %lldx%lld", c->fp8 == 3 ? "fp4" : c->fp8 == 2 ? "fp8-ue8m0" : "fp8",
+                 (long long)c->block_n, (long long)c->block_k);
     snprintf(buf, sizeof buf,
              "backend=%s T=%lld E=%lld k=%lld H=%lld I=%lld dtype=%s%s layout=%s%s act=%s ids=%s w=%s "
              "sentinels=%.2f%s hot=%lld limit=%g seed=%llu",
@@ -182,7 +187,7 @@ static const char *describe(const gcase *c, const char *backend) {
     return buf;
 }
 
-/* The bound of a case: the float dtype's, or for FP8 experts 1e-4 against the reference that
+/* The bound of a case: the float dtype's, or for FP8 and FP4 experts 1e-4 against the reference that
  * applies the same quantization (SPEC, docs/backends.md "Accuracy"). */
 static double case_bound(const gcase *c) { return c->fp8 ? 1e-4 : nmse_bound(c->dt); }
 
@@ -255,7 +260,8 @@ static int upload_part(void **slot, const void *stacked, moex_dtype dt, int64_t 
 static size_t view_bytes(const moex_tensor *t) {
     size_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
-    return n * (t->dtype == MOEX_E4M3 || t->dtype == MOEX_UE8M0 ? 1 : ref_dtype_size(t->dtype));
+    return n * (t->dtype == MOEX_E4M3 || t->dtype == MOEX_E2M1X2 || t->dtype == MOEX_UE8M0 ? 1
+                                                                                          : ref_dtype_size(t->dtype));
 }
 
 /* A device copy of host tensor *t, and the view of it; 0 on failure. */
@@ -378,17 +384,20 @@ static void apply_hot_expert(grun *r) {
     }
 }
 
-/* w (host, f32 [E, N, K]) quantized to e4m3 with bn x bk blocks into new host buffers. */
-static int quantize_host(const moex_tensor *w, int ue8m0, int64_t bn, int64_t bk, void **q, void **sc,
+/* w (host, f32 [E, N, K]) quantized with bn x bk blocks into new host buffers: kind 1 e4m3 with
+ * f32 scales, 2 e4m3 with ue8m0 scales, 3 e2m1 (two a byte, [E, N, K/2]) with ue8m0 scales. */
+static int quantize_host(const moex_tensor *w, int kind, int64_t bn, int64_t bk, void **q, void **sc,
                          moex_tensor *tq, moex_tensor *ts) {
     const int64_t E = w->shape[0], N = w->shape[1], K = w->shape[2];
-    int64_t qs[3] = {E, N, K}, ss[3] = {E, (N + bn - 1) / bn, (K + bk - 1) / bk};
-    *q = calloc((size_t)(E * N * K) + 1, 1);
+    const int fp4 = kind == 3;
+    int64_t qs[3] = {E, N, fp4 ? K / 2 : K}, ss[3] = {E, (N + bn - 1) / bn, (K + bk - 1) / bk};
+    *q = calloc((size_t)(E * N * qs[2]) + 1, 1);
     *sc = calloc((size_t)(ss[0] * ss[1] * ss[2]) + 1, 4);
     if (!*q || !*sc) return 0;
-    *tq = ref_tensor(*q, MOEX_E4M3, 3, qs);
-    *ts = ref_tensor(*sc, ue8m0 ? MOEX_UE8M0 : MOEX_F32, 3, ss);
-    moex_status st = moex_quantize(w, ue8m0 ? MOEX_QUANT_FP8_UE8M0 : MOEX_QUANT_FP8, bn, bk, tq, ts);
+    *tq = ref_tensor(*q, fp4 ? MOEX_E2M1X2 : MOEX_E4M3, 3, qs);
+    *ts = ref_tensor(*sc, kind >= 2 ? MOEX_UE8M0 : MOEX_F32, 3, ss);
+    moex_status st = moex_quantize(w, fp4 ? MOEX_QUANT_FP4 : kind == 2 ? MOEX_QUANT_FP8_UE8M0 : MOEX_QUANT_FP8, bn, bk,
+                                   tq, ts);
     if (st) fail_at(__FILE__, __LINE__, "moex_quantize: %s", moex_last_error());
     return st == MOEX_OK;
 }
@@ -402,11 +411,11 @@ static int grun_setup(grun *r, const gcase *c) {
                         lay->bias, c->act, 1.702f, c->limit, c->fp8 ? MOEX_F32 : c->dt};
     ref_layer_build(&r->L, &s, c->seed);
     r->qdesc = r->L.desc;
-    if (c->fp8) { /* FP8 experts quantized from the f32 layer; hidden and out in c->dt */
+    if (c->fp8) { /* FP8 or FP4 experts quantized from the f32 layer; hidden and out in c->dt */
         moex_experts_desc *q = &r->qdesc;
-        if (!quantize_host(&r->L.desc.gate_up, c->fp8 == 2, c->block_n, c->block_k, &r->q[0], &r->q[1], &q->gate_up,
+        if (!quantize_host(&r->L.desc.gate_up, c->fp8, c->block_n, c->block_k, &r->q[0], &r->q[1], &q->gate_up,
                            &q->gate_up_scale) ||
-            !quantize_host(&r->L.desc.down, c->fp8 == 2, c->block_n, c->block_k, &r->q[2], &r->q[3], &q->down,
+            !quantize_host(&r->L.desc.down, c->fp8, c->block_n, c->block_k, &r->q[2], &r->q[3], &q->down,
                            &q->down_scale)) {
             fail_at(__FILE__, __LINE__, "quantizing the layer failed [%s]", describe(c, NULL));
             grun_free(r);
@@ -756,6 +765,22 @@ static void test_streamed_tensor_cores(void) {
     run_case(&big, 0);
 }
 
+/* A quantized case of E = 16, k = 4: kind (gcase.fp8) with bn x bk blocks, 5% sentinels and the
+ * sentinel rows, hot rows on expert 0. */
+static gcase quant_case(int64_t T, int64_t H, int64_t I, moex_dtype dt, uint64_t seed, int kind, int64_t bn,
+                        int64_t bk, int layout, moex_activation act, int64_t hot) {
+    gcase c = gcase_make(T, 16, 4, H, I, dt, seed);
+    c.fp8 = kind;
+    c.block_n = bn, c.block_k = bk;
+    c.layout = layout;
+    c.act = act;
+    c.limit = act == MOEX_ACT_GPTOSS_CLAMP ? 1.0f : 7.0f;
+    c.hot_rows = hot;
+    c.sentinel_prob = 0.05;
+    c.sentinel_rows = T >= 3;
+    return c;
+}
+
 /* FP8 experts (e4m3 with f32 or ue8m0 block scales) on every backend that takes them, against
  * the float64 reference that applies the same quantization: DeepSeek's 128 x 128 blocks with H
  * and I not multiples of 128 (partial blocks along both), 16 x 64 blocks, empty experts (T = 1 of
@@ -787,16 +812,64 @@ static void test_fp8(void) {
     for (int i = 0; i < n; i++) {
         if (g_quick && i % 3) continue;
         const fp8_case *f = &CASES[i];
-        gcase c = gcase_make(f->T, 16, 4, f->H, f->I, f->dt, 8100u + (uint64_t)i);
-        c.fp8 = 1 + i % 2;
-        c.block_n = f->bn, c.block_k = f->bk;
-        c.layout = f->layout;
-        c.act = f->act;
-        c.limit = f->act == MOEX_ACT_GPTOSS_CLAMP ? 1.0f : 7.0f;
-        c.hot_rows = f->hot;
-        c.sentinel_prob = 0.05;
-        c.sentinel_rows = f->T >= 3;
+        gcase c = quant_case(f->T, f->H, f->I, f->dt, 8100u + (uint64_t)i, 1 + i % 2, f->bn, f->bk, f->layout, f->act,
+                             f->hot);
         run_case(&c, 1);
+    }
+}
+
+/* FP4 experts (e2m1, a ue8m0 scale per row per 32 inputs, activations rounded to e2m1 per 32 as
+ * the CPU rounds them) against the float64 reference with the same quantization: H and I
+ * multiples of 32 but not of 64 or 128, T of 1 (empty experts), 5, 64, 300 with every token on
+ * one expert, sentinels; concat, interleaved (GPT-OSS's layout, with biases and its clamped
+ * activation), ungated; bf16 and f32 hidden states. From 64 tokens grouped_mm runs its integer mma
+ * kernels (gemv_fp4_mma_pays), below them its per-expert ones. batched_mm and grouped_mm must both
+ * take each layer. A layer whose hidden size is not a multiple of 32 is refused by both, naming it. */
+static void test_fp4(void) {
+    typedef struct fp4_case {
+        int64_t T;
+        int layout;
+        moex_activation act;
+        moex_dtype dt;
+        int64_t hot;
+    } fp4_case;
+    static const fp4_case CASES[] = {
+        {1, 0, MOEX_ACT_SILU, MOEX_BF16, 0},  {5, 5, MOEX_ACT_GPTOSS_CLAMP, MOEX_BF16, 0},
+        {64, 4, MOEX_ACT_GELU, MOEX_F32, 0},  {300, 0, MOEX_ACT_SILU, MOEX_BF16, 300},
+        {37, 9, MOEX_ACT_RELU, MOEX_BF16, 0}, {130, 1, MOEX_ACT_SILU, MOEX_F32, 40},
+    };
+    const int n = (int)(sizeof CASES / sizeof CASES[0]);
+    for (int i = 0; i < n; i++) {
+        if (g_quick && i % 2) continue;
+        const fp4_case *f = &CASES[i];
+        gcase c = quant_case(f->T, 352, 224, f->dt, 8300u + (uint64_t)i, 3, 1, 32, f->layout, f->act, f->hot);
+        grun r;
+        if (i == 0 && grun_setup(&r, &c)) { /* the two backends take FP4 layers */
+            moex_layer *layer = NULL;
+            CHECK(moex_layer_create(&r.D.desc, &layer) == MOEX_OK, "layer: %s", moex_last_error());
+            CHECK(layer && backend_takes("batched_mm", layer, g_dev) && backend_takes("grouped_mm", layer, g_dev),
+                  "batched_mm and grouped_mm take FP4 experts [%s]", describe(&c, NULL));
+            moex_layer_free(layer);
+            grun_free(&r);
+        }
+        run_case(&c, 1);
+    }
+    gcase odd = gcase_make(3, 8, 2, 336, 224, MOEX_BF16, 8390u); /* 336 = 10.5 x 32 */
+    odd.fp8 = 3;
+    odd.block_n = 1, odd.block_k = 32;
+    grun r;
+    if (grun_setup(&r, &odd)) {
+        moex_layer *layer = NULL;
+        CHECK(moex_layer_create(&r.D.desc, &layer) == MOEX_OK, "layer: %s", moex_last_error());
+        static const char *const names[2] = {"batched_mm", "grouped_mm"};
+        for (int b = 0; layer && b < 2; b++) {
+            char why[512] = "";
+            const moex_status st = moex_backend_supports(names[b], layer, g_dev, why, sizeof why);
+            CHECK(st == MOEX_ERR_UNSUPPORTED && strstr(why, "336") && strstr(why, "32"),
+                  "%s refuses FP4 with hidden 336, naming it: %s (%s)", names[b], moex_status_str(st), why);
+        }
+        moex_layer_free(layer);
+        grun_free(&r);
     }
 }
 
@@ -1058,16 +1131,19 @@ static int new_inputs(grun *r, uint64_t seed) {
 
 static void test_graph_replay(void) {
     /* bf16 experts at three sizes, then FP8 experts (f32 and ue8m0 scales, 128 x 128 blocks):
-     * the streamed forward at 7 tokens, the tensor-core GEMMs' narrow tiles at 160 (20 rows an expert) */
-    static const int64_t Ts[] = {1, 7, 64, 7, 160};
+     * the streamed forward at 7 tokens, the tensor-core GEMMs' narrow tiles at 160 (20 rows an
+     * expert); then FP4 experts (1 x 32 blocks) at 9 tokens (the per-expert kernels) and 40 (grouped_mm's
+     * integer mma kernels) */
+    static const int64_t Ts[] = {1, 7, 64, 7, 160, 9, 40};
     for (int b = 0; b < N_BACKENDS; b++)
-        for (int it = 0; it < 5; it++) {
-            if (g_quick && it != 1 && it != 3) continue;
+        for (int it = 0; it < 7; it++) {
+            if (g_quick && it != 1 && it != 3 && it != 5 && it != 6) continue;
             const char *be = BACKENDS[b];
-            gcase c = gcase_make(Ts[it], 32, 4, 256, 128, MOEX_BF16, 7000u + (uint64_t)(b * 5 + it));
+            const int fp4 = it >= 5;
+            gcase c = gcase_make(Ts[it], 32, 4, 256, 128, MOEX_BF16, 7000u + (uint64_t)(b * 7 + it));
             c.w_dt = MOEX_BF16;
-            c.fp8 = it < 3 ? 0 : it - 2;
-            c.block_n = c.block_k = 128;
+            c.fp8 = it < 3 ? 0 : fp4 ? 3 : it - 2;
+            c.block_n = fp4 ? 1 : 128, c.block_k = fp4 ? 32 : 128;
             grun r;
             if (!grun_setup(&r, &c)) continue;
             moex_context *ctx = make_ctx(c.T);
@@ -1159,6 +1235,19 @@ typedef struct test_entry {
     void (*fn)(void);
 } test_entry;
 
+/* 1 if name is one of the comma-separated names of list. */
+static int name_listed(const char *list, const char *name) {
+    const size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return 1;
+        if (!end) break;
+        p = end + 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (gpu_test_args("test_cuda_backends", argc, argv, &g_quick, &g_dev.index)) return 2;
     moex_device_info info;
@@ -1193,9 +1282,14 @@ int main(int argc, char **argv) {
         {"large", test_large},
         {"streamed_tensor_cores", test_streamed_tensor_cores},
         {"fp8", test_fp8},
+        {"fp4", test_fp4},
     };
-    int failed_tests = 0, n = (int)(sizeof TESTS / sizeof TESTS[0]);
+    /* MOEX_GPU_TEST_ONLY=fp4,graph_replay: run only the tests named (a comma-separated list) */
+    const char *only = getenv("MOEX_GPU_TEST_ONLY");
+    int failed_tests = 0, n = (int)(sizeof TESTS / sizeof TESTS[0]), ran = 0;
     for (int i = 0; i < n; i++) {
+        if (only && *only && !name_listed(only, TESTS[i].name)) continue;
+        ran++;
         int before = g_failures, checks = g_checks;
         double t0 = now_s();
         TESTS[i].fn();
@@ -1205,7 +1299,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
         failed_tests += f != 0;
     }
-    printf("test_cuda_backends: %d of %d tests passed, %d checks, %d failed\n", n - failed_tests, n, g_checks,
+    printf("test_cuda_backends: %d of %d tests passed, %d checks, %d failed\n", ran - failed_tests, ran, g_checks,
            g_failures);
     return g_failures ? 1 : 0;
 }

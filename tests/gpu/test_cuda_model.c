@@ -4,7 +4,8 @@
  *
  * For every plain fixture in tests/fixtures (every family: qwen2_moe, qwen3_moe, mixtral,
  * qwen3_vl_moe, olmoe, glm4_moe, deepseek_v3 with its latent attention, gpt_oss with sinks and
- * sliding windows; and the FP8 / MXFP4 ones loaded with dequantize = 1):
+ * sliding windows; and the FP8 / MXFP4 ones loaded with dequantize = 1; then the FP8 and MXFP4
+ * checkpoints whose experts run quantized on the GPU, against the CPU's quantized path):
  *   - f32 on the CPU and f32 on CUDA (cuBLAS f32, no TF32): the same greedy
  *     tokens for two prompts of different lengths, last-prompt logits within
  *     1e-4 (absolute, plus 1e-4 relative);
@@ -253,25 +254,30 @@ static void test_fixture(const char *entry) {
     moex_model_free(cpu);
 }
 
-/* FP8 checkpoints on cuda (f32 compute): the experts run as FP8 on the GPU (e4m3 tensor cores,
- * activations quantized there) and give the cpu's FP8 greedy tokens; graph-captured decode too.
- * A checkpoint whose sizes the GPU's FP8 kernels do not take is refused at load, naming them. */
-static void test_fp8_fixture(const char *name) {
+/* Quantized checkpoints on cuda (f32 compute): the experts run as FP8 (e4m3 tensor cores) or FP4
+ * (e2m1 codes read by the streamed kernels) on the GPU, activations quantized there, and give the
+ * cpu's quantized greedy tokens; graph-captured decode too. fmt names the format in the checks.
+ * A checkpoint whose sizes the GPU's kernels do not take is refused at load, naming them. */
+static void test_quant_fixture(const char *name, const char *fmt) {
     char dir[512], what[200];
     snprintf(dir, sizeof dir, "%s/%s", MOEX_FIXTURES, name);
     moex_model *cpu = load(dir, MOEX_DEVICE_CPU, MOEX_F32);
     moex_model *gpu = load(dir, MOEX_DEVICE_CUDA, MOEX_F32);
-    check(cpu && gpu, name, "the FP8 checkpoint loads on the cpu and on cuda (f32 compute)");
+    snprintf(what, sizeof what, "the %s checkpoint loads on the cpu and on cuda (f32 compute)", fmt);
+    check(cpu && gpu, name, what);
     if (cpu && gpu) {
         run_out ref = generate(cpu, 0), dev = generate(gpu, 0), graph = generate(gpu, 1);
         check(ref.ok && dev.ok && graph.ok, name, "generates on the cpu and on cuda");
         if (ref.ok && dev.ok) {
-            check(same_tokens(&dev, &ref), name, "FP8 greedy tokens on cuda equal the cpu's FP8 tokens");
+            snprintf(what, sizeof what, "%s greedy tokens on cuda equal the cpu's %s tokens", fmt, fmt);
+            check(same_tokens(&dev, &ref), name, what);
             double ex = logits_excess(&dev, &ref, 1e-2);
-            snprintf(what, sizeof what, "FP8 last-prompt logits within 1e-2 + 1e-2 |x| of the cpu's (excess %.3g)", ex);
+            snprintf(what, sizeof what, "%s last-prompt logits within 1e-2 + 1e-2 |x| of the cpu's (excess %.3g)", fmt,
+                     ex);
             check(ex <= 1e-2, name, what);
         }
-        if (dev.ok && graph.ok) check(same_tokens(&graph, &dev), name, "graph-captured FP8 decode gives the same tokens");
+        snprintf(what, sizeof what, "graph-captured %s decode gives the same tokens", fmt);
+        if (dev.ok && graph.ok) check(same_tokens(&graph, &dev), name, what);
         run_free(&ref);
         run_free(&dev);
         run_free(&graph);
@@ -308,13 +314,13 @@ int main(int argc, char **argv) {
     {
         int before = g_failures, checks = g_checks;
         g_dequantize = 0;
-        test_fp8_fixture("qwen3_moe-fp8-128");
-        test_fp8_fixture("deepseek_v3-fp8-128"); /* FP8 experts and latent attention on the GPU */
+        test_quant_fixture("qwen3_moe-fp8-128", "FP8");
+        test_quant_fixture("deepseek_v3-fp8-128", "FP8"); /* FP8 experts and latent attention on the GPU */
+        test_quant_fixture("gpt_oss-mxfp4", "FP4");       /* MXFP4 experts (interleaved, biases, clamp) */
         /* qwen3_moe-fp8: hidden 80, intermediate 40, 32 x 32 blocks; deepseek_v3-fp8: intermediate 24: not what
-         * the GPU's FP8 kernels take. gpt_oss-mxfp4: no FP4 experts on the GPU yet. Each refused, naming it. */
-        static const char *const refused[3][2] = {{"qwen3_moe-fp8", "40"}, {"deepseek_v3-fp8", "24"},
-                                                  {"gpt_oss-mxfp4", "MXFP4"}};
-        for (int i = 0; i < 3; i++) {
+         * the GPU's FP8 kernels take. Each refused, naming it. */
+        static const char *const refused[2][2] = {{"qwen3_moe-fp8", "40"}, {"deepseek_v3-fp8", "24"}};
+        for (int i = 0; i < 2; i++) {
             char dir[512];
             snprintf(dir, sizeof dir, "%s/%s", MOEX_FIXTURES, refused[i][0]);
             moex_model_options mo = moex_model_default_options();
@@ -328,7 +334,7 @@ int main(int argc, char **argv) {
             if (m) moex_model_free(m);
         }
         const int f = g_failures - before;
-        printf("[%s] %-24s %3d checks, %d failed\n", f ? "FAIL" : " OK ", "fp8 checkpoints", g_checks - checks, f);
+        printf("[%s] %-24s %3d checks, %d failed\n", f ? "FAIL" : " OK ", "fp8/fp4 checkpoints", g_checks - checks, f);
         failed += f != 0;
     }
     printf("test_cuda_model: %d of %d tests passed, %d checks, %d failed\n", n + 1 - failed, n + 1, g_checks, g_failures);

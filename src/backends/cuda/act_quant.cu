@@ -1,33 +1,81 @@
-/* act_quant.cu — act_quant_e4m3 and act_quant_gather_e4m3 (see act_quant.cuh): a grid of
- * warps, one row (one token) each.
+/* act_quant.cu — act_quant_e4m3, act_quant_e2m1 and act_quant_gather_e4m3 (see act_quant.cuh): a grid of
+ * warps, a chunk of 256 inputs each where the rows allow it, else one row (one token) each.
  * Shapes: x [rows, K] (row stride x_ld), q and f [rows, K], s [rows, ceil(K/bk)]. */
 #include "backends/cuda/act_quant.cuh"
 #include "gpu/cuda_check.h"
 
 enum { AQ_WARPS = 8 };
 
-template <typename XT>
+template <typename XT, bool FP4>
 __global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_kernel(const XT *x, int64_t x_ld, int64_t rows, int64_t K,
                                                                   int64_t bk, uint8_t *q, float *s, float *f) {
     const int lane = threadIdx.x & 31;
     const int64_t nkb = (K + bk - 1) / bk;
     for (int64_t r = blockIdx.x * (int64_t)AQ_WARPS + (threadIdx.x >> 5); r < rows; r += (int64_t)gridDim.x * AQ_WARPS)
-        quant_row_e4m3<XT>(x + r * x_ld, K, bk, q ? q + r * K : NULL, s ? s + r * nkb : NULL, f ? f + r * K : NULL,
+        quant_row<XT, FP4>(x + r * x_ld, K, bk, q ? q + r * K : NULL, s ? s + r * nkb : NULL, f ? f + r * K : NULL,
                            lane);
+}
+
+/* The same rounding with rows cut into chunks of 256 inputs, a warp a chunk (one vector of 8 a
+ * lane), so that a few long rows (a decode step's tokens) spread over the GPU: rows of 16-byte
+ * aligned x, K a multiple of 8, bk / 8 a power of two up to 32 (a chunk holds whole blocks). */
+template <typename XT, bool FP4>
+__global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_chunk_kernel(const XT *x, int64_t x_ld, int64_t rows,
+                                                                        int64_t K, int64_t bk, uint8_t *q, float *s,
+                                                                        float *f) {
+    const int lane = threadIdx.x & 31;
+    const int64_t nvec = K / 8, chunks = (nvec + 31) / 32, nkb = (K + bk - 1) / bk;
+    for (int64_t w = blockIdx.x * (int64_t)AQ_WARPS + (threadIdx.x >> 5); w < rows * chunks;
+         w += (int64_t)gridDim.x * AQ_WARPS) {
+        const int64_t r = w / chunks, v = (w % chunks) * 32 + lane;
+        const bool in = v < nvec;
+        float a[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) a[i] = 0.0f;
+        if (in) load8_cg(x + r * x_ld + 8 * v, a);
+        quant_vec8<FP4>(a, in, (int)(bk / 8), v, q ? q + r * K : NULL, s ? s + r * nkb : NULL, f ? f + r * K : NULL,
+                        lane);
+    }
+}
+
+template <bool FP4>
+static moex_status act_quant_rows(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int64_t bk,
+                                  uint8_t *q, float *s, float *f, cudaStream_t st) {
+    if (rows <= 0) return MOEX_OK;
+    const size_t es = xdt == MOEX_F32 ? 4 : 2;
+    const int64_t vpb = bk / 8;
+    if (K % 8 == 0 && bk % 8 == 0 && vpb <= 32 && (vpb & (vpb - 1)) == 0 && ((uintptr_t)x & 15) == 0 &&
+        (x_ld * (int64_t)es) % 16 == 0 && ((uintptr_t)q & 7) == 0) {
+        const int64_t warps = rows * ((K / 8 + 31) / 32), blocks = (warps + AQ_WARPS - 1) / AQ_WARPS;
+        const dim3 grid((unsigned)(blocks < 65535 ? blocks : 65535)), block(AQ_WARPS * 32);
+        if (xdt == MOEX_BF16)
+            act_quant_chunk_kernel<__nv_bfloat16, FP4><<<grid, block, 0, st>>>((const __nv_bfloat16 *)x, x_ld, rows, K,
+                                                                               bk, q, s, f);
+        else if (xdt == MOEX_F16)
+            act_quant_chunk_kernel<__half, FP4><<<grid, block, 0, st>>>((const __half *)x, x_ld, rows, K, bk, q, s, f);
+        else
+            act_quant_chunk_kernel<float, FP4><<<grid, block, 0, st>>>((const float *)x, x_ld, rows, K, bk, q, s, f);
+        return MOEX_CUDA_LAUNCHED("activation quantization kernel");
+    }
+    const int64_t blocks = (rows + AQ_WARPS - 1) / AQ_WARPS;
+    const dim3 grid((unsigned)(blocks < 65535 ? blocks : 65535)), block(AQ_WARPS * 32);
+    if (xdt == MOEX_BF16)
+        act_quant_kernel<__nv_bfloat16, FP4><<<grid, block, 0, st>>>((const __nv_bfloat16 *)x, x_ld, rows, K, bk, q, s, f);
+    else if (xdt == MOEX_F16)
+        act_quant_kernel<__half, FP4><<<grid, block, 0, st>>>((const __half *)x, x_ld, rows, K, bk, q, s, f);
+    else
+        act_quant_kernel<float, FP4><<<grid, block, 0, st>>>((const float *)x, x_ld, rows, K, bk, q, s, f);
+    return MOEX_CUDA_LAUNCHED("activation quantization kernel");
 }
 
 moex_status act_quant_e4m3(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int64_t bk,
                            uint8_t *q, float *s, float *f, cudaStream_t st) {
-    if (rows <= 0) return MOEX_OK;
-    const int64_t blocks = (rows + AQ_WARPS - 1) / AQ_WARPS;
-    const dim3 grid((unsigned)(blocks < 65535 ? blocks : 65535)), block(AQ_WARPS * 32);
-    if (xdt == MOEX_BF16)
-        act_quant_kernel<__nv_bfloat16><<<grid, block, 0, st>>>((const __nv_bfloat16 *)x, x_ld, rows, K, bk, q, s, f);
-    else if (xdt == MOEX_F16)
-        act_quant_kernel<__half><<<grid, block, 0, st>>>((const __half *)x, x_ld, rows, K, bk, q, s, f);
-    else
-        act_quant_kernel<float><<<grid, block, 0, st>>>((const float *)x, x_ld, rows, K, bk, q, s, f);
-    return MOEX_CUDA_LAUNCHED("activation quantization kernel");
+    return act_quant_rows<false>(x, xdt, x_ld, rows, K, bk, q, s, f, st);
+}
+
+moex_status act_quant_e2m1(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int8_t *q, float *s,
+                           cudaStream_t st) {
+    return act_quant_rows<true>(x, xdt, x_ld, rows, K, ACT_E2M1_BLOCK, (uint8_t *)q, s, NULL, st);
 }
 
 /* One warp a token: its row quantized into each of its pairs' slots (the k copies read the

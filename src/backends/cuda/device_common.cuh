@@ -33,8 +33,9 @@ typedef struct scale_view {
     int64_t expert_stride, row0, rstep, ld;
 } scale_view;
 
-/* The quantization of a layer: on = 0 for float weights. FP8 (e4m3) weights with scales of
- * dtype sdt (f32 or ue8m0) per bn x bk block; activations quantized per token per bk inputs. */
+/* The quantization of a layer: on = 0 for float weights. FP8 (e4m3) or FP4 (e2m1, bn = 1, bk =
+ * 32) weights with scales of dtype sdt (f32 or ue8m0) per bn x bk block; activations quantized
+ * per token per bk inputs. */
 typedef struct quant_view {
     int on;
     moex_dtype sdt;

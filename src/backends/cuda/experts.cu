@@ -13,7 +13,9 @@
  *               grouped GEMM (down) -> reduction in token order. FP8: small T, the
  *               one-launch streamed forward (it quantizes the activations itself); large T,
  *               x quantized into expert order, the FP8 grouped GEMM (gate/up), h
- *               quantized, the FP8 grouped GEMM (down), the reduction
+ *               quantized, the FP8 grouped GEMM (down), the reduction. FP4: x quantized,
+ *               the streamed gate/up per expert, h quantized, the streamed down per
+ *               expert, the reduction (every T: no FP4 tensor-core kernel yet)
  *   eager       the same pieces, launched once per expert (empty experts
  *               return on the device); float weights only
  */
@@ -33,7 +35,7 @@ typedef enum cuda_kind { CUDA_EAGER, CUDA_BATCHED_MM, CUDA_GROUPED_MM } cuda_kin
 
 typedef struct cuda_state {
     layer_view L;
-    quant_view Q;      /* FP8 layers: the weights' scales (Q.on) */
+    quant_view Q;      /* FP8 and FP4 layers: the weights' scales (Q.on) */
     void *ptrs;        /* device: per-expert pointer arrays (gate | up | down), or NULL */
     int device, num_sms;
     int tc;            /* the tensor-core path can run this layer */
@@ -53,6 +55,10 @@ static gemm_epilogue gate_up_epilogue(const moex_experts_desc *d) {
 }
 
 static int tc_layout(const moex_experts_desc *d, char *why, size_t n) {
+    if (moex_weight_dtype(d) == MOEX_E2M1X2) {
+        snprintf(why, n, "FP4 weights (the streamed kernels take them)");
+        return 0;
+    }
     if (d->expert_up) {
         snprintf(why, n, "per-expert weight pointers");
         return 0;
@@ -72,11 +78,18 @@ static int tc_layout(const moex_experts_desc *d, char *why, size_t n) {
     return grouped_gemm_fp8_usable(q, gate_up_epilogue(d), q.up.row0, why, n);
 }
 
-/* FP8 layers (the table's rows give batched_mm and grouped_mm FP8): what their kernels take. */
+/* FP8 and FP4 layers (the table's rows give batched_mm and grouped_mm FP8 and FP4): what their
+ * kernels take. */
 static int quant_supports(cuda_kind kind, const moex_experts_desc *d, char *why, size_t n) {
+    const int fp4 = moex_weight_dtype(d) == MOEX_E2M1X2;
+    const char *fmt = fp4 ? "FP4" : "FP8";
     if (d->expert_up) {
-        snprintf(why, n, "FP8 experts on the GPU take the stacked layout (gate_up [E, rows, in] with [E, ...] scale "
-                 "grids), not per-expert pointers");
+        snprintf(why, n, "%s experts on the GPU take the stacked layout (gate_up [E, rows, in] with [E, ...] scale "
+                 "grids), not per-expert pointers", fmt);
+        return 0;
+    }
+    if (d->transposed) {
+        snprintf(why, n, "%s experts on the GPU take [E, out, in] matrices, not transposed ones", fmt);
         return 0;
     }
     if (d->activation_scheme != MOEX_ACT_SCHEME_DYNAMIC) {
@@ -84,12 +97,23 @@ static int quant_supports(cuda_kind kind, const moex_experts_desc *d, char *why,
                  "per block_k inputs");
         return 0;
     }
+    if (fp4 && (d->hidden % 32 || d->intermediate % 32)) {
+        snprintf(why, n, "FP4 experts on the GPU need hidden and intermediate sizes that are multiples of 32 (whole "
+                 "scale blocks in 16-byte rows); got hidden %lld, intermediate %lld", (long long)d->hidden,
+                 (long long)d->intermediate);
+        return 0;
+    }
+    if (fp4 && (d->block_n != 1 || d->block_k != 32)) {
+        snprintf(why, n, "FP4 experts on the GPU take one scale per row per 32 inputs; got %lld x %lld blocks",
+                 (long long)d->block_n, (long long)d->block_k);
+        return 0;
+    }
     if (d->hidden % 16 || d->intermediate % 16) {
         snprintf(why, n, "FP8 experts on the GPU need hidden and intermediate sizes that are multiples of 16 (16-byte "
                  "rows); got hidden %lld, intermediate %lld", (long long)d->hidden, (long long)d->intermediate);
         return 0;
     }
-    const int64_t kmul = kind == CUDA_GROUPED_MM ? 64 : 16;
+    const int64_t kmul = fp4 ? 32 : kind == CUDA_GROUPED_MM ? 64 : 16;
     if (d->block_k % kmul) {
         snprintf(why, n, "FP8 experts on the GPU (%s) need block_k a multiple of %lld; got %lld",
                  kind == CUDA_GROUPED_MM ? "grouped_mm" : "batched_mm", (long long)kmul, (long long)d->block_k);
@@ -98,11 +122,11 @@ static int quant_supports(cuda_kind kind, const moex_experts_desc *d, char *why,
     const moex_tensor *t[4] = {&d->gate_up, &d->down, &d->gate_up_scale, &d->down_scale};
     for (int i = 0; i < 4; i++) {
         if (t[i]->device.kind != MOEX_DEVICE_CUDA) {
-            snprintf(why, n, "the FP8 weights and their scales must be in GPU memory");
+            snprintf(why, n, "the %s weights and their scales must be in GPU memory", fmt);
             return 0;
         }
         if (i < 2 && ((uintptr_t)t[i]->data & 15)) {
-            snprintf(why, n, "FP8 weights on the GPU must be 16-byte aligned");
+            snprintf(why, n, "%s weights on the GPU must be 16-byte aligned", fmt);
             return 0;
         }
         if (i >= 2 && t[i]->strides[t[i]->ndim - 1] != 1) {
@@ -124,7 +148,7 @@ static int cuda_supports(cuda_kind kind, const moex_experts_desc *d, const moex_
         snprintf(why, n, "the per-expert weight pointers must point to GPU memory (expert_device = cuda)");
         return 0;
     }
-    if (d && moex_weight_dtype(d) == MOEX_E4M3) return quant_supports(kind, d, why, n);
+    if (d && moex_is_quant_dtype(moex_weight_dtype(d))) return quant_supports(kind, d, why, n);
     return 1;
 }
 
@@ -166,12 +190,14 @@ static layer_view make_view(const moex_experts_desc *d, const void *const *dev_p
         if (!d->gated) L.gate = L.up;
     } else {
         const void *gu = d->gate_up.data;
-        /* element (row r of the HF [R, H] matrix, input k): r*H + k, transposed: k*R + r */
-        const int64_t rs = tr ? 1 : H, ks = tr ? R : 1, ES = R * H;
+        /* element (row r of the HF [R, H] matrix, input k): r*H + k, transposed: k*R + r. FP4 (never
+         * transposed): in bytes, two inputs a byte, so rows of H/2 and I/2 */
+        const int64_t q = L.wdt == MOEX_E2M1X2 ? 2 : 1, Hq = H / q, Iq = I / q;
+        const int64_t rs = tr ? 1 : Hq, ks = tr ? R : 1, ES = R * Hq;
         L.gate = proj(gu, ES, 0, il ? 2 * rs : rs, ks);
         L.up = proj(gu, ES, d->gated ? (il ? rs : I * rs) : 0, il ? 2 * rs : rs, ks);
         if (!d->gated) L.gate = L.up;
-        L.down = tr ? proj(d->down.data, I * H, 0, 1, H) : proj(d->down.data, I * H, 0, I, 1);
+        L.down = tr ? proj(d->down.data, I * H, 0, 1, H) : proj(d->down.data, Iq * H, 0, Iq, 1);
     }
     L.gate_bias = bias(&d->gate_up_bias, 0, il ? 2 : 1);
     L.up_bias = bias(&d->gate_up_bias, d->gated ? (il ? 1 : I) : 0, il ? 2 : 1);
@@ -180,11 +206,11 @@ static layer_view make_view(const moex_experts_desc *d, const void *const *dev_p
     return L;
 }
 
-/* The scales of an FP8 layer (stacked, quant_supports): grids [E, ceil(rows/bn), ceil(in/bk)]. */
+/* The scales of an FP8 or FP4 layer (stacked, quant_supports): grids [E, ceil(rows/bn), ceil(in/bk)]. */
 static quant_view make_quant_view(const moex_experts_desc *d) {
     quant_view q;
     memset(&q, 0, sizeof q);
-    if (moex_weight_dtype(d) != MOEX_E4M3) return q;
+    if (!moex_is_quant_dtype(moex_weight_dtype(d))) return q;
     const int il = d->gated && d->interleaved;
     const int64_t *gs = d->gate_up_scale.strides, *ds = d->down_scale.strides, rstep = il ? 2 : 1;
     q.on = 1, q.sdt = d->gate_up_scale.dtype, q.bn = d->block_n, q.bk = d->block_k;
@@ -267,10 +293,11 @@ static size_t tc_bytes(const moex_experts_desc *d, int64_t P) {
     return 2 * align256((size_t)P * d->hidden * es) + align256((size_t)P * d->intermediate * es);
 }
 
-/* FP8 carves of a forward of T tokens (P pairs): batched_mm xf [T, H] f32 (the quantized
- * inputs), h [P, I] f32; grouped_mm xq [P, H] codes, xs [P, ceil(H/bk)] (the streamed forward
+/* Quantized carves of a forward of T tokens (P pairs): FP8 batched_mm xf [T, H] f32 (the quantized
+ * inputs), h [P, I] f32; FP8 grouped_mm xq [P, H] codes, xs [P, ceil(H/bk)] (the streamed forward
  * uses T rows of them, by token; the GEMM P, in expert order), h [P, I] f32, hq [P, I],
- * hs [P, ceil(I/bk)], y [P, H] f32, after the routing arrays. */
+ * hs [P, ceil(I/bk)], y [P, H] f32, after the routing arrays; FP4 xq [T, H] int8 codes, xs
+ * [T, H/32], h [P, I] f32, hq [P, I] codes, hs [P, I/32], and for grouped_mm y [P, H] f32. */
 typedef struct quant_ws {
     float *xf, *h, *xs, *hs, *y;
     uint8_t *xq, *hq;
@@ -283,7 +310,14 @@ static quant_ws quant_carve(cuda_kind kind, const moex_experts_desc *d, int64_t 
     const int64_t H = d->hidden, I = d->intermediate, bk = d->block_k;
     size_t at = 0;
 #define CARVE(field, type, count) (w.field = (type *)(base ? base + at : NULL), at += align256((size_t)(count) * sizeof(type)))
-    if (kind == CUDA_BATCHED_MM) {
+    if (moex_weight_dtype(d) == MOEX_E2M1X2) {
+        CARVE(xq, uint8_t, T * H);
+        CARVE(xs, float, T * (H / 32));
+        CARVE(h, float, P * I);
+        CARVE(hq, uint8_t, P * I);
+        CARVE(hs, float, P * (I / 32));
+        if (kind != CUDA_BATCHED_MM) CARVE(y, float, P * H);
+    } else if (kind == CUDA_BATCHED_MM) {
         CARVE(xf, float, T * H);
         CARVE(h, float, P * I);
     } else {
@@ -303,7 +337,7 @@ static size_t workspace_bytes(cuda_kind kind, const moex_experts_desc *d, int64_
     int64_t P;
     if (!moex_mul_ok(max_tokens, d->top_k, &P) || P > INT32_MAX) return SIZE_MAX;
     /* every product below stays far inside size_t once P < 2^31 and the layer's sizes validated */
-    if (moex_weight_dtype(d) == MOEX_E4M3)
+    if (moex_is_quant_dtype(moex_weight_dtype(d)))
         return (kind == CUDA_BATCHED_MM ? 0 : align256(routing_bytes(d->num_experts, P))) +
                quant_carve(kind, d, max_tokens, P, NULL).bytes;
     if (kind == CUDA_BATCHED_MM) return gemv_bytes(d, P, 0);
@@ -346,7 +380,7 @@ static moex_status fwd_begin(const moex_forward_args *a, fwd *out) {
 }
 
 /* batched_mm, FP8: x quantized (f32 code * scale), gate/up per pair, h quantized in place, down. */
-static moex_status batched_quant_forward(fwd *f) {
+static moex_status batched_fp8_forward(fwd *f) {
     const moex_forward_args *a = f->a;
     const layer_view &L = f->s->L;
     const quant_view &Q = f->s->Q;
@@ -360,11 +394,47 @@ static moex_status batched_quant_forward(fwd *f) {
                                a->out->data, a->out->dtype, a->out->strides[0], f->stream);
 }
 
+/* FP4, both backends: x quantized by token (int8 codes and block scales), gate/up (per pair, or
+ * per expert on its slots' rows), h quantized (all P rows: slots past the last pair are scratch),
+ * down (per pair with the weighted sum; or per expert into y in slot order, then the reduction
+ * in token order). r: grouped_mm's routing, NULL for batched_mm. */
+static moex_status fp4_forward(fwd *f, const routing_dev *r, char *ws) {
+    const moex_forward_args *a = f->a;
+    const layer_view &L = f->s->L;
+    const quant_view &Q = f->s->Q;
+    const quant_ws w = quant_carve(r ? CUDA_GROUPED_MM : CUDA_BATCHED_MM, a->layer, f->T, f->P, ws);
+    int8_t *xq = (int8_t *)w.xq, *hq = (int8_t *)w.hq;
+    if (r) { /* a group per expert with rows: at most P of them */
+        f->G.pairs = 0;
+        f->G.offsets = r->offsets, f->G.slot_token = r->slot_token;
+        f->G.hit = r->hit, f->G.n_hit = r->mtile_off + f->E;
+        f->G.e_begin = 0, f->G.count = f->E < f->P ? f->E : f->P;
+    }
+    moex_status st = act_quant_e2m1(a->hidden->data, a->hidden->dtype, a->hidden->strides[0], f->T, L.H, xq, w.xs,
+                                    f->stream);
+    if (st) return st;
+    if (r && gemv_fp4_mma_pays(f->P, f->E)) {
+        st = gemv_mma_experts_fp4(L, Q, f->G, xq, w.xs, w.h, hq, w.hs, w.y, f->P, f->stream);
+    } else {
+        st = gemv_gate_up_fp4(L, Q, f->G, xq, w.xs, w.h, f->stream);
+        if (!st) st = act_quant_e2m1(w.h, MOEX_F32, L.I, f->P, L.I, hq, w.hs, f->stream);
+        if (st) return st;
+        if (!r)
+            return gemv_down_pairs_fp4(L, Q, f->G, hq, w.hs, a->weights->data, a->weights->dtype, a->weights->strides[0],
+                                       a->out->data, a->out->dtype, a->out->strides[0], f->stream);
+        st = gemv_down_experts_fp4(L, Q, f->G, hq, w.hs, w.y, f->stream);
+    }
+    if (st) return st;
+    return routing_reduce(r->pair_slot, w.y, MOEX_F32, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0],
+                          f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
+}
+
 static moex_status batched_forward(fwd *f) {
     const moex_forward_args *a = f->a;
     f->G.pairs = 1;
     f->G.count = f->P;
-    if (f->s->Q.on) return batched_quant_forward(f);
+    if (f->s->L.wdt == MOEX_E2M1X2) return fp4_forward(f, NULL, (char *)a->workspace);
+    if (f->s->Q.on) return batched_fp8_forward(f);
     float *h = (float *)a->workspace;
     moex_status st = gemv_gate_up(f->s->L, f->G, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], h, f->stream);
     if (st) return st;
@@ -417,10 +487,13 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     const int narrow = tc && grouped_gemm_narrow_pays(f->P, f->E, s->epi);
     /* eager launches one expert at a time: too few blocks for the tensor-core kernels' 16-row warps */
     const int mma = !tc && !per_expert && gemv_mma_usable(L, s->Q, a->hidden->dtype, a->hidden->data, a->hidden->strides[0]);
+    /* the streamed forwards on tensor cores and FP4's kernels walk the list of experts with rows */
+    const int hits = mma || L.wdt == MOEX_E2M1X2;
     moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E,
-                                   narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS, mma, f->G.flags, f->stream);
+                                   narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS, hits, f->G.flags, f->stream);
     if (st) return st;
     const int launches = per_expert ? (int)f->E : 1;
+    if (L.wdt == MOEX_E2M1X2) return fp4_forward(f, &r, ws);
     if (tc && s->Q.on) return quant_gemm_forward(f, r, ws, narrow);
     if (tc) {
         const size_t es = esize(L.wdt);

@@ -62,12 +62,6 @@ __device__ __forceinline__ float dot16_e4m3(uint4 v, const float *x) {
 }
 __device__ __forceinline__ uint4 ldg16(const uint8_t *p) { return __ldg((const uint4 *)p); }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 __device__ __forceinline__ int64_t input_row(const gemv_groups &G, int64_t r) {
     return G.pairs ? r / G.k : (int64_t)G.slot_token[r];
 }
@@ -114,17 +108,7 @@ __device__ __forceinline__ void gate_up_rows(const layer_view &L, const gemv_gro
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        au[r] = warp_sum(au[r]);
-        if (L.gated) ag[r] = warp_sum(ag[r]);
-    }
-    if (lane == 0) {
-        const float bu = bias_at(L.up_bias, L.bdt, e, n), bg = L.gated ? bias_at(L.gate_bias, L.bdt, e, n) : 0.0f;
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            if (r < nr) h[(r0 + r) * L.I + n] = activate(L, ag[r] + bg, au[r] + bu);
-    }
+    store_gate_up_rows<R>(L, h, e, n, r0, nr, ag, au, lane);
 }
 
 /* MAXR = 1: one row per group (pairs); else up to ROWS rows a pass, the
@@ -221,15 +205,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view
                 }
             }
         }
-        au0 = warp_sum(au0), au1 = warp_sum(au1);
-        if (L.gated) ag0 = warp_sum(ag0), ag1 = warp_sum(ag1);
-        if (lane == 0) {
-            h[p * L.I + n] = activate(L, ag0 + (L.gated ? bias_at(L.gate_bias, L.bdt, e, n) : 0.0f),
-                                      au0 + bias_at(L.up_bias, L.bdt, e, n));
-            if (two)
-                h[p * L.I + n + 1] = activate(L, ag1 + (L.gated ? bias_at(L.gate_bias, L.bdt, e, n + 1) : 0.0f),
-                                              au1 + bias_at(L.up_bias, L.bdt, e, n + 1));
-        }
+        store_gate_up_pair(L, h, p, e, n, two, ag0, ag1, au0, au1, lane);
     }
 }
 

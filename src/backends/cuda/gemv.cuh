@@ -1,8 +1,8 @@
-/* gemv.cuh — the memory-bound expert kernels (gemv.cu): each warp computes
- * one output feature for a few rows, streaming its weight rows once. They
+/* gemv.cuh — the memory-bound expert kernels (gemv.cu; FP4 weights gemv_fp4.cu): each warp
+ * computes one output feature for a few rows, streaming its weight rows once. They
  * serve batched_mm (a group per (token, expert) pair), grouped_mm and eager
  * at small token counts (a group per expert), and every layout the tensor-core
- * path does not take (any strides, f32, per-expert pointers). */
+ * path does not take (any strides, f32, per-expert pointers; FP4 at every size). */
 #ifndef MOEX_GEMV_CUH
 #define MOEX_GEMV_CUH
 
@@ -12,7 +12,8 @@
 
 /* Which rows a group covers. pairs = 1: group p = pair (t, j) of ids [T, k],
  * expert ids[t, j], input row t, output row p. pairs = 0: group g = expert
- * e_begin + g, input rows slot_token[s] and output rows s for s in
+ * e_begin + g (or, with hit, expert hit[g] for g < *n_hit: the experts with rows,
+ * routing_build with hits), input rows slot_token[s] and output rows s for s in
  * offsets[e] .. offsets[e+1]. */
 typedef struct gemv_groups {
     int pairs;
@@ -20,6 +21,7 @@ typedef struct gemv_groups {
     int ids64;
     int64_t ids_ld, T, k;
     const int *offsets, *slot_token;
+    const int *hit, *n_hit;
     int64_t e_begin, count;
     int *flags; /* pairs = 1: bad ids (not in [-1, E]) set MOEX_CUDA_FLAG_BAD_ID here */
 } gemv_groups;
@@ -34,8 +36,48 @@ __device__ __forceinline__ int64_t group_rows(const gemv_groups &G, int64_t E, i
         return -1;
     }
     int64_t e = G.e_begin + g;
+    if (G.hit) {
+        if (g >= *G.n_hit) return -1;
+        e = G.hit[g];
+    }
     *lo = G.offsets[e], *hi = G.offsets[e + 1];
     return *hi > *lo ? e : -1;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* The end of a warp's gate/up sums for feature n of expert e over rows r0 .. r0+nr (nr <= R):
+ * reduced over the warp, biased, activated, h[row, n] stored by lane 0. */
+template <int R>
+__device__ __forceinline__ void store_gate_up_rows(const layer_view &L, float *h, int64_t e, int64_t n, int64_t r0,
+                                                   int nr, float (&ag)[R], float (&au)[R], int lane) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        au[r] = warp_sum(au[r]);
+        if (L.gated) ag[r] = warp_sum(ag[r]);
+    }
+    if (lane == 0) {
+        const float bu = bias_at(L.up_bias, L.bdt, e, n), bg = L.gated ? bias_at(L.gate_bias, L.bdt, e, n) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (r < nr) h[(r0 + r) * L.I + n] = activate(L, ag[r] + bg, au[r] + bu);
+    }
+}
+
+/* The same for the pairs kernels: features n and (two) n + 1 of pair p. */
+__device__ __forceinline__ void store_gate_up_pair(const layer_view &L, float *h, int64_t p, int64_t e, int64_t n,
+                                                   int two, float ag0, float ag1, float au0, float au1, int lane) {
+    au0 = warp_sum(au0), au1 = warp_sum(au1);
+    if (L.gated) ag0 = warp_sum(ag0), ag1 = warp_sum(ag1);
+    if (lane != 0) return;
+    h[p * L.I + n] = activate(L, ag0 + (L.gated ? bias_at(L.gate_bias, L.bdt, e, n) : 0.0f), au0 + bias_at(L.up_bias, L.bdt, e, n));
+    if (two)
+        h[p * L.I + n + 1] = activate(L, ag1 + (L.gated ? bias_at(L.gate_bias, L.bdt, e, n + 1) : 0.0f),
+                                      au1 + bias_at(L.up_bias, L.bdt, e, n + 1));
 }
 
 /* Launch configuration of a programmatic dependent of the previous kernel on stream s: its
@@ -59,6 +101,30 @@ moex_status gemv_gate_up_fp8(const layer_view &L, const quant_view &Q, const gem
 moex_status gemv_down_pairs_fp8(const layer_view &L, const quant_view &Q, const gemv_groups &G, const float *h,
                                 const void *w, moex_dtype wdt, int64_t w_ld, void *out, moex_dtype odt, int64_t out_ld,
                                 cudaStream_t s);
+
+/* FP4 weights (gemv_fp4.cu): e2m1 codes, a scale per row per 32 inputs (Q: bn 1, bk 32), H and I
+ * multiples of 32, vector-loadable matrices (proj_view strides in bytes, two codes a byte). The
+ * inputs are act_quant_e2m1's int8 codes and scales: xq [T, H], xs [T, H/32] by token (gate/up,
+ * pairs or per expert), hq [P, I], hs [P, I/32] by pair or slot (down). */
+int gemv_fp4_usable(const layer_view &L, const quant_view &Q);
+moex_status gemv_gate_up_fp4(const layer_view &L, const quant_view &Q, const gemv_groups &G, const int8_t *xq,
+                             const float *xs, float *h, cudaStream_t s);
+/* batched_mm's FP4 down with the weighted sum (as gemv_down_pairs). */
+moex_status gemv_down_pairs_fp4(const layer_view &L, const quant_view &Q, const gemv_groups &G, const int8_t *hq,
+                                const float *hs, const void *w, moex_dtype wdt, int64_t w_ld, void *out,
+                                moex_dtype odt, int64_t out_ld, cudaStream_t s);
+/* grouped_mm's FP4 experts on the tensor cores (integer mma, per expert its slots' rows): gate/up
+ * into h [P, I], h quantized into hq, hs, down into y [P, H] f32 in slot order; G as for the
+ * per-expert kernels. */
+/* 1 if grouped_mm's FP4 layer of P pairs over E experts takes the tensor-core kernels: from 2 rows
+ * an expert on average (below that a warp's 8-row mma tiles are mostly empty and the per-expert
+ * kernels' 16-byte loads stream the weights better). */
+static inline int gemv_fp4_mma_pays(int64_t P, int64_t E) { return P >= 2 * E; }
+moex_status gemv_mma_experts_fp4(const layer_view &L, const quant_view &Q, const gemv_groups &G, const int8_t *xq,
+                                 const float *xs, float *h, int8_t *hq, float *hs, float *y, int64_t P, cudaStream_t s);
+/* grouped_mm's FP4 down per expert: y [P, H] f32 in slot order (as gemv_down_experts). */
+moex_status gemv_down_experts_fp4(const layer_view &L, const quant_view &Q, const gemv_groups &G, const int8_t *hq,
+                                  const float *hs, float *y, cudaStream_t s);
 
 /* batched_mm's second half: out[t, n] = sum_j w[t, j] * (down_e . h[t*k+j] + bias), j in order. */
 moex_status gemv_down_pairs(const layer_view &L, const gemv_groups &G, const float *h, const void *w, moex_dtype wdt,
