@@ -13,9 +13,10 @@
  *               grouped GEMM (down) -> reduction in token order. FP8: small T, the
  *               one-launch streamed forward (it quantizes the activations itself); large T,
  *               x quantized into expert order, the FP8 grouped GEMM (gate/up), h
- *               quantized, the FP8 grouped GEMM (down), the reduction. FP4: x quantized,
- *               the streamed gate/up per expert, h quantized, the streamed down per
- *               expert, the reduction (every T: no FP4 tensor-core kernel yet)
+ *               quantized, the FP8 grouped GEMM (down), the reduction. FP4 (both
+ *               backends, gemv_fp4.cu): x quantized to int8 codes, gate/up, h quantized,
+ *               down; per pair in batched_mm, per expert in grouped_mm (dp4a kernels
+ *               below 2 rows an expert, integer mma.sync from 2), then the reduction
  *   eager       the same pieces, launched once per expert (empty experts
  *               return on the device); float weights only
  */
