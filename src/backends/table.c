@@ -7,7 +7,9 @@
  *   CPU   moex_gemm (linear/gemm.c): rows <= MOEX_STREAM_ROWS stream the weights, more pack them
  *   CUDA  grouped_gemm_pays / grouped_gemm_narrow_pays (backends/cuda/gemm_sm90.cuh): the wgmma
  *         grouped GEMM, else gemv_mma_usable (backends/cuda/gemv.cuh): the one-launch mma.sync
- *         streamed forward (gemv_mma.cu), else the plain streamed kernels (backends/cuda/gemv.cu).
+ *         streamed forward (gemv_mma.cu), else the plain streamed kernels (backends/cuda/gemv.cu);
+ *         FP4 layers gemv_fp4_mma_pays (gemv.cuh): grouped_mm's integer mma kernels, else the dp4a
+ *         kernels (backends/cuda/gemv_fp4.cu).
  * So "what runs bf16 grouped_mm at 64 tokens on an H200" is the row {grouped_mm, cuda, float}
  * (moex_cuda_grouped_mm, experts.cu) and grouped_gemm_pays(64 * top_k pairs, E, H). */
 #include "backends/impl.h"
