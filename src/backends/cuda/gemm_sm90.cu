@@ -66,6 +66,18 @@ constexpr int FP8_BN = BN / 2, FP8_BK = 128;
 template <typename T> __host__ __device__ constexpr bool is_fp8() { return sizeof(T) == 1; }
 template <typename T> __host__ __device__ constexpr int k_block() { return is_fp8<T>() ? FP8_BK : BK; }
 
+/* The ring of a format. FP8 stages hold 32 KiB (A 128 x 128 bytes, B 128 x 128) and the FP8
+ * kernels stage no epilogue, so their shared memory is 129 KiB: the rest of the SM's 256 KiB
+ * stays L1, which holds the row scales the consumers read every k-block (the float ring's
+ * 211 KiB would leave 28 KiB of L1, less than the 32 KiB of a tile's row scales). */
+constexpr int FP8_STAGES = 4;
+template <typename T> struct ring {
+    static constexpr int stages = is_fp8<T>() ? FP8_STAGES : STAGES;
+    static constexpr int stage_bytes = is_fp8<T>() ? A_BYTES + B_BYTES / 2 : STAGE_BYTES;
+    static constexpr int smem_bytes = is_fp8<T>() ? stages * stage_bytes + 1024 + 128 : SMEM_BYTES;
+};
+static_assert(2 * ring<uint8_t>::stages * 8 <= 128, "FP8 barriers");
+
 /* ---- PTX wrappers ------------------------------------------------------------ */
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -358,7 +370,7 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
         const int64_t b_row = tl.e * p.rows_per_expert;
         for (int kb = 0; kb < k_blocks; kb++) {
             mbar_wait(&empty[stage], phase ^ 1);
-            unsigned char *a = smem + stage * STAGE_BYTES, *b = a + A_BYTES;
+            unsigned char *a = smem + stage * ring<T>::stage_bytes, *b = a + A_BYTES;
             mbar_expect_tx(&full[stage], (NARROW ? NARROW_ROWS * 128 : A_BYTES) + B_LOAD);
             tma_load(a, &map_a, &full[stage], kb * KB, (int)tl.a_row);
             if (EPI == EPI_GATE_UP_CONCAT) {
@@ -368,7 +380,7 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
             } else {
                 tma_load(b, &map_b, &full[stage], kb * KB, (int)(b_row + tl.n * TILE_N));
             }
-            if (++stage == STAGES) stage = 0, phase ^= 1;
+            if (++stage == ring<T>::stages) stage = 0, phase ^= 1;
         }
     }
 }
@@ -556,13 +568,20 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, unsigned char 
         const uint32_t w0 = scale_row(Q, v0, tl.e, n0), w1 = scale_row(Q, v1, tl.e, n1);
 #pragma unroll
         for (int i = 0; i < ACC; i++) acc[i] = 0.0f;
+        /* the scales of k-block kb are loaded during k-block kb - 1 (an L1 or L2 round trip
+         * would otherwise wait behind the block's wgmmas); sk: their column, kb / kstep */
+        float ra0 = in0 ? __ldg(sa0) : 0.0f, ra1 = in1 ? __ldg(sa1) : 0.0f;
+        float wa = scale_load(Q.sdt, v0.base, w0), wb = scale_load(Q.sdt, v1.base, w1);
+        int sk = 0, sub = 0;
         for (int kb = 0; kb < k_blocks; kb++) {
-            const int sk = kb / p.kstep;
-            /* the scales, loaded while the wgmmas run */
-            const float ra0 = in0 ? __ldg(sa0 + sk) : 0.0f, ra1 = in1 ? __ldg(sa1 + sk) : 0.0f;
-            const float wa = scale_load(Q.sdt, v0.base, w0 + sk), wb = scale_load(Q.sdt, v1.base, w1 + sk);
+            if (++sub == p.kstep) sub = 0, sk++;
+            const bool more = kb + 1 < k_blocks;
+            const float na0 = in0 && more ? __ldg(sa0 + sk) : 0.0f, na1 = in1 && more ? __ldg(sa1 + sk) : 0.0f;
+            const float nwa = more ? scale_load(Q.sdt, v0.base, w0 + sk) : 0.0f;
+            const float nwb = more ? scale_load(Q.sdt, v1.base, w1 + sk) : 0.0f;
             mbar_wait(&full[stage], phase);
-            const unsigned char *a = smem + stage * STAGE_BYTES + a_off, *b = smem + stage * STAGE_BYTES + A_BYTES + b_off;
+            const unsigned char *a = smem + stage * ring<uint8_t>::stage_bytes + a_off;
+            const unsigned char *b = smem + stage * ring<uint8_t>::stage_bytes + A_BYTES + b_off;
             wgmma_fence();
 #pragma unroll
             for (int s = 0; s < FP8_BK / 32; s++)
@@ -571,7 +590,7 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, unsigned char 
             wgmma_wait<0>();
             fence_acc(blk);
             if (tid == 0) mbar_arrive(&empty[stage]);
-            if (++stage == STAGES) stage = 0, phase ^= 1;
+            if (++stage == ring<uint8_t>::stages) stage = 0, phase ^= 1;
             const float s00 = ra0 * wa, s01 = ra0 * wb, s10 = ra1 * wa, s11 = ra1 * wb;
 #pragma unroll
             for (int i = 0; i < ACC / 4; i++) {
@@ -581,6 +600,7 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, unsigned char 
                 acc[4 * i + 2] = fmaf(blk[4 * i + 2], sh1, acc[4 * i + 2]);
                 acc[4 * i + 3] = fmaf(blk[4 * i + 3], sh1, acc[4 * i + 3]);
             }
+            ra0 = na0, ra1 = na1, wa = nwa, wb = nwb;
         }
         epilogue_fp8<EPI, NARROW>(acc, tl, p, wg, tid);
     }
@@ -596,10 +616,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                         gemm_params p) {
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    uint64_t *full = (uint64_t *)(smem + STAGES * STAGE_BYTES), *empty = full + STAGES;
+    uint64_t *full = (uint64_t *)(smem + ring<T>::stages * ring<T>::stage_bytes), *empty = full + ring<T>::stages;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
+        for (int s = 0; s < ring<T>::stages; s++) {
             mbar_init(&full[s], 1);
             mbar_init(&empty[s], CONSUMERS);
         }
@@ -676,7 +696,7 @@ int grouped_gemm_usable(moex_dtype dt, const void *b, int64_t K, char *why, size
 
 template <typename T, int EPI, bool OVERLAP, bool NARROW = false> static cudaError_t allow_smem(void) {
     return cudaFuncSetAttribute(grouped_gemm_kernel<T, EPI, OVERLAP, NARROW>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, ring<T>::smem_bytes);
 }
 
 template <typename T> static cudaError_t allow_smem_all(void) {
@@ -711,17 +731,17 @@ static void launch_kernel(bool narrow, bool overlap, int num_sms, cudaStream_t s
     constexpr bool variants = EPI == EPI_DOWN || EPI == EPI_GATE_UP_CONCAT;
     if constexpr (variants) {
         if (narrow) {
-            grouped_gemm_kernel<T, EPI, false, true><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p);
+            grouped_gemm_kernel<T, EPI, false, true><<<num_sms, THREADS, ring<T>::smem_bytes, s>>>(map_a, map_b, p);
             return;
         }
     }
     if constexpr (variants && !is_fp8<T>()) {
         if (overlap) {
-            grouped_gemm_kernel<T, EPI, true, false><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p);
+            grouped_gemm_kernel<T, EPI, true, false><<<num_sms, THREADS, ring<T>::smem_bytes, s>>>(map_a, map_b, p);
             return;
         }
     }
-    grouped_gemm_kernel<T, EPI, false, false><<<num_sms, THREADS, SMEM_BYTES, s>>>(map_a, map_b, p);
+    grouped_gemm_kernel<T, EPI, false, false><<<num_sms, THREADS, ring<T>::smem_bytes, s>>>(map_a, map_b, p);
 }
 
 template <typename T>
