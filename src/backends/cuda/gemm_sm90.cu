@@ -71,10 +71,14 @@ template <typename T> __host__ __device__ constexpr int k_block() { return is_fp
  * stays L1, which holds the row scales the consumers read every k-block (the float ring's
  * 211 KiB would leave 28 KiB of L1, less than the 32 KiB of a tile's row scales). */
 constexpr int FP8_STAGES = 4;
+/* FP8: each stage's scales, after the barriers: the tile's 128 row scales of the k-block, then
+ * the block scales of its two chunks of weight rows (f32), padded to 16 bytes */
+constexpr int FP8_SCALES = 132;
 template <typename T> struct ring {
     static constexpr int stages = is_fp8<T>() ? FP8_STAGES : STAGES;
     static constexpr int stage_bytes = is_fp8<T>() ? A_BYTES + B_BYTES / 2 : STAGE_BYTES;
-    static constexpr int smem_bytes = is_fp8<T>() ? stages * stage_bytes + 1024 + 128 : SMEM_BYTES;
+    static constexpr int smem_bytes = is_fp8<T>() ? stages * stage_bytes + 1024 + 128 + stages * FP8_SCALES * 4
+                                                  : SMEM_BYTES;
 };
 static_assert(2 * ring<uint8_t>::stages * 8 <= 128, "FP8 barriers");
 
@@ -104,6 +108,28 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity) {
                      : "memory");
 }
 
+/* The same on a barrier's shared-memory address (computed once, outside the k-loops). */
+__device__ __forceinline__ void mbar_wait_at(uint32_t addr, int parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(addr), "r"(parity)
+                     : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_at(uint32_t addr) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(addr) : "memory");
+}
+__device__ __forceinline__ float lds_f32(uint32_t addr) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ void sts_f32(uint32_t addr, float v) {
+    asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+
 /* Copy the box at (col, row) of map into dst; completes on bar. */
 __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, uint64_t *bar, int col, int row) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
@@ -116,6 +142,11 @@ __device__ __forceinline__ uint64_t smem_desc(const void *p) {
     uint64_t a = smem_addr(p);
     return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
+/* The same in two halves: the low word is (shared address) / 16 | 1 << 16, so moving the tile by
+ * b bytes adds b / 16 to it (shared addresses stay below 256 KiB); the high word is constant. */
+__device__ __forceinline__ uint32_t smem_desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
+constexpr uint32_t SMEM_DESC_HI = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint64_t desc_of(uint32_t lo) { return ((uint64_t)SMEM_DESC_HI << 32) | lo; }
 
 #define WGMMA_D_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 #define WGMMA_D_OPS(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
@@ -535,62 +566,96 @@ __device__ __forceinline__ void epilogue_fp8(const float (&acc)[ACC], const tile
     }
 }
 
+/* The weight scale rows of an FP8 tile's two chunks of 64 weight rows: gate and up rows of its
+ * 64 features, or two 64-row pieces of down (the second past N: columns never stored). */
+template <int EPI>
+__device__ __forceinline__ void fp8_weight_scale_rows(const gemm_params &p, const tile &tl, uint32_t &w0, uint32_t &w1) {
+    const quant_view &Q = p.Q;
+    const int64_t n0 = EPI == EPI_DOWN ? tl.n * FP8_BN : tl.n * (FP8_BN / 2);
+    const int64_t n1 = EPI == EPI_DOWN && n0 + 64 < p.N ? n0 + 64 : n0;
+    w0 = scale_row(Q, EPI == EPI_DOWN ? Q.down : Q.gate, tl.e, n0);
+    w1 = scale_row(Q, EPI == EPI_DOWN ? Q.down : Q.up, tl.e, n1);
+}
+
+/* Warp 1 of the producer warpgroup: the scales of every k-block of the block's tiles into the
+ * stage's scale slot (ring<uint8_t>: FP8_SCALES floats), in step with the copies: lane l the
+ * row scales of rows 4l .. 4l+3 of the tile (0 past its rows), lanes 0 and 1 the block scales of
+ * the two chunks of weight rows as f32. Each lane arrives on the stage's full barrier after its
+ * stores, so the consumers read them with the tile's bytes, from shared memory. */
+template <int EPI, bool NARROW>
+__device__ __forceinline__ void produce_scales(const gemm_params &p, uint32_t scales, uint32_t full, uint32_t empty,
+                                               int64_t total, int k_blocks, int lane) {
+    const quant_view &Q = p.Q;
+    const void *wbase = lane == 0 ? (EPI == EPI_DOWN ? Q.down.base : Q.gate.base) : (EPI == EPI_DOWN ? Q.down.base : Q.up.base);
+    int stage = 0, phase = 0;
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
+        uint32_t w0, w1;
+        fp8_weight_scale_rows<EPI>(p, tl, w0, w1);
+        const uint32_t wrow = lane == 0 ? w0 : w1;
+        const float *sa = p.a_scale + (tl.a_row + 4 * lane) * p.a_sld;
+        int sk = 0, sub = 0;
+        for (int kb = 0; kb < k_blocks; kb++) {
+            float v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) v[j] = 4 * lane + j < tl.rows ? __ldg(sa + j * p.a_sld + sk) : 0.0f;
+            const float w = lane < 2 ? scale_load(Q.sdt, wbase, wrow + sk) : 0.0f;
+            mbar_wait_at(empty + 8 * stage, phase ^ 1);
+            const uint32_t slot = scales + stage * (FP8_SCALES * 4);
+#pragma unroll
+            for (int j = 0; j < 4; j++) sts_f32(slot + (4 * lane + j) * 4, v[j]);
+            if (lane < 2) sts_f32(slot + (128 + lane) * 4, w);
+            mbar_arrive_at(full + 8 * stage);
+            if (++stage == ring<uint8_t>::stages) stage = 0, phase ^= 1;
+            if (++sub == p.kstep) sub = 0, sk++;
+        }
+    }
+}
+
 /* FP8 tiles, one k-block (4 wgmmas of k32) at a time into blk, waited for, the stage released,
  * then added into acc times the scales: each thread's two rows have their row scales (A's,
  * scale kb / kstep of the row), and each chunk of 64 weight rows (gate or up rows of 64
  * features, or 64 down rows) its block scale (bn a multiple of 64 with 64-aligned chunk
- * starts, so a chunk is one block: grouped_gemm_fp8_usable). While one warpgroup promotes, the
- * other's wgmmas run. Wide tiles: warpgroup wg multiplies rows (wg-1)*64 .. +64 by the tile's
- * 128 weight rows (m64n128, chunks: columns i < 8 and i >= 8). NARROW (tiles of NARROW_ROWS
- * rows): both multiply all 64 rows, warpgroup wg by half wg-1 of the weight tile (m64n64; gate/up
- * 32 gate then 32 up columns, two chunks; down one). */
+ * starts, so a chunk is one block: grouped_gemm_fp8_usable), all read from the stage's scale
+ * slot (produce_scales). While one warpgroup promotes, the other's wgmmas run. The loop is
+ * kept short (the consumers issue its instructions between their wgmmas): barrier addresses and
+ * matrix descriptors computed once, stepped by constant offsets. Wide tiles: warpgroup wg
+ * multiplies rows (wg-1)*64 .. +64 by the tile's 128 weight rows (m64n128, chunks: columns
+ * i < 8 and i >= 8). NARROW (tiles of NARROW_ROWS rows): both multiply all 64 rows, warpgroup wg
+ * by half wg-1 of the weight tile (m64n64; gate/up 32 gate then 32 up columns, two chunks;
+ * down one, chunk wg-1). */
 template <int EPI, bool NARROW>
-__device__ __forceinline__ void consume_fp8(const gemm_params &p, unsigned char *smem, uint64_t *full,
-                                            uint64_t *empty, int64_t total, int k_blocks, int wg, int tid) {
+__device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase, uint32_t full, uint32_t empty,
+                                            uint32_t scales, int64_t total, int k_blocks, int wg, int tid) {
+    typedef ring<uint8_t> R;
     constexpr int ACC = NARROW ? 32 : 64, SPLIT = ACC / 8; /* column groups i < SPLIT: the first chunk */
-    const quant_view &Q = p.Q;
     const int warp = tid / 32, lane = tid % 32;
     const int r0 = (NARROW ? 0 : (wg - 1) * 64) + warp * 16 + lane / 4; /* the thread's rows r0, r0 + 8 */
     const int a_off = NARROW ? 0 : (wg - 1) * (64 * 128), b_off = NARROW ? (wg - 1) * (64 * 128) : 0;
+    const uint32_t a_lo = smem_desc_lo(sbase + a_off), b_lo = smem_desc_lo(sbase + A_BYTES + b_off);
+    /* the scale slot's words this thread reads: its rows, then the chunks' block scales */
+    const uint32_t s_r0 = scales + r0 * 4, s_r1 = s_r0 + 32;
+    const uint32_t s_wa = scales + (128 + (NARROW && EPI == EPI_DOWN ? wg - 1 : 0)) * 4;
+    const uint32_t s_wb = scales + (128 + (NARROW && EPI == EPI_DOWN ? wg - 1 : 1)) * 4;
     int stage = 0, phase = 0;
     float acc[ACC], blk[ACC];
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-        const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
-        const bool in0 = r0 < tl.rows, in1 = r0 + 8 < tl.rows;
-        const float *sa0 = p.a_scale + (tl.a_row + r0) * p.a_sld, *sa1 = sa0 + 8 * p.a_sld;
-        /* the weight scale rows of the two chunks (gate, up; or two 64-row pieces of down) */
-        const scale_view &v0 = EPI == EPI_DOWN ? Q.down : Q.gate, &v1 = EPI == EPI_DOWN ? Q.down : Q.up;
-        int64_t n0 = EPI == EPI_DOWN ? tl.n * FP8_BN : tl.n * (FP8_BN / 2), n1 = n0;
-        if (EPI == EPI_DOWN) {
-            n1 = n0 + 64 < p.N ? n0 + 64 : n0; /* past N: columns never stored */
-            if (NARROW) n0 = n1 = wg == 2 ? n1 : n0;
-        }
-        const uint32_t w0 = scale_row(Q, v0, tl.e, n0), w1 = scale_row(Q, v1, tl.e, n1);
 #pragma unroll
         for (int i = 0; i < ACC; i++) acc[i] = 0.0f;
-        /* the scales of k-block kb are loaded during k-block kb - 1 (an L1 or L2 round trip
-         * would otherwise wait behind the block's wgmmas); sk: their column, kb / kstep */
-        float ra0 = in0 ? __ldg(sa0) : 0.0f, ra1 = in1 ? __ldg(sa1) : 0.0f;
-        float wa = scale_load(Q.sdt, v0.base, w0), wb = scale_load(Q.sdt, v1.base, w1);
-        int sk = 0, sub = 0;
         for (int kb = 0; kb < k_blocks; kb++) {
-            if (++sub == p.kstep) sub = 0, sk++;
-            const bool more = kb + 1 < k_blocks;
-            const float na0 = in0 && more ? __ldg(sa0 + sk) : 0.0f, na1 = in1 && more ? __ldg(sa1 + sk) : 0.0f;
-            const float nwa = more ? scale_load(Q.sdt, v0.base, w0 + sk) : 0.0f;
-            const float nwb = more ? scale_load(Q.sdt, v1.base, w1 + sk) : 0.0f;
-            mbar_wait(&full[stage], phase);
-            const unsigned char *a = smem + stage * ring<uint8_t>::stage_bytes + a_off;
-            const unsigned char *b = smem + stage * ring<uint8_t>::stage_bytes + A_BYTES + b_off;
+            mbar_wait_at(full + 8 * stage, phase);
+            const uint32_t so = stage * (FP8_SCALES * 4), step = stage * (R::stage_bytes / 16);
+            const float ra0 = lds_f32(s_r0 + so), ra1 = lds_f32(s_r1 + so), wa = lds_f32(s_wa + so),
+                        wb = lds_f32(s_wb + so);
             wgmma_fence();
 #pragma unroll
             for (int s = 0; s < FP8_BK / 32; s++)
-                wgmma_128(blk, smem_desc(a + s * 32), smem_desc(b + s * 32), s > 0, (uint8_t *)nullptr);
+                wgmma_128(blk, desc_of(a_lo + step + 2 * s), desc_of(b_lo + step + 2 * s), s > 0, (uint8_t *)nullptr);
             wgmma_commit();
             wgmma_wait<0>();
             fence_acc(blk);
-            if (tid == 0) mbar_arrive(&empty[stage]);
-            if (++stage == ring<uint8_t>::stages) stage = 0, phase ^= 1;
+            if (tid == 0) mbar_arrive_at(empty + 8 * stage);
+            if (++stage == R::stages) stage = 0, phase ^= 1;
             const float s00 = ra0 * wa, s01 = ra0 * wb, s10 = ra1 * wa, s11 = ra1 * wb;
 #pragma unroll
             for (int i = 0; i < ACC / 4; i++) {
@@ -600,8 +665,9 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, unsigned char 
                 acc[4 * i + 2] = fmaf(blk[4 * i + 2], sh1, acc[4 * i + 2]);
                 acc[4 * i + 3] = fmaf(blk[4 * i + 3], sh1, acc[4 * i + 3]);
             }
-            ra0 = na0, ra1 = na1, wa = nwa, wb = nwb;
         }
+        /* the tile (needed by the epilogue only) */
+        const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
         epilogue_fp8<EPI, NARROW>(acc, tl, p, wg, tid);
     }
 }
@@ -619,8 +685,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint64_t *full = (uint64_t *)(smem + ring<T>::stages * ring<T>::stage_bytes), *empty = full + ring<T>::stages;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     if (threadIdx.x == 0) {
+        /* FP8: the copies' arrival and one a lane of the scale warp (produce_scales) */
         for (int s = 0; s < ring<T>::stages; s++) {
-            mbar_init(&full[s], 1);
+            mbar_init(&full[s], is_fp8<T>() ? 33 : 1);
             mbar_init(&empty[s], CONSUMERS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -631,11 +698,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
         if (tid == 0) produce<T, EPI, NARROW>(map_a, map_b, p, smem, full, empty, total, k_blocks);
+        if constexpr (is_fp8<T>())
+            if (tid / 32 == 1)
+                produce_scales<EPI, NARROW>(p, smem_addr(full) + 128, smem_addr(full), smem_addr(empty),
+                                            total, k_blocks, tid % 32);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
     if constexpr (is_fp8<T>())
-        consume_fp8<EPI, NARROW>(p, smem, full, empty, total, k_blocks, wg, tid);
+        consume_fp8<EPI, NARROW>(p, smem_addr(smem), smem_addr(full), smem_addr(empty),
+                                 smem_addr(full) + 128, total, k_blocks, wg, tid);
     else
         consume_float<T, EPI, OVERLAP, NARROW>(p, smem, full, empty, total, k_blocks, wg, tid);
 }
