@@ -72,11 +72,15 @@ template <typename T> __host__ __device__ constexpr int k_block() { return is_fp
  * 211 KiB would leave 28 KiB of L1, less than the 32 KiB of a tile's row scales). */
 constexpr int FP8_STAGES = 4;
 /* FP8: each stage's scales, after the barriers: the tile's 128 row scales of the k-block, then
- * the block scales of its two chunks of weight rows (f32), padded to 16 bytes */
+ * the block scales of its chunks of 64 weight rows (f32; 2 a wide tile, 4 a narrow one), padded
+ * to 16 bytes */
 constexpr int FP8_SCALES = 132;
-template <typename T> struct ring {
+/* FP8 narrow tiles (64 rows) take BN weight rows, as the float tiles do: a stage of 8 KiB of A
+ * and 32 KiB of weights (the weights carry the time when experts have few rows) */
+template <typename T, bool NARROW> __host__ __device__ constexpr int tile_n() { return is_fp8<T>() && !NARROW ? FP8_BN : BN; }
+template <typename T, bool NARROW = false> struct ring {
     static constexpr int stages = is_fp8<T>() ? FP8_STAGES : STAGES;
-    static constexpr int stage_bytes = is_fp8<T>() ? A_BYTES + B_BYTES / 2 : STAGE_BYTES;
+    static constexpr int stage_bytes = is_fp8<T>() && !NARROW ? A_BYTES + B_BYTES / 2 : STAGE_BYTES;
     static constexpr int smem_bytes = is_fp8<T>() ? stages * stage_bytes + 1024 + 128 + stages * FP8_SCALES * 4
                                                   : SMEM_BYTES;
 };
@@ -173,24 +177,10 @@ __device__ __forceinline__ void wgmma_128(float (&d)[64], uint64_t da, uint64_t 
                  : "l"(da), "l"(db), "r"(accumulate));
 }
 
-#define WGMMA_D32_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define WGMMA_D32_OPS(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-
-/* d[64 x 64] (+)= A[64 x 32] . B[64 x 32]^T in e4m3 (the FP8 narrow tiles' half of the weight tile). */
-__device__ __forceinline__ void wgmma_128(float (&d)[32], uint64_t da, uint64_t db, int accumulate, uint8_t *) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " WGMMA_D32_REGS ", %32, %33, p, 1, 1;\n}\n"
-                 : WGMMA_D32_OPS(d)
-                 : "l"(da), "l"(db), "r"(accumulate));
-}
-
 /* After a wait: the accumulators are redefined here (an empty asm), so that ptxas sees no
  * later use depending on an earlier wgmma and injects no wait of its own (C7517). */
 __device__ __forceinline__ void fence_acc(float (&d)[64]) {
     asm volatile("" : WGMMA_D_OPS(d)::"memory");
-}
-__device__ __forceinline__ void fence_acc(float (&d)[32]) {
-    asm volatile("" : WGMMA_D32_OPS(d)::"memory");
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -384,24 +374,23 @@ __device__ __forceinline__ void epilogue_half(const float (&dh)[64], int half, c
 
 /* Thread 0 of warpgroup 0 issues the TMA copies of every k-block of the block's tiles into the
  * ring. Per stage: the tile's A rows (k_block<T>() inputs, 128 bytes a row), then the weight
- * rows: gate/up concatenated as [gate 0-63, up 0-63 | gate 64-127, up 64-127] of the tile (FP8:
- * [gate 0-63, up 0-63]; FP8 narrow: [gate 0-31, up 0-31 | gate 32-63, up 32-63], one half a
- * warpgroup), otherwise BN (FP8: FP8_BN) consecutive rows. */
+ * rows: gate/up concatenated as [gate 0-63, up 0-63 | gate 64-127, up 64-127] of the tile (FP8
+ * wide tiles: [gate 0-63, up 0-63]), otherwise tile_n (BN; FP8 wide: FP8_BN) consecutive rows. */
 template <typename T, int EPI, bool NARROW>
 __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensorMap &map_b, const gemm_params &p,
                                         unsigned char *smem, uint64_t *full, uint64_t *empty, int64_t total,
                                         int k_blocks) {
     constexpr bool FP8 = is_fp8<T>();
-    constexpr int KB = k_block<T>(), TILE_N = FP8 ? FP8_BN : BN, B_LOAD = FP8 ? B_BYTES / 2 : B_BYTES;
+    constexpr int KB = k_block<T>(), TILE_N = tile_n<T, NARROW>(), B_LOAD = TILE_N * 128;
     /* gate/up boxes (rows each, boxes a stage): [gate, up] pairs of the tile's features */
-    constexpr int GU_BOX = FP8 && NARROW ? FP8_BN / 4 : BN / 4, GU_BOXES = FP8 && !NARROW ? 2 : 4;
+    constexpr int GU_BOX = BN / 4, GU_BOXES = TILE_N / GU_BOX;
     int stage = 0, phase = 0;
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
         const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
         const int64_t b_row = tl.e * p.rows_per_expert;
         for (int kb = 0; kb < k_blocks; kb++) {
             mbar_wait(&empty[stage], phase ^ 1);
-            unsigned char *a = smem + stage * ring<T>::stage_bytes, *b = a + A_BYTES;
+            unsigned char *a = smem + stage * ring<T, NARROW>::stage_bytes, *b = a + A_BYTES;
             mbar_expect_tx(&full[stage], (NARROW ? NARROW_ROWS * 128 : A_BYTES) + B_LOAD);
             tma_load(a, &map_a, &full[stage], kb * KB, (int)tl.a_row);
             if (EPI == EPI_GATE_UP_CONCAT) {
@@ -411,7 +400,7 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
             } else {
                 tma_load(b, &map_b, &full[stage], kb * KB, (int)(b_row + tl.n * TILE_N));
             }
-            if (++stage == ring<T>::stages) stage = 0, phase ^= 1;
+            if (++stage == ring<T, NARROW>::stages) stage = 0, phase ^= 1;
         }
     }
 }
@@ -520,13 +509,13 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
 
 /* The FP8 epilogue: the thread's two rows (lane/4 and +8 of its warp's 16) of the warpgroup's
  * rows of tile tl, from the promoted totals, straight to C in f32 (pairs of columns, 8 bytes;
- * the 4 lanes of a row write 32 contiguous bytes). Wide tiles: the warpgroup's 64 of 128 rows;
- * gate/up: gate column 8i + c0 (+1) with its up column in acc[4(i+8) ..], 64 outputs; down: 128
- * outputs. NARROW: all 64 rows by the warpgroup's half of the weight tile (gate/up: 32 outputs,
- * up from acc[4(i+4) ..]; down: 64). */
+ * the 4 lanes of a row write 32 contiguous bytes): gate column 8i + c0 (+1) with its up column
+ * in acc[4(i+8) ..], 64 outputs, or 128 down outputs. Wide tiles: the warpgroup's 64 of 128
+ * rows by the tile's 128 weight rows; NARROW: all 64 rows by half wg-1 of its 256. */
 template <int EPI, bool NARROW, int ACC>
 __device__ __forceinline__ void epilogue_fp8(const float (&acc)[ACC], const tile &tl, const gemm_params &p, int wg,
                                              int tid) {
+    constexpr int TILE_N = tile_n<uint8_t, NARROW>();
     const int warp = tid / 32, lane = tid % 32, c0 = 2 * (lane % 4);
     const int row_base = (NARROW ? 0 : (wg - 1) * 64) + warp * 16;
     if (row_base >= tl.rows) return;
@@ -534,8 +523,8 @@ __device__ __forceinline__ void epilogue_fp8(const float (&acc)[ACC], const tile
     const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
     const bool silu = plain && L.act == MOEX_ACT_SILU;
     constexpr int COLS = EPI == EPI_DOWN ? ACC / 4 : ACC / 8; /* column groups of 8 out */
-    const int64_t n_tile = EPI == EPI_DOWN ? tl.n * FP8_BN + (NARROW ? (wg - 1) * 64 : 0)
-                                           : tl.n * (FP8_BN / 2) + (NARROW ? (wg - 1) * 32 : 0);
+    const int64_t n_tile = EPI == EPI_DOWN ? tl.n * TILE_N + (NARROW ? (wg - 1) * 128 : 0)
+                                           : tl.n * (TILE_N / 2) + (NARROW ? (wg - 1) * 64 : 0);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int r = row_base + lane / 4 + 8 * h;
@@ -566,47 +555,49 @@ __device__ __forceinline__ void epilogue_fp8(const float (&acc)[ACC], const tile
     }
 }
 
-/* The weight scale rows of an FP8 tile's two chunks of 64 weight rows: gate and up rows of its
- * 64 features, or two 64-row pieces of down (the second past N: columns never stored). */
-template <int EPI>
-__device__ __forceinline__ void fp8_weight_scale_rows(const gemm_params &p, const tile &tl, uint32_t &w0, uint32_t &w1) {
+/* The weight scale row of chunk j of an FP8 tile (64 weight rows each, tile_n / 64 of them):
+ * gate (j even) or up rows of features (j / 2) * 64 .. +64 of the tile, or down rows j * 64 ..
+ * +64; a chunk past N takes the tile's first (its columns are never stored). */
+template <int EPI, bool NARROW>
+__device__ __forceinline__ uint32_t fp8_weight_scale_row(const gemm_params &p, const tile &tl, int j) {
+    constexpr int TILE_N = tile_n<uint8_t, NARROW>();
     const quant_view &Q = p.Q;
-    const int64_t n0 = EPI == EPI_DOWN ? tl.n * FP8_BN : tl.n * (FP8_BN / 2);
-    const int64_t n1 = EPI == EPI_DOWN && n0 + 64 < p.N ? n0 + 64 : n0;
-    w0 = scale_row(Q, EPI == EPI_DOWN ? Q.down : Q.gate, tl.e, n0);
-    w1 = scale_row(Q, EPI == EPI_DOWN ? Q.down : Q.up, tl.e, n1);
+    const int64_t n0 = EPI == EPI_DOWN ? tl.n * TILE_N : tl.n * (TILE_N / 2);
+    int64_t n = n0 + (EPI == EPI_DOWN ? j : j / 2) * 64;
+    if (n >= p.N) n = n0;
+    return scale_row(Q, EPI == EPI_DOWN ? Q.down : j % 2 ? Q.up : Q.gate, tl.e, n);
 }
 
 /* Warp 1 of the producer warpgroup: the scales of every k-block of the block's tiles into the
- * stage's scale slot (ring<uint8_t>: FP8_SCALES floats), in step with the copies: lane l the
- * row scales of rows 4l .. 4l+3 of the tile (0 past its rows), lanes 0 and 1 the block scales of
- * the two chunks of weight rows as f32. Each lane arrives on the stage's full barrier after its
+ * stage's scale slot (FP8_SCALES floats), in step with the copies: lane l the row scales of rows
+ * 4l .. 4l+3 of the tile (0 past its rows), lane j < CHUNKS the block scale of chunk j of the
+ * weight rows as f32. Each lane arrives on the stage's full barrier after its
  * stores, so the consumers read them with the tile's bytes, from shared memory. */
 template <int EPI, bool NARROW>
 __device__ __forceinline__ void produce_scales(const gemm_params &p, uint32_t scales, uint32_t full, uint32_t empty,
                                                int64_t total, int k_blocks, int lane) {
+    typedef ring<uint8_t, NARROW> R;
+    constexpr int CHUNKS = tile_n<uint8_t, NARROW>() / 64;
     const quant_view &Q = p.Q;
-    const void *wbase = lane == 0 ? (EPI == EPI_DOWN ? Q.down.base : Q.gate.base) : (EPI == EPI_DOWN ? Q.down.base : Q.up.base);
+    const void *wbase = EPI == EPI_DOWN ? Q.down.base : lane % 2 ? Q.up.base : Q.gate.base;
     int stage = 0, phase = 0;
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
         const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
-        uint32_t w0, w1;
-        fp8_weight_scale_rows<EPI>(p, tl, w0, w1);
-        const uint32_t wrow = lane == 0 ? w0 : w1;
+        const uint32_t wrow = lane < CHUNKS ? fp8_weight_scale_row<EPI, NARROW>(p, tl, lane) : 0;
         const float *sa = p.a_scale + (tl.a_row + 4 * lane) * p.a_sld;
         int sk = 0, sub = 0;
         for (int kb = 0; kb < k_blocks; kb++) {
             float v[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) v[j] = 4 * lane + j < tl.rows ? __ldg(sa + j * p.a_sld + sk) : 0.0f;
-            const float w = lane < 2 ? scale_load(Q.sdt, wbase, wrow + sk) : 0.0f;
+            const float w = lane < CHUNKS ? scale_load(Q.sdt, wbase, wrow + sk) : 0.0f;
             mbar_wait_at(empty + 8 * stage, phase ^ 1);
             const uint32_t slot = scales + stage * (FP8_SCALES * 4);
 #pragma unroll
             for (int j = 0; j < 4; j++) sts_f32(slot + (4 * lane + j) * 4, v[j]);
-            if (lane < 2) sts_f32(slot + (128 + lane) * 4, w);
+            if (lane < CHUNKS) sts_f32(slot + (128 + lane) * 4, w);
             mbar_arrive_at(full + 8 * stage);
-            if (++stage == ring<uint8_t>::stages) stage = 0, phase ^= 1;
+            if (++stage == R::stages) stage = 0, phase ^= 1;
             if (++sub == p.kstep) sub = 0, sk++;
         }
     }
@@ -619,24 +610,22 @@ __device__ __forceinline__ void produce_scales(const gemm_params &p, uint32_t sc
  * starts, so a chunk is one block: grouped_gemm_fp8_usable), all read from the stage's scale
  * slot (produce_scales). While one warpgroup promotes, the other's wgmmas run. The loop is
  * kept short (the consumers issue its instructions between their wgmmas): barrier addresses and
- * matrix descriptors computed once, stepped by constant offsets. Wide tiles: warpgroup wg
- * multiplies rows (wg-1)*64 .. +64 by the tile's 128 weight rows (m64n128, chunks: columns
- * i < 8 and i >= 8). NARROW (tiles of NARROW_ROWS rows): both multiply all 64 rows, warpgroup wg
- * by half wg-1 of the weight tile (m64n64; gate/up 32 gate then 32 up columns, two chunks;
- * down one, chunk wg-1). */
+ * matrix descriptors computed once, stepped by constant offsets. Each warpgroup multiplies 64
+ * rows by 128 weight rows (m64n128k32; chunks: columns i < 8 and i >= 8). Wide tiles: warpgroup wg
+ * rows (wg-1)*64 .. +64 by the tile's 128 weight rows. NARROW (tiles of NARROW_ROWS rows): both
+ * all 64 rows, warpgroup wg by half wg-1 of the tile's 256 weight rows (chunks 2(wg-1), +1). */
 template <int EPI, bool NARROW>
 __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase, uint32_t full, uint32_t empty,
                                             uint32_t scales, int64_t total, int k_blocks, int wg, int tid) {
-    typedef ring<uint8_t> R;
-    constexpr int ACC = NARROW ? 32 : 64, SPLIT = ACC / 8; /* column groups i < SPLIT: the first chunk */
+    typedef ring<uint8_t, NARROW> R;
+    constexpr int ACC = 64, SPLIT = ACC / 8; /* column groups i < SPLIT: the first chunk */
     const int warp = tid / 32, lane = tid % 32;
     const int r0 = (NARROW ? 0 : (wg - 1) * 64) + warp * 16 + lane / 4; /* the thread's rows r0, r0 + 8 */
-    const int a_off = NARROW ? 0 : (wg - 1) * (64 * 128), b_off = NARROW ? (wg - 1) * (64 * 128) : 0;
+    const int a_off = NARROW ? 0 : (wg - 1) * (64 * 128), b_off = NARROW ? (wg - 1) * (128 * 128) : 0;
     const uint32_t a_lo = smem_desc_lo(sbase + a_off), b_lo = smem_desc_lo(sbase + A_BYTES + b_off);
     /* the scale slot's words this thread reads: its rows, then the chunks' block scales */
     const uint32_t s_r0 = scales + r0 * 4, s_r1 = s_r0 + 32;
-    const uint32_t s_wa = scales + (128 + (NARROW && EPI == EPI_DOWN ? wg - 1 : 0)) * 4;
-    const uint32_t s_wb = scales + (128 + (NARROW && EPI == EPI_DOWN ? wg - 1 : 1)) * 4;
+    const uint32_t s_wa = scales + (128 + (NARROW ? 2 * (wg - 1) : 0)) * 4, s_wb = s_wa + 4;
     int stage = 0, phase = 0;
     float acc[ACC], blk[ACC];
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
@@ -682,11 +671,12 @@ __global__ void __launch_bounds__(THREADS, 1)
                         gemm_params p) {
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    uint64_t *full = (uint64_t *)(smem + ring<T>::stages * ring<T>::stage_bytes), *empty = full + ring<T>::stages;
+    typedef ring<T, NARROW> R;
+    uint64_t *full = (uint64_t *)(smem + R::stages * R::stage_bytes), *empty = full + R::stages;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     if (threadIdx.x == 0) {
         /* FP8: the copies' arrival and one a lane of the scale warp (produce_scales) */
-        for (int s = 0; s < ring<T>::stages; s++) {
+        for (int s = 0; s < R::stages; s++) {
             mbar_init(&full[s], is_fp8<T>() ? 33 : 1);
             mbar_init(&empty[s], CONSUMERS);
         }
@@ -768,7 +758,7 @@ int grouped_gemm_usable(moex_dtype dt, const void *b, int64_t K, char *why, size
 
 template <typename T, int EPI, bool OVERLAP, bool NARROW = false> static cudaError_t allow_smem(void) {
     return cudaFuncSetAttribute(grouped_gemm_kernel<T, EPI, OVERLAP, NARROW>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, ring<T>::smem_bytes);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, ring<T, NARROW>::smem_bytes);
 }
 
 template <typename T> static cudaError_t allow_smem_all(void) {
@@ -803,7 +793,7 @@ static void launch_kernel(bool narrow, bool overlap, int num_sms, cudaStream_t s
     constexpr bool variants = EPI == EPI_DOWN || EPI == EPI_GATE_UP_CONCAT;
     if constexpr (variants) {
         if (narrow) {
-            grouped_gemm_kernel<T, EPI, false, true><<<num_sms, THREADS, ring<T>::smem_bytes, s>>>(map_a, map_b, p);
+            grouped_gemm_kernel<T, EPI, false, true><<<num_sms, THREADS, ring<T, true>::smem_bytes, s>>>(map_a, map_b, p);
             return;
         }
     }
@@ -835,13 +825,13 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
     if (fp8 && ((g->epi != EPI_DOWN && g->epi != EPI_GATE_UP_CONCAT) || !g->a_scales || !g->q.on))
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: FP8 takes the down and concatenated gate/up epilogues, "
                          "row scales and the weights' scales");
-    /* weight rows a tile: gate/up four boxes of 64 (FP8: two; FP8 narrow: four of 32); down BN (FP8: FP8_BN) */
-    const int tile_n = fp8 ? FP8_BN : BN;
-    const int b_box = g->epi != EPI_GATE_UP_CONCAT ? tile_n : fp8 && g->narrow ? FP8_BN / 4 : BN / 4;
-    int64_t E_rows = g->L.E * g->rows_per_expert;
     const bool narrow = g->narrow && (g->epi == EPI_DOWN || g->epi == EPI_GATE_UP_CONCAT);
     if (g->narrow && !narrow)
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: narrow tiles need the down or concatenated gate/up epilogue");
+    /* weight rows a tile: gate/up boxes of 64 (four; FP8 wide tiles two); down one box of the tile's rows */
+    const int tile_n = fp8 && !narrow ? FP8_BN : BN;
+    const int b_box = g->epi != EPI_GATE_UP_CONCAT ? tile_n : BN / 4;
+    int64_t E_rows = g->L.E * g->rows_per_expert;
     moex_status st = make_map(&map_a, g->a, g->a_rows, g->K, narrow ? NARROW_ROWS : BM, g->dt, "A");
     if (!st) st = make_map(&map_b, g->b, E_rows, g->K, b_box, g->dt, "B");
     if (st) return st;
