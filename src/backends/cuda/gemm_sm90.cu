@@ -16,9 +16,12 @@
  *
  * FP8 (T = uint8_t: e4m3 codes of A and B, C in f32): the same bytes. A k-block is 128 inputs
  * (128 bytes, one scale block), multiplied by 4 wgmmas of k32 into a block accumulator that is
- * then added to the total times row scale x weight scale (the promotion). Tiles of 128 rows x
- * 128 weight rows (gate/up: 64 gate + 64 up), each warpgroup 64 rows; narrow tiles of 64 rows,
- * each warpgroup all of them by half the weight rows; no overlapped variant.
+ * then added to the total times row scale x weight scale (the promotion); the scales come from
+ * shared memory, staged there per stage by a second producer warp. Tiles of 128 rows x 128 weight
+ * rows (gate/up: 64 gate + 64 up), each warpgroup 64 rows; narrow tiles of 64 rows x 256 weight
+ * rows, each warpgroup all of them by half the weight rows. No staged epilogue and, for the wide
+ * tiles, a ring of 32 KiB stages, so L1 keeps the rest of the SM's memory (narrow tiles: 48 KiB
+ * stages); no overlapped variant.
  */
 #include "backends/cuda/gemm_sm90.cuh"
 #include "gpu/cuda_check.h"
@@ -66,10 +69,10 @@ constexpr int FP8_BN = BN / 2, FP8_BK = 128;
 template <typename T> __host__ __device__ constexpr bool is_fp8() { return sizeof(T) == 1; }
 template <typename T> __host__ __device__ constexpr int k_block() { return is_fp8<T>() ? FP8_BK : BK; }
 
-/* The ring of a format. FP8 stages hold 32 KiB (A 128 x 128 bytes, B 128 x 128) and the FP8
- * kernels stage no epilogue, so their shared memory is 129 KiB: the rest of the SM's 256 KiB
- * stays L1, which holds the row scales the consumers read every k-block (the float ring's
- * 211 KiB would leave 28 KiB of L1, less than the 32 KiB of a tile's row scales). */
+/* The ring of a format. FP8 wide stages hold 32 KiB (A 128 x 128 bytes, B 128 x 128) and the
+ * FP8 kernels stage no epilogue, so the wide kernels' shared memory is 131 KiB and the rest of
+ * the SM's 256 KiB stays L1 (measured faster than the float ring's 211 KiB and than six stages,
+ * when the consumers still read their scales through L1: dev/notes/cuda-notes.md). */
 constexpr int FP8_STAGES = 4;
 /* FP8: each stage's scales, after the barriers: the tile's 128 row scales of the k-block, then
  * the block scales of its chunks of 64 weight rows (f32; 2 a wide tile, 4 a narrow one), padded
