@@ -1,10 +1,10 @@
 /*
  * test_fuzz_corpus.c — replays every file of the committed fuzz corpus
- * (fuzz/corpus/{safetensors,config,model,experts_map,tokenizer}) through the fuzz
- * targets with their own invariant checks, so that CI re-checks the corpus
- * under the sanitizers without clang or libFuzzer:
- *   - fuzz_safetensors, fuzz_config and fuzz_experts_map (cheap) get every
- *     file of every corpus;
+ * (fuzz/corpus/{safetensors,config,model,experts_map,tokenizer,jit_entry}) through
+ * the fuzz targets with their own invariant checks, so that CI re-checks the
+ * corpus under the sanitizers without clang or libFuzzer:
+ *   - fuzz_safetensors, fuzz_config, fuzz_experts_map and fuzz_jit_entry
+ *     (cheap) get every file of every corpus;
  *   - fuzz_model (a model load and a generation per file) and fuzz_tokenizer
  *     (a tokenizer.json load or a fixture's, an encode and decodes) get their
  *     own corpus only.
@@ -45,6 +45,9 @@
 #undef LLVMFuzzerTestOneInput
 #define LLVMFuzzerTestOneInput fuzz_tokenizer_one
 #include "../fuzz/fuzz_tokenizer.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_jit_entry_one
+#include "../fuzz/fuzz_jit_entry.c"
 #undef LLVMFuzzerTestOneInput
 
 /* The corpus root: $MOEX_FUZZ_CORPUS, else <dir of this file>/../fuzz/corpus. */
@@ -105,6 +108,7 @@ static int replay_dir(const char *root, const char *sub, int with_model) {
         fuzz_safetensors_one(buf, len); /* aborts on a broken invariant */
         fuzz_config_one(buf, len);
         fuzz_experts_map_one(buf, len);
+        fuzz_jit_entry_one(buf, len);
         if (with_model == 1) fuzz_model_one(buf, len);
         if (with_model == 2) fuzz_tokenizer_one(buf, len);
         free(buf);
@@ -124,10 +128,11 @@ static void test_replay_corpus(void **state) {
     int c = replay_dir(root, "experts_map", 0);
     int d = replay_dir(root, "model", 1);
     int e = replay_dir(root, "tokenizer", 2);
-    print_message("replayed %d safetensors, %d config, %d experts_map, %d model and %d tokenizer inputs from %s\n", a, b,
-                  c, d, e, root);
-    if (a < 5 || b < 5 || c < 5 || d < 5 || e < 5)
-        PROBLEM("the corpus looks empty: %d, %d, %d, %d and %d files", a, b, c, d, e);
+    int f = replay_dir(root, "jit_entry", 0);
+    print_message("replayed %d safetensors, %d config, %d experts_map, %d model, %d tokenizer and %d jit_entry inputs "
+                  "from %s\n", a, b, c, d, e, f, root);
+    if (a < 5 || b < 5 || c < 5 || d < 5 || e < 5 || f < 5)
+        PROBLEM("the corpus looks empty: %d, %d, %d, %d, %d and %d files", a, b, c, d, e, f);
     if (mdl_ready != 1) PROBLEM("the model target could not set up its fixtures (see above; set MOEX_FIXTURES)");
     end_problems();
 }
