@@ -6,8 +6,9 @@
 #      without cmocka the CPU test programs are left out — nothing is installed, and
 #      pkg-config is not needed;
 #   2. builds moex with CUDA (Release) in build-gpu/;
-#   3. runs tests/gpu/test_cuda_backends, tests/gpu/test_cuda_decoder and
-#      tests/gpu/test_cuda_model (whole models, GPU against CPU), then a quick
+#   3. runs tests/gpu/test_cuda_backends, tests/gpu/test_cuda_decoder,
+#      tests/gpu/test_cuda_model (whole models, GPU against CPU) and
+#      tests/gpu/test_cuda_jit (kernels compiled at run time), then a quick
 #      subset of the first two under compute-sanitizer memcheck;
 #   4. runs `moex bench --device cuda` (bf16; eager, batched_mm, grouped_mm;
 #      CUDA graphs off and on) for qwen3-30b-a3b and deepseek-v3, then again
@@ -180,6 +181,7 @@ ctest_step() { ctest --test-dir "$BUILD" --output-on-failure -LE gpu 2>&1 | tee 
 test_step() { "$TEST" 2>&1 | tee "$BUILD/test_cuda_backends.out"; }
 decoder_test_step() { "$DECODER_TEST" 2>&1 | tee "$BUILD/test_cuda_decoder.out"; }
 model_test_step() { "$MODEL_TEST" 2>&1 | tee "$BUILD/test_cuda_model.out"; }
+jit_test_step() { "$JIT_TEST" 2>&1 | tee "$BUILD/test_cuda_jit.out"; }
 memcheck_step() {
   "$SANITIZER" --tool memcheck --error-exitcode 3 "$TEST" --quick 2>&1 |
     tee "$BUILD/memcheck.out"
@@ -217,9 +219,10 @@ MOEX="$BUILD/moex"
 TEST="$BUILD/tests/gpu/test_cuda_backends"
 DECODER_TEST="$BUILD/tests/gpu/test_cuda_decoder"
 MODEL_TEST="$BUILD/tests/gpu/test_cuda_model"
+JIT_TEST="$BUILD/tests/gpu/test_cuda_jit"
 PEER="$ROOT/dev/peer/tf_experts_bench.py"
-export ROOT BUILD CUDA_ARCH OUT GPU_TAG DATE BENCH_LIMITS BENCH_RUNS PEER_TOKENS MOEX TEST DECODER_TEST MODEL_TEST PEER
-export -f build_step ctest_step test_step decoder_test_step model_test_step memcheck_step decoder_memcheck_step bench_shape bench_warm compare_step peer_run
+export ROOT BUILD CUDA_ARCH OUT GPU_TAG DATE BENCH_LIMITS BENCH_RUNS PEER_TOKENS MOEX TEST DECODER_TEST MODEL_TEST JIT_TEST PEER
+export -f build_step ctest_step test_step decoder_test_step model_test_step jit_test_step memcheck_step decoder_memcheck_step bench_shape bench_warm compare_step peer_run
 if run_step build 300 build_step "${CMAKE_EXTRA[@]}"; then
   BUILD_OK=1
 fi
@@ -243,6 +246,11 @@ elif [ $BUILD_OK -eq 1 ] && [ -x "$TEST" ]; then
       MODEL_LINE=$(grep -a '^test_cuda_model:.*passed\|^SKIP' "$BUILD/test_cuda_model.out" | tail -1)
     else
       record test_cuda_model "not run" 0 "not built"
+    fi
+    if [ -x "$JIT_TEST" ]; then
+      run_step test_cuda_jit 60 jit_test_step
+    else
+      record test_cuda_jit "not run" 0 "not built"
     fi
     run_step "ctest (the other tests)" 200 ctest_step
     CTEST_LINE=$(grep -a 'tests passed\|tests failed' "$BUILD/ctest.out" | tail -1)

@@ -317,7 +317,8 @@ static char *make_key(const moex_jit_source *src, const char *arch) {
     return k;
 }
 
-moex_status moex_jit_build(const moex_jit_source *src, const char *cache_dir, moex_jit_image *out) {
+/* moex_jit_build, or with fresh: compile whatever the cache holds and replace its entry. */
+static moex_status build(const moex_jit_source *src, const char *cache_dir, moex_jit_image *out, int fresh) {
     if (!out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "jit: out is NULL");
     memset(out, 0, sizeof *out);
     if (!src || !src->text || !src->name)
@@ -344,7 +345,7 @@ moex_status moex_jit_build(const moex_jit_source *src, const char *cache_dir, mo
     if (have_dir)
         snprintf(out->path, sizeof out->path, "%s/%s-%016llx.cubin", dir, src->name,
                  (unsigned long long)moex_fnv64(MOEX_FNV64_START, key, strlen(key)));
-    if (have_dir && read_entry(out->path, key, out)) {
+    if (have_dir && !fresh && read_entry(out->path, key, out)) {
         out->from_cache = 1;
         free(key);
         return MOEX_OK;
@@ -356,6 +357,14 @@ moex_status moex_jit_build(const moex_jit_source *src, const char *cache_dir, mo
     }
     free(key);
     return st;
+}
+
+moex_status moex_jit_build(const moex_jit_source *src, const char *cache_dir, moex_jit_image *out) {
+    return build(src, cache_dir, out, 0);
+}
+
+moex_status moex_jit_rebuild(const moex_jit_source *src, const char *cache_dir, moex_jit_image *out) {
+    return build(src, cache_dir, out, 1);
 }
 
 void moex_jit_image_free(moex_jit_image *img) {

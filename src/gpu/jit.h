@@ -48,6 +48,9 @@ typedef struct moex_jit_image {
  * and the message names the source, the architecture and NVRTC's log (compile errors),
  * or NVRTC and the backends that need none (NVRTC not loadable). */
 moex_status moex_jit_build(const moex_jit_source *src, const char *cache_dir, moex_jit_image *out);
+/* The same, compiling whatever the cache holds and replacing its entry (an image that passed
+ * the checks but did not load on the device). */
+moex_status moex_jit_rebuild(const moex_jit_source *src, const char *cache_dir, moex_jit_image *out);
 void moex_jit_image_free(moex_jit_image *img);
 
 /* The cache directory: $MOEX_CACHE_DIR/jit if set, else $XDG_CACHE_HOME/moex/jit, else
