@@ -3,7 +3,8 @@
  * names it and the backends that need none), a compile into the cache and the cache hit after
  * it, every kind of bad cache entry rebuilt and replaced (flipped byte, truncated, another key,
  * not an entry, empty, a valid checksum over a non-CUDA image, a directory in its place), keys
- * that differ by option, source and architecture target, compile errors with NVRTC's log, a
+ * that differ by option, source and architecture target, headers given in memory (found by
+ * #include, part of the key), compile errors with NVRTC's log, a
  * cache that cannot be written, no cache, the default directory's precedence, bad arguments.
  *
  * Needs NVRTC (the CUDA toolkit's libnvrtc), not a GPU: the tests after the first skip, saying
@@ -237,6 +238,34 @@ static void test_keys(void **state) {
     end_problems();
 }
 
+/* Headers given in memory: found by #include, and part of the key. */
+static void test_headers(void **state) {
+    (void)state;
+    if (!nvrtc_ok()) skip();
+    char dir[256];
+    temp_dir(dir, sizeof dir);
+    const char *names[] = {"probe/consts.h"}, *three[] = {"#define PROBE_C 3.0f\n"}, *four[] = {"#define PROBE_C 4.0f\n"};
+    moex_jit_source s = probe("#include \"probe/consts.h\"\nextern \"C\" __global__ void k(float *y) { y[0] = PROBE_C; }\n", 1);
+    s.header_names = names, s.header_texts = three, s.n_headers = 1;
+    moex_jit_image a, b, c;
+    assert_int_equal(moex_jit_build(&s, dir, &a), MOEX_OK);
+    s.header_texts = four;
+    assert_int_equal(moex_jit_build(&s, dir, &b), MOEX_OK);
+    if (b.from_cache || !strcmp(a.path, b.path)) PROBLEM("a changed header did not change the key: %s", b.path);
+    s.header_texts = three;
+    assert_int_equal(moex_jit_build(&s, dir, &c), MOEX_OK);
+    if (!c.from_cache || strcmp(a.path, c.path)) PROBLEM("the same header: not found again");
+    s.n_headers = 0; /* not given: NVRTC cannot find it */
+    moex_jit_image d;
+    assert_int_equal(moex_jit_build(&s, dir, &d), MOEX_ERR_INVALID_ARGUMENT);
+    if (!contains(moex_last_error(), "probe/consts.h")) PROBLEM("missing header: %s", moex_last_error());
+    s.n_headers = 1, s.header_texts = NULL;
+    assert_int_equal(moex_jit_build(&s, dir, &d), MOEX_ERR_INVALID_ARGUMENT);
+    moex_jit_image_free(&a), moex_jit_image_free(&b), moex_jit_image_free(&c);
+    remove_dir(dir);
+    end_problems();
+}
+
 static void test_compile_errors(void **state) {
     (void)state;
     if (!nvrtc_ok()) skip();
@@ -344,7 +373,7 @@ static void test_bad_arguments(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nvrtc_missing), cmocka_unit_test(test_compile_then_cache),
-        cmocka_unit_test(test_bad_entries_rebuilt), cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_bad_entries_rebuilt), cmocka_unit_test(test_keys), cmocka_unit_test(test_headers),
         cmocka_unit_test(test_compile_errors), cmocka_unit_test(test_cache_not_usable),
         cmocka_unit_test(test_default_dir), cmocka_unit_test(test_bad_arguments),
     };

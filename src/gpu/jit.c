@@ -268,7 +268,7 @@ static moex_status compile(const moex_jit_source *src, const char *arch, moex_ji
     for (int i = 0; i < src->n_options; i++) opts[i + 1] = src->options[i];
     void *prog = NULL;
     const double t0 = now_ms();
-    int r = nvrtc.create(&prog, src->text, src->name, 0, NULL, NULL);
+    int r = nvrtc.create(&prog, src->text, src->name, src->n_headers, src->header_texts, src->header_names);
     if (r != 0) {
         free(opts);
         return moex_fail(MOEX_ERR_INTERNAL, "jit: nvrtcCreateProgram for %s failed: %s", src->name, nvrtc.error_string(r));
@@ -308,10 +308,16 @@ static char *make_key(const moex_jit_source *src, const char *arch) {
     const size_t text_len = strlen(src->text);
     size_t n = 256;
     for (int i = 0; i < src->n_options; i++) n += strlen(src->options[i]) + 2;
+    for (int i = 0; i < src->n_headers; i++) n += strlen(src->header_names[i]) + 48;
     char *k = (char *)malloc(n);
     if (!k) return NULL;
     int w = snprintf(k, n, "moex %s\nnvrtc %d.%d\narch %s\noptions", MOEX_VERSION_STRING, nvrtc.major, nvrtc.minor, arch);
     for (int i = 0; i < src->n_options; i++) w += snprintf(k + w, n - (size_t)w, "\n %s", src->options[i]);
+    for (int i = 0; i < src->n_headers; i++) {
+        const size_t len = strlen(src->header_texts[i]);
+        w += snprintf(k + w, n - (size_t)w, "\nheader %s %zu bytes fnv64 %016llx", src->header_names[i], len,
+                      (unsigned long long)moex_fnv64(MOEX_FNV64_START, src->header_texts[i], len));
+    }
     snprintf(k + w, n - (size_t)w, "\nsource %zu bytes fnv64 %016llx\n", text_len,
              (unsigned long long)moex_fnv64(MOEX_FNV64_START, src->text, text_len));
     return k;
@@ -332,6 +338,11 @@ static moex_status build(const moex_jit_source *src, const char *cache_dir, moex
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "jit: %s: %d options but no option list", src->name, src->n_options);
     for (int i = 0; i < src->n_options; i++)
         if (!src->options[i]) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "jit: %s: option %d is NULL", src->name, i);
+    if (src->n_headers < 0 || (src->n_headers > 0 && (!src->header_names || !src->header_texts)))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "jit: %s: %d headers but no header list", src->name, src->n_headers);
+    for (int i = 0; i < src->n_headers; i++)
+        if (!src->header_names[i] || !src->header_texts[i])
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "jit: %s: header %d has no name or text", src->name, i);
     char why[768];
     if (!load_nvrtc(why, sizeof why)) return moex_fail(MOEX_ERR_UNSUPPORTED, "jit: %s: %s", src->name, why);
     char arch[16];

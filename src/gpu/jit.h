@@ -31,6 +31,9 @@ typedef struct moex_jit_source {
     int n_options;
     int cc;                          /* compute capability x 10, e.g. 90 */
     int arch_specific;               /* 1: the architecture-specific target (sm_90a: wgmma, setmaxnreg) */
+    const char *const *header_names; /* headers given to NVRTC in memory: #include "name" finds text */
+    const char *const *header_texts;
+    int n_headers;
 } moex_jit_source;
 
 /* A compiled kernel image. */

@@ -7,7 +7,9 @@
 
 #include "backends/cuda/device_common.cuh"
 #include "core/internal.h"
+#ifndef __CUDACC_RTC__ /* NVRTC (the kernel compiled at run time) sees the types and the size policy only */
 #include <cuda_runtime.h>
+#endif
 #include <stdio.h>
 
 /* Rows of A per tile: the routing's tile size (routing_build's tile_rows); GEMM_NARROW_ROWS
@@ -90,6 +92,7 @@ static inline int grouped_gemm_fp8_usable(const quant_view &q, gemm_epilogue gat
     return 1;
 }
 
+#ifndef __CUDACC_RTC__
 /* 1 if the tensor-core path can take a layer with these matrices (strides,
  * alignment, dtype); otherwise 0 and a reason. */
 int grouped_gemm_usable(moex_dtype dt, const void *b, int64_t K, char *why, size_t n);
@@ -99,5 +102,6 @@ moex_status grouped_gemm_init(void);
 
 /* Queue the GEMM on s with a persistent grid of num_sms blocks. */
 moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s);
+#endif
 
 #endif

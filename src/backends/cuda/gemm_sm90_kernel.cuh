@@ -1,0 +1,704 @@
+/* gemm_sm90_kernel.cuh — the device side of the Hopper grouped GEMM (see gemm_sm90.cu for
+ * the design): constants, PTX wrappers, the tile list, the producer, the float and FP8
+ * consumers with their epilogues, and the kernel. Included by gemm_sm90.cu, which instantiates
+ * the kernels and launches them; written so that it also compiles on its own, under NVRTC, for
+ * kernels specialised at run time (no host code, no header beyond the device's). */
+#ifndef MOEX_GEMM_SM90_KERNEL_CUH
+#define MOEX_GEMM_SM90_KERNEL_CUH
+
+#include "backends/cuda/gemm_sm90.cuh"
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#else
+/* the driver's tensor map (cuda.h): 128 opaque bytes, 64-byte aligned */
+typedef struct CUtensorMap_st {
+    alignas(64) unsigned long long opaque[16];
+} CUtensorMap;
+#endif
+
+namespace {
+
+constexpr int BM = GEMM_TILE_ROWS, NARROW_ROWS = GEMM_NARROW_ROWS, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+constexpr int THREADS = 128 * (CONSUMERS + 1);
+constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+/* the epilogue's staging area, after the stages' barriers: 16 rows x 64 columns (rows padded
+ * to 72 elements: conflict-free) for each of the 8 consumer warps */
+constexpr int SROW = 72, EPI_OFFSET = STAGES * STAGE_BYTES + 128;
+constexpr int EPI_BYTES = 8 * 16 * SROW * 2;
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 128 + EPI_BYTES;
+static_assert(2 * STAGES * 8 <= 128, "barriers");
+/* setmaxnreg: 128 producer + 256 consumer threads share the pool of a block compiled for
+ * 168 registers; asking for more than the pool makes setmaxnreg.inc wait forever. The consumers
+ * take 232 (their two 64-float accumulators), the producer the rest. */
+constexpr int CONSUMER_REGS = 232, PRODUCER_REGS = (384 * 168 - 256 * CONSUMER_REGS) / 128 / 8 * 8;
+static_assert(CONSUMER_REGS % 8 == 0 && CONSUMER_REGS >= 168 && CONSUMER_REGS <= 240, "consumer registers");
+static_assert(PRODUCER_REGS >= 24 && 128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * 168, "register pool");
+
+struct gemm_params {
+    int64_t K, N, rows_per_expert, up_offset, n_tiles, e_begin, e_end;
+    const int *offsets, *mtile_off;
+    void *c;
+    gemm_epilogue epi;
+    layer_view L;
+    /* FP8: A's row scales [rows, a_sld] (one per bk inputs; a k-block of 128 inputs reads scale
+     * kb / kstep, kstep = bk / 128) and the weights' block scales */
+    const float *a_scale;
+    int64_t a_sld;
+    int kstep;
+    quant_view Q;
+};
+
+/* FP8 tiles: 128 weight rows (gate/up: 64 features, their gate and up rows) */
+constexpr int FP8_BN = BN / 2, FP8_BK = 128;
+template <typename T> __host__ __device__ constexpr bool is_fp8() { return sizeof(T) == 1; }
+template <typename T> __host__ __device__ constexpr int k_block() { return is_fp8<T>() ? FP8_BK : BK; }
+
+/* The ring of a format. FP8 wide stages hold 32 KiB (A 128 x 128 bytes, B 128 x 128) and the
+ * FP8 kernels stage no epilogue, so the wide kernels' shared memory is 131 KiB and the rest of
+ * the SM's 256 KiB stays L1 (measured faster than the float ring's 211 KiB and than six stages,
+ * when the consumers still read their scales through L1: dev/notes/cuda-notes.md). */
+constexpr int FP8_STAGES = 4;
+/* FP8: each stage's scales, after the barriers: the tile's 128 row scales of the k-block, then
+ * the block scales of its chunks of 64 weight rows (f32; 2 a wide tile, 4 a narrow one), padded
+ * to 16 bytes */
+constexpr int FP8_SCALES = 132;
+/* FP8 narrow tiles (64 rows) take BN weight rows, as the float tiles do: a stage of 8 KiB of A
+ * and 32 KiB of weights (the weights carry the time when experts have few rows) */
+template <typename T, bool NARROW> __host__ __device__ constexpr int tile_n() { return is_fp8<T>() && !NARROW ? FP8_BN : BN; }
+template <typename T, bool NARROW = false> struct ring {
+    static constexpr int stages = is_fp8<T>() ? FP8_STAGES : STAGES;
+    static constexpr int stage_bytes = is_fp8<T>() && !NARROW ? A_BYTES + B_BYTES / 2 : STAGE_BYTES;
+    static constexpr int smem_bytes = is_fp8<T>() ? stages * stage_bytes + 1024 + 128 + stages * FP8_SCALES * 4
+                                                  : SMEM_BYTES;
+};
+static_assert(2 * ring<uint8_t>::stages * 8 <= 128, "FP8 barriers");
+
+/* ---- PTX wrappers ------------------------------------------------------------ */
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity) {
+    uint32_t done = 0, addr = smem_addr(bar);
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(addr), "r"(parity)
+                     : "memory");
+}
+
+/* The same on a barrier's shared-memory address (computed once, outside the k-loops). */
+__device__ __forceinline__ void mbar_wait_at(uint32_t addr, int parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(addr), "r"(parity)
+                     : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_at(uint32_t addr) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(addr) : "memory");
+}
+__device__ __forceinline__ float lds_f32(uint32_t addr) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ void sts_f32(uint32_t addr, float v) {
+    asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+
+/* Copy the box at (col, row) of map into dst; completes on bar. */
+__device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, uint64_t *bar, int col, int row) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(col), "r"(row), "r"(smem_addr(bar))
+                 : "memory");
+}
+
+/* Matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart. */
+__device__ __forceinline__ uint64_t smem_desc(const void *p) {
+    uint64_t a = smem_addr(p);
+    return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+/* The same in two halves: the low word is (shared address) / 16 | 1 << 16, so moving the tile by
+ * b bytes adds b / 16 to it (shared addresses stay below 256 KiB); the high word is constant. */
+__device__ __forceinline__ uint32_t smem_desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
+constexpr uint32_t SMEM_DESC_HI = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint64_t desc_of(uint32_t lo) { return ((uint64_t)SMEM_DESC_HI << 32) | lo; }
+
+#define WGMMA_D_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define WGMMA_D_OPS(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+/* d[64 x 128] (+)= A[64 x 16] . B[128 x 16]^T, both from shared memory. */
+__device__ __forceinline__ void wgmma_128(float (&d)[64], uint64_t da, uint64_t db, int accumulate, __nv_bfloat16 *) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WGMMA_D_REGS ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : WGMMA_D_OPS(d)
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_128(float (&d)[64], uint64_t da, uint64_t db, int accumulate, __half *) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WGMMA_D_REGS ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : WGMMA_D_OPS(d)
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+
+/* d[64 x 128] (+)= A[64 x 32] . B[128 x 32]^T in e4m3 (both K-major, as FP8 wgmma requires). */
+__device__ __forceinline__ void wgmma_128(float (&d)[64], uint64_t da, uint64_t db, int accumulate, uint8_t *) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WGMMA_D_REGS ", %64, %65, p, 1, 1;\n}\n"
+                 : WGMMA_D_OPS(d)
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+
+/* After a wait: the accumulators are redefined here (an empty asm), so that ptxas sees no
+ * later use depending on an earlier wgmma and injects no wait of its own (C7517). */
+__device__ __forceinline__ void fence_acc(float (&d)[64]) {
+    asm volatile("" : WGMMA_D_OPS(d)::"memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void store_one(__nv_bfloat16 *p, float a) { *p = __float2bfloat16_rn(a); }
+__device__ __forceinline__ void store_one(__half *p, float a) { *p = __float2half_rn(a); }
+
+/* One output value with its biases and activation (out of line: see the epilogue). */
+__device__ __noinline__ float epilogue_value(const layer_view &L, gemm_epilogue epi, int64_t e, int64_t n, float g, float u) {
+    if (epi == EPI_DOWN) return u + bias_at(L.down_bias, L.bdt, e, n);
+    if (epi == EPI_UP_ONLY) return activate(L, 0.0f, u + bias_at(L.up_bias, L.bdt, e, n));
+    return activate(L, g + bias_at(L.gate_bias, L.bdt, e, n), u + bias_at(L.up_bias, L.bdt, e, n));
+}
+
+/* Two values as one 32-bit pair of T. */
+__device__ __forceinline__ uint32_t pack_pair(float a, float b, __nv_bfloat16 *) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *(uint32_t *)&v;
+}
+__device__ __forceinline__ uint32_t pack_pair(float a, float b, __half *) {
+    __half2 v = __floats2half2_rn(a, b);
+    return *(uint32_t *)&v;
+}
+
+__device__ __forceinline__ void sts4(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint4 lds16(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ uint16_t lds2(uint32_t addr) {
+    uint16_t v;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr) : "memory");
+    return v;
+}
+/* 16 bytes to global memory straight from registers (a plain store through the generic pointer
+ * made the compiler copy each piece to the stack first) */
+__device__ __forceinline__ void stg16(void *p, uint4 v) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
+/* The accumulators of one half (HALF_N = 128 columns of the weight tile) of a warpgroup's 64
+ * rows: thread holds rows lane/4 and lane/4 + 8 of its warp's 16, columns 8i + c0, +1 in
+ * dh[4i + 2h], dh[4i + 2h + 1] (h: the row), c0 = 2 (lane % 4). For the concatenated gate/up
+ * layout the half holds 64 gate columns (i < 8) and the 64 up columns that go with them. */
+constexpr int HALF_N = BN / 2;
+
+/* Staged epilogue, one chunk of 64 output columns of a warp's 16 rows (chunk c of the half;
+ * the gate/up half has one): the final values of columns n0 + 8 ii + c0, +1 into the warp's
+ * staging area at shared address stage_w (16 rows of SROW elements). FAST: SiLU(gate) * up
+ * without biases (gate/up), or the plain sum (down), as straight-line code; otherwise the
+ * per-value call. */
+template <typename T, int EPI, bool FAST>
+__device__ __forceinline__ void stage_chunk(const float (&dh)[64], int c, uint32_t stage_w, const layer_view &L,
+                                            int64_t e, int64_t n0, int lane) {
+    const int c0 = 2 * (lane % 4);
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int ii = 0; ii < 8; ii++) {
+            const int64_t n = n0 + 8 * ii + c0;
+            const int i = EPI == EPI_GATE_UP_CONCAT ? ii : 8 * c + ii;
+            float v0 = dh[4 * i + 2 * h], v1 = dh[4 * i + 2 * h + 1];
+            if (EPI == EPI_GATE_UP_CONCAT) {
+                const float u0 = dh[4 * (i + 8) + 2 * h], u1 = dh[4 * (i + 8) + 2 * h + 1];
+                if (FAST) { /* __fdividef: a denominator of inf (v < -88) gives 0, as SiLU does */
+                    v0 = __fdividef(v0, 1.0f + __expf(-v0)) * u0;
+                    v1 = __fdividef(v1, 1.0f + __expf(-v1)) * u1;
+                } else {
+                    v0 = epilogue_value(L, (gemm_epilogue)EPI, e, n, v0, u0);
+                    v1 = epilogue_value(L, (gemm_epilogue)EPI, e, n + 1, v1, u1);
+                }
+            } else if (!FAST) {
+                v0 = epilogue_value(L, (gemm_epilogue)EPI, e, n, 0.0f, v0);
+                v1 = epilogue_value(L, (gemm_epilogue)EPI, e, n + 1, 0.0f, v1);
+            }
+            sts4(stage_w + ((lane / 4 + 8 * h) * SROW + 8 * ii + c0) * 2, pack_pair(v0, v1, (T *)nullptr));
+        }
+}
+
+/* ---- tiles ---------------------------------------------------------------------- */
+
+struct tile {
+    int64_t e, a_row, n;
+    int rows; /* valid rows of A in this tile */
+};
+
+/* Tile t of the list (row tiles of TM rows): experts in order, row tiles fastest within an expert. */
+template <int TM> __device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t) {
+    const int base = p.mtile_off[p.e_begin];
+    int64_t lo = p.e_begin, hi = p.e_end - 1; /* last e with (mtile_off[e] - base) * n_tiles <= t */
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if ((int64_t)(p.mtile_off[mid] - base) * p.n_tiles <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    /* skip experts without tiles that share the same start */
+    while (lo + 1 < p.e_end && p.mtile_off[lo + 1] == p.mtile_off[lo]) lo++;
+    tile r;
+    r.e = lo;
+    const int64_t local = t - (int64_t)(p.mtile_off[lo] - base) * p.n_tiles;
+    const int64_t mt = p.mtile_off[lo + 1] - p.mtile_off[lo];
+    int64_t m, n;
+    if (local <= INT32_MAX) { /* 32-bit division: the 64-bit one is a long subroutine */
+        m = (int64_t)((uint32_t)local % (uint32_t)mt), n = (int64_t)((uint32_t)local / (uint32_t)mt);
+    } else {
+        m = local % mt, n = local / mt;
+    }
+    r.n = n;
+    r.a_row = p.offsets[lo] + m * TM;
+    const int64_t left = p.offsets[lo + 1] - r.a_row;
+    r.rows = (int)(left < TM ? left : TM);
+    return r;
+}
+
+/* ---- the epilogue ------------------------------------------------------------------ */
+
+/* The final values of one half (half 0 or 1: weight rows half*128 .. +128 of the tile) of
+ * warpgroup wg's 64 rows of tile tl into C: biases, activation (gate/up), conversion. Staged
+ * through the warp's area of shared memory and stored as 16-byte row pieces, 8 lanes per row;
+ * the interleaved gate/up layout stores its single values directly. A warp whose 16 rows all
+ * lie past the expert's last row stores nothing. */
+template <typename T, int EPI, bool FAST_ONLY>
+__device__ __forceinline__ void epilogue_half(const float (&dh)[64], int half, const tile &tl, const gemm_params &p,
+                                              unsigned char *smem, int wg, int tid, int row0) {
+    const int warp = tid / 32, lane = tid % 32;
+    const int row_base = row0 + warp * 16;
+    /* FAST_ONLY (the kernels that overlap an epilogue with wgmmas in flight): no call and no
+     * branch that some warps of the warpgroup take and others do not, or ptxas serialises
+     * every wgmma of the kernel (C7518); only the stores are predicated */
+    if (!FAST_ONLY && row_base >= tl.rows) return;
+    const layer_view &L = p.L;
+    const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
+    const bool silu = plain && L.act == MOEX_ACT_SILU;
+    if (EPI == EPI_GATE_UP_INTERLEAVED) { /* columns 2f (gate) and 2f+1 (up): one value per pair */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = row_base + lane / 4 + 8 * h;
+            T *crow = (T *)p.c + (tl.a_row + r) * p.N;
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int64_t n = tl.n * (BN / 2) + half * (HALF_N / 2) + 4 * i + lane % 4;
+                const float g = dh[4 * i + 2 * h], u = dh[4 * i + 2 * h + 1];
+                const float v = silu ? __fdividef(g, 1.0f + __expf(-g)) * u
+                                     : epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, g, u);
+                if (r < tl.rows && n < p.N) store_one(crow + n, v);
+            }
+        }
+        return;
+    }
+    const uint32_t stage_w = smem_addr(smem + EPI_OFFSET) + ((wg - 1) * 4 + warp) * (16 * SROW * 2);
+    /* output columns of this half: 64 (gate/up: gate and up give one column each) or 128 */
+    const int64_t n_half = EPI == EPI_GATE_UP_CONCAT ? tl.n * (BN / 2) + half * (HALF_N / 2) : tl.n * BN + half * HALF_N;
+    const bool fast = FAST_ONLY || (EPI == EPI_GATE_UP_CONCAT ? silu : EPI == EPI_DOWN && plain);
+    constexpr int CHUNKS = EPI == EPI_GATE_UP_CONCAT ? 1 : 2;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; c++) {
+        const int64_t n0 = n_half + 64 * c;
+        if (fast)
+            stage_chunk<T, EPI, true>(dh, c, stage_w, L, tl.e, n0, lane);
+        else if (!FAST_ONLY)
+            stage_chunk<T, EPI, false>(dh, c, stage_w, L, tl.e, n0, lane);
+        __syncwarp();
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int idx = q * 32 + lane, row = idx / 8, piece = idx % 8;
+            const int64_t n = n0 + 8 * piece;
+            if (row_base + row < tl.rows && n < p.N) {
+                const uint32_t src = stage_w + (row * SROW + 8 * piece) * 2;
+                T *dst = (T *)p.c + (tl.a_row + row_base + row) * p.N + n;
+                if (n + 8 <= p.N)
+                    stg16(dst, lds16(src));
+                else /* the last columns of a row (N % 8 != 0) */
+                    for (int j = 0; j < 8 && n + j < p.N; j++) ((uint16_t *)dst)[j] = lds2(src + 2 * j);
+            }
+        }
+        __syncwarp(); /* the staging area is rewritten by the next chunk */
+    }
+}
+
+/* ---- the producer ---------------------------------------------------------------- */
+
+/* Thread 0 of warpgroup 0 issues the TMA copies of every k-block of the block's tiles into the
+ * ring. Per stage: the tile's A rows (k_block<T>() inputs, 128 bytes a row), then the weight
+ * rows: gate/up concatenated as [gate 0-63, up 0-63 | gate 64-127, up 64-127] of the tile (FP8
+ * wide tiles: [gate 0-63, up 0-63]), otherwise tile_n (BN; FP8 wide: FP8_BN) consecutive rows. */
+template <typename T, int EPI, bool NARROW>
+__device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensorMap &map_b, const gemm_params &p,
+                                        unsigned char *smem, uint64_t *full, uint64_t *empty, int64_t total,
+                                        int k_blocks) {
+    constexpr bool FP8 = is_fp8<T>();
+    constexpr int KB = k_block<T>(), TILE_N = tile_n<T, NARROW>(), B_LOAD = TILE_N * 128;
+    /* gate/up boxes (rows each, boxes a stage): [gate, up] pairs of the tile's features */
+    constexpr int GU_BOX = BN / 4, GU_BOXES = TILE_N / GU_BOX;
+    int stage = 0, phase = 0;
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
+        const int64_t b_row = tl.e * p.rows_per_expert;
+        for (int kb = 0; kb < k_blocks; kb++) {
+            mbar_wait(&empty[stage], phase ^ 1);
+            unsigned char *a = smem + stage * ring<T, NARROW>::stage_bytes, *b = a + A_BYTES;
+            mbar_expect_tx(&full[stage], (NARROW ? NARROW_ROWS * 128 : A_BYTES) + B_LOAD);
+            tma_load(a, &map_a, &full[stage], kb * KB, (int)tl.a_row);
+            if (EPI == EPI_GATE_UP_CONCAT) {
+                for (int q = 0; q < GU_BOXES; q++)
+                    tma_load(b + q * GU_BOX * 128, &map_b, &full[stage], kb * KB,
+                             (int)(b_row + (q & 1) * p.up_offset + tl.n * (TILE_N / 2) + (q >> 1) * GU_BOX));
+            } else {
+                tma_load(b, &map_b, &full[stage], kb * KB, (int)(b_row + tl.n * TILE_N));
+            }
+            if (++stage == ring<T, NARROW>::stages) stage = 0, phase ^= 1;
+        }
+    }
+}
+
+/* ---- the float consumers ------------------------------------------------------------ */
+
+/* Warpgroup wg computes rows (wg-1)*64 .. +64 of each tile, as two halves of 128 weight rows
+ * with their own accumulators. OVERLAP (down and SiLU gate/up without biases, experts of a
+ * tile or more): the second half's epilogue of a tile waits until the next tile's first
+ * k-blocks are issued for the first half, so that it runs while the tensor cores multiply (the
+ * stages of those k-blocks are kept until the second half has read them too). NARROW (experts
+ * of few rows; not with OVERLAP): tiles of NARROW_ROWS rows, and warpgroup w multiplies all of
+ * them by half w-1 of the weight tile, so no warpgroup multiplies a block of empty rows. */
+template <typename T, int EPI, bool OVERLAP, bool NARROW>
+__device__ __forceinline__ void consume_float(const gemm_params &p, unsigned char *smem, uint64_t *full,
+                                              uint64_t *empty, int64_t total, int k_blocks, int wg, int tid) {
+    int stage = 0, phase = 0;
+    float acc0[64], acc1[64];
+    tile done = {}; /* the previous tile: its second half waits for its epilogue */
+    bool pending = false;
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const unsigned char *a_base = smem + (wg - 1) * (64 * 128), *b_base = smem + A_BYTES;
+        int prev = -1; /* the stage to release once the next group of wgmmas is issued */
+        int kb = 0;
+        if (OVERLAP && pending) {
+            /* the first k-blocks for the first half, then the previous tile's second half out,
+             * then the same k-blocks for the second half */
+            const int lead = k_blocks < STAGES ? k_blocks : STAGES;
+            int s0 = stage, ph0 = phase;
+            for (int j = 0; j < lead; j++) {
+                mbar_wait(&full[stage], phase);
+                const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES;
+                wgmma_fence();
+#pragma unroll
+                for (int s = 0; s < BK / 16; s++)
+                    wgmma_128(acc0, smem_desc(a + s * 32), smem_desc(b + s * 32), j > 0 || s > 0, (T *)nullptr);
+                wgmma_commit();
+                if (++stage == STAGES) stage = 0, phase ^= 1;
+            }
+            /* only the lead groups are in flight (at most STAGES): a no-op that tells ptxas the
+             * previous tile's wgmmas are complete, so that it injects no wait of its own */
+            wgmma_wait<STAGES>();
+            epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid, (wg - 1) * 64);
+            stage = s0, phase = ph0;
+            for (int j = 0; j < lead; j++) {
+                const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES + HALF_N * 128;
+                wgmma_fence();
+#pragma unroll
+                for (int s = 0; s < BK / 16; s++)
+                    wgmma_128(acc1, smem_desc(a + s * 32), smem_desc(b + s * 32), j > 0 || s > 0, (T *)nullptr);
+                wgmma_commit();
+                wgmma_wait<1>();
+                if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
+                prev = stage;
+                if (++stage == STAGES) stage = 0, phase ^= 1;
+            }
+            kb = lead;
+            pending = false;
+        }
+        /* one group of wgmmas stays in flight: the stage of k-block kb-1 is released once kb's are issued */
+        for (; kb < k_blocks; kb++) {
+            mbar_wait(&full[stage], phase);
+            const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES;
+            wgmma_fence();
+            if (NARROW) { /* all 64 rows of the tile by the warpgroup's half of the weight tile */
+                const unsigned char *an = smem + stage * STAGE_BYTES, *bn = b + (wg - 1) * (HALF_N * 128);
+#pragma unroll
+                for (int s = 0; s < BK / 16; s++)
+                    wgmma_128(acc0, smem_desc(an + s * 32), smem_desc(bn + s * 32), kb > 0 || s > 0, (T *)nullptr);
+            } else {
+#pragma unroll
+                for (int s = 0; s < BK / 16; s++) {
+                    wgmma_128(acc0, smem_desc(a + s * 32), smem_desc(b + s * 32), kb > 0 || s > 0, (T *)nullptr);
+                    wgmma_128(acc1, smem_desc(a + s * 32), smem_desc(b + HALF_N * 128 + s * 32), kb > 0 || s > 0,
+                              (T *)nullptr);
+                }
+            }
+            wgmma_commit();
+            wgmma_wait<1>();
+            if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
+            prev = stage;
+            if (++stage == STAGES) stage = 0, phase ^= 1;
+        }
+        /* the tile (needed by the epilogue only) is found while the last k-block multiplies */
+        const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
+        wgmma_wait<0>();
+        fence_acc(acc0);
+        if (!NARROW) fence_acc(acc1);
+        if (tid == 0) mbar_arrive(&empty[prev]);
+        if (NARROW) { /* the warpgroup's half of the tile's 64 rows */
+            epilogue_half<T, EPI, false>(acc0, wg - 1, tl, p, smem, wg, tid, 0);
+            continue;
+        }
+        epilogue_half<T, EPI, OVERLAP>(acc0, 0, tl, p, smem, wg, tid, (wg - 1) * 64);
+        if (OVERLAP) {
+            done = tl;
+            pending = true;
+        } else {
+            epilogue_half<T, EPI, OVERLAP>(acc1, 1, tl, p, smem, wg, tid, (wg - 1) * 64);
+        }
+    }
+    if (OVERLAP && pending) epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid, (wg - 1) * 64);
+}
+
+/* ---- the FP8 consumers --------------------------------------------------------------- */
+
+/* The FP8 epilogue: the thread's two rows (lane/4 and +8 of its warp's 16) of the warpgroup's
+ * rows of tile tl, from the promoted totals, straight to C in f32 (pairs of columns, 8 bytes;
+ * the 4 lanes of a row write 32 contiguous bytes): gate column 8i + c0 (+1) with its up column
+ * in acc[4(i+8) ..], 64 outputs, or 128 down outputs. Wide tiles: the warpgroup's 64 of 128
+ * rows by the tile's 128 weight rows; NARROW: all 64 rows by half wg-1 of its 256. */
+template <int EPI, bool NARROW, int ACC>
+__device__ __forceinline__ void epilogue_fp8(const float (&acc)[ACC], const tile &tl, const gemm_params &p, int wg,
+                                             int tid) {
+    constexpr int TILE_N = tile_n<uint8_t, NARROW>();
+    const int warp = tid / 32, lane = tid % 32, c0 = 2 * (lane % 4);
+    const int row_base = (NARROW ? 0 : (wg - 1) * 64) + warp * 16;
+    if (row_base >= tl.rows) return;
+    const layer_view &L = p.L;
+    const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
+    const bool silu = plain && L.act == MOEX_ACT_SILU;
+    constexpr int COLS = EPI == EPI_DOWN ? ACC / 4 : ACC / 8; /* column groups of 8 out */
+    const int64_t n_tile = EPI == EPI_DOWN ? tl.n * TILE_N + (NARROW ? (wg - 1) * 128 : 0)
+                                           : tl.n * (TILE_N / 2) + (NARROW ? (wg - 1) * 64 : 0);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = row_base + lane / 4 + 8 * h;
+        if (r >= tl.rows) continue;
+        float *crow = (float *)p.c + (tl.a_row + r) * p.N;
+#pragma unroll
+        for (int i = 0; i < COLS; i++) {
+            const int64_t n = n_tile + 8 * i + c0;
+            if (n >= p.N) continue;
+            float v0 = acc[4 * i + 2 * h], v1 = acc[4 * i + 2 * h + 1];
+            if (EPI == EPI_DOWN) {
+                if (!plain) {
+                    v0 = epilogue_value(L, EPI_DOWN, tl.e, n, 0.0f, v0);
+                    v1 = epilogue_value(L, EPI_DOWN, tl.e, n + 1, 0.0f, v1);
+                }
+            } else {
+                const float u0 = acc[4 * (i + COLS) + 2 * h], u1 = acc[4 * (i + COLS) + 2 * h + 1];
+                if (silu) {
+                    v0 = __fdividef(v0, 1.0f + __expf(-v0)) * u0;
+                    v1 = __fdividef(v1, 1.0f + __expf(-v1)) * u1;
+                } else {
+                    v0 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, v0, u0);
+                    v1 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n + 1, v1, u1);
+                }
+            }
+            *(float2 *)(crow + n) = make_float2(v0, v1); /* N even: n and n + 1 are both in the row */
+        }
+    }
+}
+
+/* The weight scale row of chunk j of an FP8 tile (64 weight rows each, tile_n / 64 of them):
+ * gate (j even) or up rows of features (j / 2) * 64 .. +64 of the tile, or down rows j * 64 ..
+ * +64; a chunk past N takes the tile's first (its columns are never stored). */
+template <int EPI, bool NARROW>
+__device__ __forceinline__ uint32_t fp8_weight_scale_row(const gemm_params &p, const tile &tl, int j) {
+    constexpr int TILE_N = tile_n<uint8_t, NARROW>();
+    const quant_view &Q = p.Q;
+    const int64_t n0 = EPI == EPI_DOWN ? tl.n * TILE_N : tl.n * (TILE_N / 2);
+    int64_t n = n0 + (EPI == EPI_DOWN ? j : j / 2) * 64;
+    if (n >= p.N) n = n0;
+    return scale_row(Q, EPI == EPI_DOWN ? Q.down : j % 2 ? Q.up : Q.gate, tl.e, n);
+}
+
+/* Warp 1 of the producer warpgroup: the scales of every k-block of the block's tiles into the
+ * stage's scale slot (FP8_SCALES floats), in step with the copies: lane l the row scales of rows
+ * 4l .. 4l+3 of the tile (0 past its rows), lane j < CHUNKS the block scale of chunk j of the
+ * weight rows as f32. Each lane arrives on the stage's full barrier after its
+ * stores, so the consumers read them with the tile's bytes, from shared memory. */
+template <int EPI, bool NARROW>
+__device__ __forceinline__ void produce_scales(const gemm_params &p, uint32_t scales, uint32_t full, uint32_t empty,
+                                               int64_t total, int k_blocks, int lane) {
+    typedef ring<uint8_t, NARROW> R;
+    constexpr int CHUNKS = tile_n<uint8_t, NARROW>() / 64;
+    const quant_view &Q = p.Q;
+    const void *wbase = EPI == EPI_DOWN ? Q.down.base : lane % 2 ? Q.up.base : Q.gate.base;
+    int stage = 0, phase = 0;
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
+        const uint32_t wrow = lane < CHUNKS ? fp8_weight_scale_row<EPI, NARROW>(p, tl, lane) : 0;
+        const float *sa = p.a_scale + (tl.a_row + 4 * lane) * p.a_sld;
+        int sk = 0, sub = 0;
+        for (int kb = 0; kb < k_blocks; kb++) {
+            float v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) v[j] = 4 * lane + j < tl.rows ? __ldg(sa + j * p.a_sld + sk) : 0.0f;
+            const float w = lane < CHUNKS ? scale_load(Q.sdt, wbase, wrow + sk) : 0.0f;
+            mbar_wait_at(empty + 8 * stage, phase ^ 1);
+            const uint32_t slot = scales + stage * (FP8_SCALES * 4);
+#pragma unroll
+            for (int j = 0; j < 4; j++) sts_f32(slot + (4 * lane + j) * 4, v[j]);
+            if (lane < CHUNKS) sts_f32(slot + (128 + lane) * 4, w);
+            mbar_arrive_at(full + 8 * stage);
+            if (++stage == R::stages) stage = 0, phase ^= 1;
+            if (++sub == p.kstep) sub = 0, sk++;
+        }
+    }
+}
+
+/* FP8 tiles, one k-block (4 wgmmas of k32) at a time into blk, waited for, the stage released,
+ * then added into acc times the scales: each thread's two rows have their row scales (A's,
+ * scale kb / kstep of the row), and each chunk of 64 weight rows (gate or up rows of 64
+ * features, or 64 down rows) its block scale (bn a multiple of 64 with 64-aligned chunk
+ * starts, so a chunk is one block: grouped_gemm_fp8_usable), all read from the stage's scale
+ * slot (produce_scales). While one warpgroup promotes, the other's wgmmas run. The loop is
+ * kept short (the consumers issue its instructions between their wgmmas): barrier addresses and
+ * matrix descriptors computed once, stepped by constant offsets. Each warpgroup multiplies 64
+ * rows by 128 weight rows (m64n128k32; chunks: columns i < 8 and i >= 8). Wide tiles: warpgroup wg
+ * rows (wg-1)*64 .. +64 by the tile's 128 weight rows. NARROW (tiles of NARROW_ROWS rows): both
+ * all 64 rows, warpgroup wg by half wg-1 of the tile's 256 weight rows (chunks 2(wg-1), +1). */
+template <int EPI, bool NARROW>
+__device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase, uint32_t full, uint32_t empty,
+                                            uint32_t scales, int64_t total, int k_blocks, int wg, int tid) {
+    typedef ring<uint8_t, NARROW> R;
+    constexpr int ACC = 64, SPLIT = ACC / 8; /* column groups i < SPLIT: the first chunk */
+    const int warp = tid / 32, lane = tid % 32;
+    const int r0 = (NARROW ? 0 : (wg - 1) * 64) + warp * 16 + lane / 4; /* the thread's rows r0, r0 + 8 */
+    const int a_off = NARROW ? 0 : (wg - 1) * (64 * 128), b_off = NARROW ? (wg - 1) * (128 * 128) : 0;
+    const uint32_t a_lo = smem_desc_lo(sbase + a_off), b_lo = smem_desc_lo(sbase + A_BYTES + b_off);
+    /* the scale slot's words this thread reads: its rows, then the chunks' block scales */
+    const uint32_t s_r0 = scales + r0 * 4, s_r1 = s_r0 + 32;
+    const uint32_t s_wa = scales + (128 + (NARROW ? 2 * (wg - 1) : 0)) * 4, s_wb = s_wa + 4;
+    int stage = 0, phase = 0;
+    float acc[ACC], blk[ACC];
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+#pragma unroll
+        for (int i = 0; i < ACC; i++) acc[i] = 0.0f;
+        for (int kb = 0; kb < k_blocks; kb++) {
+            mbar_wait_at(full + 8 * stage, phase);
+            const uint32_t so = stage * (FP8_SCALES * 4), step = stage * (R::stage_bytes / 16);
+            const float ra0 = lds_f32(s_r0 + so), ra1 = lds_f32(s_r1 + so), wa = lds_f32(s_wa + so),
+                        wb = lds_f32(s_wb + so);
+            wgmma_fence();
+#pragma unroll
+            for (int s = 0; s < FP8_BK / 32; s++)
+                wgmma_128(blk, desc_of(a_lo + step + 2 * s), desc_of(b_lo + step + 2 * s), s > 0, (uint8_t *)nullptr);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_acc(blk);
+            if (tid == 0) mbar_arrive_at(empty + 8 * stage);
+            if (++stage == R::stages) stage = 0, phase ^= 1;
+            const float s00 = ra0 * wa, s01 = ra0 * wb, s10 = ra1 * wa, s11 = ra1 * wb;
+#pragma unroll
+            for (int i = 0; i < ACC / 4; i++) {
+                const float sh0 = i < SPLIT ? s00 : s01, sh1 = i < SPLIT ? s10 : s11;
+                acc[4 * i] = fmaf(blk[4 * i], sh0, acc[4 * i]);
+                acc[4 * i + 1] = fmaf(blk[4 * i + 1], sh0, acc[4 * i + 1]);
+                acc[4 * i + 2] = fmaf(blk[4 * i + 2], sh1, acc[4 * i + 2]);
+                acc[4 * i + 3] = fmaf(blk[4 * i + 3], sh1, acc[4 * i + 3]);
+            }
+        }
+        /* the tile (needed by the epilogue only) */
+        const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
+        epilogue_fp8<EPI, NARROW>(acc, tl, p, wg, tid);
+    }
+}
+
+/* ---- the kernel ------------------------------------------------------------------- */
+
+/* One producer warpgroup (setmaxnreg'd down; one thread issues the copies) and CONSUMERS
+ * warpgroups: the float consumers, or the FP8 ones for T = uint8_t. This is the body of every
+ * kernel of the family: the __global__ template below (built with the library) and the kernels
+ * compiled at run time (gemm_rtc.c), which may fix the input size: SHAPE_K, when not 0, is K
+ * (p.K is then not read), so that the k-loop's trip count is a constant. */
+template <typename T, int EPI, bool OVERLAP, bool NARROW, long long SHAPE_K = 0>
+__device__ __forceinline__ void grouped_gemm_body(const CUtensorMap &map_a, const CUtensorMap &map_b,
+                                                  const gemm_params &p) {
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    typedef ring<T, NARROW> R;
+    uint64_t *full = (uint64_t *)(smem + R::stages * R::stage_bytes), *empty = full + R::stages;
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    if (threadIdx.x == 0) {
+        /* FP8: the copies' arrival and one a lane of the scale warp (produce_scales) */
+        for (int s = 0; s < R::stages; s++) {
+            mbar_init(&full[s], is_fp8<T>() ? 33 : 1);
+            mbar_init(&empty[s], CONSUMERS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    const int64_t total = (int64_t)(p.mtile_off[p.e_end] - p.mtile_off[p.e_begin]) * p.n_tiles;
+    const int64_t K = SHAPE_K ? (int64_t)SHAPE_K : p.K;
+    const int k_blocks = (int)((K + k_block<T>() - 1) / k_block<T>());
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
+        if (tid == 0) produce<T, EPI, NARROW>(map_a, map_b, p, smem, full, empty, total, k_blocks);
+        if constexpr (is_fp8<T>())
+            if (tid / 32 == 1)
+                produce_scales<EPI, NARROW>(p, smem_addr(full) + 128, smem_addr(full), smem_addr(empty),
+                                            total, k_blocks, tid % 32);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
+    if constexpr (is_fp8<T>())
+        consume_fp8<EPI, NARROW>(p, smem_addr(smem), smem_addr(full), smem_addr(empty),
+                                 smem_addr(full) + 128, total, k_blocks, wg, tid);
+    else
+        consume_float<T, EPI, OVERLAP, NARROW>(p, smem, full, empty, total, k_blocks, wg, tid);
+}
+
+template <typename T, int EPI, bool OVERLAP, bool NARROW>
+__global__ void __launch_bounds__(THREADS, 1)
+    grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                        gemm_params p) {
+    grouped_gemm_body<T, EPI, OVERLAP, NARROW>(map_a, map_b, p);
+}
+
+} // namespace
+
+#endif

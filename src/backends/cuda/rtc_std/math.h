@@ -1,0 +1,2 @@
+/* math.h for NVRTC (gemm_rtc.c embeds it): the device's math functions are NVRTC's own. */
+#pragma once
