@@ -303,6 +303,12 @@ static void test_cache_not_usable(void **state) {
     if (!img.data || img.from_cache || img.path[0] || !contains(img.note, "unusable"))
         PROBLEM("under a file: path \"%s\", note \"%s\"", img.path, img.note);
     moex_jit_image_free(&img);
+    char longname[4100];
+    memset(longname, 'd', sizeof longname - 1);
+    longname[0] = '/', longname[sizeof longname - 1] = 0;
+    assert_int_equal(moex_jit_build(&s, longname, &img), MOEX_OK); /* a name too long for a path */
+    if (!img.data || img.path[0] || !contains(img.note, "too long")) PROBLEM("long name: note \"%s\"", img.note);
+    moex_jit_image_free(&img);
     assert_int_equal(moex_jit_build(&s, "", &img), MOEX_OK); /* "": no cache */
     if (!img.data || img.from_cache || img.path[0] || img.note[0]) PROBLEM("no cache: path \"%s\"", img.path);
     moex_jit_image_free(&img);

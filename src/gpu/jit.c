@@ -153,7 +153,7 @@ typedef struct entry_header {
     uint32_t key_len, reserved;
     uint64_t image_size, image_fnv;
 } entry_header;
-#define ENTRY_MAX ((size_t)512 << 20)
+#define ENTRY_MAX ((size_t)64 << 20) /* a kernel's CUBIN is well under a MiB: a larger file is not an entry */
 
 /* 1 if p[0..n) is a 64-bit ELF image for CUDA (e_machine 190). */
 static int is_cuda_elf(const unsigned char *p, size_t n) {
@@ -353,6 +353,8 @@ static moex_status build(const moex_jit_source *src, const char *cache_dir, moex
     int have_dir = 0;
     if (cache_dir && *cache_dir) have_dir = snprintf(dir, sizeof dir, "%s", cache_dir) < (int)sizeof dir;
     else if (!cache_dir) have_dir = moex_jit_cache_dir(dir, sizeof dir);
+    if (!have_dir && cache_dir && *cache_dir)
+        snprintf(out->note, sizeof out->note, "cache directory name too long: not cached");
     if (have_dir)
         snprintf(out->path, sizeof out->path, "%s/%s-%016llx.cubin", dir, src->name,
                  (unsigned long long)moex_fnv64(MOEX_FNV64_START, key, strlen(key)));
