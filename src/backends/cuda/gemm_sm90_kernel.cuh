@@ -85,21 +85,8 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
 
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity) {
-    uint32_t done = 0, addr = smem_addr(bar);
-    while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(addr), "r"(parity)
-                     : "memory");
-}
-
-/* The same on a barrier's shared-memory address (computed once, outside the k-loops). */
+/* Wait for the phase of parity of the barrier at shared address addr / arrive on it (the FP8
+ * k-loop computes the addresses once; the float kernels take the barrier's pointer). */
 __device__ __forceinline__ void mbar_wait_at(uint32_t addr, int parity) {
     uint32_t done = 0;
     while (!done)
@@ -112,6 +99,8 @@ __device__ __forceinline__ void mbar_wait_at(uint32_t addr, int parity) {
 __device__ __forceinline__ void mbar_arrive_at(uint32_t addr) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(addr) : "memory");
 }
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) { mbar_arrive_at(smem_addr(bar)); }
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity) { mbar_wait_at(smem_addr(bar), parity); }
 __device__ __forceinline__ float lds_f32(uint32_t addr) {
     float v;
     asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
