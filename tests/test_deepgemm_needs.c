@@ -3,7 +3,8 @@
  * src/backends/planned.c), on described devices, so that every rule is checked on any machine:
  * the CPU, a CUDA device that cannot be used, compute capability 8.0, FP4 experts on SM90
  * (refused, naming grouped_mm and batched_mm) and on SM100, FP8 with static activation scales,
- * and NVRTC that cannot be loaded (named, with the backends that need none).
+ * NVRTC that cannot be loaded and the CUDA headers not found (each named, with the backends that
+ * need neither).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -80,6 +81,15 @@ static void test_device_and_layer_rules(void **state) {
     if (moex_deepgemm_needs(&fp8s, &h200, why, sizeof why) || !contains(why, "static")) PROBLEM("static: \"%s\"", why);
     char w[512];
     if (moex_jit_nvrtc_available(NULL, NULL, w, sizeof w)) { /* past every rule: the device may run it */
+        char *saved = getenv("MOEX_CUDA_INCLUDE_DIR");
+        saved = saved ? strdup(saved) : NULL;
+        setenv("MOEX_CUDA_INCLUDE_DIR", "/nonexistent/include", 1); /* the toolkit's headers not found */
+        if (moex_deepgemm_needs(&bf16, &h200, why, sizeof why) || !contains(why, "cuda_bf16.h") ||
+            !contains(why, "/nonexistent/include") || !contains(why, "grouped_mm"))
+            PROBLEM("no CUDA headers: \"%s\"", why);
+        if (saved) setenv("MOEX_CUDA_INCLUDE_DIR", saved, 1);
+        else unsetenv("MOEX_CUDA_INCLUDE_DIR");
+        free(saved);
         why[0] = 0;
         if (!moex_deepgemm_needs(&bf16, &h200, why, sizeof why)) PROBLEM("bf16 on sm_90 refused: \"%s\"", why);
         if (!moex_deepgemm_needs(&fp8d, &h200, why, sizeof why)) PROBLEM("dynamic FP8 on sm_90 refused: \"%s\"", why);

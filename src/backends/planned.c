@@ -1,5 +1,6 @@
 /* planned.c — the needs of the fused GPU backends (see planned.h). */
 #include "backends/planned.h"
+#include "backends/cuda/gemm_rtc.h"
 #include "experts/dispatch.h"
 #include "gpu/jit.h"
 #include <stdio.h>
@@ -24,7 +25,8 @@ static int need_hopper(const char *name, const moex_device_info *dev, char *why,
 }
 
 /* SPEC R5: Hopper or newer; FP4 experts on SM100+ only (Hopper runs them in grouped_mm and
- * batched_mm); dynamic activation scales; NVRTC, which compiles its kernels at first use. */
+ * batched_mm); dynamic activation scales; NVRTC, which compiles its kernels at first use, and
+ * the CUDA toolkit's headers those kernels include. */
 int moex_deepgemm_needs(const moex_experts_desc *layer, const moex_device_info *dev, char *why, size_t n) {
     if (!need_hopper("deepgemm", dev, why, n)) return 0;
     const moex_weight_format f = layer ? moex_weight_format_of(layer) : MOEX_FORMAT_FLOAT;
@@ -41,6 +43,12 @@ int moex_deepgemm_needs(const moex_experts_desc *layer, const moex_device_info *
     char w[640];
     if (!moex_jit_nvrtc_available(NULL, NULL, w, sizeof w)) {
         snprintf(why, n, "deepgemm compiles its kernels at their first forward: %s", w);
+        return 0;
+    }
+    char dir[4096];
+    if (!moex_gemm_rtc_cuda_include(dir, sizeof dir, w, sizeof w)) {
+        snprintf(why, n, "deepgemm compiles its kernels at their first forward: %s. grouped_mm and batched_mm need "
+                 "neither", w);
         return 0;
     }
     return 1;

@@ -4,7 +4,8 @@
  * second get from the cache; a cache entry that passes every check of the cache but holds an
  * image for another GPU (sm_80), which the device refuses, rebuilt and replaced; a kernel name
  * that is not in the image; a kernel with 100 KiB of dynamic shared memory; a launch captured
- * in a CUDA graph and replayed.
+ * in a CUDA graph and replayed. Without a usable device: that a load fails with a status and a
+ * message, holding nothing, before the skip.
  *
  *   test_cuda_jit [--quick] [--device N]     (exit 77: no usable GPU)
  * Exit status: 0 all passed, 1 a check failed, 77 no usable CUDA device (skip).
@@ -96,6 +97,19 @@ int main(int argc, char **argv) {
     moex_device dev = {MOEX_DEVICE_CUDA, g_gpu};
     moex_device_info info;
     if (moex_device_query(dev, &info) != MOEX_OK || !info.available) {
+        /* without a device the load must fail cleanly (a status and a message, nothing held) */
+        char why[512];
+        if (moex_jit_nvrtc_available(NULL, NULL, why, sizeof why)) {
+            moex_jit_source s = source(90, 1);
+            moex_jit_kernel k = {(void *)1, (void *)1};
+            moex_jit_image got;
+            const moex_status st = moex_jit_kernel_get(&s, "jit_axpb", "", &k, &got);
+            if (st == MOEX_OK || k.library || k.kernel || !strstr(moex_last_error(), "test_cuda_jit")) {
+                fprintf(stderr, "FAIL: a load without a device: status %d, \"%s\"\n", (int)st, moex_last_error());
+                return 1;
+            }
+            printf("without a device, the load failed as it should: %s\n", moex_last_error());
+        }
         printf("SKIP: cuda:%d is not usable: %s\n", g_gpu, info.reason);
         return EXIT_SKIP;
     }
