@@ -2,7 +2,9 @@
  * test_gemm_rtc.c — the grouped GEMM's kernels compiled at run time (src/backends/cuda/gemm_rtc.c):
  * the kernel family's source (gemm_sm90_kernel.cuh, the same mainloop the library's grouped_mm
  * runs) with the embedded headers compiles under NVRTC for sm_90a in each format (bf16, f16,
- * FP8), epilogue and tile variant, with K compiled in, into an image that holds the entry point;
+ * FP8), epilogue and tile variant, with K compiled in, into an image that holds the entry point,
+ * with no wgmma serialised and no wait injected by ptxas (as scripts/check_wgmma.sh checks the
+ * library's);
  * specs the family does not have are refused naming them; the CUDA headers' directory setting.
  * Needs NVRTC and the CUDA toolkit's headers, not a GPU (running the kernels is the GPU tests').
  */
@@ -58,6 +60,7 @@ static void test_kernels_compile(void **state) {
         char k[40];
         snprintf(k, sizeof k, "%lldll", SPECS[i].K);
         if (!strstr(text, k) || !strstr(text, GEMM_RTC_ENTRY)) PROBLEM("spec %d: source without K or the entry:\n%s", i, text);
+        opts[src.n_options++] = "--ptxas-options=-v"; /* the log says whether ptxas serialised a wgmma */
         moex_jit_image img;
         moex_status st = moex_jit_build(&src, "", &img);
         if (st != MOEX_OK) {
@@ -67,6 +70,10 @@ static void test_kernels_compile(void **state) {
         const unsigned char *p = (const unsigned char *)img.data;
         if (img.size < 64 || p[0] != 0x7f || p[18] != 190) PROBLEM("spec %d: not a CUDA image", i);
         if (!image_has(&img, GEMM_RTC_ENTRY)) PROBLEM("spec %d: the image has no %s", i, GEMM_RTC_ENTRY);
+        /* as scripts/check_wgmma.sh checks the library's kernels: no wgmma serialised (C7518), no
+         * wait injected (C7517) */
+        if (!img.log || !strstr(img.log, GEMM_RTC_ENTRY)) PROBLEM("spec %d: no ptxas log", i);
+        else if (strstr(img.log, "C7518") || strstr(img.log, "C7517")) PROBLEM("spec %d: ptxas says:\n%s", i, img.log);
         print_message("spec %d: %zu bytes in %.0f ms\n", i, img.size, img.compile_ms);
         moex_jit_image_free(&img);
     }

@@ -296,6 +296,15 @@ static moex_status compile(const moex_jit_source *src, const char *arch, moex_ji
             st = moex_fail(MOEX_ERR_INTERNAL, "jit: nvrtcGetCUBIN for %s failed", src->name);
         } else {
             out->size = n;
+            size_t ln = 0;
+            if (nvrtc.log_size(prog, &ln) == 0 && ln > 1 && (out->log = (char *)malloc(ln + 1))) {
+                if (nvrtc.log(prog, out->log) == 0) {
+                    out->log[ln] = 0;
+                } else {
+                    free(out->log);
+                    out->log = NULL;
+                }
+            }
         }
     }
     nvrtc.destroy(&prog);
@@ -383,6 +392,8 @@ moex_status moex_jit_rebuild(const moex_jit_source *src, const char *cache_dir, 
 void moex_jit_image_free(moex_jit_image *img) {
     if (!img) return;
     free(img->data);
+    free(img->log);
     img->data = NULL;
+    img->log = NULL;
     img->size = 0;
 }

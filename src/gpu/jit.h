@@ -44,6 +44,7 @@ typedef struct moex_jit_image {
     double compile_ms;    /* the compile's wall time (0 when from the cache) */
     char path[4096];      /* the cache entry read or written, or "" when the cache was not used */
     char note[256];       /* why an entry was not used or not written, or "" */
+    char *log;            /* NVRTC's log of a compile that printed one (e.g. with --ptxas-options=-v), malloc'd; else NULL */
 } moex_jit_image;
 
 /* The image of src: from the cache directory if a valid entry is there, else compiled with NVRTC

@@ -56,9 +56,10 @@ extern "C" moex_status moex_jit_kernel_get(const moex_jit_source *src, const cha
         st = moex_jit_load(img.data, img.size, entry, src->name, k);
         if (!img.note[0]) snprintf(img.note, sizeof img.note, "cached image did not load (%.200s): rebuilt", first);
     }
-    if (info) { /* where the image came from; the bytes themselves are not kept */
+    if (info) { /* where the image came from; the bytes and the log are not kept */
         *info = img;
         info->data = NULL;
+        info->log = NULL;
     }
     moex_jit_image_free(&img);
     return st;
