@@ -255,6 +255,24 @@ static void test_headers(void **state) {
     s.header_texts = three;
     assert_int_equal(moex_jit_build(&s, dir, &c), MOEX_OK);
     if (!c.from_cache || strcmp(a.path, c.path)) PROBLEM("the same header: not found again");
+    /* many headers with long texts: the key's length bound (ASan checks it) */
+    enum { MANY = 40 };
+    char many_names[MANY][32], *many_texts[MANY];
+    const char *mn[MANY], *mt[MANY];
+    for (int i = 0; i < MANY; i++) {
+        snprintf(many_names[i], sizeof many_names[i], "probe/h%02d.h", i);
+        many_texts[i] = malloc(100000);
+        memset(many_texts[i], ' ', 99999);
+        many_texts[i][99999] = 0;
+        memcpy(many_texts[i], "#define PROBE_C 5.0f\n", 21);
+        mn[i] = many_names[i], mt[i] = many_texts[i];
+    }
+    moex_jit_source m = probe("#include \"probe/h07.h\"\nextern \"C\" __global__ void k(float *y) { y[0] = PROBE_C; }\n", 1);
+    m.header_names = mn, m.header_texts = mt, m.n_headers = MANY;
+    moex_jit_image e;
+    assert_int_equal(moex_jit_build(&m, dir, &e), MOEX_OK);
+    moex_jit_image_free(&e);
+    for (int i = 0; i < MANY; i++) free(many_texts[i]);
     s.n_headers = 0; /* not given: NVRTC cannot find it */
     moex_jit_image d;
     assert_int_equal(moex_jit_build(&s, dir, &d), MOEX_ERR_INVALID_ARGUMENT);

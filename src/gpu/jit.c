@@ -2,6 +2,7 @@
 #include "gpu/jit.h"
 
 #include <dlfcn.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -312,23 +313,42 @@ static moex_status compile(const moex_jit_source *src, const char *arch, moex_ji
     return st;
 }
 
-/* The key: everything that decides the image's bytes. */
+/* Append to the key k (capacity n, length *w); 0 if it did not fit. */
+static int key_put(char *k, size_t n, size_t *w, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int key_put(char *k, size_t n, size_t *w, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    const int r = vsnprintf(k + *w, n - *w, fmt, ap);
+    va_end(ap);
+    if (r < 0 || (size_t)r >= n - *w) return 0;
+    *w += (size_t)r;
+    return 1;
+}
+
+/* The key: everything that decides the image's bytes (NULL: out of memory). */
 static char *make_key(const moex_jit_source *src, const char *arch) {
     const size_t text_len = strlen(src->text);
+    /* "header NAME LEN bytes fnv64 HASH": NAME plus at most 60 characters; the rest under 256 */
     size_t n = 256;
     for (int i = 0; i < src->n_options; i++) n += strlen(src->options[i]) + 2;
-    for (int i = 0; i < src->n_headers; i++) n += strlen(src->header_names[i]) + 48;
+    for (int i = 0; i < src->n_headers; i++) n += strlen(src->header_names[i]) + 64;
     char *k = (char *)malloc(n);
     if (!k) return NULL;
-    int w = snprintf(k, n, "moex %s\nnvrtc %d.%d\narch %s\noptions", MOEX_VERSION_STRING, nvrtc.major, nvrtc.minor, arch);
-    for (int i = 0; i < src->n_options; i++) w += snprintf(k + w, n - (size_t)w, "\n %s", src->options[i]);
-    for (int i = 0; i < src->n_headers; i++) {
+    size_t w = 0;
+    int ok = key_put(k, n, &w, "moex %s\nnvrtc %d.%d\narch %s\noptions", MOEX_VERSION_STRING, nvrtc.major, nvrtc.minor, arch);
+    for (int i = 0; ok && i < src->n_options; i++) ok = key_put(k, n, &w, "\n %s", src->options[i]);
+    for (int i = 0; ok && i < src->n_headers; i++) {
         const size_t len = strlen(src->header_texts[i]);
-        w += snprintf(k + w, n - (size_t)w, "\nheader %s %zu bytes fnv64 %016llx", src->header_names[i], len,
-                      (unsigned long long)moex_fnv64(MOEX_FNV64_START, src->header_texts[i], len));
+        ok = key_put(k, n, &w, "\nheader %s %zu bytes fnv64 %016llx", src->header_names[i], len,
+                     (unsigned long long)moex_fnv64(MOEX_FNV64_START, src->header_texts[i], len));
     }
-    snprintf(k + w, n - (size_t)w, "\nsource %zu bytes fnv64 %016llx\n", text_len,
-             (unsigned long long)moex_fnv64(MOEX_FNV64_START, src->text, text_len));
+    if (ok)
+        ok = key_put(k, n, &w, "\nsource %zu bytes fnv64 %016llx\n", text_len,
+                     (unsigned long long)moex_fnv64(MOEX_FNV64_START, src->text, text_len));
+    if (!ok) { /* the sizes above are bounds: not reached */
+        free(k);
+        return NULL;
+    }
     return k;
 }
 
