@@ -22,6 +22,8 @@
 typedef struct case_result {
     double ms, gflops, weight_gbps, max_abs_err, gemm_frac, bw_frac;
     double read_floor_ms, floor_frac; /* cuda: the token count's read floor, and it over ms; else NaN */
+    double first_ms; /* wall time of the backend's first forward at this token count, synchronised: with
+                        whatever it first loads or compiles (deepgemm's kernels), outside the timed runs */
     int state; /* CASE_RAN, or why not (cuda only) */
 } case_result;
 
@@ -82,6 +84,7 @@ typedef struct workload {
     void *graph_x, *graph_ids, *graph_w; /* one run's inputs: what the graphs read (device only) */
     moex_graph *graphs[MAX_BACKENDS];
     int state[2 * MAX_BACKENDS];         /* CASE_* per variant */
+    double first_ms[MAX_BACKENDS];       /* case_result.first_ms per backend (NaN: not run) */
 } workload;
 
 /* What one device does its own way. Each int function returns 0, or an exit code after printing why. */

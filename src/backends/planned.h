@@ -1,6 +1,8 @@
-/* planned.h — what the fused GPU backends (deepgemm, deepgemm_megamoe, sonicmoe) need of a device
- * and a layer (planned.c). Their table rows come with their kernels; until then the dispatch
- * table states these needs and that this version has no implementation. */
+/* planned.h — what the GPU backends built on run-time compiled or fused kernels (deepgemm,
+ * deepgemm_megamoe, sonicmoe) need of a device and a layer (planned.c), checked before the
+ * dispatch table's rows. deepgemm has its row (backends/cuda/experts.cu); the others' come with
+ * their kernels, and until then the table states these needs and that this version has no
+ * implementation. */
 #ifndef MOEX_BACKENDS_PLANNED_H
 #define MOEX_BACKENDS_PLANNED_H
 

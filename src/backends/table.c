@@ -9,7 +9,9 @@
  *         grouped GEMM, else gemv_mma_usable (backends/cuda/gemv.cuh): the one-launch mma.sync
  *         streamed forward (gemv_mma.cu), else the plain streamed kernels (backends/cuda/gemv.cu);
  *         FP4 layers gemv_fp4_mma_pays (gemv.cuh): grouped_mm's integer mma kernels, else the dp4a
- *         kernels (backends/cuda/gemv_fp4.cu).
+ *         kernels (backends/cuda/gemv_fp4.cu). deepgemm takes the grouped GEMM at every size, its
+ *         rows in the masked layout up to DEEPGEMM_MASKED_MAX_TOKENS tokens, else the contiguous one
+ *         (backends/cuda/experts.cu), its kernels compiled per shape (backends/cuda/gemm_jit.h).
  * So "what runs bf16 grouped_mm at 64 tokens on an H200" is the row {grouped_mm, cuda, float}
  * (moex_cuda_grouped_mm, experts.cu) and grouped_gemm_pays(64 * top_k pairs, E, H). */
 #include "backends/impl.h"
@@ -26,6 +28,7 @@ extern const moex_impl moex_cpu_grouped_mm; /* backends/cpu/grouped_mm.c: pairs 
 extern const moex_impl moex_cuda_eager;      /* backends/cuda/experts.cu: the grouped pieces, once per expert */
 extern const moex_impl moex_cuda_batched_mm; /* streamed gate/up and down per pair */
 extern const moex_impl moex_cuda_grouped_mm; /* routing on the device, then streamed or tensor-core GEMMs */
+extern const moex_impl moex_cuda_deepgemm;   /* deepgemm's layouts, GEMMs compiled per shape at first use */
 #define CUDA_IMPL(name) (&moex_cuda_##name)
 #else
 #define CUDA_IMPL(name) NULL /* the row stands; supports() says this build has no CUDA */
@@ -57,6 +60,7 @@ static const row TABLE[] = {
     {"eager",       CUDA,   FLOAT,             CUDA_IMPL(eager),       NULL},
     {"batched_mm",  CUDA,   FLOAT | FP8 | FP4, CUDA_IMPL(batched_mm),  NULL},
     {"grouped_mm",  CUDA,   FLOAT | FP8 | FP4, CUDA_IMPL(grouped_mm),  "batched_mm"},
+    {"deepgemm",    CUDA,   FLOAT | FP8,       CUDA_IMPL(deepgemm),    NULL},
 #if MOEX_TEST_BACKENDS /* the test copy of the library only (tests/backends/test_rows.c) */
     {"test_rows",   CPU,    FLOAT | FP8 | FP4, &moex_test_rows,        NULL},
 #endif

@@ -6,10 +6,22 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 
+static moex_status load(const void *image, size_t size, const char *entry, const char *what, moex_jit_kernel *k);
+
 extern "C" moex_status moex_jit_load(const void *image, size_t size, const char *entry, const char *what,
                                      moex_jit_kernel *k) {
     if (!k || !image || !size || !entry) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "jit: load of %s: no image or entry", what);
     k->library = k->kernel = NULL;
+    /* a forward may load its kernels while its stream is being captured into a graph: loading is
+     * not stream work, and the relaxed mode lets this thread do it without ending the capture */
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    moex_status st = load(image, size, entry, what, k);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    return st;
+}
+
+static moex_status load(const void *image, size_t size, const char *entry, const char *what, moex_jit_kernel *k) {
     cudaLibrary_t lib = NULL;
     cudaError_t err = cudaLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0);
     if (err != cudaSuccess) {
@@ -66,8 +78,11 @@ extern "C" moex_status moex_jit_kernel_get(const moex_jit_source *src, const cha
 }
 
 extern "C" moex_status moex_jit_kernel_smem(const moex_jit_kernel *k, int bytes) {
-    return moex_cuda_status(cudaFuncSetAttribute((const void *)k->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-                            "jit: dynamic shared memory of a kernel");
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    cudaError_t err = cudaFuncSetAttribute((const void *)k->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    return moex_cuda_status(err, "jit: dynamic shared memory of a kernel");
 }
 
 extern "C" moex_status moex_jit_launch(const moex_jit_kernel *k, const unsigned grid[3], const unsigned block[3],

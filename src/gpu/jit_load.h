@@ -25,7 +25,10 @@ typedef struct moex_jit_kernel {
 moex_status moex_jit_kernel_get(const moex_jit_source *src, const char *entry, const char *cache_dir,
                                 moex_jit_kernel *k, moex_jit_image *info);
 
-/* Load an image (a CUBIN) onto the current device and find entry in it; `what` names it in messages. */
+/* Load an image (a CUBIN) onto the current device and find entry in it; `what` names it in messages.
+ * Allowed while a stream of this thread is being captured into a CUDA graph (loading is not
+ * stream work: it runs in the relaxed capture mode), as are moex_jit_kernel_get and
+ * moex_jit_kernel_smem. */
 moex_status moex_jit_load(const void *image, size_t size, const char *entry, const char *what, moex_jit_kernel *k);
 
 /* Let k use `bytes` of dynamic shared memory (needed above 48 KiB). */

@@ -1,6 +1,6 @@
 /*
  * test_cuda_backends.c — the CUDA experts backends (every registered backend whose
- * supports() takes the GPU: eager, batched_mm, grouped_mm today) against the float64
+ * supports() takes the GPU: eager, batched_mm, grouped_mm, deepgemm today) against the float64
  * reference of tests/reference.c, through the public API only. Plain C (no test framework), so that it builds wherever
  * the library builds with CUDA.
  *
@@ -26,6 +26,12 @@
  *   - graph capture and replay with new routings written into the same buffers,
  *     against the reference and bitwise against an uncaptured forward
  *   - determinism: two forwards, bitwise equal outputs
+ *   - deepgemm (bf16 and FP8 layers): beside grouped_mm bit for bit in both of its layouts
+ *     (masked, contiguous), narrow and wide tiles, odd sizes, a hot expert, sentinel rows, the
+ *     layout predicate's bound moved both ways, SM100's scale rule (through
+ *     MOEX_DEEPGEMM_ASSUME_CC); its kernels' disk cache seen from a second run of this program
+ *     (entries written, then read, an entry cut short rebuilt): MOEX_CACHE_DIR is a fresh
+ *     directory of this run unless set
  *
  * NMSE bounds (SPEC "Numerical agreement"): f32 1e-10, f16 1e-6, bf16 1e-4.
  *
@@ -35,6 +41,7 @@
  * Exit status: 0 all passed, 1 a check failed, 77 no usable CUDA device (skip).
  */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* mkdtemp, truncate */
 
 #include <math.h>
 #include <stdarg.h>
@@ -43,6 +50,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "gpu_harness.h"
 #include "moex.h"
@@ -1226,6 +1236,200 @@ static void test_two_contexts(void) {
     grun_free(&r);
 }
 
+
+/* ------------------------------------------------------------------------ */
+/* deepgemm                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static char g_program[512]; /* argv[0]: test_deepgemm_cache runs it again */
+
+static int backend_listed_in(const char *name) {
+    for (int i = 0; i < N_BACKENDS; i++)
+        if (strcmp(BACKENDS[i], name) == 0) return 1;
+    return 0;
+}
+
+/* deepgemm beside grouped_mm on one case, one context: both against the reference, and bitwise
+ * equal where both run the grouped GEMM (experts of 16 rows or more on average: grouped_mm's
+ * tensor-core path), deepgemm's rows placed in its layout, grouped_mm's packed, the arithmetic
+ * the same. */
+static void deepgemm_case(const gcase *c, int bitwise) {
+    grun r;
+    if (!grun_setup(&r, c)) return;
+    moex_context *ctx = make_ctx(c->T);
+    moex_layer *layer = NULL;
+    unsigned char *dg = malloc(r.out_bytes + 1);
+    CHECK(moex_layer_create(&r.D.desc, &layer) == MOEX_OK, "layer: %s [%s]", moex_last_error(), describe(c, NULL));
+    if (ctx && layer && dg) {
+        char why[512];
+        moex_status st = moex_backend_supports("deepgemm", layer, g_dev, why, sizeof why);
+        CHECK(st == MOEX_OK, "deepgemm refuses: %s [%s]", why, describe(c, "deepgemm"));
+        if (st == MOEX_OK && moex_prepare(ctx, layer, "deepgemm") == MOEX_OK &&
+            moex_prepare(ctx, layer, "grouped_mm") == MOEX_OK && run_forward(&r, ctx, layer, "deepgemm")) {
+            check_nmse(&r, "deepgemm");
+            check_sentinel_rows(&r, "deepgemm");
+            memcpy(dg, r.out_host, r.out_bytes);
+            if (bitwise && run_forward(&r, ctx, layer, "grouped_mm"))
+                CHECK(memcmp(dg, r.out_host, r.out_bytes) == 0, "deepgemm and grouped_mm differ bitwise [%s]",
+                      describe(c, "deepgemm"));
+        } else if (st == MOEX_OK) {
+            fail_at(__FILE__, __LINE__, "deepgemm: %s [%s]", moex_last_error(), describe(c, "deepgemm"));
+        }
+    }
+    free(dg);
+    moex_layer_free(layer);
+    moex_context_free(ctx);
+    grun_free(&r);
+}
+
+static void test_deepgemm(void) {
+    if (!backend_listed_in("deepgemm")) {
+        fail_at(__FILE__, __LINE__, "deepgemm does not take cuda:%d", g_dev.index);
+        return;
+    }
+    /* T, E, k, H, I, format (0 bf16, 1 FP8 f32 scales, 2 FP8 ue8m0), hot rows, sentinel rows, bitwise:
+     * masked (T <= 128) and contiguous layouts, narrow (<= 32 rows an expert) and wide tiles, sizes
+     * that are not multiples of the tiles, an expert with most rows, empty experts (E > pairs) */
+    static const struct { int64_t T, E, k, H, I; int fmt, hot, sent, bitwise; } C[] = {
+        {70, 16, 4, 256, 128, 0, 0, 1, 1},  {130, 16, 4, 256, 128, 0, 0, 0, 1}, {512, 16, 4, 256, 128, 0, 300, 1, 1},
+        {300, 12, 3, 264, 136, 0, 0, 1, 1}, {1, 16, 4, 256, 128, 0, 0, 0, 0},   {5, 64, 2, 264, 136, 0, 0, 1, 0},
+        {70, 16, 4, 512, 256, 1, 0, 1, 1},  {300, 16, 4, 512, 256, 1, 200, 0, 1}, {200, 16, 4, 512, 256, 2, 0, 1, 1},
+        {257, 10, 3, 400, 192, 1, 0, 1, 1}, {3, 16, 4, 400, 192, 2, 0, 1, 0},   {129, 40, 2, 512, 256, 1, 0, 0, 1},
+    };
+    for (int i = 0; i < (int)(sizeof C / sizeof C[0]); i++) {
+        if (g_quick && i % 3) continue;
+        gcase c = gcase_make(C[i].T, C[i].E, C[i].k, C[i].H, C[i].I, MOEX_BF16, 13000u + (uint64_t)i);
+        c.w_dt = MOEX_BF16;
+        c.fp8 = C[i].fmt, c.block_n = 128, c.block_k = 128;
+        c.hot_rows = C[i].hot, c.sentinel_rows = C[i].sent;
+        deepgemm_case(&c, C[i].bitwise && C[i].T * C[i].k >= 16 * C[i].E);
+    }
+    /* the contiguous layout at a masked size, and masked at a contiguous one: the predicate's
+     * bound moved (the workspace is sized when a layer is prepared) */
+    static const char *const BOUND[] = {"0", "512"};
+    for (int b = 0; b < 2; b++) {
+        setenv("MOEX_DEEPGEMM_MASKED_MAX_TOKENS", BOUND[b], 1);
+        gcase c = gcase_make(b ? 300 : 70, 16, 4, 512, 256, MOEX_BF16, 13100u + (uint64_t)b);
+        c.w_dt = MOEX_BF16, c.fp8 = 1, c.block_n = 128, c.block_k = 128, c.sentinel_rows = 1;
+        deepgemm_case(&c, 1);
+        unsetenv("MOEX_DEEPGEMM_MASKED_MAX_TOKENS");
+    }
+    /* SM100's rule (tested here through MOEX_DEEPGEMM_ASSUME_CC): float32 expert scales refused at
+     * the forward, naming UE8M0 and the backends that take them, out untouched; UE8M0 runs */
+    setenv("MOEX_DEEPGEMM_ASSUME_CC", "100", 1);
+    for (int fmt = 1; fmt <= 2; fmt++) {
+        gcase c = gcase_make(40, 16, 4, 512, 256, MOEX_BF16, 13200u + (uint64_t)fmt);
+        c.w_dt = MOEX_BF16, c.fp8 = fmt, c.block_n = 128, c.block_k = 128;
+        grun r;
+        if (!grun_setup(&r, &c)) continue;
+        moex_context *ctx = make_ctx(c.T);
+        moex_layer *layer = NULL;
+        CHECK(moex_layer_create(&r.D.desc, &layer) == MOEX_OK, "layer: %s", moex_last_error());
+        if (ctx && layer && moex_prepare(ctx, layer, "deepgemm") == MOEX_OK && poison_out(&r)) {
+            moex_status st = moex_experts_forward(ctx, layer, "deepgemm", &r.th, &r.tids, &r.tw, &r.tout);
+            if (fmt == 1) {
+                CHECK(st == MOEX_ERR_UNSUPPORTED && contains(moex_last_error(), "UE8M0") &&
+                          contains(moex_last_error(), "grouped_mm") && contains(moex_last_error(), "SM100"),
+                      "SM100 with f32 scales: %s: %s", moex_status_str(st), moex_last_error());
+                CHECK(moex_context_synchronize(ctx) == MOEX_OK && fetch_out(&r) && out_untouched(&r),
+                      "the refused forward wrote out");
+            } else {
+                CHECK(st == MOEX_OK, "SM100 with UE8M0 scales: %s: %s", moex_status_str(st), moex_last_error());
+                if (st == MOEX_OK && moex_context_synchronize(ctx) == MOEX_OK && fetch_out(&r)) check_nmse(&r, "deepgemm");
+            }
+        } else {
+            fail_at(__FILE__, __LINE__, "SM100 rule setup: %s", moex_last_error());
+        }
+        moex_layer_free(layer);
+        moex_context_free(ctx);
+        grun_free(&r);
+    }
+    unsetenv("MOEX_DEEPGEMM_ASSUME_CC");
+}
+
+/* The kernels' disk cache, seen from a second process running this program (the process holds
+ * its loaded kernels, so only a new one reads the cache): after one deepgemm forward here (a
+ * shape no other test uses, so its kernels are compiled now: misses, entries written), the
+ * child's same forward reads them (hits: no entry replaced); an entry cut short is replaced by
+ * a rebuilt one. MOEX_CACHE_DIR is this run's own directory (main). */
+typedef struct cache_file {
+    char name[256];
+    ino_t ino;
+    off_t size;
+} cache_file;
+
+static int list_cache(const char *dir, cache_file *f, int max) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < max) {
+        if (strncmp(e->d_name, "grouped_gemm", 12) != 0) continue;
+        char p[1024];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (stat(p, &sb) != 0) continue;
+        snprintf(f[n].name, sizeof f[n].name, "%s", e->d_name);
+        f[n].ino = sb.st_ino, f[n].size = sb.st_size;
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static gcase cache_case(void) {
+    gcase c = gcase_make(200, 8, 2, 200, 72, MOEX_BF16, 13300u);
+    c.w_dt = MOEX_BF16;
+    return c;
+}
+
+static void test_deepgemm_cache_child(void) {
+    gcase c = cache_case();
+    deepgemm_case(&c, 1);
+}
+
+static void test_deepgemm_cache(void) {
+    const char *dir = getenv("MOEX_CACHE_DIR");
+    char jit[600];
+    REQUIRE(dir && *dir, , "MOEX_CACHE_DIR is not set");
+    snprintf(jit, sizeof jit, "%s/jit", dir);
+    gcase c = cache_case();
+    static cache_file old[64], before[64], after[64];
+    const int n0 = list_cache(jit, old, 64);
+    deepgemm_case(&c, 1);
+    const int n1 = list_cache(jit, before, 64);
+    CHECK(n1 >= n0 + 2, "a new shape's forward wrote %d cache entries (want its gate/up and down kernels)", n1 - n0);
+    /* cut one of the new entries short: the child must rebuild and replace it, and read the others */
+    int cut_at = -1;
+    for (int i = 0; i < n1 && cut_at < 0; i++) {
+        int seen = 0;
+        for (int j = 0; j < n0; j++) seen |= strcmp(before[i].name, old[j].name) == 0;
+        if (!seen) cut_at = i;
+    }
+    if (cut_at < 0) return;
+    char cut[1024];
+    snprintf(cut, sizeof cut, "%s/%s", jit, before[cut_at].name);
+    CHECK(truncate(cut, before[cut_at].size / 2) == 0, "truncate %s", cut);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "MOEX_GPU_TEST_ONLY=deepgemm_cache_child '%s' --device %d > /dev/null 2>&1", g_program,
+             g_dev.index);
+    const int rc = system(cmd);
+    CHECK(rc == 0, "the child run (%s) failed: %d", cmd, rc);
+    const int n2 = list_cache(jit, after, 64);
+    CHECK(n2 == n1, "the child changed the number of cache entries: %d -> %d", n1, n2);
+    for (int i = 0; i < n1; i++)
+        for (int j = 0; j < n2; j++) {
+            if (strcmp(before[i].name, after[j].name) != 0) continue;
+            if (i == cut_at)
+                CHECK(after[j].size == before[i].size && after[j].ino != before[i].ino,
+                      "the entry cut short was not rebuilt (size %lld, was %lld)", (long long)after[j].size,
+                      (long long)before[i].size);
+            else
+                CHECK(after[j].ino == before[i].ino && after[j].size == before[i].size,
+                      "a valid entry %s was replaced, not read", before[i].name);
+        }
+}
+
 /* ------------------------------------------------------------------------ */
 /* main                                                                      */
 /* ------------------------------------------------------------------------ */
@@ -1233,6 +1437,7 @@ static void test_two_contexts(void) {
 typedef struct test_entry {
     const char *name;
     void (*fn)(void);
+    int only_if_named; /* run only when MOEX_GPU_TEST_ONLY names it */
 } test_entry;
 
 /* 1 if name is one of the comma-separated names of list. */
@@ -1250,6 +1455,11 @@ static int name_listed(const char *list, const char *name) {
 
 int main(int argc, char **argv) {
     if (gpu_test_args("test_cuda_backends", argc, argv, &g_quick, &g_dev.index)) return 2;
+    snprintf(g_program, sizeof g_program, "%s", argv[0]);
+    /* deepgemm's kernels go to a disk cache of this run's own (test_deepgemm_cache), unless the
+     * caller chose one */
+    char cache_tmpl[] = "/tmp/moex-test-cache-XXXXXX";
+    if (!getenv("MOEX_CACHE_DIR") && mkdtemp(cache_tmpl)) setenv("MOEX_CACHE_DIR", cache_tmpl, 1);
     moex_device_info info;
     moex_status st = moex_device_query(g_dev, &info);
     if (st != MOEX_OK) {
@@ -1271,24 +1481,28 @@ int main(int argc, char **argv) {
     printf("\n");
     CHECK(N_BACKENDS > 0, "no registered backend takes cuda:%d", g_dev.index);
     static const test_entry TESTS[] = {
-        {"cpu_context_graph", test_cpu_context_graph},
-        {"small_product", test_small_product},
-        {"layouts_activations", test_layouts_activations},
-        {"token_counts", test_token_counts},
-        {"all_sentinels", test_all_sentinels},
-        {"bad_inputs", test_bad_inputs},
-        {"graph_replay", test_graph_replay},
-        {"two_contexts", test_two_contexts},
-        {"large", test_large},
-        {"streamed_tensor_cores", test_streamed_tensor_cores},
-        {"fp8", test_fp8},
-        {"fp4", test_fp4},
+        {"cpu_context_graph", test_cpu_context_graph, 0},
+        {"small_product", test_small_product, 0},
+        {"layouts_activations", test_layouts_activations, 0},
+        {"token_counts", test_token_counts, 0},
+        {"all_sentinels", test_all_sentinels, 0},
+        {"bad_inputs", test_bad_inputs, 0},
+        {"graph_replay", test_graph_replay, 0},
+        {"two_contexts", test_two_contexts, 0},
+        {"large", test_large, 0},
+        {"streamed_tensor_cores", test_streamed_tensor_cores, 0},
+        {"fp8", test_fp8, 0},
+        {"fp4", test_fp4, 0},
+        {"deepgemm", test_deepgemm, 0},
+        {"deepgemm_cache", test_deepgemm_cache, 0},
+        {"deepgemm_cache_child", test_deepgemm_cache_child, 1},
     };
     /* MOEX_GPU_TEST_ONLY=fp4,graph_replay: run only the tests named (a comma-separated list) */
     const char *only = getenv("MOEX_GPU_TEST_ONLY");
     int failed_tests = 0, n = (int)(sizeof TESTS / sizeof TESTS[0]), ran = 0;
     for (int i = 0; i < n; i++) {
-        if (only && *only && !name_listed(only, TESTS[i].name)) continue;
+        const int named = only && *only && name_listed(only, TESTS[i].name);
+        if ((only && *only && !named) || (TESTS[i].only_if_named && !named)) continue;
         ran++;
         int before = g_failures, checks = g_checks;
         double t0 = now_s();

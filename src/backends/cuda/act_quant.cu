@@ -6,14 +6,22 @@
 
 enum { AQ_WARPS = 8 };
 
+/* Row i of the launch is row row_of[i] of x, q, s and f (skipped when -1), or row i when row_of
+ * is NULL. */
+__device__ __forceinline__ int64_t row_at(const int *row_of, int64_t i) { return row_of ? (int64_t)row_of[i] : i; }
+
 template <typename XT, bool FP4>
 __global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_kernel(const XT *x, int64_t x_ld, int64_t rows, int64_t K,
-                                                                  int64_t bk, uint8_t *q, float *s, float *f) {
+                                                                  int64_t bk, uint8_t *q, float *s, float *f,
+                                                                  const int *row_of) {
     const int lane = threadIdx.x & 31;
     const int64_t nkb = (K + bk - 1) / bk;
-    for (int64_t r = blockIdx.x * (int64_t)AQ_WARPS + (threadIdx.x >> 5); r < rows; r += (int64_t)gridDim.x * AQ_WARPS)
+    for (int64_t i = blockIdx.x * (int64_t)AQ_WARPS + (threadIdx.x >> 5); i < rows; i += (int64_t)gridDim.x * AQ_WARPS) {
+        const int64_t r = row_at(row_of, i);
+        if (r < 0) continue;
         quant_row<XT, FP4>(x + r * x_ld, K, bk, q ? q + r * K : NULL, s ? s + r * nkb : NULL, f ? f + r * K : NULL,
                            lane);
+    }
 }
 
 /* The same rounding with rows cut into chunks of 256 inputs, a warp a chunk (one vector of 8 a
@@ -22,12 +30,13 @@ __global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_kernel(const XT *x, i
 template <typename XT, bool FP4>
 __global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_chunk_kernel(const XT *x, int64_t x_ld, int64_t rows,
                                                                         int64_t K, int64_t bk, uint8_t *q, float *s,
-                                                                        float *f) {
+                                                                        float *f, const int *row_of) {
     const int lane = threadIdx.x & 31;
     const int64_t nvec = K / 8, chunks = (nvec + 31) / 32, nkb = (K + bk - 1) / bk;
     for (int64_t w = blockIdx.x * (int64_t)AQ_WARPS + (threadIdx.x >> 5); w < rows * chunks;
          w += (int64_t)gridDim.x * AQ_WARPS) {
-        const int64_t r = w / chunks, v = (w % chunks) * 32 + lane;
+        const int64_t r = row_at(row_of, w / chunks), v = (w % chunks) * 32 + lane;
+        if (r < 0) continue;
         const bool in = v < nvec;
         float a[8];
 #pragma unroll
@@ -40,7 +49,7 @@ __global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_chunk_kernel(const XT
 
 template <bool FP4>
 static moex_status act_quant_rows(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int64_t bk,
-                                  uint8_t *q, float *s, float *f, cudaStream_t st) {
+                                  uint8_t *q, float *s, float *f, const int *row_of, cudaStream_t st) {
     if (rows <= 0) return MOEX_OK;
     const size_t es = xdt == MOEX_F32 ? 4 : 2;
     const int64_t vpb = bk / 8;
@@ -50,32 +59,40 @@ static moex_status act_quant_rows(const void *x, moex_dtype xdt, int64_t x_ld, i
         const dim3 grid((unsigned)(blocks < 65535 ? blocks : 65535)), block(AQ_WARPS * 32);
         if (xdt == MOEX_BF16)
             act_quant_chunk_kernel<__nv_bfloat16, FP4><<<grid, block, 0, st>>>((const __nv_bfloat16 *)x, x_ld, rows, K,
-                                                                               bk, q, s, f);
+                                                                               bk, q, s, f, row_of);
         else if (xdt == MOEX_F16)
-            act_quant_chunk_kernel<__half, FP4><<<grid, block, 0, st>>>((const __half *)x, x_ld, rows, K, bk, q, s, f);
+            act_quant_chunk_kernel<__half, FP4><<<grid, block, 0, st>>>((const __half *)x, x_ld, rows, K, bk, q, s, f,
+                                                                        row_of);
         else
-            act_quant_chunk_kernel<float, FP4><<<grid, block, 0, st>>>((const float *)x, x_ld, rows, K, bk, q, s, f);
+            act_quant_chunk_kernel<float, FP4><<<grid, block, 0, st>>>((const float *)x, x_ld, rows, K, bk, q, s, f,
+                                                                       row_of);
         return MOEX_CUDA_LAUNCHED("activation quantization kernel");
     }
     const int64_t blocks = (rows + AQ_WARPS - 1) / AQ_WARPS;
     const dim3 grid((unsigned)(blocks < 65535 ? blocks : 65535)), block(AQ_WARPS * 32);
     if (xdt == MOEX_BF16)
-        act_quant_kernel<__nv_bfloat16, FP4><<<grid, block, 0, st>>>((const __nv_bfloat16 *)x, x_ld, rows, K, bk, q, s, f);
+        act_quant_kernel<__nv_bfloat16, FP4><<<grid, block, 0, st>>>((const __nv_bfloat16 *)x, x_ld, rows, K, bk, q, s, f,
+                                                                  row_of);
     else if (xdt == MOEX_F16)
-        act_quant_kernel<__half, FP4><<<grid, block, 0, st>>>((const __half *)x, x_ld, rows, K, bk, q, s, f);
+        act_quant_kernel<__half, FP4><<<grid, block, 0, st>>>((const __half *)x, x_ld, rows, K, bk, q, s, f, row_of);
     else
-        act_quant_kernel<float, FP4><<<grid, block, 0, st>>>((const float *)x, x_ld, rows, K, bk, q, s, f);
+        act_quant_kernel<float, FP4><<<grid, block, 0, st>>>((const float *)x, x_ld, rows, K, bk, q, s, f, row_of);
     return MOEX_CUDA_LAUNCHED("activation quantization kernel");
 }
 
 moex_status act_quant_e4m3(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int64_t bk,
                            uint8_t *q, float *s, float *f, cudaStream_t st) {
-    return act_quant_rows<false>(x, xdt, x_ld, rows, K, bk, q, s, f, st);
+    return act_quant_rows<false>(x, xdt, x_ld, rows, K, bk, q, s, f, NULL, st);
+}
+
+moex_status act_quant_slots_e4m3(const int *pair_slot, int64_t P, const void *x, moex_dtype xdt, int64_t x_ld,
+                                 int64_t K, int64_t bk, uint8_t *q, float *s, cudaStream_t st) {
+    return act_quant_rows<false>(x, xdt, x_ld, P, K, bk, q, s, NULL, pair_slot, st);
 }
 
 moex_status act_quant_e2m1(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int8_t *q, float *s,
                            cudaStream_t st) {
-    return act_quant_rows<true>(x, xdt, x_ld, rows, K, ACT_E2M1_BLOCK, (uint8_t *)q, s, NULL, st);
+    return act_quant_rows<true>(x, xdt, x_ld, rows, K, ACT_E2M1_BLOCK, (uint8_t *)q, s, NULL, NULL, st);
 }
 
 /* One warp a token: its row quantized into each of its pairs' slots (the k copies read the

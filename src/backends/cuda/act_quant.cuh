@@ -176,6 +176,11 @@ moex_status act_quant_e4m3(const void *x, moex_dtype xdt, int64_t x_ld, int64_t 
 
 /* FP4's rounding of rows rows of x (K inputs, blocks of 32): int8 codes 2 e2m1 into q [rows, K],
  * the blocks' scales into s [rows, K/32]. One warp a row. */
+/* act_quant_e4m3 (codes and scales only) of the rows pair_slot[p] of x, p < P, a sentinel's -1
+ * skipped: the padded and masked layouts, whose other rows hold nothing. */
+moex_status act_quant_slots_e4m3(const int *pair_slot, int64_t P, const void *x, moex_dtype xdt, int64_t x_ld,
+                                 int64_t K, int64_t bk, uint8_t *q, float *s, cudaStream_t st);
+
 moex_status act_quant_e2m1(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int8_t *q, float *s,
                            cudaStream_t st);
 

@@ -19,20 +19,27 @@
  *               below 2 rows an expert, integer mma.sync from 2), then the reduction
  *   eager       the same pieces, launched once per expert (empty experts
  *               return on the device); float weights only
+ *   deepgemm    grouped_mm's GEMM path at every token count, with the GEMMs compiled
+ *               for the layer's shape at the first forward that needs them (gemm_jit.h),
+ *               the rows in deepgemm's layouts: contiguous (each expert's segment padded
+ *               to whole tiles) above deepgemm_masked_max_tokens() tokens, masked (a fixed
+ *               capacity of T rows an expert) up to it; bf16 and FP8 weights
  */
 #include "backends/impl.h"
 #include "core/gpu_runtime.h"
 #include "gpu/cuda_check.h"
 #include "backends/cuda/act_quant.cuh"
+#include "backends/cuda/gemm_jit.h"
 #include "backends/cuda/gemm_sm90.cuh"
+#include "backends/deepgemm_layout.h"
 #include "backends/cuda/gemv.cuh"
 #include "backends/cuda/routing.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-/* The three implementations differ only in how they launch the shared pieces. */
-typedef enum cuda_kind { CUDA_EAGER, CUDA_BATCHED_MM, CUDA_GROUPED_MM } cuda_kind;
+/* The four implementations differ only in how they launch the shared pieces. */
+typedef enum cuda_kind { CUDA_EAGER, CUDA_BATCHED_MM, CUDA_GROUPED_MM, CUDA_DEEPGEMM } cuda_kind;
 
 typedef struct cuda_state {
     layer_view L;
@@ -41,6 +48,8 @@ typedef struct cuda_state {
     int device, num_sms;
     int tc;            /* the tensor-core path can run this layer */
     gemm_epilogue epi; /* its gate/up epilogue */
+    int cc;            /* deepgemm: the device's compute capability x 10 (its kernels are compiled for it) */
+    int scale_cc;      /* deepgemm: the capability whose scale rule applies (deepgemm_scale_cc) */
 } cuda_state;
 
 static size_t esize(moex_dtype dt) { return dt == MOEX_F32 ? 4 : 2; }
@@ -114,10 +123,11 @@ static int quant_supports(cuda_kind kind, const moex_experts_desc *d, char *why,
                  "rows); got hidden %lld, intermediate %lld", (long long)d->hidden, (long long)d->intermediate);
         return 0;
     }
-    const int64_t kmul = fp4 ? 32 : kind == CUDA_GROUPED_MM ? 64 : 16;
+    const int64_t kmul = fp4 ? 32 : kind == CUDA_DEEPGEMM ? 128 : kind == CUDA_GROUPED_MM ? 64 : 16;
     if (d->block_k % kmul) {
         snprintf(why, n, "FP8 experts on the GPU (%s) need block_k a multiple of %lld; got %lld",
-                 kind == CUDA_GROUPED_MM ? "grouped_mm" : "batched_mm", (long long)kmul, (long long)d->block_k);
+                 kind == CUDA_DEEPGEMM ? "deepgemm" : kind == CUDA_GROUPED_MM ? "grouped_mm" : "batched_mm",
+                 (long long)kmul, (long long)d->block_k);
         return 0;
     }
     const moex_tensor *t[4] = {&d->gate_up, &d->down, &d->gate_up_scale, &d->down_scale};
@@ -149,8 +159,44 @@ static int cuda_supports(cuda_kind kind, const moex_experts_desc *d, const moex_
         snprintf(why, n, "the per-expert weight pointers must point to GPU memory (expert_device = cuda)");
         return 0;
     }
-    if (d && moex_is_quant_dtype(moex_weight_dtype(d))) return quant_supports(kind, d, why, n);
+    if (d && moex_is_quant_dtype(moex_weight_dtype(d)) && !quant_supports(kind, d, why, n)) return 0;
+    if (kind != CUDA_DEEPGEMM || !d) return 1;
+    /* deepgemm: its grouped GEMMs at every size */
+    const moex_dtype w = moex_weight_dtype(d);
+    if (w != MOEX_BF16 && w != MOEX_E4M3) {
+        snprintf(why, n, "deepgemm runs bf16 and FP8 (e4m3) experts; this layer's are %s (grouped_mm and batched_mm "
+                 "run them)", moex_dtype_name(w));
+        return 0;
+    }
+    char what[160];
+    if (!tc_layout(d, what, sizeof what)) {
+        snprintf(why, n, "deepgemm's grouped GEMMs do not take this layer: %s (grouped_mm runs it)", what);
+        return 0;
+    }
     return 1;
+}
+
+/* The compute capability (x 10) whose rule on FP8 scales deepgemm applies: the device's, or
+ * $MOEX_DEEPGEMM_ASSUME_CC (e.g. 100) to test the SM100 rule on another GPU; its kernels are
+ * compiled for the device all the same. */
+static int deepgemm_scale_cc(int device_cc) {
+    const char *v = getenv("MOEX_DEEPGEMM_ASSUME_CC");
+    if (!v || !*v) return device_cc;
+    char *end = NULL;
+    const long cc = strtol(v, &end, 10);
+    return end && !*end && cc >= 10 && cc <= 1000 ? (int)cc : device_cc;
+}
+
+/* Forwards of at most this many tokens take the masked layout (deepgemm_layout.h): E x T rows,
+ * so the bound keeps its buffers near the contiguous layout's at a few thousand tokens.
+ * $MOEX_DEEPGEMM_MASKED_MAX_TOKENS overrides it (0: never masked); the workspace is sized for it. */
+#define DEEPGEMM_MASKED_MAX_TOKENS 128
+static int64_t deepgemm_masked_max_tokens(void) {
+    const char *v = getenv("MOEX_DEEPGEMM_MASKED_MAX_TOKENS");
+    if (!v || !*v) return DEEPGEMM_MASKED_MAX_TOKENS;
+    char *end = NULL;
+    const long long t = strtoll(v, &end, 10);
+    return end && !*end && t >= 0 && t <= INT32_MAX ? (int64_t)t : DEEPGEMM_MASKED_MAX_TOKENS;
 }
 
 /* ---- the layer as kernel views ------------------------------------------------ */
@@ -262,6 +308,20 @@ static moex_status prepare(cuda_kind kind, moex_context *ctx, const moex_experts
     s->Q = make_quant_view(d);
     char why[160];
     s->tc = kind != CUDA_BATCHED_MM && tc_layout(d, why, sizeof why);
+    if (kind == CUDA_DEEPGEMM) {
+        int major = 0, minor = 0;
+        st = moex_cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+        if (!st) st = moex_cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev),
+                                       "cudaDeviceGetAttribute");
+        if (!st && !s->tc) st = moex_fail(MOEX_ERR_UNSUPPORTED, "deepgemm: its grouped GEMMs do not take this layer: %s", why);
+        if (st) {
+            moex_cuda_free(dev, s->ptrs);
+            free(s);
+            return st;
+        }
+        s->cc = 10 * major + minor;
+        s->scale_cc = deepgemm_scale_cc(s->cc);
+    }
     s->epi = gate_up_epilogue(d);
     /* gemv_mma_usable's first condition */
     const int mma_dtype = s->L.wdt == MOEX_BF16 || s->L.wdt == MOEX_F16 || s->L.wdt == MOEX_E4M3;
@@ -334,9 +394,34 @@ static quant_ws quant_carve(cuda_kind kind, const moex_experts_desc *d, int64_t 
     return w;
 }
 
+/* deepgemm's rows (the slots its layout spans) in a forward of T tokens with tiles of tile_rows:
+ * E x T masked, deepgemm_contiguous_rows_bound otherwise; -1 past what int slots hold. */
+static int64_t deepgemm_rows(const moex_experts_desc *d, int64_t T, int masked, int tile_rows) {
+    int64_t rows;
+    if (masked) {
+        if (!moex_mul_ok(d->num_experts, T, &rows)) return -1;
+    } else {
+        rows = deepgemm_contiguous_rows_bound(T * d->top_k, d->num_experts, tile_rows);
+    }
+    return rows > INT32_MAX ? -1 : rows;
+}
+
+/* Its buffers for that many rows: the gathered activations, h and y (FP8: quant_carve's). */
+static size_t deepgemm_buffer_bytes(const moex_experts_desc *d, int64_t T, int64_t rows) {
+    return moex_is_quant_dtype(moex_weight_dtype(d)) ? quant_carve(CUDA_GROUPED_MM, d, T, rows, NULL).bytes
+                                                     : tc_bytes(d, rows);
+}
+
 static size_t workspace_bytes(cuda_kind kind, const moex_experts_desc *d, int64_t max_tokens) {
     int64_t P;
     if (!moex_mul_ok(max_tokens, d->top_k, &P) || P > INT32_MAX) return SIZE_MAX;
+    if (kind == CUDA_DEEPGEMM) { /* the larger of the two layouts' rows, each at its largest T */
+        const int64_t mt = deepgemm_masked_max_tokens(), tm = max_tokens < mt ? max_tokens : mt;
+        const int64_t contiguous = deepgemm_rows(d, max_tokens, 0, GEMM_TILE_ROWS), masked = deepgemm_rows(d, tm, 1, 0);
+        if (contiguous < 0 || masked < 0) return SIZE_MAX;
+        return align256(routing_bytes(d->num_experts, P)) +
+               deepgemm_buffer_bytes(d, max_tokens, contiguous > masked ? contiguous : masked);
+    }
     /* every product below stays far inside size_t once P < 2^31 and the layer's sizes validated */
     if (moex_is_quant_dtype(moex_weight_dtype(d)))
         return (kind == CUDA_BATCHED_MM ? 0 : align256(routing_bytes(d->num_experts, P))) +
@@ -491,7 +576,8 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     /* the streamed forwards on tensor cores and FP4's kernels walk the list of experts with rows */
     const int hits = mma || L.wdt == MOEX_E2M1X2;
     moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E,
-                                   narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS, hits, f->G.flags, f->stream);
+                                   narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS, hits, ROUTING_PACKED, 0, f->G.flags,
+                                   f->stream);
     if (st) return st;
     const int launches = per_expert ? (int)f->E : 1;
     if (L.wdt == MOEX_E2M1X2) return fp4_forward(f, &r, ws);
@@ -550,6 +636,88 @@ static moex_status experts_forward(fwd *f, int per_expert) {
                           f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
 }
 
+/* deepgemm: one GEMM of g with its kernel compiled for the shape (at its first use). */
+static moex_status deepgemm_gemm(const cuda_state *s, const grouped_gemm_args *g, cudaStream_t stream) {
+    gemm_rtc_spec spec;
+    moex_jit_kernel k;
+    moex_status st = grouped_gemm_spec(g, &spec);
+    if (!st) st = gemm_jit_kernel(s->device, s->cc, &spec, grouped_gemm_smem_bytes(&spec), NULL, &k, NULL);
+    if (!st) st = grouped_gemm_run_kernel(g, &k, s->num_sms, stream);
+    return st;
+}
+
+/* deepgemm: routing into the masked layout (T <= deepgemm_masked_max_tokens()) or the padded
+ * contiguous one, then grouped_mm's GEMM path with the GEMMs compiled for the shape: bf16, the
+ * hidden rows gathered, gate/up, down, the reduction; FP8, x quantized into the rows, gate/up (h
+ * in f32), h quantized on its pairs' rows, down (y in f32), the reduction. */
+static moex_status deepgemm_forward(fwd *f) {
+    const moex_forward_args *a = f->a;
+    const moex_experts_desc *d = a->layer;
+    const cuda_state *s = f->s;
+    const layer_view &L = s->L;
+    if (s->Q.on && s->scale_cc >= 100 && s->Q.sdt != MOEX_UE8M0)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "deepgemm on SM100+ (compute capability %d.%d) takes power-of-two UE8M0 "
+                         "expert scales; this layer's are %s (a checkpoint's scale_fmt \"float\"): grouped_mm and "
+                         "batched_mm run float32 scales", s->scale_cc / 10, s->scale_cc % 10, moex_dtype_name(s->Q.sdt));
+    char *ws = (char *)a->workspace;
+    routing_dev r = routing_carve(ws, f->E, f->P);
+    ws += align256(routing_bytes(f->E, f->P));
+    const int narrow = grouped_gemm_narrow_pays(f->P, f->E, s->epi), tile = narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS;
+    /* masked where the predicate says so and the workspace (sized when the layer was prepared)
+     * holds its rows; contiguous always fits */
+    const size_t routing = align256(routing_bytes(f->E, f->P));
+    int masked = f->T <= deepgemm_masked_max_tokens();
+    if (masked) {
+        const int64_t mrows = deepgemm_rows(d, f->T, 1, tile);
+        masked = mrows >= 0 && routing + deepgemm_buffer_bytes(d, f->T, mrows) <= a->workspace_bytes;
+    }
+    const int64_t rows = deepgemm_rows(d, f->T, masked, tile);
+    if (rows < 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "deepgemm: %lld tokens take more rows than int slots hold",
+                                   (long long)f->T);
+    moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E, tile, 0,
+                                   masked ? ROUTING_MASKED : ROUTING_PADDED, f->T, f->G.flags, f->stream);
+    if (st) return st;
+    grouped_gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.a_rows = rows, g.pairs = f->P;
+    g.offsets = r.offsets, g.ends = r.ends, g.mtile_off = r.mtile_off;
+    g.e_begin = 0, g.e_end = f->E;
+    g.L = L, g.narrow = narrow;
+    g.rows_per_expert = d->gated ? 2 * L.I : L.I, g.up_offset = L.I;
+    g.K = L.H, g.N = L.I, g.b = d->gate_up.data, g.epi = s->epi;
+    const void *y;
+    moex_dtype ydt;
+    if (s->Q.on) {
+        const quant_view &Q = s->Q;
+        const quant_ws w = quant_carve(CUDA_GROUPED_MM, d, f->T, rows, ws);
+        if ((st = act_quant_gather_e4m3(r.pair_slot, f->T, f->k, a->hidden->data, a->hidden->dtype,
+                                        a->hidden->strides[0], L.H, Q.bk, w.xq, w.xs, f->stream)))
+            return st;
+        g.dt = MOEX_E4M3, g.q = Q;
+        g.a = w.xq, g.a_scales = w.xs, g.c = w.h;
+        if ((st = deepgemm_gemm(s, &g, f->stream))) return st;
+        if ((st = act_quant_slots_e4m3(r.pair_slot, f->P, w.h, MOEX_F32, L.I, L.I, Q.bk, w.hq, w.hs, f->stream)))
+            return st;
+        g.a = w.hq, g.a_scales = w.hs, g.c = w.y;
+        y = w.y, ydt = MOEX_F32;
+    } else {
+        const size_t es = esize(L.wdt);
+        void *xa = ws, *hb = ws + align256((size_t)rows * L.H * es), *yb = (char *)hb + align256((size_t)rows * L.I * es);
+        if ((st = routing_gather(r, f->T, f->k, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], xa, L.wdt, L.H,
+                                 f->stream)))
+            return st;
+        g.dt = L.wdt, g.a = xa, g.c = hb;
+        if ((st = deepgemm_gemm(s, &g, f->stream))) return st;
+        g.a = hb, g.c = yb;
+        y = yb, ydt = L.wdt;
+    }
+    g.b = d->down.data, g.rows_per_expert = L.H, g.up_offset = 0;
+    g.K = L.I, g.N = L.H, g.epi = EPI_DOWN;
+    if ((st = deepgemm_gemm(s, &g, f->stream))) return st;
+    return routing_reduce(r.pair_slot, y, ydt, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0], f->T,
+                          f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
+}
+
 static moex_status forward(cuda_kind kind, const moex_forward_args *a) {
     const cuda_state *s = (const cuda_state *)a->state;
     if (!s) return moex_fail(MOEX_ERR_INTERNAL, "CUDA forward without a prepared state");
@@ -558,10 +726,11 @@ static moex_status forward(cuda_kind kind, const moex_forward_args *a) {
     fwd f;
     if ((st = fwd_begin(a, &f))) return st;
     if (kind == CUDA_BATCHED_MM) return batched_forward(&f);
+    if (kind == CUDA_DEEPGEMM) return deepgemm_forward(&f);
     return experts_forward(&f, kind == CUDA_EAGER);
 }
 
-/* ---- the three implementations ----------------------------------------------------- */
+/* ---- the four implementations ------------------------------------------------------ */
 
 #define CUDA_IMPL(NAME, KIND)                                                                                      \
     static int NAME##_supports(const moex_experts_desc *d, const moex_device_info *dev, char *why, size_t n) {       \
@@ -580,3 +749,4 @@ static moex_status forward(cuda_kind kind, const moex_forward_args *a) {
 CUDA_IMPL(eager, CUDA_EAGER)
 CUDA_IMPL(batched_mm, CUDA_BATCHED_MM)
 CUDA_IMPL(grouped_mm, CUDA_GROUPED_MM)
+CUDA_IMPL(deepgemm, CUDA_DEEPGEMM)

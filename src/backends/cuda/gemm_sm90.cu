@@ -24,6 +24,8 @@
  * stages); no overlapped variant.
  */
 #include "backends/cuda/gemm_sm90_kernel.cuh"
+#include "backends/cuda/gemm_rtc.h"
+#include "gpu/jit_load.h"
 #include "gpu/cuda_check.h"
 
 #include <cuda.h>
@@ -151,8 +153,15 @@ static void launch_epi(gemm_epilogue epi, bool narrow, bool overlap, int num_sms
     }
 }
 
-moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s) {
+/* What grouped_gemm_run launches for g: the kernel variant, its tensor maps and parameters. */
+typedef struct gemm_plan {
     CUtensorMap map_a, map_b;
+    gemm_params p;
+    bool fp8, narrow, overlap;
+} gemm_plan;
+
+static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool with_maps) {
+    memset(pl, 0, sizeof *pl);
     const int fp8 = g->dt == MOEX_E4M3;
     if (fp8 && ((g->epi != EPI_DOWN && g->epi != EPI_GATE_UP_CONCAT) || !g->a_scales || !g->q.on))
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: FP8 takes the down and concatenated gate/up epilogues, "
@@ -160,15 +169,23 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
     const bool narrow = g->narrow && (g->epi == EPI_DOWN || g->epi == EPI_GATE_UP_CONCAT);
     if (g->narrow && !narrow)
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: narrow tiles need the down or concatenated gate/up epilogue");
+    pl->fp8 = fp8, pl->narrow = narrow;
+    /* the overlapped epilogue (float only) takes the common cases only (no biases; SiLU for
+     * gate/up) and stages every warp's rows, so it pays for experts of a tile or more on average */
+    const layer_view &L = g->L;
+    const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
+    pl->overlap = !fp8 && !narrow && plain &&
+                  (g->epi == EPI_DOWN || (g->epi == EPI_GATE_UP_CONCAT && L.act == MOEX_ACT_SILU)) &&
+                  (g->pairs ? g->pairs : g->a_rows) >= (int64_t)BM * (g->e_end - g->e_begin);
     /* weight rows a tile: gate/up boxes of 64 (four; FP8 wide tiles two); down one box of the tile's rows */
     const int tile_n = fp8 && !narrow ? FP8_BN : BN;
     const int b_box = g->epi != EPI_GATE_UP_CONCAT ? tile_n : BN / 4;
-    int64_t E_rows = g->L.E * g->rows_per_expert;
-    moex_status st = make_map(&map_a, g->a, g->a_rows, g->K, narrow ? NARROW_ROWS : BM, g->dt, "A");
-    if (!st) st = make_map(&map_b, g->b, E_rows, g->K, b_box, g->dt, "B");
-    if (st) return st;
-    gemm_params p;
-    memset(&p, 0, sizeof p);
+    if (with_maps) {
+        moex_status st = make_map(&pl->map_a, g->a, g->a_rows, g->K, narrow ? NARROW_ROWS : BM, g->dt, "A");
+        if (!st) st = make_map(&pl->map_b, g->b, g->L.E * g->rows_per_expert, g->K, b_box, g->dt, "B");
+        if (st) return st;
+    }
+    gemm_params &p = pl->p;
     p.K = g->K;
     p.N = g->N;
     p.rows_per_expert = g->rows_per_expert;
@@ -178,6 +195,7 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
     p.e_begin = g->e_begin;
     p.e_end = g->e_end;
     p.offsets = g->offsets;
+    p.ends = g->ends ? g->ends : g->offsets + 1;
     p.mtile_off = g->mtile_off;
     p.c = g->c;
     p.epi = g->epi;
@@ -187,21 +205,54 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
         p.a_sld = (g->K + g->q.bk - 1) / g->q.bk;
         p.kstep = (int)(g->q.bk / FP8_BK);
         p.Q = g->q;
+    }
+    return MOEX_OK;
+}
+
+moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s) {
+    gemm_plan pl;
+    moex_status st = plan_gemm(g, &pl, true);
+    if (st) return st;
+    if (pl.fp8) {
         if (g->epi == EPI_DOWN)
-            launch_kernel<uint8_t, EPI_DOWN>(narrow, false, num_sms, s, map_a, map_b, p);
+            launch_kernel<uint8_t, EPI_DOWN>(pl.narrow, false, num_sms, s, pl.map_a, pl.map_b, pl.p);
         else
-            launch_kernel<uint8_t, EPI_GATE_UP_CONCAT>(narrow, false, num_sms, s, map_a, map_b, p);
+            launch_kernel<uint8_t, EPI_GATE_UP_CONCAT>(pl.narrow, false, num_sms, s, pl.map_a, pl.map_b, pl.p);
         return MOEX_CUDA_LAUNCHED("FP8 grouped GEMM kernel");
     }
-    /* the overlapped epilogue takes the common cases only (no biases; SiLU for gate/up) and
-     * stages every warp's rows, so it pays for experts of a tile or more on average */
-    const layer_view &L = g->L;
-    const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
-    const bool overlap = !narrow && plain && (g->epi == EPI_DOWN || (g->epi == EPI_GATE_UP_CONCAT && L.act == MOEX_ACT_SILU)) &&
-                         g->a_rows >= (int64_t)BM * (g->e_end - g->e_begin);
     if (g->dt == MOEX_BF16)
-        launch_epi<__nv_bfloat16>(g->epi, narrow, overlap, num_sms, s, map_a, map_b, p);
+        launch_epi<__nv_bfloat16>(g->epi, pl.narrow, pl.overlap, num_sms, s, pl.map_a, pl.map_b, pl.p);
     else
-        launch_epi<__half>(g->epi, narrow, overlap, num_sms, s, map_a, map_b, p);
+        launch_epi<__half>(g->epi, pl.narrow, pl.overlap, num_sms, s, pl.map_a, pl.map_b, pl.p);
     return MOEX_CUDA_LAUNCHED("grouped GEMM kernel");
+}
+
+moex_status grouped_gemm_spec(const grouped_gemm_args *g, gemm_rtc_spec *spec) {
+    gemm_plan pl;
+    moex_status st = plan_gemm(g, &pl, false);
+    if (st) return st;
+    memset(spec, 0, sizeof *spec);
+    spec->format = pl.fp8 ? GEMM_RTC_E4M3 : g->dt == MOEX_BF16 ? GEMM_RTC_BF16 : GEMM_RTC_F16;
+    spec->epilogue = (int)g->epi;
+    spec->overlap = pl.overlap;
+    spec->narrow = pl.narrow;
+    spec->K = g->K;
+    return MOEX_OK;
+}
+
+moex_status grouped_gemm_run_kernel(const grouped_gemm_args *g, const moex_jit_kernel *kernel, int num_sms,
+                                   cudaStream_t s) {
+    gemm_plan pl;
+    moex_status st = plan_gemm(g, &pl, true);
+    if (st) return st;
+    const int smem = pl.fp8 ? (pl.narrow ? ring<uint8_t, true>::smem_bytes : ring<uint8_t>::smem_bytes)
+                            : ring<__nv_bfloat16>::smem_bytes;
+    void *args[3] = {&pl.map_a, &pl.map_b, &pl.p};
+    const unsigned grid[3] = {(unsigned)num_sms, 1, 1}, block[3] = {THREADS, 1, 1};
+    return moex_jit_launch(kernel, grid, block, (size_t)smem, s, args);
+}
+
+int grouped_gemm_smem_bytes(const gemm_rtc_spec *spec) {
+    if (spec->format != GEMM_RTC_E4M3) return ring<__nv_bfloat16>::smem_bytes;
+    return spec->narrow ? ring<uint8_t, true>::smem_bytes : ring<uint8_t>::smem_bytes;
 }

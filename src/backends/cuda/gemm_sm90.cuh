@@ -25,13 +25,16 @@ typedef enum gemm_epilogue {
 } gemm_epilogue;
 
 typedef struct grouped_gemm_args {
-    const void *a;             /* A [a_rows, K], rows of expert e at offsets[e] .. offsets[e+1] */
+    const void *a;             /* A [a_rows, K], rows of expert e at offsets[e] .. ends[e] */
     int64_t a_rows;
+    int64_t pairs;             /* the rows that hold pairs (the padded and masked layouts span more), or 0: a_rows */
     const void *b;             /* B [E * rows_per_expert, K]: expert e's matrix from row e*rows_per_expert */
     int64_t rows_per_expert, up_offset;
     int64_t K, N;              /* N: outputs per row (H for down, I for gate/up) */
     void *c;                   /* C [a_rows, N], row stride N */
     const int *offsets, *mtile_off;
+    const int *ends;           /* [E] each expert's end row (the padded and masked layouts), or NULL: offsets + 1
+                                  (packed: each expert's rows end where the next one's begin) */
     int64_t e_begin, e_end;    /* experts computed: [e_begin, e_end) */
     gemm_epilogue epi;
     layer_view L;              /* activation and biases */
@@ -102,6 +105,20 @@ moex_status grouped_gemm_init(void);
 
 /* Queue the GEMM on s with a persistent grid of num_sms blocks. */
 moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s);
+
+/* The kernel of the family grouped_gemm_run launches for g, as the template arguments of a
+ * specialisation compiled at run time (gemm_rtc.h; K compiled in). */
+struct gemm_rtc_spec;
+moex_status grouped_gemm_spec(const grouped_gemm_args *g, struct gemm_rtc_spec *spec);
+
+/* The same GEMM, run by `kernel` (grouped_gemm_spec's kernel for g, compiled at run time and
+ * loaded: gpu/jit_load.h) instead of the library's. */
+struct moex_jit_kernel;
+moex_status grouped_gemm_run_kernel(const grouped_gemm_args *g, const struct moex_jit_kernel *kernel, int num_sms,
+                                   cudaStream_t s);
+
+/* The dynamic shared memory a kernel of spec takes (moex_jit_kernel_smem before its first launch). */
+int grouped_gemm_smem_bytes(const struct gemm_rtc_spec *spec);
 #endif
 
 #endif

@@ -36,7 +36,8 @@ static_assert(PRODUCER_REGS >= 24 && 128 * PRODUCER_REGS + 256 * CONSUMER_REGS <
 
 struct gemm_params {
     int64_t K, N, rows_per_expert, up_offset, n_tiles, e_begin, e_end;
-    const int *offsets, *mtile_off;
+    /* expert e's rows of A and C: offsets[e] .. ends[e] (packed layouts: ends = offsets + 1) */
+    const int *offsets, *ends, *mtile_off;
     void *c;
     gemm_epilogue epi;
     layer_view L;
@@ -276,7 +277,7 @@ template <int TM> __device__ __forceinline__ tile find_tile(const gemm_params &p
     }
     r.n = n;
     r.a_row = p.offsets[lo] + m * TM;
-    const int64_t left = p.offsets[lo + 1] - r.a_row;
+    const int64_t left = p.ends[lo] - r.a_row;
     r.rows = (int)(left < TM ? left : TM);
     return r;
 }

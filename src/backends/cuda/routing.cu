@@ -9,7 +9,7 @@
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 size_t routing_bytes(int64_t E, int64_t P) {
-    return 3 * align256((size_t)E * 4) + 2 * align256((size_t)(E + 1) * 4) + 2 * align256((size_t)P * 4) +
+    return 4 * align256((size_t)E * 4) + 2 * align256((size_t)(E + 1) * 4) + 2 * align256((size_t)P * 4) +
            align256((size_t)(E + 4) * 4);
 }
 
@@ -23,6 +23,7 @@ routing_dev routing_carve(void *ws, int64_t E, int64_t P) {
     r.pair_slot = (int *)p, p += align256((size_t)P * 4);
     r.slot_token = (int *)p, p += align256((size_t)P * 4);
     r.hit = (int *)p, p += align256((size_t)E * 4);
+    r.ends = (int *)p, p += align256((size_t)E * 4);
     r.sched = (int *)p;
     return r;
 }
@@ -63,10 +64,17 @@ __device__ void block_scan(int *part_rows, int *part_tiles, int *rows, int *tile
     *tiles = tid ? part_tiles[tid - 1] : 0;
 }
 
-/* One block: exclusive prefix sums of counts (slots) and of their tile counts; with hit, the
- * list of experts with rows (tile_rows then covers any expert: one tile each). */
-__global__ void scan_kernel(const int *counts, int64_t E, int tile_rows, int *offsets, int *mtile_off, int *cursor,
-                            int *hit) {
+/* The first slot of expert e in a layout: after the rows (packed) or the whole tiles (padded) of
+ * the experts before it, or at e * cap (masked). */
+__device__ __forceinline__ int slot_base(routing_layout layout, int64_t e, int64_t cap, int rows, int tiles, int tile_rows) {
+    return layout == ROUTING_PADDED ? tiles * tile_rows : layout == ROUTING_MASKED ? (int)(e * cap) : rows;
+}
+
+/* One block: exclusive prefix sums of counts (slots) and of their tile counts, each expert's
+ * first slot and end in the layout; with hit, the list of experts with rows (tile_rows then
+ * covers any expert: one tile each). offsets[E]: the slots the layout spans. */
+__global__ void scan_kernel(const int *counts, int64_t E, int tile_rows, routing_layout layout, int64_t cap,
+                            int *offsets, int *ends, int *mtile_off, int *cursor, int *hit) {
     __shared__ int part_rows[1024], part_tiles[1024];
     const int tid = threadIdx.x, nt = blockDim.x;
     const int64_t per = (E + nt - 1) / nt, lo = tid * per, hi = lo + per < E ? lo + per : E;
@@ -77,7 +85,9 @@ __global__ void scan_kernel(const int *counts, int64_t E, int tile_rows, int *of
     }
     block_scan(part_rows, part_tiles, &rows, &tiles);
     for (int64_t e = lo; e < hi; e++) {
-        offsets[e] = rows;
+        const int base = slot_base(layout, e, cap, rows, tiles, tile_rows);
+        offsets[e] = base;
+        ends[e] = base + counts[e];
         mtile_off[e] = tiles;
         cursor[e] = 0;
         if (hit && counts[e]) hit[tiles] = (int)e;
@@ -85,7 +95,7 @@ __global__ void scan_kernel(const int *counts, int64_t E, int tile_rows, int *of
         tiles += tiles_of(counts[e], tile_rows);
     }
     if (tid == nt - 1) {
-        offsets[E] = part_rows[nt - 1];
+        offsets[E] = slot_base(layout, E, cap, part_rows[nt - 1], part_tiles[nt - 1], tile_rows);
         mtile_off[E] = part_tiles[nt - 1];
     }
 }
@@ -102,7 +112,7 @@ __global__ void scatter_kernel(const void *ids, int ids64, int64_t ld, int64_t T
         }
         int slot = offsets[e] + atomicAdd(&cursor[e], 1);
         pair_slot[p] = slot;
-        slot_token[slot] = (int)(p / k);
+        if (slot_token) slot_token[slot] = (int)(p / k);
     }
 }
 
@@ -165,7 +175,7 @@ __global__ void scatter_block_kernel(const void *ids, int ids64, int64_t ld, int
         }
         const int slot = offsets[ex[i]] + base[ex[i]] + rank[i];
         pair_slot[p] = slot;
-        slot_token[slot] = (int)(p / k);
+        if (slot_token) slot_token[slot] = (int)(p / k);
     }
 }
 
@@ -178,8 +188,8 @@ enum { SMALL_THREADS = 1024, SMALL_PAIRS = SMALL_THREADS * PAIRS_PER_THREAD, SMA
 
 __global__ void __launch_bounds__(SMALL_THREADS)
     routing_small_kernel(const void *ids, int ids64, int64_t ld, int64_t T, int64_t k, int64_t E, int tile_rows,
-                         int *counts, int *offsets, int *mtile_off, int *pair_slot, int *slot_token, int *hit,
-                         int *sched, int *flags) {
+                         routing_layout layout, int64_t cap, int *counts, int *offsets, int *ends, int *mtile_off,
+                         int *pair_slot, int *slot_token, int *hit, int *sched, int *flags) {
     extern __shared__ int sh[];
     int *hist = sh, *part_rows = sh + E, *part_tiles = part_rows + SMALL_THREADS;
     const int tid = threadIdx.x, nt = blockDim.x;
@@ -211,17 +221,18 @@ __global__ void __launch_bounds__(SMALL_THREADS)
     }
     block_scan(part_rows, part_tiles, &rows, &tiles);
     for (int64_t e = lo; e < hi; e++) { /* hist[e] becomes the expert's first slot */
-        const int c = hist[e];
+        const int c = hist[e], base = slot_base(layout, e, cap, rows, tiles, tile_rows);
         counts[e] = c;
-        offsets[e] = rows;
+        offsets[e] = base;
+        ends[e] = base + c;
         mtile_off[e] = tiles;
         if (hit && c) hit[tiles] = (int)e;
-        hist[e] = rows;
+        hist[e] = base;
         rows += c;
         tiles += tiles_of(c, tile_rows);
     }
     if (tid == nt - 1) {
-        offsets[E] = part_rows[nt - 1];
+        offsets[E] = slot_base(layout, E, cap, part_rows[nt - 1], part_tiles[nt - 1], tile_rows);
         mtile_off[E] = part_tiles[nt - 1];
     }
     __syncthreads();
@@ -235,7 +246,7 @@ __global__ void __launch_bounds__(SMALL_THREADS)
         }
         const int slot = hist[ex[i]] + rank[i];
         pair_slot[p] = slot;
-        slot_token[slot] = (int)(p / k);
+        if (slot_token) slot_token[slot] = (int)(p / k);
     }
 }
 
@@ -245,15 +256,19 @@ static int grid_for(int64_t n, int threads) {
 }
 
 moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int64_t ids_ld, int64_t T, int64_t k,
-                          int64_t E, int tile_rows, int hits, int *flags, cudaStream_t s) {
+                          int64_t E, int tile_rows, int hits, routing_layout layout, int64_t cap, int *flags,
+                          cudaStream_t s) {
     const int64_t P = T * k;
     int *hit = hits ? r.hit : NULL, *sched = hits ? r.sched : NULL;
+    /* slots past P (padded and masked layouts) have no token entry: those forwards do not read it */
+    int *slot_token = layout == ROUTING_PACKED ? r.slot_token : NULL;
+    if (hits && layout != ROUTING_PACKED) return moex_fail(MOEX_ERR_INTERNAL, "routing: hits take the packed layout");
     if (hits) tile_rows = INT32_MAX; /* one tile per expert with rows */
     if (P <= SMALL_PAIRS && E <= SMALL_E) { /* (E + 2048) ints: at most 40 KiB, no opt-in needed */
         const size_t small_smem = ((size_t)E + 2 * SMALL_THREADS) * sizeof(int);
-        routing_small_kernel<<<1, SMALL_THREADS, small_smem, s>>>(ids, ids64, ids_ld, T, k, E, tile_rows, r.counts,
-                                                                 r.offsets, r.mtile_off, r.pair_slot, r.slot_token, hit,
-                                                                 sched, flags);
+        routing_small_kernel<<<1, SMALL_THREADS, small_smem, s>>>(ids, ids64, ids_ld, T, k, E, tile_rows, layout, cap,
+                                                                 r.counts, r.offsets, r.ends, r.mtile_off, r.pair_slot,
+                                                                 slot_token, hit, sched, flags);
         return MOEX_CUDA_LAUNCHED("routing kernel");
     }
     moex_status st = moex_cuda_status(cudaMemsetAsync(r.counts, 0, (size_t)E * sizeof(int), s), "routing: clear");
@@ -266,13 +281,13 @@ moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int6
         count_block_kernel<<<(unsigned)chunks, 256, smem / 2, s>>>(ids, ids64, ids_ld, T, k, E, r.counts, flags);
     else
         count_kernel<<<grid_for(P, 256), 256, 0, s>>>(ids, ids64, ids_ld, T, k, E, r.counts, flags);
-    scan_kernel<<<1, 1024, 0, s>>>(r.counts, E, tile_rows, r.offsets, r.mtile_off, r.cursor, hit);
+    scan_kernel<<<1, 1024, 0, s>>>(r.counts, E, tile_rows, layout, cap, r.offsets, r.ends, r.mtile_off, r.cursor, hit);
     if (blocked)
         scatter_block_kernel<<<(unsigned)chunks, 256, smem, s>>>(ids, ids64, ids_ld, T, k, E, r.offsets, r.cursor,
-                                                                 r.pair_slot, r.slot_token);
+                                                                 r.pair_slot, slot_token);
     else
         scatter_kernel<<<grid_for(P, 256), 256, 0, s>>>(ids, ids64, ids_ld, T, k, E, r.offsets, r.cursor, r.pair_slot,
-                                                        r.slot_token);
+                                                        slot_token);
     return MOEX_CUDA_LAUNCHED("routing kernels");
 }
 

@@ -11,7 +11,9 @@
 typedef struct routing_dev {
     int *counts;     /* [E]   pairs per expert */
     int *cursor;     /* [E]   scatter cursors */
-    int *offsets;    /* [E+1] first slot of each expert; offsets[E] = valid pairs */
+    int *offsets;    /* [E+1] first slot of each expert; offsets[E]: the slots the layout spans
+                               (packed: the valid pairs) */
+    int *ends;       /* [E]   end of each expert's slots: offsets[e] + counts[e] */
     int *mtile_off;  /* [E+1] prefix of ceil(counts/tile_rows) */
     int *pair_slot;  /* [P]   slot of pair p = t*k+j, or -1 for a sentinel */
     int *slot_token; /* [P]   token of each slot */
@@ -20,18 +22,28 @@ typedef struct routing_dev {
                                (gemv.cuh's gemv_mma_experts) */
 } routing_dev;
 
+/* Where each expert's slots (rows of the gathered activations) begin:
+ *   PACKED  right after the previous expert's (grouped_mm): P slots in all;
+ *   PADDED  at a multiple of tile_rows, each expert's segment padded to whole tiles (deepgemm's
+ *           contiguous layout): at most deepgemm_contiguous_rows_bound(P, E, tile_rows) slots;
+ *   MASKED  at e * cap, a fixed capacity an expert (deepgemm's masked layout): E * cap slots;
+ *           cap at least the most pairs an expert can get (T, with top_k distinct experts). */
+typedef enum routing_layout { ROUTING_PACKED = 0, ROUTING_PADDED = 1, ROUTING_MASKED = 2 } routing_layout;
+
 /* Bytes the arrays need, for E experts and P pairs (each array 256-byte aligned). */
 size_t routing_bytes(int64_t E, int64_t P);
 /* Carve the arrays from ws (device memory of routing_bytes()). */
 routing_dev routing_carve(void *ws, int64_t E, int64_t P);
 
-/* counts, offsets, mtile_off (tiles of tile_rows rows), pair_slot, slot_token.
+/* counts, offsets, ends, mtile_off (tiles of tile_rows rows), pair_slot and (packed layout only)
+ * slot_token, the slots placed by layout (cap: the masked layout's capacity an expert).
  * Bad ids (outside [-1, E]) set MOEX_CUDA_FLAG_BAD_ID in *flags and count as sentinels.
  * hits = 1 (for gemv_mma_experts): tiles are whole experts, so mtile_off[e] is the number of
  * experts before e that have rows and mtile_off[E] the number of them, hit[] lists them, and
  * sched is zeroed. */
 moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int64_t ids_ld, int64_t T, int64_t k,
-                          int64_t E, int tile_rows, int hits, int *flags, cudaStream_t s);
+                          int64_t E, int tile_rows, int hits, routing_layout layout, int64_t cap, int *flags,
+                          cudaStream_t s);
 
 /* dst[pair_slot[t*k+j]] = hidden[t] for every non-sentinel pair, converted to dst_dt
  * (each row of hidden read once). */
