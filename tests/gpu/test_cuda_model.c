@@ -5,7 +5,8 @@
  * For every plain fixture in tests/fixtures (every family: qwen2_moe, qwen3_moe, mixtral,
  * qwen3_vl_moe, olmoe, glm4_moe, deepseek_v3 with its latent attention, gpt_oss with sinks and
  * sliding windows; and the FP8 / MXFP4 ones loaded with dequantize = 1; then the FP8 and MXFP4
- * checkpoints whose experts run quantized on the GPU, against the CPU's quantized path):
+ * checkpoints whose experts run quantized on the GPU, against the CPU's quantized path, FP8 also
+ * through deepgemm, which must give grouped_mm's tokens):
  *   - f32 on the CPU and f32 on CUDA (cuBLAS f32, no TF32): the same greedy
  *     tokens for two prompts of different lengths, last-prompt logits within
  *     1e-4 (absolute, plus 1e-4 relative);
@@ -278,6 +279,14 @@ static void test_quant_fixture(const char *name, const char *fmt) {
         }
         snprintf(what, sizeof what, "graph-captured %s decode gives the same tokens", fmt);
         if (dev.ok && graph.ok) check(same_tokens(&graph, &dev), name, what);
+        if (strcmp(fmt, "FP8") == 0 && dev.ok) { /* deepgemm's GEMMs (every step, no decode switch): grouped_mm's tokens */
+            check(moex_model_set_experts(gpu, "deepgemm") == MOEX_OK, name, "deepgemm takes the FP8 experts");
+            run_out dg = generate(gpu, 0), dgg = generate(gpu, 1);
+            check(dg.ok && same_tokens(&dg, &dev), name, "deepgemm's greedy tokens equal grouped_mm's");
+            check(dgg.ok && same_tokens(&dgg, &dev), name, "deepgemm's graph-captured decode gives the same tokens");
+            run_free(&dg);
+            run_free(&dgg);
+        }
         run_free(&ref);
         run_free(&dev);
         run_free(&graph);
