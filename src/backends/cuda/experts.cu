@@ -528,13 +528,9 @@ static moex_status batched_forward(fwd *f) {
                            a->out->dtype, a->out->strides[0], f->stream);
 }
 
-/* The dtype of the FP8 down GEMM's y (each pair's output before the weighted sum): the output's
- * when it is 16-bit (the rounding the bf16 and f16 GEMMs make there too), else f32. */
-static moex_dtype fp8_y_dtype(moex_dtype out) { return out == MOEX_BF16 || out == MOEX_F16 ? out : MOEX_F32; }
-
 /* grouped_mm, FP8, large T (after the routing, tiles of GEMM_TILE_ROWS, or GEMM_NARROW_ROWS when
  * narrow): x quantized into expert order, gate/up GEMM (h in f32), h quantized, down GEMM (y in
- * fp8_y_dtype), the reduction. */
+ * f32), the reduction. */
 static moex_status quant_gemm_forward(fwd *f, const routing_dev &r, char *ws, int narrow) {
     const moex_forward_args *a = f->a;
     const moex_experts_desc *d = a->layer;
@@ -557,9 +553,9 @@ static moex_status quant_gemm_forward(fwd *f, const routing_dev &r, char *ws, in
     if ((st = act_quant_e4m3(w.h, MOEX_F32, L.I, f->P, L.I, Q.bk, w.hq, w.hs, NULL, f->stream))) return st;
     g.a = w.hq, g.a_scales = w.hs, g.b = d->down.data;
     g.rows_per_expert = L.H, g.up_offset = 0;
-    g.K = L.I, g.N = L.H, g.c = w.y, g.epi = EPI_DOWN, g.c_dt = fp8_y_dtype(a->out->dtype);
+    g.K = L.I, g.N = L.H, g.c = w.y, g.epi = EPI_DOWN;
     if ((st = grouped_gemm_run(&g, s->num_sms, f->stream))) return st;
-    return routing_reduce(r.pair_slot, w.y, g.c_dt, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0],
+    return routing_reduce(r.pair_slot, w.y, MOEX_F32, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0],
                           f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
 }
 
@@ -653,7 +649,7 @@ static moex_status deepgemm_gemm(const cuda_state *s, const grouped_gemm_args *g
 /* deepgemm: routing into the masked layout (T <= deepgemm_masked_max_tokens()) or the padded
  * contiguous one, then grouped_mm's GEMM path with the GEMMs compiled for the shape: bf16, the
  * hidden rows gathered, gate/up, down, the reduction; FP8, x quantized into the rows, gate/up (h
- * in f32), h quantized on its pairs' rows, down (y in fp8_y_dtype), the reduction. */
+ * in f32), h quantized on its pairs' rows, down (y in f32), the reduction. */
 static moex_status deepgemm_forward(fwd *f) {
     const moex_forward_args *a = f->a;
     const moex_experts_desc *d = a->layer;
@@ -702,8 +698,8 @@ static moex_status deepgemm_forward(fwd *f) {
         if ((st = deepgemm_gemm(s, &g, f->stream))) return st;
         if ((st = act_quant_slots_e4m3(r.pair_slot, f->P, w.h, MOEX_F32, L.I, L.I, Q.bk, w.hq, w.hs, f->stream)))
             return st;
-        g.a = w.hq, g.a_scales = w.hs, g.c = w.y, g.c_dt = fp8_y_dtype(a->out->dtype);
-        y = w.y, ydt = g.c_dt;
+        g.a = w.hq, g.a_scales = w.hs, g.c = w.y;
+        y = w.y, ydt = MOEX_F32;
     } else {
         const size_t es = esize(L.wdt);
         void *xa = ws, *hb = ws + align256((size_t)rows * L.H * es), *yb = (char *)hb + align256((size_t)rows * L.I * es);

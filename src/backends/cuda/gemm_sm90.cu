@@ -205,7 +205,6 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
         p.a_sld = (g->K + g->q.bk - 1) / g->q.bk;
         p.kstep = (int)(g->q.bk / FP8_BK);
         p.Q = g->q;
-        p.c16 = g->c_dt == MOEX_BF16 ? 1 : g->c_dt == MOEX_F16 ? 2 : 0;
     }
     return MOEX_OK;
 }

@@ -38,8 +38,7 @@ typedef struct grouped_gemm_args {
     int64_t e_begin, e_end;    /* experts computed: [e_begin, e_end) */
     gemm_epilogue epi;
     layer_view L;              /* activation and biases */
-    moex_dtype dt;             /* bf16 or f16: A, B and C; e4m3: A and B codes, C in c_dt */
-    moex_dtype c_dt;           /* e4m3: C's dtype, f32 (the default, 0 = f32 too), bf16 or f16 */
+    moex_dtype dt;             /* bf16 or f16: A, B and C; e4m3: A and B codes, C f32 */
     int narrow;                /* tiles of GEMM_NARROW_ROWS rows (the routing's tile_rows): for experts of few
                                   rows; down and concatenated gate/up epilogues, A read with TMA */
     const float *a_scales;     /* e4m3: A's scales [a_rows, ceil(K / q.bk)] */

@@ -47,7 +47,6 @@ struct gemm_params {
     int64_t a_sld;
     int kstep;
     quant_view Q;
-    int c16; /* FP8: C in f32 (0), bf16 (1) or f16 (2) */
 };
 
 /* FP8 tiles: 128 weight rows (gate/up: 64 features, their gate and up rows) */
@@ -487,8 +486,7 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
 
 /* The FP8 epilogue: the thread's two rows (lane/4 and +8 of its warp's 16) of the warpgroup's
  * rows of tile tl, from the promoted totals, straight to C in f32 (pairs of columns, 8 bytes;
- * the 4 lanes of a row write 32 contiguous bytes), or rounded to bf16 or f16 (p.c16: the down
- * GEMM's y when the layer's output is 16-bit): gate column 8i + c0 (+1) with its up column
+ * the 4 lanes of a row write 32 contiguous bytes): gate column 8i + c0 (+1) with its up column
  * in acc[4(i+8) ..], 64 outputs, or 128 down outputs. Wide tiles: the warpgroup's 64 of 128
  * rows by the tile's 128 weight rows; NARROW: all 64 rows by half wg-1 of its 256. */
 template <int EPI, bool NARROW, int ACC>
@@ -529,13 +527,7 @@ __device__ __forceinline__ void epilogue_fp8(const float (&acc)[ACC], const tile
                     v1 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n + 1, v1, u1);
                 }
             }
-            /* N even: n and n + 1 are both in the row */
-            if (p.c16 == 0)
-                *(float2 *)(crow + n) = make_float2(v0, v1);
-            else if (p.c16 == 1)
-                ((__nv_bfloat162 *)(p.c))[((tl.a_row + r) * p.N + n) / 2] = __floats2bfloat162_rn(v0, v1);
-            else
-                ((__half2 *)(p.c))[((tl.a_row + r) * p.N + n) / 2] = __floats2half2_rn(v0, v1);
+            *(float2 *)(crow + n) = make_float2(v0, v1); /* N even: n and n + 1 are both in the row */
         }
     }
 }
