@@ -528,35 +528,75 @@ static moex_status batched_forward(fwd *f) {
                            a->out->dtype, a->out->strides[0], f->stream);
 }
 
-/* grouped_mm, FP8, large T (after the routing, tiles of GEMM_TILE_ROWS, or GEMM_NARROW_ROWS when
- * narrow): x quantized into expert order, gate/up GEMM (h in f32), h quantized, down GEMM (y in
- * f32), the reduction. */
-static moex_status quant_gemm_forward(fwd *f, const routing_dev &r, char *ws, int narrow) {
+/* One grouped GEMM: the library's kernel (grouped_mm, eager), or deepgemm's compiled for the
+ * shape at its first use (gemm_jit.h). */
+static moex_status run_gemm(const cuda_state *s, const grouped_gemm_args *g, int compiled, cudaStream_t stream) {
+    if (!compiled) return grouped_gemm_run(g, s->num_sms, stream);
+    gemm_rtc_spec spec;
+    moex_jit_kernel k;
+    moex_status st = grouped_gemm_spec(g, &spec);
+    if (!st) st = gemm_jit_kernel(s->device, s->cc, &spec, grouped_gemm_smem_bytes(&spec), NULL, &k, NULL);
+    if (!st) st = grouped_gemm_run_kernel(g, &k, s->num_sms, stream);
+    return st;
+}
+
+/* The grouped GEMM path, after the routing (tiles of GEMM_TILE_ROWS, or GEMM_NARROW_ROWS when
+ * narrow), over buffers of `rows` rows (the span of the routing's layout: P packed): bf16/f16,
+ * the hidden rows gathered in expert order (converted to the weights' dtype), the gate/up GEMM
+ * with the activation, the down GEMM (per_expert: both once per expert, eager), the reduction;
+ * FP8, x quantized into its pairs' rows, the gate/up GEMM (h in f32), h quantized on its pairs'
+ * rows, the down GEMM (y in f32), the reduction. compiled: run_gemm's. */
+static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t rows, int narrow, int per_expert,
+                             int compiled) {
     const moex_forward_args *a = f->a;
     const moex_experts_desc *d = a->layer;
     const cuda_state *s = f->s;
     const layer_view &L = s->L;
-    const quant_view &Q = s->Q;
-    const quant_ws w = quant_carve(CUDA_GROUPED_MM, d, f->T, f->P, ws);
-    moex_status st = act_quant_gather_e4m3(r.pair_slot, f->T, f->k, a->hidden->data, a->hidden->dtype,
-                                           a->hidden->strides[0], L.H, Q.bk, w.xq, w.xs, f->stream);
-    if (st) return st;
-    grouped_gemm_args g;
-    memset(&g, 0, sizeof g);
-    g.a = w.xq, g.a_scales = w.xs, g.a_rows = f->P, g.b = d->gate_up.data;
-    g.rows_per_expert = 2 * L.I, g.up_offset = L.I;
-    g.K = L.H, g.N = L.I, g.c = w.h;
-    g.offsets = r.offsets, g.mtile_off = r.mtile_off;
-    g.e_begin = 0, g.e_end = f->E;
-    g.epi = EPI_GATE_UP_CONCAT, g.L = L, g.dt = MOEX_E4M3, g.q = Q, g.narrow = narrow;
-    if ((st = grouped_gemm_run(&g, s->num_sms, f->stream))) return st;
-    if ((st = act_quant_e4m3(w.h, MOEX_F32, L.I, f->P, L.I, Q.bk, w.hq, w.hs, NULL, f->stream))) return st;
-    g.a = w.hq, g.a_scales = w.hs, g.b = d->down.data;
-    g.rows_per_expert = L.H, g.up_offset = 0;
-    g.K = L.I, g.N = L.H, g.c = w.y, g.epi = EPI_DOWN;
-    if ((st = grouped_gemm_run(&g, s->num_sms, f->stream))) return st;
-    return routing_reduce(r.pair_slot, w.y, MOEX_F32, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0],
-                          f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
+    grouped_gemm_args up;
+    memset(&up, 0, sizeof up);
+    up.a_rows = rows, up.pairs = f->P;
+    up.offsets = r.offsets, up.ends = r.ends, up.mtile_off = r.mtile_off;
+    up.e_begin = 0, up.e_end = f->E;
+    up.L = L, up.narrow = narrow, up.epi = s->epi;
+    up.b = d->gate_up.data, up.rows_per_expert = d->gated ? 2 * L.I : L.I, up.up_offset = L.I;
+    up.K = L.H, up.N = L.I;
+    grouped_gemm_args down = up;
+    down.b = d->down.data, down.rows_per_expert = L.H, down.up_offset = 0;
+    down.K = L.I, down.N = L.H, down.epi = EPI_DOWN;
+    const void *y;
+    moex_dtype ydt;
+    moex_status st;
+    if (s->Q.on) {
+        const quant_view &Q = s->Q;
+        const quant_ws w = quant_carve(CUDA_GROUPED_MM, d, f->T, rows, ws);
+        up.dt = down.dt = MOEX_E4M3, up.q = down.q = Q;
+        up.a = w.xq, up.a_scales = w.xs, up.c = w.h;
+        down.a = w.hq, down.a_scales = w.hs, down.c = w.y;
+        if ((st = act_quant_gather_e4m3(r.pair_slot, f->T, f->k, a->hidden->data, a->hidden->dtype,
+                                        a->hidden->strides[0], L.H, Q.bk, w.xq, w.xs, f->stream)) ||
+            (st = run_gemm(s, &up, compiled, f->stream)) ||
+            (st = act_quant_slots_e4m3(r.pair_slot, f->P, w.h, MOEX_F32, L.I, L.I, Q.bk, w.hq, w.hs, f->stream)) ||
+            (st = run_gemm(s, &down, compiled, f->stream)))
+            return st;
+        y = w.y, ydt = MOEX_F32;
+    } else {
+        const size_t es = esize(L.wdt);
+        char *xa = ws, *hb = ws + align256((size_t)rows * L.H * es), *yb = hb + align256((size_t)rows * L.I * es);
+        up.dt = down.dt = L.wdt;
+        up.a = xa, up.c = hb;
+        down.a = hb, down.c = yb;
+        if ((st = routing_gather(r, f->T, f->k, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], xa, L.wdt, L.H,
+                                 f->stream)))
+            return st;
+        for (int64_t e = 0; e < (per_expert ? f->E : 1); e++) {
+            up.e_begin = down.e_begin = per_expert ? e : 0;
+            up.e_end = down.e_end = per_expert ? e + 1 : f->E;
+            if ((st = run_gemm(s, &up, compiled, f->stream)) || (st = run_gemm(s, &down, compiled, f->stream))) return st;
+        }
+        y = yb, ydt = L.wdt;
+    }
+    return routing_reduce(r.pair_slot, y, ydt, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0], f->T,
+                          f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
 }
 
 /* Routing, then the per-expert pieces for experts [e_begin, e_end) in `launches` launches
@@ -581,34 +621,7 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     if (st) return st;
     const int launches = per_expert ? (int)f->E : 1;
     if (L.wdt == MOEX_E2M1X2) return fp4_forward(f, &r, ws);
-    if (tc && s->Q.on) return quant_gemm_forward(f, r, ws, narrow);
-    if (tc) {
-        const size_t es = esize(L.wdt);
-        void *xa = ws, *hb = ws + align256((size_t)f->P * L.H * es), *y = (char *)hb + align256((size_t)f->P * L.I * es);
-        /* the hidden rows gathered in expert order (and converted to the weights' dtype) */
-        if ((st = routing_gather(r, f->T, f->k, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], xa, L.wdt, L.H,
-                                 f->stream)))
-            return st;
-        const moex_experts_desc *d = a->layer;
-        grouped_gemm_args g1, g2;
-        memset(&g1, 0, sizeof g1);
-        g1.a = xa, g1.a_rows = f->P, g1.b = d->gate_up.data;
-        g1.rows_per_expert = d->gated ? 2 * L.I : L.I, g1.up_offset = L.I;
-        g1.K = L.H, g1.N = L.I, g1.c = hb;
-        g1.offsets = r.offsets, g1.mtile_off = r.mtile_off;
-        g1.epi = s->epi, g1.L = L, g1.dt = L.wdt, g1.narrow = narrow;
-        g2 = g1;
-        g2.a = hb, g2.b = d->down.data, g2.rows_per_expert = L.H, g2.up_offset = 0;
-        g2.K = L.I, g2.N = L.H, g2.c = y, g2.epi = EPI_DOWN;
-        for (int i = 0; i < launches; i++) {
-            g1.e_begin = g2.e_begin = per_expert ? i : 0;
-            g1.e_end = g2.e_end = per_expert ? i + 1 : f->E;
-            if ((st = grouped_gemm_run(&g1, s->num_sms, f->stream))) return st;
-            if ((st = grouped_gemm_run(&g2, s->num_sms, f->stream))) return st;
-        }
-        return routing_reduce(r.pair_slot, y, L.wdt, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0],
-                              f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
-    }
+    if (tc) return gemm_path(f, r, ws, f->P, narrow, per_expert, 0);
     float *h = (float *)ws, *y = (float *)(ws + align256((size_t)f->P * L.I * 4));
     f->G.pairs = 0;
     f->G.offsets = r.offsets, f->G.slot_token = r.slot_token;
@@ -636,36 +649,21 @@ static moex_status experts_forward(fwd *f, int per_expert) {
                           f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
 }
 
-/* deepgemm: one GEMM of g with its kernel compiled for the shape (at its first use). */
-static moex_status deepgemm_gemm(const cuda_state *s, const grouped_gemm_args *g, cudaStream_t stream) {
-    gemm_rtc_spec spec;
-    moex_jit_kernel k;
-    moex_status st = grouped_gemm_spec(g, &spec);
-    if (!st) st = gemm_jit_kernel(s->device, s->cc, &spec, grouped_gemm_smem_bytes(&spec), NULL, &k, NULL);
-    if (!st) st = grouped_gemm_run_kernel(g, &k, s->num_sms, stream);
-    return st;
-}
-
 /* deepgemm: routing into the masked layout (T <= deepgemm_masked_max_tokens()) or the padded
- * contiguous one, then grouped_mm's GEMM path with the GEMMs compiled for the shape: bf16, the
- * hidden rows gathered, gate/up, down, the reduction; FP8, x quantized into the rows, gate/up (h
- * in f32), h quantized on its pairs' rows, down (y in f32), the reduction. */
+ * contiguous one, then grouped_mm's GEMM path with the GEMMs compiled for the shape. */
 static moex_status deepgemm_forward(fwd *f) {
     const moex_forward_args *a = f->a;
     const moex_experts_desc *d = a->layer;
     const cuda_state *s = f->s;
-    const layer_view &L = s->L;
     if (s->Q.on && s->scale_cc >= 100 && s->Q.sdt != MOEX_UE8M0)
         return moex_fail(MOEX_ERR_UNSUPPORTED, "deepgemm on SM100+ (compute capability %d.%d) takes power-of-two UE8M0 "
                          "expert scales; this layer's are %s (a checkpoint's scale_fmt \"float\"): grouped_mm and "
                          "batched_mm run float32 scales", s->scale_cc / 10, s->scale_cc % 10, moex_dtype_name(s->Q.sdt));
-    char *ws = (char *)a->workspace;
-    routing_dev r = routing_carve(ws, f->E, f->P);
-    ws += align256(routing_bytes(f->E, f->P));
+    const size_t routing = align256(routing_bytes(f->E, f->P));
+    routing_dev r = routing_carve(a->workspace, f->E, f->P);
     const int narrow = grouped_gemm_narrow_pays(f->P, f->E, s->epi), tile = narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS;
     /* masked where the predicate says so and the workspace (sized when the layer was prepared)
      * holds its rows; contiguous always fits */
-    const size_t routing = align256(routing_bytes(f->E, f->P));
     int masked = f->T <= deepgemm_masked_max_tokens();
     if (masked) {
         const int64_t mrows = deepgemm_rows(d, f->T, 1, tile);
@@ -677,45 +675,7 @@ static moex_status deepgemm_forward(fwd *f) {
     moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E, tile, 0,
                                    masked ? ROUTING_MASKED : ROUTING_PADDED, f->T, f->G.flags, f->stream);
     if (st) return st;
-    grouped_gemm_args g;
-    memset(&g, 0, sizeof g);
-    g.a_rows = rows, g.pairs = f->P;
-    g.offsets = r.offsets, g.ends = r.ends, g.mtile_off = r.mtile_off;
-    g.e_begin = 0, g.e_end = f->E;
-    g.L = L, g.narrow = narrow;
-    g.rows_per_expert = d->gated ? 2 * L.I : L.I, g.up_offset = L.I;
-    g.K = L.H, g.N = L.I, g.b = d->gate_up.data, g.epi = s->epi;
-    const void *y;
-    moex_dtype ydt;
-    if (s->Q.on) {
-        const quant_view &Q = s->Q;
-        const quant_ws w = quant_carve(CUDA_GROUPED_MM, d, f->T, rows, ws);
-        if ((st = act_quant_gather_e4m3(r.pair_slot, f->T, f->k, a->hidden->data, a->hidden->dtype,
-                                        a->hidden->strides[0], L.H, Q.bk, w.xq, w.xs, f->stream)))
-            return st;
-        g.dt = MOEX_E4M3, g.q = Q;
-        g.a = w.xq, g.a_scales = w.xs, g.c = w.h;
-        if ((st = deepgemm_gemm(s, &g, f->stream))) return st;
-        if ((st = act_quant_slots_e4m3(r.pair_slot, f->P, w.h, MOEX_F32, L.I, L.I, Q.bk, w.hq, w.hs, f->stream)))
-            return st;
-        g.a = w.hq, g.a_scales = w.hs, g.c = w.y;
-        y = w.y, ydt = MOEX_F32;
-    } else {
-        const size_t es = esize(L.wdt);
-        void *xa = ws, *hb = ws + align256((size_t)rows * L.H * es), *yb = (char *)hb + align256((size_t)rows * L.I * es);
-        if ((st = routing_gather(r, f->T, f->k, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], xa, L.wdt, L.H,
-                                 f->stream)))
-            return st;
-        g.dt = L.wdt, g.a = xa, g.c = hb;
-        if ((st = deepgemm_gemm(s, &g, f->stream))) return st;
-        g.a = hb, g.c = yb;
-        y = yb, ydt = L.wdt;
-    }
-    g.b = d->down.data, g.rows_per_expert = L.H, g.up_offset = 0;
-    g.K = L.I, g.N = L.H, g.epi = EPI_DOWN;
-    if ((st = deepgemm_gemm(s, &g, f->stream))) return st;
-    return routing_reduce(r.pair_slot, y, ydt, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0], f->T,
-                          f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
+    return gemm_path(f, r, (char *)a->workspace + routing, rows, narrow, 0, 1);
 }
 
 static moex_status forward(cuda_kind kind, const moex_forward_args *a) {
