@@ -535,7 +535,7 @@ static moex_status run_gemm(const cuda_state *s, const grouped_gemm_args *g, int
     gemm_rtc_spec spec;
     moex_jit_kernel k;
     moex_status st = grouped_gemm_spec(g, &spec);
-    if (!st) st = gemm_jit_kernel(s->device, s->cc, &spec, grouped_gemm_smem_bytes(&spec), NULL, &k, NULL);
+    if (!st) st = gemm_jit_kernel(s->device, s->cc, &spec, grouped_gemm_smem_bytes(&spec), NULL, &k);
     if (!st) st = grouped_gemm_run_kernel(g, &k, s->num_sms, stream);
     return st;
 }

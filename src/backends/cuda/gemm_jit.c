@@ -6,7 +6,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 typedef struct held {
     int device, cc;
@@ -23,39 +22,26 @@ static int same(const held *h, int device, int cc, const gemm_rtc_spec *s) {
            h->spec.overlap == s->overlap && h->spec.narrow == s->narrow && h->spec.K == s->K;
 }
 
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
-
 /* Compile (or read) and load spec's kernel into *h. */
 static moex_status make(int device, int cc, const gemm_rtc_spec *spec, int smem_bytes, const char *cache_dir,
-                        held *h, gemm_jit_cost *cost) {
+                        held *h) {
     char text[1024], inc[4200];
     const char *options[8];
     moex_jit_source src;
     moex_status st = moex_gemm_rtc_source(spec, cc, text, sizeof text, options, inc, sizeof inc, &src);
     if (st) return st;
-    const double t0 = now_ms();
-    moex_jit_image info;
-    st = moex_jit_kernel_get(&src, GEMM_RTC_ENTRY, cache_dir, &h->kernel, &info);
+    st = moex_jit_kernel_get(&src, GEMM_RTC_ENTRY, cache_dir, &h->kernel, NULL);
     if (st) return st;
     if ((st = moex_jit_kernel_smem(&h->kernel, smem_bytes))) {
         moex_jit_kernel_release(&h->kernel);
         return st;
     }
     h->device = device, h->cc = cc, h->spec = *spec;
-    if (cost) {
-        cost->compiled += !info.from_cache;
-        cost->cached += info.from_cache;
-        cost->ms += now_ms() - t0;
-    }
     return MOEX_OK;
 }
 
 moex_status gemm_jit_kernel(int device, int cc, const gemm_rtc_spec *spec, int smem_bytes, const char *cache_dir,
-                            moex_jit_kernel *k, gemm_jit_cost *cost) {
+                            moex_jit_kernel *k) {
     if (!spec || !k) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "gemm_jit: NULL spec or kernel");
     memset(k, 0, sizeof *k);
     pthread_mutex_lock(&lock);
@@ -74,18 +60,11 @@ moex_status gemm_jit_kernel(int device, int cc, const gemm_rtc_spec *spec, int s
     }
     held h;
     memset(&h, 0, sizeof h);
-    if (!st) st = make(device, cc, spec, smem_bytes, cache_dir, &h, cost);
+    if (!st) st = make(device, cc, spec, smem_bytes, cache_dir, &h);
     if (!st) {
         list[n_held++] = h;
         *k = h.kernel;
     }
     pthread_mutex_unlock(&lock);
     return st;
-}
-
-int gemm_jit_loaded(void) {
-    pthread_mutex_lock(&lock);
-    const int n = n_held;
-    pthread_mutex_unlock(&lock);
-    return n;
 }

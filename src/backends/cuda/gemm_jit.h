@@ -13,21 +13,11 @@
 extern "C" {
 #endif
 
-/* What getting kernels cost a caller: kernels loaded for it (compiled, or read from the cache)
- * and the wall time of that, in milliseconds. Requests served by a loaded kernel add nothing. */
-typedef struct gemm_jit_cost {
-    int compiled, cached;
-    double ms;
-} gemm_jit_cost;
-
 /* The kernel of spec for the current device (compute capability cc x 10, e.g. 90), with its
- * dynamic shared memory allowed (smem_bytes). cache_dir: moex_jit_build's. cost (may be NULL)
- * gets what this request added. *k is a copy of the held kernel's handles (never released by the caller). */
+ * dynamic shared memory allowed (smem_bytes). cache_dir: moex_jit_build's. *k is a copy of the
+ * held kernel's handles (never released by the caller). */
 moex_status gemm_jit_kernel(int device, int cc, const gemm_rtc_spec *spec, int smem_bytes, const char *cache_dir,
-                            moex_jit_kernel *k, gemm_jit_cost *cost);
-
-/* How many kernels the process holds (tests). */
-int gemm_jit_loaded(void);
+                            moex_jit_kernel *k);
 
 #ifdef __cplusplus
 }

@@ -169,6 +169,8 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
     const bool narrow = g->narrow && (g->epi == EPI_DOWN || g->epi == EPI_GATE_UP_CONCAT);
     if (g->narrow && !narrow)
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: narrow tiles need the down or concatenated gate/up epilogue");
+    if (!g->offsets || !g->ends || !g->mtile_off)
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: the routing's offsets, ends and tile offsets are required");
     pl->fp8 = fp8, pl->narrow = narrow;
     /* the overlapped epilogue (float only) takes the common cases only (no biases; SiLU for
      * gate/up) and stages every warp's rows, so it pays for experts of a tile or more on average */
@@ -176,7 +178,7 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
     const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
     pl->overlap = !fp8 && !narrow && plain &&
                   (g->epi == EPI_DOWN || (g->epi == EPI_GATE_UP_CONCAT && L.act == MOEX_ACT_SILU)) &&
-                  (g->pairs ? g->pairs : g->a_rows) >= (int64_t)BM * (g->e_end - g->e_begin);
+                  g->pairs >= (int64_t)BM * (g->e_end - g->e_begin);
     /* weight rows a tile: gate/up boxes of 64 (four; FP8 wide tiles two); down one box of the tile's rows */
     const int tile_n = fp8 && !narrow ? FP8_BN : BN;
     const int b_box = g->epi != EPI_GATE_UP_CONCAT ? tile_n : BN / 4;
@@ -195,7 +197,7 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
     p.e_begin = g->e_begin;
     p.e_end = g->e_end;
     p.offsets = g->offsets;
-    p.ends = g->ends ? g->ends : g->offsets + 1;
+    p.ends = g->ends;
     p.mtile_off = g->mtile_off;
     p.c = g->c;
     p.epi = g->epi;

@@ -27,14 +27,13 @@ typedef enum gemm_epilogue {
 typedef struct grouped_gemm_args {
     const void *a;             /* A [a_rows, K], rows of expert e at offsets[e] .. ends[e] */
     int64_t a_rows;
-    int64_t pairs;             /* the rows that hold pairs (the padded and masked layouts span more), or 0: a_rows */
+    int64_t pairs;             /* the rows that hold pairs (the padded and masked layouts span more) */
     const void *b;             /* B [E * rows_per_expert, K]: expert e's matrix from row e*rows_per_expert */
     int64_t rows_per_expert, up_offset;
     int64_t K, N;              /* N: outputs per row (H for down, I for gate/up) */
     void *c;                   /* C [a_rows, N], row stride N */
     const int *offsets, *mtile_off;
-    const int *ends;           /* [E] each expert's end row (the padded and masked layouts), or NULL: offsets + 1
-                                  (packed: each expert's rows end where the next one's begin) */
+    const int *ends;           /* [E] each expert's end row: offsets[e] + its rows (routing_dev.ends) */
     int64_t e_begin, e_end;    /* experts computed: [e_begin, e_end) */
     gemm_epilogue epi;
     layer_view L;              /* activation and biases */

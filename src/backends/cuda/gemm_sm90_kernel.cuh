@@ -36,7 +36,7 @@ static_assert(PRODUCER_REGS >= 24 && 128 * PRODUCER_REGS + 256 * CONSUMER_REGS <
 
 struct gemm_params {
     int64_t K, N, rows_per_expert, up_offset, n_tiles, e_begin, e_end;
-    /* expert e's rows of A and C: offsets[e] .. ends[e] (packed layouts: ends = offsets + 1) */
+    /* expert e's rows of A and C: offsets[e] .. ends[e] */
     const int *offsets, *ends, *mtile_off;
     void *c;
     gemm_epilogue epi;
