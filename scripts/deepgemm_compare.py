@@ -19,13 +19,7 @@ import argparse
 import csv
 import sys
 
-
-def fnum(v):
-    """float of a CSV cell; NaN when absent, empty or not a number."""
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return float("nan")
+from peer_compare import fnum  # the same directory: a CSV cell as a float, NaN when not a number
 
 
 def rows_of(path):
