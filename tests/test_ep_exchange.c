@@ -29,19 +29,13 @@
 #include "reference.h"
 #include "testutil.h"
 
-static uint64_t g_rng = 424242;
-static uint32_t rnd(uint32_t n) {
-    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(g_rng >> 33) % n;
-}
-
 /* ids [T, ld], k used per row: experts, sentinels -1 and E, 999 past k (never read) */
-static int32_t *make_ids(int64_t T, int64_t k, int64_t ld, int64_t E) {
+static int32_t *make_ids(ref_rng *rng, int64_t T, int64_t k, int64_t ld, int64_t E) {
     int32_t *ids = malloc(sizeof *ids * (size_t)(T * ld + 1));
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < ld; j++) {
-            const uint32_t r = rnd(10);
-            ids[t * ld + j] = j >= k ? 999 : r == 0 ? -1 : r == 1 ? (int32_t)E : (int32_t)rnd((uint32_t)E);
+            const double u = ref_rng_uniform(rng);
+            ids[t * ld + j] = j >= k ? 999 : u < 0.1 ? -1 : u < 0.2 ? (int32_t)E : (int32_t)(ref_rng_uniform(rng) * (double)E) % (int32_t)E;
         }
     return ids;
 }
@@ -85,10 +79,12 @@ static void test_plan(void **state) {
     (void)state;
     static const int64_t SIZES[][4] = {{37, 3, 3, 24}, {1, 8, 8, 24}, {300, 4, 6, 24}, {0, 2, 2, 24}, {129, 1, 1, 24}};
     static const int RANKS[] = {1, 2, 3, 4, 8, 24};
+    ref_rng rng;
+    ref_rng_seed(&rng, 424242);
     for (int s = 0; s < 5; s++)
         for (int r = 0; r < 6; r++) {
             const int64_t T = SIZES[s][0], k = SIZES[s][1], ld = SIZES[s][2], E = SIZES[s][3];
-            int32_t *ids = make_ids(T, k, ld, E);
+            int32_t *ids = make_ids(&rng, T, k, ld, E);
             char what[96];
             snprintf(what, sizeof what, "T=%lld k=%lld ld=%lld E=%lld ranks=%d", (long long)T, (long long)k, (long long)ld,
                      (long long)E, RANKS[r]);
