@@ -50,6 +50,7 @@ typedef struct cuda_state {
     gemm_epilogue epi; /* its gate/up epilogue */
     int cc;            /* deepgemm: the device's compute capability x 10 (its kernels are compiled for it) */
     int scale_cc;      /* deepgemm: the capability whose scale rule applies (deepgemm_scale_cc) */
+    int64_t masked_max;/* deepgemm: deepgemm_masked_max_tokens() when prepared (its workspace was sized for it) */
 } cuda_state;
 
 static size_t esize(moex_dtype dt) { return dt == MOEX_F32 ? 4 : 2; }
@@ -189,7 +190,8 @@ static int deepgemm_scale_cc(int device_cc) {
 
 /* Forwards of at most this many tokens take the masked layout (deepgemm_layout.h): E x T rows,
  * so the bound keeps its buffers near the contiguous layout's at a few thousand tokens.
- * $MOEX_DEEPGEMM_MASKED_MAX_TOKENS overrides it (0: never masked); the workspace is sized for it. */
+ * $MOEX_DEEPGEMM_MASKED_MAX_TOKENS overrides it (0: never masked), read when a layer is prepared:
+ * its workspace and its forwards use that value. */
 #define DEEPGEMM_MASKED_MAX_TOKENS 128
 static int64_t deepgemm_masked_max_tokens(void) {
     const char *v = getenv("MOEX_DEEPGEMM_MASKED_MAX_TOKENS");
@@ -313,7 +315,6 @@ static moex_status prepare(cuda_kind kind, moex_context *ctx, const moex_experts
         st = moex_cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
         if (!st) st = moex_cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev),
                                        "cudaDeviceGetAttribute");
-        if (!st && !s->tc) st = moex_fail(MOEX_ERR_UNSUPPORTED, "deepgemm: its grouped GEMMs do not take this layer: %s", why);
         if (st) {
             moex_cuda_free(dev, s->ptrs);
             free(s);
@@ -321,6 +322,7 @@ static moex_status prepare(cuda_kind kind, moex_context *ctx, const moex_experts
         }
         s->cc = 10 * major + minor;
         s->scale_cc = deepgemm_scale_cc(s->cc);
+        s->masked_max = deepgemm_masked_max_tokens();
     }
     s->epi = gate_up_epilogue(d);
     /* gemv_mma_usable's first condition */
@@ -662,13 +664,8 @@ static moex_status deepgemm_forward(fwd *f) {
     const size_t routing = align256(routing_bytes(f->E, f->P));
     routing_dev r = routing_carve(a->workspace, f->E, f->P);
     const int narrow = grouped_gemm_narrow_pays(f->P, f->E, s->epi), tile = narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS;
-    /* masked where the predicate says so and the workspace (sized when the layer was prepared)
-     * holds its rows; contiguous always fits */
-    int masked = f->T <= deepgemm_masked_max_tokens();
-    if (masked) {
-        const int64_t mrows = deepgemm_rows(d, f->T, 1, tile);
-        masked = mrows >= 0 && routing + deepgemm_buffer_bytes(d, f->T, mrows) <= a->workspace_bytes;
-    }
+    /* the bound read when the layer was prepared, the one its workspace was sized for */
+    const int masked = f->T <= s->masked_max;
     const int64_t rows = deepgemm_rows(d, f->T, masked, tile);
     if (rows < 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "deepgemm: %lld tokens take more rows than int slots hold",
                                    (long long)f->T);

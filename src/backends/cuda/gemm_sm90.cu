@@ -242,19 +242,22 @@ moex_status grouped_gemm_spec(const grouped_gemm_args *g, gemm_rtc_spec *spec) {
     return MOEX_OK;
 }
 
+/* The dynamic shared memory of a kernel of the family: the float ring (bf16 and f16 alike), or the
+ * FP8 one of wide or narrow tiles. */
+static int smem_of(bool fp8, bool narrow) {
+    if (!fp8) return ring<__nv_bfloat16>::smem_bytes;
+    return narrow ? ring<uint8_t, true>::smem_bytes : ring<uint8_t>::smem_bytes;
+}
+
 moex_status grouped_gemm_run_kernel(const grouped_gemm_args *g, const moex_jit_kernel *kernel, int num_sms,
                                    cudaStream_t s) {
     gemm_plan pl;
     moex_status st = plan_gemm(g, &pl, true);
     if (st) return st;
-    const int smem = pl.fp8 ? (pl.narrow ? ring<uint8_t, true>::smem_bytes : ring<uint8_t>::smem_bytes)
-                            : ring<__nv_bfloat16>::smem_bytes;
+    const int smem = smem_of(pl.fp8, pl.narrow);
     void *args[3] = {&pl.map_a, &pl.map_b, &pl.p};
     const unsigned grid[3] = {(unsigned)num_sms, 1, 1}, block[3] = {THREADS, 1, 1};
     return moex_jit_launch(kernel, grid, block, (size_t)smem, s, args);
 }
 
-int grouped_gemm_smem_bytes(const gemm_rtc_spec *spec) {
-    if (spec->format != GEMM_RTC_E4M3) return ring<__nv_bfloat16>::smem_bytes;
-    return spec->narrow ? ring<uint8_t, true>::smem_bytes : ring<uint8_t>::smem_bytes;
-}
+int grouped_gemm_smem_bytes(const gemm_rtc_spec *spec) { return smem_of(spec->format == GEMM_RTC_E4M3, spec->narrow); }
