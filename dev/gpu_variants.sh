@@ -70,7 +70,7 @@ done
 wait
 echo "== $(date -u +%H:%M:%S) bench"
 csv="$OUT/variants.csv"
-echo "variant,shape,backend,device,dtype,experts,threads,tokens,graph,ms,gflops,weight_gbps,max_abs_err,gemm_frac,bw_frac,read_floor_ms,floor_frac,first_ms" >"$csv"
+echo "variant,shape,backend,device,dtype,experts,threads,tokens,graph,ms,gflops,weight_gbps,max_abs_err,gemm_frac,bw_frac,read_floor_ms,floor_frac,first_ms,workspace_mib" >"$csv"
 for v in "${VARIANTS[@]}"; do
   name=${v%%=*} b="build-var-$name"
   if [ ! -x "$b/moex" ]; then

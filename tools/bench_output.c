@@ -110,7 +110,7 @@ static int write_csv(FILE *f, const bench_state *st)
         fprintf(f, "# pass dtype=%s ceiling gemm_gflops=%.2f read_gbps=%.2f other_cpu_share=%.3f\n",
                 bench_weight_label(s->o), s->gemm_gflops, s->read_gbps, s->other_share);
     fputs("shape,backend,device,dtype,experts,threads,tokens,graph,ms,gflops,weight_gbps,"
-          "max_abs_err,gemm_frac,bw_frac,read_floor_ms,floor_frac,first_ms\n",
+          "max_abs_err,gemm_frac,bw_frac,read_floor_ms,floor_frac,first_ms,workspace_mib\n",
           f);
     int nv = bench_nvariants(st);
     for (const bench_state *s = st; s; s = s->next)
@@ -130,6 +130,7 @@ static int write_csv(FILE *f, const bench_state *st)
             csv_number(f, r->read_floor_ms);
             csv_number(f, r->floor_frac);
             csv_number(f, r->first_ms);
+            csv_number(f, r->workspace_mib);
             fputc('\n', f);
         }
     }

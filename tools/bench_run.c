@@ -593,6 +593,8 @@ static void finish_row(const bench_state *st, const workload *w, int v, double f
     const bench_opts *o = st->o;
     row->state = w->state[v];
     row->first_ms = w->first_ms[bench_var_backend(st, v)];
+    const moex_context *ctx = st->ctx[bench_var_backend(st, v)];
+    row->workspace_mib = ctx ? (double)moex_context_workspace_bytes(ctx) / (1024.0 * 1024.0) : NAN;
     if (w->state[v] != CASE_RAN) {
         row->ms = row->gflops = row->weight_gbps = row->max_abs_err = NAN;
         row->gemm_frac = row->bw_frac = row->read_floor_ms = row->floor_frac = NAN;

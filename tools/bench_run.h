@@ -24,6 +24,7 @@ typedef struct case_result {
     double read_floor_ms, floor_frac; /* cuda: the token count's read floor, and it over ms; else NaN */
     double first_ms; /* wall time of the backend's first forward at this token count, synchronised: with
                         whatever it first loads or compiles (deepgemm's kernels), outside the timed runs */
+    double workspace_mib; /* the backend's context workspace (sized for the run's largest token count), MiB */
     int state; /* CASE_RAN, or why not (cuda only) */
 } case_result;
 

@@ -12,6 +12,8 @@
  *         kernels (backends/cuda/gemv_fp4.cu). deepgemm takes the grouped GEMM at every size, its
  *         rows in the masked layout up to DEEPGEMM_MASKED_MAX_TOKENS tokens, else the contiguous one
  *         (backends/cuda/experts.cu), its kernels compiled per shape (backends/cuda/gemm_jit.h).
+ *         sonicmoe takes the grouped GEMM at every size too, with the gathered A-load and the
+ *         weighted down epilogue, its tiles by grouped_gemm_narrow_pays as grouped_mm's.
  * So "what runs bf16 grouped_mm at 64 tokens on an H200" is the row {grouped_mm, cuda, float}
  * (moex_cuda_grouped_mm, experts.cu) and grouped_gemm_pays(64 * top_k pairs, E, H). */
 #include "backends/impl.h"
@@ -29,6 +31,7 @@ extern const moex_impl moex_cuda_eager;      /* backends/cuda/experts.cu: the gr
 extern const moex_impl moex_cuda_batched_mm; /* streamed gate/up and down per pair */
 extern const moex_impl moex_cuda_grouped_mm; /* routing on the device, then streamed or tensor-core GEMMs */
 extern const moex_impl moex_cuda_deepgemm;   /* deepgemm's layouts, GEMMs compiled per shape at first use */
+extern const moex_impl moex_cuda_sonicmoe;   /* the fused GEMM path: gathered A-load, weighted down, sum */
 #define CUDA_IMPL(name) (&moex_cuda_##name)
 #else
 #define CUDA_IMPL(name) NULL /* the row stands; supports() says this build has no CUDA */
@@ -61,6 +64,7 @@ static const row TABLE[] = {
     {"batched_mm",  CUDA,   FLOAT | FP8 | FP4, CUDA_IMPL(batched_mm),  NULL},
     {"grouped_mm",  CUDA,   FLOAT | FP8 | FP4, CUDA_IMPL(grouped_mm),  "batched_mm"},
     {"deepgemm",    CUDA,   FLOAT | FP8,       CUDA_IMPL(deepgemm),    NULL},
+    {"sonicmoe",    CUDA,   FLOAT,             CUDA_IMPL(sonicmoe),    NULL},
 #if MOEX_TEST_BACKENDS /* the test copy of the library only (tests/backends/test_rows.c) */
     {"test_rows",   CPU,    FLOAT | FP8 | FP4, &moex_test_rows,        NULL},
 #endif
@@ -82,7 +86,8 @@ static const builtin BUILTINS[] = {
      moex_deepgemm_needs},
     {"deepgemm_megamoe", "one fused expert-parallel kernel: dispatch, gate/up, SwiGLU, down, combine (several GPUs)",
      moex_megamoe_needs},
-    {"sonicmoe", "fused bf16 routed forward in grouped-GEMM kernels (SM90+, gated activations)", moex_sonicmoe_needs},
+    {"sonicmoe", "fused grouped GEMMs: rows gathered inside gate/up, routing weights in down, a gather-and-sum "
+                 "combine (Hopper; bf16/f16 gated)", moex_sonicmoe_needs},
 #if MOEX_TEST_BACKENDS
     {"test_rows", "test only: token by token, slot by slot, f32 straight from the layer description", NULL},
 #endif

@@ -1442,6 +1442,200 @@ typedef struct test_entry {
 } test_entry;
 
 /* 1 if name is one of the comma-separated names of list. */
+/* ------------------------------------------------------------------------ */
+/* sonicmoe                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* One case through sonicmoe against the float64 reference, twice (bitwise the same); ld_pad > 0:
+ * the hidden rows H + ld_pad elements apart (the gathered A-load's row stride). */
+static void sonic_case(const gcase *c, int64_t ld_pad) {
+    grun r;
+    if (!grun_setup(&r, c)) return;
+    moex_context *ctx = make_ctx(c->T);
+    moex_layer *layer = NULL;
+    void *padded = NULL;
+    unsigned char *first = malloc(r.out_bytes + 1);
+    CHECK(moex_layer_create(&r.D.desc, &layer) == MOEX_OK, "layer: %s [%s]", moex_last_error(), describe(c, NULL));
+    if (ctx && layer && first) {
+        char why[512];
+        moex_status st = moex_backend_supports("sonicmoe", layer, g_dev, why, sizeof why);
+        CHECK(st == MOEX_OK, "sonicmoe refuses: %s [%s]", why, describe(c, "sonicmoe"));
+        if (st == MOEX_OK && ld_pad > 0 && c->T > 0) {
+            const size_t es = ref_dtype_size(c->dt), ld = (size_t)(c->H + ld_pad);
+            unsigned char *host = calloc((size_t)c->T * ld * es, 1);
+            for (int64_t t = 0; host && t < c->T; t++)
+                memcpy(host + (size_t)t * ld * es, (const unsigned char *)r.hidden + (size_t)(t * c->H) * es,
+                       (size_t)c->H * es);
+            padded = host ? dev_upload(host, (size_t)c->T * ld * es) : NULL;
+            free(host);
+            CHECK(padded != NULL, "uploading the strided hidden states failed [%s]", describe(c, "sonicmoe"));
+            if (padded) r.th = on_dev(ref_tensor_2d(padded, c->dt, c->T, c->H, (int64_t)ld));
+        }
+        if (st == MOEX_OK && moex_prepare(ctx, layer, "sonicmoe") != MOEX_OK) {
+            fail_at(__FILE__, __LINE__, "prepare sonicmoe: %s [%s]", moex_last_error(), describe(c, "sonicmoe"));
+        } else if (st == MOEX_OK && (ld_pad == 0 || padded) && run_forward(&r, ctx, layer, "sonicmoe")) {
+            if (c->T == 0) {
+                CHECK(guard_ok(&r), "T=0 wrote something [%s]", describe(c, "sonicmoe"));
+            } else {
+                check_nmse(&r, "sonicmoe");
+                check_sentinel_rows(&r, "sonicmoe");
+                memcpy(first, r.out_host, r.out_bytes);
+                if (run_forward(&r, ctx, layer, "sonicmoe"))
+                    CHECK(memcmp(first, r.out_host, r.out_bytes) == 0,
+                          "two sonicmoe forwards with the same inputs differ bitwise [%s]", describe(c, "sonicmoe"));
+            }
+        }
+    }
+    dev_free(padded);
+    free(first);
+    moex_layer_free(layer);
+    moex_context_free(ctx);
+    grun_free(&r);
+}
+
+/* A layer sonicmoe must refuse (supports, with a reason naming `need`). */
+static void sonic_refuses(const gcase *c, const char *need, const char *what) {
+    grun r;
+    if (!grun_setup(&r, c)) return;
+    moex_layer *layer = NULL;
+    CHECK(moex_layer_create(&r.D.desc, &layer) == MOEX_OK, "layer: %s [%s]", moex_last_error(), describe(c, NULL));
+    if (layer) {
+        char why[512] = "";
+        moex_status st = moex_backend_supports("sonicmoe", layer, g_dev, why, sizeof why);
+        CHECK(st == MOEX_ERR_UNSUPPORTED, "%s: sonicmoe's supports returned %s, want UNSUPPORTED [%s]", what,
+              moex_status_str(st), describe(c, "sonicmoe"));
+        CHECK(contains(why, need) && contains(why, "sonicmoe"), "%s: reason \"%s\" does not name \"%s\"", what, why,
+              need);
+    }
+    moex_layer_free(layer);
+    grun_free(&r);
+}
+
+/* The workspace of a context of max_tokens whose only prepared layer is `layer` through be. */
+static size_t workspace_of(moex_layer *layer, const char *be, int64_t max_tokens) {
+    moex_context *ctx = make_ctx(max_tokens);
+    size_t bytes = 0;
+    if (ctx && moex_prepare(ctx, layer, be) == MOEX_OK)
+        bytes = moex_context_workspace_bytes(ctx);
+    else
+        fail_at(__FILE__, __LINE__, "prepare %s: %s", be, moex_last_error());
+    moex_context_free(ctx);
+    return bytes;
+}
+
+/* sonicmoe: the gate/up GEMM reading its rows of the hidden states by index (narrow, wide and
+ * overlapped tiles, concatenated and interleaved gate/up, biases, every gated activation it
+ * takes, a last k-block of 8 inputs, partial column tiles, a hot expert, empty experts,
+ * sentinels, strided hidden rows), the down GEMM applying the routing weights, the sum; the
+ * workspace without the gathered copy; what it refuses, at supports and at the forward. */
+static void test_sonicmoe(void) {
+    if (!backend_listed_in("sonicmoe")) {
+        fail_at(__FILE__, __LINE__, "sonicmoe does not take cuda:%d", g_dev.index);
+        return;
+    }
+    static const struct {
+        int64_t T, E, k, H, I;
+        moex_dtype dt;
+        int layout;
+        moex_activation act;
+        int64_t hot;
+        int sent;
+        double sent_prob;
+        int64_t ld_pad;
+    } C[] = {
+        {333, 40, 3, 264, 200, MOEX_BF16, 0, MOEX_ACT_SILU, 300, 1, 0.03, 0},   /* narrow tiles, hot expert */
+        {333, 40, 3, 264, 200, MOEX_F16, 1, MOEX_ACT_GELU, 0, 1, 0.0, 8},        /* narrow, biases, strided */
+        {1500, 64, 6, 512, 384, MOEX_BF16, 0, MOEX_ACT_SILU, 0, 1, 0.02, 0},     /* overlapped epilogue */
+        {2001, 8, 2, 136, 72, MOEX_F16, 0, MOEX_ACT_SILU, 0, 0, 0.03, 0},        /* overlapped, K tail */
+        {1000, 60, 8, 128, 96, MOEX_BF16, 1, MOEX_ACT_RELU, 0, 1, 0.05, 0},      /* wide, biases, ReGLU */
+        {400, 4, 4, 128, 384, MOEX_BF16, 4, MOEX_ACT_GELU_TANH, 0, 0, 0.0, 0},   /* interleaved */
+        {200, 33, 3, 128, 384, MOEX_F16, 5, MOEX_ACT_RELU, 0, 1, 0.05, 16},      /* interleaved+bias, strided */
+        {1, 60, 8, 256, 128, MOEX_BF16, 0, MOEX_ACT_SILU, 0, 0, 0.0, 0},         /* one token: 52 empty experts */
+        {5, 64, 2, 264, 136, MOEX_F16, 1, MOEX_ACT_GELU, 0, 1, 0.0, 0},          /* sentinel rows, empties */
+        {96, 64, 8, 256, 128, MOEX_BF16, 0, MOEX_ACT_SILU, 90, 0, 0.0, 0},       /* hot expert, few rows */
+        {0, 16, 4, 256, 128, MOEX_BF16, 0, MOEX_ACT_SILU, 0, 0, 0.0, 0},         /* no tokens */
+    };
+    for (int i = 0; i < (int)(sizeof C / sizeof C[0]); i++) {
+        if (g_quick && i % 3 != 0) continue;
+        gcase c = gcase_make(C[i].T, C[i].E, C[i].k, C[i].H, C[i].I, C[i].dt, 8100u + (uint64_t)i);
+        c.layout = C[i].layout;
+        c.act = C[i].act;
+        c.hot_rows = C[i].hot;
+        c.sentinel_rows = C[i].sent;
+        c.sentinel_prob = C[i].sent_prob;
+        c.w_dt = (i & 1) ? MOEX_F32 : MOEX_BF16;
+        c.id_dt = (i & 2) ? MOEX_I64 : MOEX_I32;
+        sonic_case(&c, C[i].ld_pad);
+    }
+    /* the workspace: grouped_mm's less the gathered copy [T k, H] */
+    {
+        gcase c = gcase_make(1500, 64, 6, 512, 384, MOEX_BF16, 8200u);
+        grun r;
+        if (grun_setup(&r, &c)) {
+            moex_layer *layer = NULL;
+            CHECK(moex_layer_create(&r.D.desc, &layer) == MOEX_OK, "layer: %s", moex_last_error());
+            if (layer) {
+                const size_t grouped = workspace_of(layer, "grouped_mm", c.T), sonic = workspace_of(layer, "sonicmoe", c.T);
+                const size_t copy = (size_t)(c.T * c.k * c.H) * 2;
+                CHECK(sonic > 0 && grouped >= sonic + copy,
+                      "workspace: sonicmoe %zu bytes, grouped_mm %zu: want at least the gathered copy (%zu) less",
+                      sonic, grouped, copy);
+            }
+            moex_layer_free(layer);
+            grun_free(&r);
+        }
+    }
+    /* refused by supports, naming why and what runs it */
+    {
+        gcase c = gcase_make(8, 8, 2, 64, 32, MOEX_F32, 8300u);
+        sonic_refuses(&c, "grouped_mm", "f32 experts");
+        c.dt = MOEX_BF16;
+        c.layout = 8;
+        sonic_refuses(&c, "gated", "ungated experts");
+        c.layout = 0;
+        c.act = MOEX_ACT_GPTOSS_CLAMP;
+        sonic_refuses(&c, "SwiGLU", "gpt-oss's clamped activation");
+        c.act = MOEX_ACT_SILU;
+        c.layout = 2;
+        sonic_refuses(&c, "transposed", "transposed weights");
+        c.layout = 0;
+        c.per_expert = 1;
+        sonic_refuses(&c, "per-expert", "per-expert weight pointers");
+        c.per_expert = 0;
+        c.H = 60;
+        sonic_refuses(&c, "multiples of 8", "hidden 60");
+    }
+    /* refused at the forward: hidden states in another dtype, or rows not 16-byte aligned; out untouched */
+    {
+        gcase c = gcase_make(6, 8, 2, 64, 32, MOEX_BF16, 8400u);
+        grun r;
+        if (!grun_setup(&r, &c)) return;
+        moex_context *ctx = make_ctx(c.T);
+        moex_layer *layer = NULL;
+        CHECK(moex_layer_create(&r.D.desc, &layer) == MOEX_OK, "layer: %s", moex_last_error());
+        void *dev_big = dev_alloc((size_t)(c.T * (c.H + 4)) * 4);
+        if (ctx && layer && dev_big && moex_prepare(ctx, layer, "sonicmoe") == MOEX_OK) {
+            moex_tensor t = on_dev(ref_tensor_2d(dev_big, MOEX_F16, c.T, c.H, c.H));
+            moex_tensor o16 = on_dev(ref_tensor_2d(r.d_out, MOEX_F16, c.T, c.H, c.H)); /* out takes hidden's dtype */
+            expect_rejected(&r, ctx, layer, "sonicmoe", &t, &r.tids, &r.tw, &o16, MOEX_ERR_UNSUPPORTED,
+                            "grouped_mm", "f16 hidden states, bf16 experts");
+            t = on_dev(ref_tensor_2d(dev_big, MOEX_BF16, c.T, c.H, c.H + 4));
+            expect_rejected(&r, ctx, layer, "sonicmoe", &t, &r.tids, &r.tw, &r.tout, MOEX_ERR_UNSUPPORTED,
+                            "16-byte", "hidden rows 68 elements apart");
+            t = on_dev(ref_tensor_2d((char *)dev_big + 2, MOEX_BF16, c.T, c.H, c.H));
+            expect_rejected(&r, ctx, layer, "sonicmoe", &t, &r.tids, &r.tw, &r.tout, MOEX_ERR_UNSUPPORTED,
+                            "16-byte", "hidden states 2 bytes off alignment");
+            if (run_forward(&r, ctx, layer, "sonicmoe")) check_nmse(&r, "sonicmoe"); /* still computes */
+        } else {
+            fail_at(__FILE__, __LINE__, "sonicmoe setup: %s", moex_last_error());
+        }
+        dev_free(dev_big);
+        moex_layer_free(layer);
+        moex_context_free(ctx);
+        grun_free(&r);
+    }
+}
+
 static int name_listed(const char *list, const char *name) {
     const size_t n = strlen(name);
     for (const char *p = list; *p;) {
@@ -1497,6 +1691,7 @@ int main(int argc, char **argv) {
         {"deepgemm", test_deepgemm, 0},
         {"deepgemm_cache", test_deepgemm_cache, 0},
         {"deepgemm_cache_child", test_deepgemm_cache_child, 1},
+        {"sonicmoe", test_sonicmoe, 0},
     };
     /* MOEX_GPU_TEST_ONLY=fp4,graph_replay: run only the tests named (a comma-separated list) */
     const char *only = getenv("MOEX_GPU_TEST_ONLY");

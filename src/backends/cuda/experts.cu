@@ -24,6 +24,10 @@
  *               the rows in deepgemm's layouts: contiguous (each expert's segment padded
  *               to whole tiles) above deepgemm_masked_max_tokens() tokens, masked (a fixed
  *               capacity of T rows an expert) up to it; bf16 and FP8 weights
+ *   sonicmoe    grouped_mm's GEMM path at every token count, fused: routing -> the gate/up
+ *               GEMM reading its rows of the hidden states by index (no gathered copy) with the
+ *               activation -> the down GEMM applying each row's routing weight -> each token
+ *               gathers and sums its k rows in j order; bf16/f16 gated experts
  */
 #include "backends/impl.h"
 #include "core/gpu_runtime.h"
@@ -38,8 +42,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* The four implementations differ only in how they launch the shared pieces. */
-typedef enum cuda_kind { CUDA_EAGER, CUDA_BATCHED_MM, CUDA_GROUPED_MM, CUDA_DEEPGEMM } cuda_kind;
+/* The five implementations differ only in how they launch the shared pieces. */
+typedef enum cuda_kind { CUDA_EAGER, CUDA_BATCHED_MM, CUDA_GROUPED_MM, CUDA_DEEPGEMM, CUDA_SONICMOE } cuda_kind;
 
 typedef struct cuda_state {
     layer_view L;
@@ -149,6 +153,28 @@ static int quant_supports(cuda_kind kind, const moex_experts_desc *d, char *why,
     return 1;
 }
 
+/* sonicmoe (R7; the device and the activation are checked by its needs, planned.c): bf16 or f16
+ * gated experts the fused GEMMs take. */
+static int sonicmoe_supports_layer(const moex_experts_desc *d, char *why, size_t n) {
+    const moex_dtype w = moex_weight_dtype(d);
+    if (w != MOEX_BF16 && w != MOEX_F16) {
+        snprintf(why, n, "sonicmoe runs bf16 and f16 experts; this layer's are %s (grouped_mm runs them)",
+                 moex_dtype_name(w));
+        return 0;
+    }
+    if (!d->gated) {
+        snprintf(why, n, "sonicmoe runs gated experts only (SwiGLU, GeGLU, ReGLU); this layer is ungated (grouped_mm "
+                 "runs it)");
+        return 0;
+    }
+    char what[160];
+    if (!tc_layout(d, what, sizeof what)) {
+        snprintf(why, n, "sonicmoe's fused GEMMs do not take this layer: %s (grouped_mm runs it)", what);
+        return 0;
+    }
+    return 1;
+}
+
 /* The device, where the weights are and, for quantized layers, quant_supports. */
 static int cuda_supports(cuda_kind kind, const moex_experts_desc *d, const moex_device_info *dev, char *why, size_t n) {
     if (dev->cc_major != 9) {
@@ -161,6 +187,7 @@ static int cuda_supports(cuda_kind kind, const moex_experts_desc *d, const moex_
         return 0;
     }
     if (d && moex_is_quant_dtype(moex_weight_dtype(d)) && !quant_supports(kind, d, why, n)) return 0;
+    if (kind == CUDA_SONICMOE && d) return sonicmoe_supports_layer(d, why, n);
     if (kind != CUDA_DEEPGEMM || !d) return 1;
     /* deepgemm: its grouped GEMMs at every size */
     const moex_dtype w = moex_weight_dtype(d);
@@ -356,6 +383,13 @@ static size_t tc_bytes(const moex_experts_desc *d, int64_t P) {
     return 2 * align256((size_t)P * d->hidden * es) + align256((size_t)P * d->intermediate * es);
 }
 
+/* Bytes of sonicmoe's fused path: tc_bytes without the gathered activations (h and y; each
+ * slot's routing weight reuses the routing's slot_token: gemm_path). */
+static size_t sonic_bytes(const moex_experts_desc *d, int64_t P) {
+    const size_t es = esize(moex_weight_dtype(d));
+    return align256((size_t)P * d->intermediate * es) + align256((size_t)P * d->hidden * es);
+}
+
 /* Quantized carves of a forward of T tokens (P pairs): FP8 batched_mm xf [T, H] f32 (the quantized
  * inputs), h [P, I] f32; FP8 grouped_mm xq [P, H] codes, xs [P, ceil(H/bk)] (the streamed forward
  * uses T rows of them, by token; the GEMM P, in expert order), h [P, I] f32, hq [P, I],
@@ -424,6 +458,8 @@ static size_t workspace_bytes(cuda_kind kind, const moex_experts_desc *d, int64_
         return align256(routing_bytes(d->num_experts, P)) +
                deepgemm_buffer_bytes(d, max_tokens, contiguous > masked ? contiguous : masked);
     }
+    if (kind == CUDA_SONICMOE) /* no gathered copy: h [P, I] and y [P, H] */
+        return align256(routing_bytes(d->num_experts, P)) + sonic_bytes(d, P);
     /* every product below stays far inside size_t once P < 2^31 and the layer's sizes validated */
     if (moex_is_quant_dtype(moex_weight_dtype(d)))
         return (kind == CUDA_BATCHED_MM ? 0 : align256(routing_bytes(d->num_experts, P))) +
@@ -547,9 +583,12 @@ static moex_status run_gemm(const cuda_state *s, const grouped_gemm_args *g, int
  * the hidden rows gathered in expert order (converted to the weights' dtype), the gate/up GEMM
  * with the activation, the down GEMM (per_expert: both once per expert, eager), the reduction;
  * FP8, x quantized into its pairs' rows, the gate/up GEMM (h in f32), h quantized on its pairs'
- * rows, the down GEMM (y in f32), the reduction. compiled: run_gemm's. */
+ * rows, the down GEMM (y in f32), the reduction. compiled: run_gemm's. fused (sonicmoe; bf16/f16,
+ * packed routing, hidden in the weights' dtype): no gather, the gate/up GEMM reads its rows of
+ * the hidden states by slot_token; the down GEMM multiplies each row by its pair's routing
+ * weight, so the reduction sums (sonic_bytes' buffers). */
 static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t rows, int narrow, int per_expert,
-                             int compiled) {
+                             int compiled, int fused) {
     const moex_forward_args *a = f->a;
     const moex_experts_desc *d = a->layer;
     const cuda_state *s = f->s;
@@ -583,22 +622,34 @@ static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t row
         y = w.y, ydt = MOEX_F32;
     } else {
         const size_t es = esize(L.wdt);
-        char *xa = ws, *hb = ws + align256((size_t)rows * L.H * es), *yb = hb + align256((size_t)rows * L.I * es);
+        char *xa = ws, *hb = fused ? ws : ws + align256((size_t)rows * L.H * es);
+        char *yb = hb + align256((size_t)rows * L.I * es);
         up.dt = down.dt = L.wdt;
         up.a = xa, up.c = hb;
         down.a = hb, down.c = yb;
-        if ((st = routing_gather(r, f->T, f->k, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], xa, L.wdt, L.H,
-                                 f->stream)))
+        /* fused: slot_token is dead once the gate/up GEMM has read it, so its P words then take
+         * each slot's routing weight (f32), which the down GEMM reads */
+        float *slot_w = (float *)r.slot_token;
+        if (fused) {
+            up.a = a->hidden->data, up.a_rows = f->T, up.a_ld = a->hidden->strides[0], up.a_index = r.slot_token;
+            down.row_scale = slot_w;
+        } else if ((st = routing_gather(r, f->T, f->k, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], xa,
+                                        L.wdt, L.H, f->stream))) {
             return st;
+        }
         for (int64_t e = 0; e < (per_expert ? f->E : 1); e++) {
             up.e_begin = down.e_begin = per_expert ? e : 0;
             up.e_end = down.e_end = per_expert ? e + 1 : f->E;
-            if ((st = run_gemm(s, &up, compiled, f->stream)) || (st = run_gemm(s, &down, compiled, f->stream))) return st;
+            if ((st = run_gemm(s, &up, compiled, f->stream)) ||
+                (fused && (st = routing_slot_weights(r.pair_slot, a->weights->data, a->weights->dtype,
+                                                     a->weights->strides[0], f->T, f->k, slot_w, f->stream))) ||
+                (st = run_gemm(s, &down, compiled, f->stream)))
+                return st;
         }
         y = yb, ydt = L.wdt;
     }
-    return routing_reduce(r.pair_slot, y, ydt, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0], f->T,
-                          f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
+    return routing_reduce(r.pair_slot, y, ydt, L.H, fused ? NULL : a->weights->data, a->weights->dtype,
+                          a->weights->strides[0], f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
 }
 
 /* Routing, then the per-expert pieces for experts [e_begin, e_end) in `launches` launches
@@ -623,7 +674,7 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     if (st) return st;
     const int launches = per_expert ? (int)f->E : 1;
     if (L.wdt == MOEX_E2M1X2) return fp4_forward(f, &r, ws);
-    if (tc) return gemm_path(f, r, ws, f->P, narrow, per_expert, 0);
+    if (tc) return gemm_path(f, r, ws, f->P, narrow, per_expert, 0, 0);
     float *h = (float *)ws, *y = (float *)(ws + align256((size_t)f->P * L.I * 4));
     f->G.pairs = 0;
     f->G.offsets = r.offsets, f->G.slot_token = r.slot_token;
@@ -672,7 +723,32 @@ static moex_status deepgemm_forward(fwd *f) {
     moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E, tile, 0,
                                    masked ? ROUTING_MASKED : ROUTING_PADDED, f->T, f->G.flags, f->stream);
     if (st) return st;
-    return gemm_path(f, r, (char *)a->workspace + routing, rows, narrow, 0, 1);
+    return gemm_path(f, r, (char *)a->workspace + routing, rows, narrow, 0, 1, 0);
+}
+
+/* sonicmoe: packed routing (tiles by grouped_gemm_narrow_pays, as grouped_mm's), then the fused
+ * GEMM path at every token count. Its gate/up GEMM reads the hidden states where they are, so
+ * they must be in the weights' dtype with 16-byte aligned rows. */
+static moex_status sonicmoe_forward(fwd *f) {
+    const moex_forward_args *a = f->a;
+    const cuda_state *s = f->s;
+    const moex_tensor *x = a->hidden;
+    if (x->dtype != s->L.wdt)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "sonicmoe reads the hidden states inside its gate/up GEMM, so they must "
+                         "be %s like the experts' weights; got %s (grouped_mm converts them)",
+                         moex_dtype_name(s->L.wdt), moex_dtype_name(x->dtype));
+    if (((uintptr_t)x->data & 15) || (x->strides[0] * 2) % 16)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "sonicmoe reads the hidden states in 16-byte pieces: their rows must "
+                         "start 16-byte aligned (row stride %lld elements; grouped_mm takes any)",
+                         (long long)x->strides[0]);
+    char *ws = (char *)a->workspace;
+    routing_dev r = routing_carve(ws, f->E, f->P);
+    const int narrow = grouped_gemm_narrow_pays(f->P, f->E, s->epi);
+    moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E,
+                                   narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS, 0, ROUTING_PACKED, 0, f->G.flags,
+                                   f->stream);
+    if (st) return st;
+    return gemm_path(f, r, ws + align256(routing_bytes(f->E, f->P)), f->P, narrow, 0, 0, 1);
 }
 
 static moex_status forward(cuda_kind kind, const moex_forward_args *a) {
@@ -684,10 +760,11 @@ static moex_status forward(cuda_kind kind, const moex_forward_args *a) {
     if ((st = fwd_begin(a, &f))) return st;
     if (kind == CUDA_BATCHED_MM) return batched_forward(&f);
     if (kind == CUDA_DEEPGEMM) return deepgemm_forward(&f);
+    if (kind == CUDA_SONICMOE) return sonicmoe_forward(&f);
     return experts_forward(&f, kind == CUDA_EAGER);
 }
 
-/* ---- the four implementations ------------------------------------------------------ */
+/* ---- the five implementations ------------------------------------------------------ */
 
 #define CUDA_IMPL(NAME, KIND)                                                                                      \
     static int NAME##_supports(const moex_experts_desc *d, const moex_device_info *dev, char *why, size_t n) {       \
@@ -707,3 +784,4 @@ CUDA_IMPL(eager, CUDA_EAGER)
 CUDA_IMPL(batched_mm, CUDA_BATCHED_MM)
 CUDA_IMPL(grouped_mm, CUDA_GROUPED_MM)
 CUDA_IMPL(deepgemm, CUDA_DEEPGEMM)
+CUDA_IMPL(sonicmoe, CUDA_SONICMOE)

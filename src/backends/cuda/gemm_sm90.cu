@@ -91,8 +91,13 @@ int grouped_gemm_usable(moex_dtype dt, const void *b, int64_t K, char *why, size
 }
 
 template <typename T, int EPI, bool OVERLAP, bool NARROW = false> static cudaError_t allow_smem(void) {
-    return cudaFuncSetAttribute(grouped_gemm_kernel<T, EPI, OVERLAP, NARROW>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, ring<T, NARROW>::smem_bytes);
+    cudaError_t err = cudaFuncSetAttribute(grouped_gemm_kernel<T, EPI, OVERLAP, NARROW>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, ring<T, NARROW>::smem_bytes);
+    if constexpr (!is_fp8<T>() && EPI != EPI_DOWN && EPI != EPI_UP_ONLY) /* the gathered A-load's gate/up kernels */
+        if (!err)
+            err = cudaFuncSetAttribute(grouped_gemm_gather_kernel<T, EPI, OVERLAP, NARROW>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kernel_smem<T, NARROW, true>());
+    return err;
 }
 
 template <typename T> static cudaError_t allow_smem_all(void) {
@@ -119,30 +124,49 @@ moex_status grouped_gemm_init(void) {
     return moex_cuda_status(err, "grouped GEMM shared memory size");
 }
 
-/* The kernel of one (dtype, epilogue): narrow tiles, the overlapped epilogue or the plain one
- * (only down and concatenated gate/up have the first two; FP8 has no overlapped one). */
-template <typename T, int EPI>
+/* One kernel of the family: the gathered A-load's (GATHER) or the TMA one's. */
+template <typename T, int EPI, bool OVERLAP, bool NARROW, bool GATHER>
+static void launch_one(int num_sms, cudaStream_t s, const CUtensorMap &map_a, const CUtensorMap &map_b,
+                       const gemm_params &p) {
+    if constexpr (GATHER)
+        grouped_gemm_gather_kernel<T, EPI, OVERLAP, NARROW><<<num_sms, THREADS, kernel_smem<T, NARROW, true>(), s>>>(
+            map_a, map_b, p);
+    else
+        grouped_gemm_kernel<T, EPI, OVERLAP, NARROW><<<num_sms, THREADS, ring<T, NARROW>::smem_bytes, s>>>(map_a, map_b,
+                                                                                                          p);
+}
+
+/* The kernel of one (dtype, epilogue, A-load): narrow tiles, the overlapped epilogue or the plain
+ * one (only down and concatenated gate/up have the first two; FP8 has no overlapped one). */
+template <typename T, int EPI, bool GATHER = false>
 static void launch_kernel(bool narrow, bool overlap, int num_sms, cudaStream_t s, const CUtensorMap &map_a,
                           const CUtensorMap &map_b, const gemm_params &p) {
     constexpr bool variants = EPI == EPI_DOWN || EPI == EPI_GATE_UP_CONCAT;
     if constexpr (variants) {
         if (narrow) {
-            grouped_gemm_kernel<T, EPI, false, true><<<num_sms, THREADS, ring<T, true>::smem_bytes, s>>>(map_a, map_b, p);
+            launch_one<T, EPI, false, true, GATHER>(num_sms, s, map_a, map_b, p);
             return;
         }
     }
     if constexpr (variants && !is_fp8<T>()) {
         if (overlap) {
-            grouped_gemm_kernel<T, EPI, true, false><<<num_sms, THREADS, ring<T>::smem_bytes, s>>>(map_a, map_b, p);
+            launch_one<T, EPI, true, false, GATHER>(num_sms, s, map_a, map_b, p);
             return;
         }
     }
-    grouped_gemm_kernel<T, EPI, false, false><<<num_sms, THREADS, ring<T>::smem_bytes, s>>>(map_a, map_b, p);
+    launch_one<T, EPI, false, false, GATHER>(num_sms, s, map_a, map_b, p);
 }
 
 template <typename T>
-static void launch_epi(gemm_epilogue epi, bool narrow, bool overlap, int num_sms, cudaStream_t s,
+static void launch_epi(gemm_epilogue epi, bool narrow, bool overlap, bool gather, int num_sms, cudaStream_t s,
                        const CUtensorMap &map_a, const CUtensorMap &map_b, const gemm_params &p) {
+    if (gather) { /* gated gate/up only (plan_gemm) */
+        if (epi == EPI_GATE_UP_CONCAT)
+            launch_kernel<T, EPI_GATE_UP_CONCAT, true>(narrow, overlap, num_sms, s, map_a, map_b, p);
+        else
+            launch_kernel<T, EPI_GATE_UP_INTERLEAVED, true>(narrow, overlap, num_sms, s, map_a, map_b, p);
+        return;
+    }
     switch (epi) {
     case EPI_DOWN: launch_kernel<T, EPI_DOWN>(narrow, overlap, num_sms, s, map_a, map_b, p); break;
     case EPI_GATE_UP_CONCAT: launch_kernel<T, EPI_GATE_UP_CONCAT>(narrow, overlap, num_sms, s, map_a, map_b, p); break;
@@ -155,9 +179,9 @@ static void launch_epi(gemm_epilogue epi, bool narrow, bool overlap, int num_sms
 
 /* What grouped_gemm_run launches for g: the kernel variant, its tensor maps and parameters. */
 typedef struct gemm_plan {
-    CUtensorMap map_a, map_b;
+    CUtensorMap map_a, map_b; /* map_a unused with the gathered A-load */
     gemm_params p;
-    bool fp8, narrow, overlap;
+    bool fp8, narrow, overlap, gather;
 } gemm_plan;
 
 static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool with_maps) {
@@ -171,7 +195,14 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: narrow tiles need the down or concatenated gate/up epilogue");
     if (!g->offsets || !g->ends || !g->mtile_off)
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: the routing's offsets, ends and tile offsets are required");
-    pl->fp8 = fp8, pl->narrow = narrow;
+    const bool gather = g->a_index != NULL;
+    if (gather && (fp8 || (g->epi != EPI_GATE_UP_CONCAT && g->epi != EPI_GATE_UP_INTERLEAVED) ||
+                   ((uintptr_t)g->a & 15) || (g->a_ld * 2) % 16 || g->K % 8))
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: the gathered A-load takes bf16/f16 gated gate/up GEMMs "
+                         "over 16-byte aligned rows");
+    if (g->row_scale && (fp8 || g->epi != EPI_DOWN))
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: row scales are the bf16/f16 down epilogue's");
+    pl->fp8 = fp8, pl->narrow = narrow, pl->gather = gather;
     /* the overlapped epilogue (float only) takes the common cases only (no biases; SiLU for
      * gate/up) and stages every warp's rows, so it pays for experts of a tile or more on average */
     const layer_view &L = g->L;
@@ -183,7 +214,7 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
     const int tile_n = fp8 && !narrow ? FP8_BN : BN;
     const int b_box = g->epi != EPI_GATE_UP_CONCAT ? tile_n : BN / 4;
     if (with_maps) {
-        moex_status st = make_map(&pl->map_a, g->a, g->a_rows, g->K, narrow ? NARROW_ROWS : BM, g->dt, "A");
+        moex_status st = gather ? MOEX_OK : make_map(&pl->map_a, g->a, g->a_rows, g->K, narrow ? NARROW_ROWS : BM, g->dt, "A");
         if (!st) st = make_map(&pl->map_b, g->b, g->L.E * g->rows_per_expert, g->K, b_box, g->dt, "B");
         if (st) return st;
     }
@@ -202,6 +233,8 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
     p.c = g->c;
     p.epi = g->epi;
     p.L = g->L;
+    if (gather) p.gather = g->a, p.gather_ld = g->a_ld, p.a_index = g->a_index;
+    p.row_scale = g->row_scale;
     if (fp8) {
         p.a_scale = g->a_scales;
         p.a_sld = (g->K + g->q.bk - 1) / g->q.bk;
@@ -223,9 +256,9 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
         return MOEX_CUDA_LAUNCHED("FP8 grouped GEMM kernel");
     }
     if (g->dt == MOEX_BF16)
-        launch_epi<__nv_bfloat16>(g->epi, pl.narrow, pl.overlap, num_sms, s, pl.map_a, pl.map_b, pl.p);
+        launch_epi<__nv_bfloat16>(g->epi, pl.narrow, pl.overlap, pl.gather, num_sms, s, pl.map_a, pl.map_b, pl.p);
     else
-        launch_epi<__half>(g->epi, pl.narrow, pl.overlap, num_sms, s, pl.map_a, pl.map_b, pl.p);
+        launch_epi<__half>(g->epi, pl.narrow, pl.overlap, pl.gather, num_sms, s, pl.map_a, pl.map_b, pl.p);
     return MOEX_CUDA_LAUNCHED("grouped GEMM kernel");
 }
 
@@ -233,6 +266,8 @@ moex_status grouped_gemm_spec(const grouped_gemm_args *g, gemm_rtc_spec *spec) {
     gemm_plan pl;
     moex_status st = plan_gemm(g, &pl, false);
     if (st) return st;
+    if (pl.gather) /* gemm_rtc.c compiles the TMA A-load only */
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: no run-time compiled kernel with the gathered A-load");
     memset(spec, 0, sizeof *spec);
     spec->format = pl.fp8 ? GEMM_RTC_E4M3 : g->dt == MOEX_BF16 ? GEMM_RTC_BF16 : GEMM_RTC_F16;
     spec->epilogue = (int)g->epi;

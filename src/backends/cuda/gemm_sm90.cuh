@@ -25,8 +25,14 @@ typedef enum gemm_epilogue {
 } gemm_epilogue;
 
 typedef struct grouped_gemm_args {
-    const void *a;             /* A [a_rows, K], rows of expert e at offsets[e] .. ends[e] */
-    int64_t a_rows;
+    const void *a;             /* A [a_rows, K], rows of expert e at offsets[e] .. ends[e]; with a_index, the
+                                  matrix its rows are gathered from */
+    int64_t a_rows;            /* with a_index: the rows of that matrix */
+    const int *a_index;        /* NULL, or the gathered A-load (bf16/f16, gate/up epilogues): row r of the
+                                  product is row a_index[r] of a, read inside the GEMM (no gathered copy) */
+    int64_t a_ld;              /* with a_index: a's row stride in elements (16-byte aligned rows) */
+    const float *row_scale;    /* NULL, or (down epilogue, bf16/f16) each output row times row_scale[r]:
+                                  the routing weight of the row's pair */
     int64_t pairs;             /* the rows that hold pairs (the padded and masked layouts span more) */
     const void *b;             /* B [E * rows_per_expert, K]: expert e's matrix from row e*rows_per_expert */
     int64_t rows_per_expert, up_offset;

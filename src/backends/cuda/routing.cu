@@ -338,6 +338,21 @@ moex_status routing_gather(const routing_dev &r, int64_t T, int64_t k, const voi
     return MOEX_CUDA_LAUNCHED("gather kernel");
 }
 
+__global__ void slot_weights_kernel(const int *pair_slot, const void *w, moex_dtype wdt, int64_t w_ld, int64_t T,
+                                    int64_t k, float *slot_w) {
+    for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < T * k; p += (int64_t)gridDim.x * blockDim.x) {
+        const int slot = pair_slot[p];
+        if (slot >= 0) slot_w[slot] = load_elem(w, wdt, (p / k) * w_ld + p % k);
+    }
+}
+
+moex_status routing_slot_weights(const int *pair_slot, const void *w, moex_dtype wdt, int64_t w_ld, int64_t T,
+                                 int64_t k, float *slot_w, cudaStream_t s) {
+    if (T * k == 0) return MOEX_OK;
+    slot_weights_kernel<<<grid_for(T * k, 256), 256, 0, s>>>(pair_slot, w, wdt, w_ld, T, k, slot_w);
+    return MOEX_CUDA_LAUNCHED("slot weights kernel");
+}
+
 /* One block per token (grid-stride); each thread sums 8 consecutive columns of 16-bit y with
  * 16-byte loads (H % 8 == 0), in slot order j. */
 template <typename YT, typename OT>
@@ -349,7 +364,7 @@ __global__ void reduce8_kernel(const int *pair_slot, const YT *y, int64_t H, con
             for (int64_t j = 0; j < k; j++) {
                 int slot = pair_slot[t * k + j];
                 if (slot < 0) continue;
-                const float wj = load_elem(w, wdt, t * w_ld + j);
+                const float wj = w ? load_elem(w, wdt, t * w_ld + j) : 1.0f;
                 uint4 v = *(const uint4 *)(y + (int64_t)slot * H + n);
                 const YT *q = (const YT *)&v;
 #pragma unroll
@@ -376,7 +391,7 @@ __global__ void reduce_kernel(const int *pair_slot, const void *y, moex_dtype yd
             for (int64_t j = 0; j < k; j++) {
                 int slot = pair_slot[t * k + j];
                 if (slot < 0) continue;
-                acc += load_elem(w, wdt, t * w_ld + j) * load_elem(y, ydt, (int64_t)slot * H + n);
+                acc += (w ? load_elem(w, wdt, t * w_ld + j) : 1.0f) * load_elem(y, ydt, (int64_t)slot * H + n);
             }
             store_elem(out, odt, t * out_ld + n, acc);
         }
@@ -400,7 +415,7 @@ __global__ void reduce4_f32_kernel(const int *pair_slot, const float *y, int64_t
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 slot[i] = j0 + i < k ? pair_slot[t * k + j0 + i] : -1;
-                wj[i] = j0 + i < k ? load_elem(w, wdt, t * w_ld + j0 + i) : 0.0f;
+                wj[i] = j0 + i >= k ? 0.0f : w ? load_elem(w, wdt, t * w_ld + j0 + i) : 1.0f;
             }
 #pragma unroll
             for (int i = 0; i < 8; i++) v[i] = *(const float4 *)(y + (int64_t)(slot[i] < 0 ? 0 : slot[i]) * H + n);

@@ -16,7 +16,8 @@ typedef struct routing_dev {
     int *ends;       /* [E]   end of each expert's slots: offsets[e] + counts[e] */
     int *mtile_off;  /* [E+1] prefix of ceil(counts/tile_rows) */
     int *pair_slot;  /* [P]   slot of pair p = t*k+j, or -1 for a sentinel */
-    int *slot_token; /* [P]   token of each slot */
+    int *slot_token; /* [P]   token of each slot (sonicmoe's forward overwrites it with each slot's
+                               routing weight once its gate/up GEMM has read it) */
     int *hit;        /* [E]   routing_build with hits: the experts with rows, in expert order */
     int *sched;      /* [E+4] routing_build with hits: zeroed for the one-launch streamed forward
                                (gemv.cuh's gemv_mma_experts) */
@@ -50,7 +51,13 @@ moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int6
 moex_status routing_gather(const routing_dev &r, int64_t T, int64_t k, const void *hidden, moex_dtype hdt, int64_t ld,
                            void *dst, moex_dtype dst_dt, int64_t H, cudaStream_t s);
 
-/* out[t] = sum_j w[t,j] * y[pair_slot[t*k+j]] in j order (f32), stored in out's dtype. */
+/* slot_w[pair_slot[t*k+j]] = w[t,j] (f32) for every non-sentinel pair: each slot's routing weight,
+ * for an epilogue that applies it (sonicmoe's down GEMM). */
+moex_status routing_slot_weights(const int *pair_slot, const void *w, moex_dtype wdt, int64_t w_ld, int64_t T,
+                                 int64_t k, float *slot_w, cudaStream_t s);
+
+/* out[t] = sum_j w[t,j] * y[pair_slot[t*k+j]] in j order (f32), stored in out's dtype; w NULL:
+ * the plain sum (y already weighted). */
 moex_status routing_reduce(const int *pair_slot, const void *y, moex_dtype ydt, int64_t H, const void *w,
                            moex_dtype wdt, int64_t w_ld, int64_t T, int64_t k, void *out, moex_dtype odt,
                            int64_t out_ld, cudaStream_t s);
