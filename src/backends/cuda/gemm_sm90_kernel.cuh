@@ -26,10 +26,10 @@ constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTE
 constexpr int SROW = 72, EPI_OFFSET = STAGES * STAGE_BYTES + 128;
 constexpr int EPI_BYTES = 8 * 16 * SROW * 2;
 constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 128 + EPI_BYTES;
-/* the gathered A-load's source rows of each producer warp's tile (4 x BM ints), after the
- * staging area */
-constexpr int GATHER_OFFSET = EPI_OFFSET + EPI_BYTES, GATHER_SMEM_BYTES = SMEM_BYTES + 4 * BM * 4;
-static_assert(2 * STAGES * 8 <= 128, "barriers");
+/* the gathered A-load's source rows of the producer's current and previous tile (2 x BM ints),
+ * after the staging area */
+constexpr int GATHER_OFFSET = EPI_OFFSET + EPI_BYTES, GATHER_SMEM_BYTES = SMEM_BYTES + 2 * BM * 4;
+static_assert(3 * STAGES * 8 <= 128, "barriers: full, empty and the gathered A-load's landed");
 /* setmaxnreg: 128 producer + 256 consumer threads share the pool of a block compiled for
  * 168 registers; asking for more than the pool makes setmaxnreg.inc wait forever. The consumers
  * take 232 (their two 64-float accumulators), the producer the rest. */
@@ -137,12 +137,13 @@ __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, uint
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
-/* Wait until the thread's cp.async copies have landed. */
-__device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.commit_group;\n cp.async.wait_group 0;" ::: "memory");
+/* Arrive on the barrier once the thread's earlier cp.async copies have landed (counted in the
+ * barrier's expected arrivals: .noinc). */
+__device__ __forceinline__ void cp_async_arrive(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 /* cp.async writes shared memory through the generic proxy, wgmma reads it through the async
- * proxy: the writer orders the two once its copies have landed, before it signals them. */
+ * proxy: a thread that has seen the writes land orders the two before it signals them. */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 /* Matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart. */
@@ -395,10 +396,10 @@ __device__ __forceinline__ void epilogue_half(const float (&dh)[64], int half, c
 /* ---- the producer ---------------------------------------------------------------- */
 
 /* Thread 0 of warpgroup 0 issues the TMA copies of every k-block of the block's tiles into the
- * ring. Per stage: the tile's A rows (k_block<T>() inputs, 128 bytes a row), then the weight
+ * ring (WITH_A false: the weight rows only, for the gathered A-load). Per stage: the tile's A rows (k_block<T>() inputs, 128 bytes a row), then the weight
  * rows: gate/up concatenated as [gate 0-63, up 0-63 | gate 64-127, up 64-127] of the tile (FP8
  * wide tiles: [gate 0-63, up 0-63]), otherwise tile_n (BN; FP8 wide: FP8_BN) consecutive rows. */
-template <typename T, int EPI, bool NARROW>
+template <typename T, int EPI, bool NARROW, bool WITH_A = true>
 __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensorMap &map_b, const gemm_params &p,
                                         unsigned char *smem, uint64_t *full, uint64_t *empty, int64_t total,
                                         int k_blocks) {
@@ -413,8 +414,8 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
         for (int kb = 0; kb < k_blocks; kb++) {
             mbar_wait(&empty[stage], phase ^ 1);
             unsigned char *a = smem + stage * ring<T, NARROW>::stage_bytes, *b = a + A_BYTES;
-            mbar_expect_tx(&full[stage], (NARROW ? NARROW_ROWS * 128 : A_BYTES) + B_LOAD);
-            tma_load(a, &map_a, &full[stage], kb * KB, (int)tl.a_row);
+            mbar_expect_tx(&full[stage], (WITH_A ? NARROW ? NARROW_ROWS * 128 : A_BYTES : 0) + B_LOAD);
+            if (WITH_A) tma_load(a, &map_a, &full[stage], kb * KB, (int)tl.a_row);
             if (EPI == EPI_GATE_UP_CONCAT) {
                 for (int q = 0; q < GU_BOXES; q++)
                     tma_load(b + q * GU_BOX * 128, &map_b, &full[stage], kb * KB,
@@ -427,73 +428,65 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
     }
 }
 
-/* The gathered A-load (bf16/f16): the producer warpgroup's 4 warps copy the A rows of the ring's
- * 4 stages, warp w those of stage w (k-blocks w, w + 4, ... of the block's sequence), straight
- * from the source matrix, row r of a tile being row a_index[a_row + r] of it, with cp.async in
- * 16-byte pieces to the addresses the 128-byte swizzle gives (piece q of row r at r * 128 +
- * (q ^ r % 8) * 16, where a TMA copy would put it); its lane 0 issues the stage's weight rows
- * by TMA. Lane l copies piece l % 8 of rows l / 8 + 4 j, so 8 lanes read a row's 128 contiguous
- * bytes. Rows past the tile's and columns past K are zero-filled. Each lane waits for its own
- * copies, orders them before the wgmmas' async-proxy reads (fence.proxy.async: cp.async writes
- * through the generic proxy) and arrives on the stage's barrier (32 arrivals and lane 0's for
- * the weights' bytes); the 4 warps keep all 4 stages in flight. A tile's source rows are read
- * once into the warp's own 128 ints of shared memory. */
+/* The gathered A-load (bf16/f16), by three roles of the producer warpgroup:
+ *   warps 0-1 (64 threads) copy each stage's A rows straight from the source matrix, row r of a
+ *     tile being row a_index[a_row + r] of it, with cp.async in 16-byte pieces to the addresses
+ *     the 128-byte swizzle gives (piece q of row r at r * 128 + (q ^ r % 8) * 16, where a TMA
+ *     copy would put it): thread i piece i % 8 of rows i / 8 + 8 j, so 8 threads read a row's 128
+ *     contiguous bytes. Rows past the tile's and columns past K are zero-filled. Each thread's
+ *     copies arrive on the stage's `landed` barrier when they land (cp.async.mbarrier.arrive:
+ *     nobody waits on a copy);
+ *   warp 2's lane 0 issues the weight rows by TMA (produce, without A);
+ *   warp 3's lane 0 relays: once a stage's rows have landed it orders those generic-proxy writes
+ *     before the async-proxy reads of the wgmmas (fence.proxy.async) and arrives on the stage's
+ *     full barrier, which the consumers wait on as for TMA copies.
+ * A tile's source rows are read once into shared memory (two buffers, the tiles alternating,
+ * with one barrier of the two copying warps a tile: a buffer is rewritten only after both have
+ * passed the barrier of the tile that followed its last use). */
 template <typename T, int EPI, bool NARROW>
-__device__ __forceinline__ void produce_gathered(const CUtensorMap &map_b, const gemm_params &p, unsigned char *smem,
-                                                 uint64_t *full, uint64_t *empty, int64_t total, int k_blocks,
-                                                 int64_t K, int tid) {
+__device__ __forceinline__ void produce_gathered_rows(const gemm_params &p, unsigned char *smem, uint64_t *landed,
+                                                      uint64_t *empty, int64_t total, int k_blocks, int64_t K,
+                                                      int tid) {
     static_assert(!is_fp8<T>(), "the gathered A-load takes 16-bit A");
-    static_assert(ring<T, NARROW>::stages == 4, "one producer warp a stage");
-    constexpr int ROWS = NARROW ? NARROW_ROWS : BM, PER_LANE = ROWS / 4, TILE_N = tile_n<T, NARROW>();
-    constexpr int GU_BOX = BN / 4, GU_BOXES = TILE_N / GU_BOX;
-    const int stage = tid / 32, lane = tid % 32, piece = lane % 8, r0 = lane / 8;
-    /* rows r0 + 4 j: r % 8 is r0 for even j, r0 + 4 for odd */
-    const uint32_t swz_even = (uint32_t)((piece ^ r0) * 16), swz_odd = (uint32_t)((piece ^ (r0 + 4)) * 16);
+    constexpr int ROWS = NARROW ? NARROW_ROWS : BM, PASSES = ROWS / 8;
+    const int piece = tid % 8, r0 = tid / 8;
+    const uint32_t swz = (uint32_t)((piece ^ r0) * 16); /* (r0 + 8 j) % 8 == r0 */
     const T *src = (const T *)p.gather;
-    const uint32_t rows = smem_addr(smem + GATHER_OFFSET) + stage * (BM * 4);
-    unsigned char *a = smem + stage * ring<T, NARROW>::stage_bytes, *b = a + A_BYTES;
-    /* this warp's k-blocks: number stage, stage + 4, ... of the block's tiles' k-blocks in order */
-    int64_t t = blockIdx.x, loaded = -1;
-    int kb = stage, phase = 0;
-    while (kb >= k_blocks && t < total) kb -= k_blocks, t += gridDim.x;
-    tile tl = {};
-    while (t < total) {
-        if (t != loaded) { /* the source row of each of the tile's rows, -1 past its last */
-            tl = find_tile<ROWS>(p, t);
-            __syncwarp();
-            for (int r = lane; r < ROWS; r += 32)
-                sts4(rows + r * 4, (uint32_t)(r < tl.rows ? __ldg(p.a_index + tl.a_row + r) : -1));
-            __syncwarp();
-            loaded = t;
-        }
-        mbar_wait(&empty[stage], phase ^ 1);
-        if (lane == 0) {
-            const int64_t b_row = tl.e * p.rows_per_expert;
-            mbar_expect_tx(&full[stage], TILE_N * 128);
-            if (EPI == EPI_GATE_UP_CONCAT) {
-                for (int q = 0; q < GU_BOXES; q++)
-                    tma_load(b + q * GU_BOX * 128, &map_b, &full[stage], kb * BK,
-                             (int)(b_row + (q & 1) * p.up_offset + tl.n * (TILE_N / 2) + (q >> 1) * GU_BOX));
-            } else {
-                tma_load(b, &map_b, &full[stage], kb * BK, (int)(b_row + tl.n * TILE_N));
+    int stage = 0, phase = 0, buf = 0;
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x, buf ^= 1) {
+        const tile tl = find_tile<ROWS>(p, t);
+        /* the source row of each of the tile's rows, -1 past its last */
+        const uint32_t rows = smem_addr(smem + GATHER_OFFSET) + buf * (BM * 4);
+        for (int r = tid; r < ROWS; r += 64)
+            sts4(rows + r * 4, (uint32_t)(r < tl.rows ? __ldg(p.a_index + tl.a_row + r) : -1));
+        asm volatile("bar.sync 1, 64;" ::: "memory");
+        for (int kb = 0; kb < k_blocks; kb++) {
+            mbar_wait(&empty[stage], phase ^ 1);
+            const int64_t col = (int64_t)kb * BK + piece * 8;
+            const uint32_t dst = smem_addr(smem + stage * ring<T, NARROW>::stage_bytes) + (uint32_t)r0 * 128 + swz;
+#pragma unroll
+            for (int j = 0; j < PASSES; j++) {
+                const int row = (int)lds4(rows + (r0 + 8 * j) * 4);
+                const bool in = row >= 0 && col < K;
+                cp_async16(dst + j * 8 * 128, in ? src + (int64_t)row * p.gather_ld + col : src, in ? 16 : 0);
             }
+            cp_async_arrive(&landed[stage]);
+            if (++stage == ring<T, NARROW>::stages) stage = 0, phase ^= 1;
         }
-        const int64_t col = (int64_t)kb * BK + piece * 8;
-        const uint32_t dst = smem_addr(a) + (uint32_t)r0 * 128;
-#pragma unroll 8
-        for (int j = 0; j < PER_LANE; j++) {
-            const int row = (int)lds4(rows + (r0 + 4 * j) * 4);
-            const bool in = row >= 0 && col < K;
-            cp_async16(dst + j * 4 * 128 + (j & 1 ? swz_odd : swz_even),
-                       in ? src + (int64_t)row * p.gather_ld + col : src, in ? 16 : 0);
-        }
-        cp_async_wait_all();
-        fence_proxy_async();
-        mbar_arrive(&full[stage]);
-        phase ^= 1;
-        kb += ring<T, NARROW>::stages;
-        while (kb >= k_blocks && t < total) kb -= k_blocks, t += gridDim.x;
     }
+}
+
+/* Warp 3's lane 0 of the gathered A-load: stage by stage, the rows landed -> fence -> full. */
+__device__ __forceinline__ void relay_gathered(uint64_t *landed, uint64_t *full, int64_t total, int k_blocks,
+                                               int stages) {
+    int stage = 0, phase = 0;
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x)
+        for (int kb = 0; kb < k_blocks; kb++) {
+            mbar_wait(&landed[stage], phase);
+            fence_proxy_async();
+            mbar_arrive(&full[stage]);
+            if (++stage == stages) stage = 0, phase ^= 1;
+        }
 }
 
 /* ---- the float consumers ------------------------------------------------------------ */
@@ -754,8 +747,8 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase
 
 /* ---- the kernel ------------------------------------------------------------------- */
 
-/* One producer warpgroup (setmaxnreg'd down; one thread issues the copies, or with GATHER each
- * warp copies one stage's A rows) and CONSUMERS warpgroups: the float consumers, or the FP8 ones for
+/* One producer warpgroup (setmaxnreg'd down; one thread issues the copies, or with GATHER the
+ * roles of produce_gathered_rows) and CONSUMERS warpgroups: the float consumers, or the FP8 ones for
  * T = uint8_t. This is the body of every kernel of the family: the __global__ templates below
  * (built with the library) and the kernels compiled at run time (gemm_rtc.c), which may fix the
  * input size: SHAPE_K, when not 0, is K (p.K is then not read), so that the k-loop's trip count
@@ -767,13 +760,15 @@ __device__ __forceinline__ void grouped_gemm_body(const CUtensorMap &map_a, cons
     unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     typedef ring<T, NARROW> R;
     uint64_t *full = (uint64_t *)(smem + R::stages * R::stage_bytes), *empty = full + R::stages;
+    uint64_t *landed = empty + R::stages; /* GATHER: the A rows' arrival */
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     if (threadIdx.x == 0) {
         /* FP8: the copies' arrival and one a lane of the scale warp (produce_scales); GATHER: the
-         * weights' and one a lane of the stage's producer warp */
+         * weights' and the relay's, landed one a copying thread */
         for (int s = 0; s < R::stages; s++) {
-            mbar_init(&full[s], is_fp8<T>() || GATHER ? 33 : 1);
+            mbar_init(&full[s], is_fp8<T>() ? 33 : GATHER ? 2 : 1);
             mbar_init(&empty[s], CONSUMERS);
+            if (GATHER) mbar_init(&landed[s], 64);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -784,7 +779,12 @@ __device__ __forceinline__ void grouped_gemm_body(const CUtensorMap &map_a, cons
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
         if constexpr (GATHER) {
-            produce_gathered<T, EPI, NARROW>(map_b, p, smem, full, empty, total, k_blocks, K, tid);
+            if (tid < 64)
+                produce_gathered_rows<T, EPI, NARROW>(p, smem, landed, empty, total, k_blocks, K, tid);
+            else if (tid == 64)
+                produce<T, EPI, NARROW, false>(map_a, map_b, p, smem, full, empty, total, k_blocks);
+            else if (tid == 96)
+                relay_gathered(landed, full, total, k_blocks, R::stages);
             return;
         }
         if (tid == 0) produce<T, EPI, NARROW>(map_a, map_b, p, smem, full, empty, total, k_blocks);
