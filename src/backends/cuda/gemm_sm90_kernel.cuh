@@ -29,7 +29,7 @@ constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 128 + EPI_BYTES;
 /* the gathered A-load's source rows of the producer's current and previous tile (2 x BM ints),
  * after the staging area */
 constexpr int GATHER_OFFSET = EPI_OFFSET + EPI_BYTES, GATHER_SMEM_BYTES = SMEM_BYTES + 2 * BM * 4;
-static_assert(3 * STAGES * 8 <= 128, "barriers: full, empty and the gathered A-load's landed");
+static_assert(2 * STAGES * 8 <= 128, "barriers");
 /* setmaxnreg: 128 producer + 256 consumer threads share the pool of a block compiled for
  * 168 registers; asking for more than the pool makes setmaxnreg.inc wait forever. The consumers
  * take 232 (their two 64-float accumulators), the producer the rest. */
@@ -143,7 +143,7 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t *bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 /* cp.async writes shared memory through the generic proxy, wgmma reads it through the async
- * proxy: a thread that has seen the writes land orders the two before it signals them. */
+ * proxy: a thread that has seen the writes land orders the two before its wgmmas. */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 /* Matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart. */
@@ -396,10 +396,10 @@ __device__ __forceinline__ void epilogue_half(const float (&dh)[64], int half, c
 /* ---- the producer ---------------------------------------------------------------- */
 
 /* Thread 0 of warpgroup 0 issues the TMA copies of every k-block of the block's tiles into the
- * ring (WITH_A false: the weight rows only, for the gathered A-load). Per stage: the tile's A rows (k_block<T>() inputs, 128 bytes a row), then the weight
+ * ring. Per stage: the tile's A rows (k_block<T>() inputs, 128 bytes a row), then the weight
  * rows: gate/up concatenated as [gate 0-63, up 0-63 | gate 64-127, up 64-127] of the tile (FP8
  * wide tiles: [gate 0-63, up 0-63]), otherwise tile_n (BN; FP8 wide: FP8_BN) consecutive rows. */
-template <typename T, int EPI, bool NARROW, bool WITH_A = true>
+template <typename T, int EPI, bool NARROW>
 __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensorMap &map_b, const gemm_params &p,
                                         unsigned char *smem, uint64_t *full, uint64_t *empty, int64_t total,
                                         int k_blocks) {
@@ -414,8 +414,8 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
         for (int kb = 0; kb < k_blocks; kb++) {
             mbar_wait(&empty[stage], phase ^ 1);
             unsigned char *a = smem + stage * ring<T, NARROW>::stage_bytes, *b = a + A_BYTES;
-            mbar_expect_tx(&full[stage], (WITH_A ? NARROW ? NARROW_ROWS * 128 : A_BYTES : 0) + B_LOAD);
-            if (WITH_A) tma_load(a, &map_a, &full[stage], kb * KB, (int)tl.a_row);
+            mbar_expect_tx(&full[stage], (NARROW ? NARROW_ROWS * 128 : A_BYTES) + B_LOAD);
+            tma_load(a, &map_a, &full[stage], kb * KB, (int)tl.a_row);
             if (EPI == EPI_GATE_UP_CONCAT) {
                 for (int q = 0; q < GU_BOXES; q++)
                     tma_load(b + q * GU_BOX * 128, &map_b, &full[stage], kb * KB,
@@ -428,65 +428,70 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
     }
 }
 
-/* The gathered A-load (bf16/f16), by three roles of the producer warpgroup:
- *   warps 0-1 (64 threads) copy each stage's A rows straight from the source matrix, row r of a
- *     tile being row a_index[a_row + r] of it, with cp.async in 16-byte pieces to the addresses
- *     the 128-byte swizzle gives (piece q of row r at r * 128 + (q ^ r % 8) * 16, where a TMA
- *     copy would put it): thread i piece i % 8 of rows i / 8 + 8 j, so 8 threads read a row's 128
- *     contiguous bytes. Rows past the tile's and columns past K are zero-filled. Each thread's
- *     copies arrive on the stage's `landed` barrier when they land (cp.async.mbarrier.arrive:
- *     nobody waits on a copy);
- *   warp 2's lane 0 issues the weight rows by TMA (produce, without A);
- *   warp 3's lane 0 relays: once a stage's rows have landed it orders those generic-proxy writes
- *     before the async-proxy reads of the wgmmas (fence.proxy.async) and arrives on the stage's
- *     full barrier, which the consumers wait on as for TMA copies.
- * A tile's source rows are read once into shared memory (two buffers, the tiles alternating,
- * with one barrier of the two copying warps a tile: a buffer is rewritten only after both have
- * passed the barrier of the tile that followed its last use). */
+/* The gathered A-load (bf16/f16): all 128 threads of the producer warpgroup copy each stage's A
+ * rows straight from the source matrix, row r of a tile being row a_index[a_row + r] of it, with
+ * cp.async in 16-byte pieces to the addresses the 128-byte swizzle gives (piece q of row r at
+ * r * 128 + (q ^ r % 8) * 16, where a TMA copy would put it); thread 0 also issues the weight
+ * rows by TMA. Thread i copies piece i % 8 of rows i / 8 + 16 j, so 8 threads read a row's 128
+ * contiguous bytes. Rows past the tile's and columns past K are zero-filled. Each thread's
+ * copies arrive on the stage's full barrier when they land (cp.async.mbarrier.arrive: nobody
+ * waits on a copy; the barrier expects the 128 arrivals and thread 0's for the weights' bytes);
+ * the consumers order those generic-proxy writes before their wgmmas' async-proxy reads
+ * (wait_full). A tile's source rows are read once into shared memory (two buffers, the tiles
+ * alternating, with one barrier of the warpgroup a tile: a buffer is rewritten only after every
+ * thread has passed the barrier of the tile that followed its last use). Measured against two
+ * other arrangements (dev/notes/sonicmoe-notes.md): one warp a stage, each waiting for its
+ * copies, and two copying warps with a relay thread; fewer copying threads were slower. */
 template <typename T, int EPI, bool NARROW>
-__device__ __forceinline__ void produce_gathered_rows(const gemm_params &p, unsigned char *smem, uint64_t *landed,
-                                                      uint64_t *empty, int64_t total, int k_blocks, int64_t K,
-                                                      int tid) {
+__device__ __forceinline__ void produce_gathered(const CUtensorMap &map_b, const gemm_params &p, unsigned char *smem,
+                                                 uint64_t *full, uint64_t *empty, int64_t total, int k_blocks,
+                                                 int64_t K, int tid) {
     static_assert(!is_fp8<T>(), "the gathered A-load takes 16-bit A");
-    constexpr int ROWS = NARROW ? NARROW_ROWS : BM, PASSES = ROWS / 8;
+    constexpr int ROWS = NARROW ? NARROW_ROWS : BM, PASSES = ROWS / 16, TILE_N = tile_n<T, NARROW>();
+    constexpr int GU_BOX = BN / 4, GU_BOXES = TILE_N / GU_BOX;
     const int piece = tid % 8, r0 = tid / 8;
-    const uint32_t swz = (uint32_t)((piece ^ r0) * 16); /* (r0 + 8 j) % 8 == r0 */
+    const uint32_t swz = (uint32_t)((piece ^ (r0 % 8)) * 16); /* (r0 + 16 j) % 8 == r0 % 8 */
     const T *src = (const T *)p.gather;
     int stage = 0, phase = 0, buf = 0;
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x, buf ^= 1) {
         const tile tl = find_tile<ROWS>(p, t);
+        const int64_t b_row = tl.e * p.rows_per_expert;
         /* the source row of each of the tile's rows, -1 past its last */
         const uint32_t rows = smem_addr(smem + GATHER_OFFSET) + buf * (BM * 4);
-        for (int r = tid; r < ROWS; r += 64)
-            sts4(rows + r * 4, (uint32_t)(r < tl.rows ? __ldg(p.a_index + tl.a_row + r) : -1));
-        asm volatile("bar.sync 1, 64;" ::: "memory");
+        if (tid < ROWS) sts4(rows + tid * 4, (uint32_t)(tid < tl.rows ? __ldg(p.a_index + tl.a_row + tid) : -1));
+        asm volatile("bar.sync 1, 128;" ::: "memory");
         for (int kb = 0; kb < k_blocks; kb++) {
             mbar_wait(&empty[stage], phase ^ 1);
+            unsigned char *a = smem + stage * ring<T, NARROW>::stage_bytes, *b = a + A_BYTES;
+            if (tid == 0) {
+                mbar_expect_tx(&full[stage], TILE_N * 128);
+                if (EPI == EPI_GATE_UP_CONCAT) {
+                    for (int q = 0; q < GU_BOXES; q++)
+                        tma_load(b + q * GU_BOX * 128, &map_b, &full[stage], kb * BK,
+                                 (int)(b_row + (q & 1) * p.up_offset + tl.n * (TILE_N / 2) + (q >> 1) * GU_BOX));
+                } else {
+                    tma_load(b, &map_b, &full[stage], kb * BK, (int)(b_row + tl.n * TILE_N));
+                }
+            }
             const int64_t col = (int64_t)kb * BK + piece * 8;
-            const uint32_t dst = smem_addr(smem + stage * ring<T, NARROW>::stage_bytes) + (uint32_t)r0 * 128 + swz;
+            const uint32_t dst = smem_addr(a) + (uint32_t)r0 * 128 + swz;
 #pragma unroll
             for (int j = 0; j < PASSES; j++) {
-                const int row = (int)lds4(rows + (r0 + 8 * j) * 4);
+                const int row = (int)lds4(rows + (r0 + 16 * j) * 4);
                 const bool in = row >= 0 && col < K;
-                cp_async16(dst + j * 8 * 128, in ? src + (int64_t)row * p.gather_ld + col : src, in ? 16 : 0);
+                cp_async16(dst + j * 16 * 128, in ? src + (int64_t)row * p.gather_ld + col : src, in ? 16 : 0);
             }
-            cp_async_arrive(&landed[stage]);
+            cp_async_arrive(&full[stage]);
             if (++stage == ring<T, NARROW>::stages) stage = 0, phase ^= 1;
         }
     }
 }
 
-/* Warp 3's lane 0 of the gathered A-load: stage by stage, the rows landed -> fence -> full. */
-__device__ __forceinline__ void relay_gathered(uint64_t *landed, uint64_t *full, int64_t total, int k_blocks,
-                                               int stages) {
-    int stage = 0, phase = 0;
-    for (int64_t t = blockIdx.x; t < total; t += gridDim.x)
-        for (int kb = 0; kb < k_blocks; kb++) {
-            mbar_wait(&landed[stage], phase);
-            fence_proxy_async();
-            mbar_arrive(&full[stage]);
-            if (++stage == stages) stage = 0, phase ^= 1;
-        }
+/* A stage's bytes have landed: wait on its barrier; GATHER (the cp.async A-load) then orders
+ * those generic-proxy writes before the wgmmas' async-proxy reads. */
+template <bool GATHER> __device__ __forceinline__ void wait_full(uint64_t *bar, int phase) {
+    mbar_wait(bar, phase);
+    if (GATHER) fence_proxy_async();
 }
 
 /* ---- the float consumers ------------------------------------------------------------ */
@@ -498,7 +503,7 @@ __device__ __forceinline__ void relay_gathered(uint64_t *landed, uint64_t *full,
  * stages of those k-blocks are kept until the second half has read them too). NARROW (experts
  * of few rows; not with OVERLAP): tiles of NARROW_ROWS rows, and warpgroup w multiplies all of
  * them by half w-1 of the weight tile, so no warpgroup multiplies a block of empty rows. */
-template <typename T, int EPI, bool OVERLAP, bool NARROW>
+template <typename T, int EPI, bool OVERLAP, bool NARROW, bool GATHER>
 __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned char *smem, uint64_t *full,
                                               uint64_t *empty, int64_t total, int k_blocks, int wg, int tid) {
     int stage = 0, phase = 0;
@@ -515,7 +520,7 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
             const int lead = k_blocks < STAGES ? k_blocks : STAGES;
             int s0 = stage, ph0 = phase;
             for (int j = 0; j < lead; j++) {
-                mbar_wait(&full[stage], phase);
+                wait_full<GATHER>(&full[stage], phase);
                 const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES;
                 wgmma_fence();
 #pragma unroll
@@ -546,7 +551,7 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
         }
         /* one group of wgmmas stays in flight: the stage of k-block kb-1 is released once kb's are issued */
         for (; kb < k_blocks; kb++) {
-            mbar_wait(&full[stage], phase);
+            wait_full<GATHER>(&full[stage], phase);
             const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES;
             wgmma_fence();
             if (NARROW) { /* all 64 rows of the tile by the warpgroup's half of the weight tile */
@@ -747,8 +752,8 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase
 
 /* ---- the kernel ------------------------------------------------------------------- */
 
-/* One producer warpgroup (setmaxnreg'd down; one thread issues the copies, or with GATHER the
- * roles of produce_gathered_rows) and CONSUMERS warpgroups: the float consumers, or the FP8 ones for
+/* One producer warpgroup (setmaxnreg'd down; one thread issues the copies, or with GATHER all
+ * 128 copy A's rows: produce_gathered) and CONSUMERS warpgroups: the float consumers, or the FP8 ones for
  * T = uint8_t. This is the body of every kernel of the family: the __global__ templates below
  * (built with the library) and the kernels compiled at run time (gemm_rtc.c), which may fix the
  * input size: SHAPE_K, when not 0, is K (p.K is then not read), so that the k-loop's trip count
@@ -760,15 +765,13 @@ __device__ __forceinline__ void grouped_gemm_body(const CUtensorMap &map_a, cons
     unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     typedef ring<T, NARROW> R;
     uint64_t *full = (uint64_t *)(smem + R::stages * R::stage_bytes), *empty = full + R::stages;
-    uint64_t *landed = empty + R::stages; /* GATHER: the A rows' arrival */
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     if (threadIdx.x == 0) {
         /* FP8: the copies' arrival and one a lane of the scale warp (produce_scales); GATHER: the
-         * weights' and the relay's, landed one a copying thread */
+         * weights' and one a producer thread */
         for (int s = 0; s < R::stages; s++) {
-            mbar_init(&full[s], is_fp8<T>() ? 33 : GATHER ? 2 : 1);
+            mbar_init(&full[s], is_fp8<T>() ? 33 : GATHER ? 129 : 1);
             mbar_init(&empty[s], CONSUMERS);
-            if (GATHER) mbar_init(&landed[s], 64);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -779,12 +782,7 @@ __device__ __forceinline__ void grouped_gemm_body(const CUtensorMap &map_a, cons
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
         if constexpr (GATHER) {
-            if (tid < 64)
-                produce_gathered_rows<T, EPI, NARROW>(p, smem, landed, empty, total, k_blocks, K, tid);
-            else if (tid == 64)
-                produce<T, EPI, NARROW, false>(map_a, map_b, p, smem, full, empty, total, k_blocks);
-            else if (tid == 96)
-                relay_gathered(landed, full, total, k_blocks, R::stages);
+            produce_gathered<T, EPI, NARROW>(map_b, p, smem, full, empty, total, k_blocks, K, tid);
             return;
         }
         if (tid == 0) produce<T, EPI, NARROW>(map_a, map_b, p, smem, full, empty, total, k_blocks);
@@ -799,7 +797,7 @@ __device__ __forceinline__ void grouped_gemm_body(const CUtensorMap &map_a, cons
         consume_fp8<EPI, NARROW>(p, smem_addr(smem), smem_addr(full), smem_addr(empty),
                                  smem_addr(full) + 128, total, k_blocks, wg, tid);
     else
-        consume_float<T, EPI, OVERLAP, NARROW>(p, smem, full, empty, total, k_blocks, wg, tid);
+        consume_float<T, EPI, OVERLAP, NARROW, GATHER>(p, smem, full, empty, total, k_blocks, wg, tid);
 }
 
 template <typename T, int EPI, bool OVERLAP, bool NARROW>
