@@ -82,6 +82,13 @@ def cell(v, fmt="%.4g"):
     return fmt % v if v == v else "-"
 
 
+def print_checks(checks):
+    """Each (text, ok) as "met" or "not met", then how many were met."""
+    for text, ok in checks:
+        print("%-8s %s" % ("met" if ok else "not met", text))
+    print("%d of %d met" % (sum(ok for _, ok in checks), len(checks)))
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description="deepgemm beside grouped_mm, DeepGEMM's GEMMs and vLLM")
     ap.add_argument("moex", nargs="+")
@@ -120,9 +127,7 @@ def main(argv):
             rivals = [x for x in (m, v) if x == x]
             checks.append(("%s %s %d: deepgemm %.4g ms vs DeepGEMM masked %s, vllm %s" % (s, d, t, ms, cell(m), cell(v)),
                            bool(rivals) and ms < min(rivals)))
-    for text, ok in checks:
-        print("%-8s %s" % ("met" if ok else "not met", text))
-    print("%d of %d met" % (sum(ok for _, ok in checks), len(checks)))
+    print_checks(checks)
     return 0
 
 

@@ -20,7 +20,7 @@ import argparse
 import re
 import sys
 
-from deepgemm_compare import cell, read_vllm, rows_of  # the same directory
+from deepgemm_compare import cell, print_checks, read_vllm, rows_of  # the same directory
 from peer_compare import fnum
 
 
@@ -92,9 +92,7 @@ def main(argv):
         checks.append(("%s %d: workspace %s MiB (sonicmoe) vs %s MiB (grouped_mm): %s MiB less, gathered copy %.1f "
                        "MiB" % (s, t, cell(s_[2], "%.1f"), cell(g[2], "%.1f"), cell(g[2] - s_[2], "%.1f"), copy),
                        g[2] == g[2] and g[2] - s_[2] >= copy * (1 - 1e-5)))  # the CSV's 6 digits
-    for text, ok in checks:
-        print("%-8s %s" % ("met" if ok else "not met", text))
-    print("%d of %d met" % (sum(ok for _, ok in checks), len(checks)))
+    print_checks(checks)
     return 0
 
 

@@ -153,6 +153,15 @@ static int quant_supports(cuda_kind kind, const moex_experts_desc *d, char *why,
     return 1;
 }
 
+/* A backend that runs the grouped GEMMs at every size (deepgemm, sonicmoe): tc_layout, or a
+ * reason naming the backend and grouped_mm. */
+static int gemm_only_layer(const char *backend, const moex_experts_desc *d, char *why, size_t n) {
+    char what[160];
+    if (tc_layout(d, what, sizeof what)) return 1;
+    snprintf(why, n, "%s's grouped GEMMs do not take this layer: %s (grouped_mm runs it)", backend, what);
+    return 0;
+}
+
 /* sonicmoe (R7; the device and the activation are checked by its needs, planned.c): bf16 or f16
  * gated experts the fused GEMMs take. */
 static int sonicmoe_supports_layer(const moex_experts_desc *d, char *why, size_t n) {
@@ -167,12 +176,7 @@ static int sonicmoe_supports_layer(const moex_experts_desc *d, char *why, size_t
                  "runs it)");
         return 0;
     }
-    char what[160];
-    if (!tc_layout(d, what, sizeof what)) {
-        snprintf(why, n, "sonicmoe's fused GEMMs do not take this layer: %s (grouped_mm runs it)", what);
-        return 0;
-    }
-    return 1;
+    return gemm_only_layer("sonicmoe", d, why, n);
 }
 
 /* The device, where the weights are and, for quantized layers, quant_supports. */
@@ -196,12 +200,7 @@ static int cuda_supports(cuda_kind kind, const moex_experts_desc *d, const moex_
                  "run them)", moex_dtype_name(w));
         return 0;
     }
-    char what[160];
-    if (!tc_layout(d, what, sizeof what)) {
-        snprintf(why, n, "deepgemm's grouped GEMMs do not take this layer: %s (grouped_mm runs it)", what);
-        return 0;
-    }
-    return 1;
+    return gemm_only_layer("deepgemm", d, why, n);
 }
 
 /* The compute capability (x 10) whose rule on FP8 scales deepgemm applies: the device's, or
