@@ -376,17 +376,16 @@ static size_t gemv_bytes(const moex_experts_desc *d, int64_t P, int with_y) {
     return align256((size_t)P * d->intermediate * 4) + (with_y ? align256((size_t)P * d->hidden * 4) : 0);
 }
 
-/* Bytes of the tensor-core path: A [P, H], h [P, I], y [P, H] in the weights' dtype. */
-static size_t tc_bytes(const moex_experts_desc *d, int64_t P) {
-    const size_t es = esize(moex_weight_dtype(d));
-    return 2 * align256((size_t)P * d->hidden * es) + align256((size_t)P * d->intermediate * es);
-}
-
-/* Bytes of sonicmoe's fused path: tc_bytes without the gathered activations (h and y; each
- * slot's routing weight reuses the routing's slot_token: gemm_path). */
+/* Bytes of sonicmoe's fused path: h [P, I] and y [P, H] in the weights' dtype (each slot's
+ * routing weight reuses the routing's slot_token: gemm_path). */
 static size_t sonic_bytes(const moex_experts_desc *d, int64_t P) {
     const size_t es = esize(moex_weight_dtype(d));
     return align256((size_t)P * d->intermediate * es) + align256((size_t)P * d->hidden * es);
+}
+
+/* Bytes of the tensor-core path: the gathered activations A [P, H] before sonic_bytes' h and y. */
+static size_t tc_bytes(const moex_experts_desc *d, int64_t P) {
+    return align256((size_t)P * d->hidden * esize(moex_weight_dtype(d))) + sonic_bytes(d, P);
 }
 
 /* Quantized carves of a forward of T tokens (P pairs): FP8 batched_mm xf [T, H] f32 (the quantized
