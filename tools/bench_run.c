@@ -668,7 +668,9 @@ int bench_run(bench_state *st)
     if (bench_alloc((void **)&st->results, (double)n * sizeof(case_result), "results"))
         return EXIT_RUNTIME;
     for (int i = 0; i < n; i++)
-        st->results[i] = (case_result){NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, CASE_RAN};
+        st->results[i] = (case_result){.ms = NAN, .gflops = NAN, .weight_gbps = NAN, .max_abs_err = NAN,
+                                       .gemm_frac = NAN, .bw_frac = NAN, .read_floor_ms = NAN, .floor_frac = NAN,
+                                       .first_ms = NAN, .workspace_mib = NAN, .state = CASE_RAN};
     bench_print_table_header(st);
     for (int ti = 0; ti < o->ntokens && !rc; ti++)
         rc = run_tokens(st, ti);
