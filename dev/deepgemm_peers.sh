@@ -11,22 +11,11 @@
 # TOKENS (1,8,64,512,4096,16384), MOEX_DEPS_DIR (cJSON sources, peer-run/deps). A peer that is
 # missing is skipped with a line saying so.
 set -uo pipefail
-if [ $# -ne 1 ]; then
-  echo "usage: $0 OUT_DIR" >&2
-  exit 2
-fi
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-mkdir -p "$1" && OUT=$(cd "$1" && pwd) || exit 2
+. "$(dirname "$0")/gpu_peers_lib.sh"
+peers_start "$@"
 TOKENS=${TOKENS:-1,8,64,512,4096,16384}
 DG=${DG_PAYLOAD_DIR:-$ROOT/peer-run/deepgemm}
-VLLM=${VLLM_HARNESS:-$ROOT/peer-run/vllm_fused_moe_bench.py}
-export MOEX_DEPS_DIR=${MOEX_DEPS_DIR:-$ROOT/peer-run/deps}
-WORK=$(mktemp -d)
-say() { echo "[$(date -u +%H:%M:%S)] $*"; }
-
-say "building moex"
-( cd "$ROOT" && BUILD_DIR=build-gpu SUITE_STEPS=none bash scripts/gpu_suite.sh "$WORK/build" ) >"$WORK/build.log" 2>&1 ||
-  { tail -30 "$WORK/build.log"; say "build failed"; exit 1; }
+peers_build
 for shape in qwen3-30b-a3b deepseek-v3; do
   say "moex bench $shape"
   "$ROOT/build-gpu/moex" bench --device cuda --shape "$shape" --dtype bf16,fp8 --tokens "$TOKENS" \
@@ -41,15 +30,7 @@ if [ -f "$DG/deepgemm-pkg.tar.xz" ]; then
 else
   say "no DeepGEMM package in $DG: its rows are skipped"
 fi
-VLLM_ARG=()
-if [ -f "$VLLM" ]; then
-  say "vLLM's FP8 fused_moe"
-  ( cd "$(dirname "$VLLM")" && DTYPES=fp8 SHAPES=qwen3-30b-a3b,deepseek-v3 TOKENS="$TOKENS" python3 "$VLLM" ) \
-    >"$OUT/peer_vllm.csv" 2>"$WORK/vllm.log" || { tail -5 "$WORK/vllm.log"; say "the vLLM peer failed"; }
-  VLLM_ARG=(--vllm "$OUT/peer_vllm.csv")
-else
-  say "no vLLM harness at $VLLM: its rows are skipped"
-fi
+peers_vllm "${VLLM_HARNESS:-$ROOT/peer-run/vllm_fused_moe_bench.py}" fp8 "$TOKENS"
 if [ -s "$OUT/peer_deepgemm.csv" ]; then
   python3 "$ROOT/scripts/deepgemm_compare.py" "$OUT"/moex_*.csv --deepgemm "$OUT/peer_deepgemm.csv" "${VLLM_ARG[@]}" \
     >"$OUT/compare.txt" && tail -3 "$OUT/compare.txt"

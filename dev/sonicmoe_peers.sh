@@ -10,21 +10,10 @@
 # vllm_moe_configs/: peer-run/vllm_fused_moe_bench.py; skipped with a line when missing),
 # MOEX_DEPS_DIR (cJSON sources, peer-run/deps).
 set -uo pipefail
-if [ $# -ne 1 ]; then
-  echo "usage: $0 OUT_DIR" >&2
-  exit 2
-fi
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-mkdir -p "$1" && OUT=$(cd "$1" && pwd) || exit 2
+. "$(dirname "$0")/gpu_peers_lib.sh"
+peers_start "$@"
 TOKENS=${TOKENS:-512,4096,16384}
-VLLM=${VLLM_HARNESS:-$ROOT/peer-run/vllm_fused_moe_bench.py}
-export MOEX_DEPS_DIR=${MOEX_DEPS_DIR:-$ROOT/peer-run/deps}
-WORK=$(mktemp -d)
-say() { echo "[$(date -u +%H:%M:%S)] $*"; }
-
-say "building moex"
-( cd "$ROOT" && BUILD_DIR=build-gpu SUITE_STEPS=none bash scripts/gpu_suite.sh "$WORK/build" ) >"$WORK/build.log" 2>&1 ||
-  { tail -30 "$WORK/build.log"; say "build failed"; exit 1; }
+peers_build
 if [ "${TESTS:-0}" = 1 ]; then
   say "test_cuda_backends"
   timeout 300 "$ROOT/build-gpu/tests/gpu/test_cuda_backends" >"$OUT/tests.txt" 2>&1
@@ -41,15 +30,7 @@ for shape in qwen3-30b-a3b deepseek-v3; do
     --backends grouped_mm,sonicmoe --graph on --csv "$OUT/moex_$shape.csv" >/dev/null 2>"$WORK/moex_$shape.log" ||
     { tail -5 "$WORK/moex_$shape.log"; say "moex bench $shape failed"; }
 done
-VLLM_ARG=()
-if [ -f "$VLLM" ]; then
-  say "vLLM's bf16 fused_moe"
-  ( cd "$(dirname "$VLLM")" && DTYPES=bf16 SHAPES=qwen3-30b-a3b,deepseek-v3 TOKENS="$TOKENS" python3 "$VLLM" ) \
-    >"$OUT/peer_vllm.csv" 2>"$WORK/vllm.log" || { tail -5 "$WORK/vllm.log"; say "the vLLM peer failed"; }
-  VLLM_ARG=(--vllm "$OUT/peer_vllm.csv")
-else
-  say "no vLLM harness at $VLLM: its rows are skipped"
-fi
+peers_vllm "${VLLM_HARNESS:-$ROOT/peer-run/vllm_fused_moe_bench.py}" bf16 "$TOKENS"
 python3 "$ROOT/scripts/sonicmoe_compare.py" "$OUT"/moex_*.csv "${VLLM_ARG[@]}" >"$OUT/compare.txt" && cat "$OUT/compare.txt"
 rm -rf "$WORK"
 say "done: $OUT"
