@@ -96,7 +96,7 @@ template <typename T, int EPI, bool OVERLAP, bool NARROW = false> static cudaErr
     if constexpr (!is_fp8<T>() && EPI != EPI_DOWN && EPI != EPI_UP_ONLY) /* the gathered A-load's gate/up kernels */
         if (!err)
             err = cudaFuncSetAttribute(grouped_gemm_gather_kernel<T, EPI, OVERLAP, NARROW>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kernel_smem<T, NARROW, true>());
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, GATHER_SMEM_BYTES);
     return err;
 }
 
@@ -129,7 +129,7 @@ template <typename T, int EPI, bool OVERLAP, bool NARROW, bool GATHER>
 static void launch_one(int num_sms, cudaStream_t s, const CUtensorMap &map_a, const CUtensorMap &map_b,
                        const gemm_params &p) {
     if constexpr (GATHER)
-        grouped_gemm_gather_kernel<T, EPI, OVERLAP, NARROW><<<num_sms, THREADS, kernel_smem<T, NARROW, true>(), s>>>(
+        grouped_gemm_gather_kernel<T, EPI, OVERLAP, NARROW><<<num_sms, THREADS, GATHER_SMEM_BYTES, s>>>(
             map_a, map_b, p);
     else
         grouped_gemm_kernel<T, EPI, OVERLAP, NARROW><<<num_sms, THREADS, ring<T, NARROW>::smem_bytes, s>>>(map_a, map_b,

@@ -83,10 +83,6 @@ template <typename T, bool NARROW = false> struct ring {
                                                   : SMEM_BYTES;
 };
 static_assert(2 * ring<uint8_t>::stages * 8 <= 128, "FP8 barriers");
-/* The dynamic shared memory of a kernel: its ring's, and with the gathered A-load its rows' too. */
-template <typename T, bool NARROW, bool GATHER> __host__ __device__ constexpr int kernel_smem() {
-    return GATHER ? GATHER_SMEM_BYTES : ring<T, NARROW>::smem_bytes;
-}
 
 /* ---- PTX wrappers ------------------------------------------------------------ */
 
