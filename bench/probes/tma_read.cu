@@ -1,0 +1,208 @@
+/* tma_read.cu — a diagnostic, not part of moex: how fast the grouped GEMM's weight load
+ * (gemm_sm90_kernel.cuh: one block an SM, each work item a tile of weight rows streamed along k
+ * by TMA into a ring of stages) reads expert weights when nothing else runs, against a plain
+ * sequential read of the same bytes (results: dev/notes/cuda-notes.md).
+ *
+ * A region is R weight rows of K bf16 inputs (qwen3-30b-a3b's and deepseek-v3's gate/up and
+ * down matrices, all experts back to back). Item t is rows t*N .. +N, read as k-blocks of 64
+ * inputs (128 bytes a row), each k-block in N/BOX boxes of BOX rows, one stage a k-block.
+ * Thread 0 issues the copies, thread 32 waits for each stage and frees it. Variants:
+ *   stages S     the ring's depth (stages of N x 128 bytes)
+ *   pair P       the producer waits until P stages are free and issues P k-blocks of the same
+ *                rows together, box by box (so that a row's P x 128 bytes are asked for at
+ *                about the same time)
+ *   prefetch D   the producer also asks L2 for k-block kb + D of the item (TMA prefetch)
+ * Every variant reads every byte once. Timed with events after a 256 MiB write that flushes
+ * L2; median of RUNS.
+ *
+ *   build: the CMake target tma_read_probe (CUDA builds), or nvcc -O3 -arch=sm_90a tma_read.cu
+ *   run:   tma_read_probe   (CSV on stdout; a few seconds on an H200)
+ * Output: CSV region,rows,K,tile_rows,box_rows,stages,pair,prefetch,ms,GBps */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <algorithm>
+#include <vector>
+
+#define CK(x)                                                                                                     \
+    do {                                                                                                          \
+        cudaError_t e_ = (x);                                                                                     \
+        if (e_ != cudaSuccess) {                                                                                  \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                   \
+            exit(1);                                                                                              \
+        }                                                                                                         \
+    } while (0)
+
+static const int RUNS = 7, KB = 64, MAX_SMEM = 200 * 1024;
+
+__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void wait_parity(uint64_t *bar, int parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(saddr(bar)), "r"(parity)
+                     : "memory");
+}
+
+struct probe_args {
+    int64_t items, k_blocks;
+    int tile_rows, box_rows, stages, pair, prefetch;
+};
+
+/* smem: stages x tile_rows x 128 bytes, then 2 x stages barriers (full, empty) */
+__global__ void __launch_bounds__(64, 1) tma_read(const __grid_constant__ CUtensorMap map, probe_args a) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const int stage_bytes = a.tile_rows * 128;
+    uint64_t *full = (uint64_t *)(smem + a.stages * stage_bytes), *empty = full + a.stages;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < a.stages; s++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&full[s])));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&empty[s])));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { /* producer */
+        int stage = 0, phase = 0;
+        for (int64_t t = blockIdx.x; t < a.items; t += gridDim.x) {
+            const int row0 = (int)(t * a.tile_rows);
+            for (int64_t kb = 0; kb < a.k_blocks; kb += a.pair) {
+                const int n = (int)(a.k_blocks - kb < a.pair ? a.k_blocks - kb : a.pair);
+                int s = stage, ph = phase;
+                for (int j = 0; j < n; j++) {
+                    wait_parity(&empty[s], ph ^ 1);
+                    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(&full[s])),
+                                 "r"(stage_bytes)
+                                 : "memory");
+                    if (++s == a.stages) s = 0, ph ^= 1;
+                }
+                for (int q = 0; q < a.tile_rows / a.box_rows; q++) {
+                    s = stage;
+                    for (int j = 0; j < n; j++) {
+                        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                                     " [%0], [%1, {%2, %3}], [%4];" ::"r"(saddr(smem + s * stage_bytes + q * a.box_rows * 128)),
+                                     "l"((uint64_t)&map), "r"((int)(kb + j) * KB), "r"(row0 + q * a.box_rows),
+                                     "r"(saddr(&full[s]))
+                                     : "memory");
+                        if (++s == a.stages) s = 0;
+                    }
+                }
+                if (a.prefetch)
+                    for (int j = 0; j < n; j++)
+                        if (kb + j + a.prefetch < a.k_blocks)
+                            for (int q = 0; q < a.tile_rows / a.box_rows; q++)
+                                asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];"
+                                             ::"l"((uint64_t)&map), "r"((int)(kb + j + a.prefetch) * KB),
+                                             "r"(row0 + q * a.box_rows)
+                                             : "memory");
+                for (int j = 0; j < n; j++)
+                    if (++stage == a.stages) stage = 0, phase ^= 1;
+            }
+        }
+    } else if (threadIdx.x == 32) { /* consumer: every stage in order, freed as soon as it lands */
+        int stage = 0, phase = 0;
+        for (int64_t t = blockIdx.x; t < a.items; t += gridDim.x)
+            for (int64_t kb = 0; kb < a.k_blocks; kb++) {
+                wait_parity(&full[stage], phase);
+                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(&empty[stage])) : "memory");
+                if (++stage == a.stages) stage = 0, phase ^= 1;
+            }
+    }
+}
+
+__device__ float sink_f;
+__global__ void __launch_bounds__(256) read_seq(const uint4 *p, size_t n16) {
+    float s = 0;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) v[u] = __ldg(p + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < 4; u++) s += __uint_as_float(v[u].x ^ v[u].y ^ v[u].z ^ v[u].w);
+    }
+    for (; i < n16; i += stride) s += __uint_as_float(p[i].x ^ p[i].w);
+    if (s == 1.2345f) sink_f = s;
+}
+
+static PFN_cuTensorMapEncodeTiled_v12000 encode;
+
+template <typename F> static float median_ms(void *flush, F launch) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> t;
+    for (int r = 0; r < RUNS + 1; r++) {
+        CK(cudaMemsetAsync(flush, r & 0xff, 256u << 20));
+        CK(cudaEventRecord(e0));
+        launch();
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaGetLastError());
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r) t.push_back(ms); /* the first is a warm-up */
+    }
+    std::sort(t.begin(), t.end());
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return t[t.size() / 2];
+}
+
+int main(void) {
+    cudaDriverEntryPointQueryResult q;
+    CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000, cudaEnableDefault, &q));
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CK(cudaFuncSetAttribute(tma_read, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_SMEM));
+    struct region {
+        const char *name;
+        int64_t rows, K;
+    } regions[] = {{"qwen3-30b-a3b gate/up", 128 * 1536, 2048}, {"qwen3-30b-a3b down", 128 * 2048, 768},
+                   {"deepseek-v3 gate/up (64 experts)", 64 * 4096, 7168},
+                   {"deepseek-v3 down (64 experts)", 64 * 7168, 2048}};
+    size_t most = 0;
+    for (const region &g : regions) most = std::max(most, (size_t)(g.rows * g.K * 2));
+    void *w, *flush;
+    CK(cudaMalloc(&w, most));
+    CK(cudaMalloc(&flush, 256u << 20));
+    CK(cudaMemset(w, 1, most));
+    printf("region,rows,K,tile_rows,box_rows,stages,pair,prefetch,ms,GBps\n");
+    for (const region &g : regions) {
+        const double bytes = (double)g.rows * g.K * 2;
+        const float seq = median_ms(flush, [&] { read_seq<<<sms * 8, 256>>>((const uint4 *)w, (size_t)(bytes / 16)); });
+        printf("%s,%lld,%lld,0,0,0,0,0,%.4f,%.1f\n", g.name, (long long)g.rows, (long long)g.K, seq, bytes / seq / 1e6);
+        const int shapes[][2] = {{256, 64}, {256, 256}, {128, 64}}; /* tile rows, box rows */
+        for (const auto &sh : shapes)
+            for (int stages : {4, 6})
+                for (int pair : {1, 2, 3})
+                    for (int prefetch : {0, 4}) {
+                        const int N = sh[0], box = sh[1];
+                        if (stages * N * 128 + 2 * stages * 8 > MAX_SMEM) continue;
+                        CUtensorMap map;
+                        cuuint64_t dims[2] = {(cuuint64_t)g.K, (cuuint64_t)g.rows}, strides[1] = {(cuuint64_t)g.K * 2};
+                        cuuint32_t boxd[2] = {KB, (cuuint32_t)box}, elem[2] = {1, 1};
+                        if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, w, dims, strides, boxd, elem,
+                                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+                            fprintf(stderr, "tensor map failed\n");
+                            return 1;
+                        }
+                        probe_args a = {g.rows / N, g.K / KB, N, box, stages, pair, prefetch};
+                        /* at least 120 KiB of shared memory, so that one block runs an SM, as the GEMM's */
+                        const int smem = std::max(stages * N * 128 + 2 * stages * 8, 120 * 1024);
+                        const float ms = median_ms(flush, [&] { tma_read<<<sms, 64, smem>>>(map, a); });
+                        printf("%s,%lld,%lld,%d,%d,%d,%d,%d,%.4f,%.1f\n", g.name, (long long)g.rows, (long long)g.K, N,
+                               box, stages, pair, prefetch, ms, bytes / ms / 1e6);
+                    }
+    }
+    CK(cudaFree(w));
+    CK(cudaFree(flush));
+    return 0;
+}
