@@ -9,7 +9,7 @@
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <cstdlib>
-#define CK(x) do { cudaError_t e_ = (x); if (e_) { printf("%s: %s\n", #x, cudaGetErrorString(e_)); exit(1);} } while (0)
+#include "probe_check.h"
 
 __device__ float sink_f;
 __device__ __forceinline__ float fold(uint4 v) { return __uint_as_float(v.x ^ v.y ^ v.z ^ v.w); }

@@ -27,14 +27,7 @@
 #include <algorithm>
 #include <vector>
 
-#define CK(x)                                                                                                     \
-    do {                                                                                                          \
-        cudaError_t e_ = (x);                                                                                     \
-        if (e_ != cudaSuccess) {                                                                                  \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                   \
-            exit(1);                                                                                              \
-        }                                                                                                         \
-    } while (0)
+#include "probe_check.h"
 
 static const int RUNS = 7, KB = 64, MAX_SMEM = 200 * 1024;
 
