@@ -59,11 +59,9 @@ bench() { # binary shape tokens csv
 }
 n=${#TAGS[@]}
 for r in $(seq 1 "$ROUNDS"); do
-  # two trees alternate; more rotate, one place a round
+  # the order rotates one place a round (two trees alternate)
   order=()
   for i in $(seq 0 $((n - 1))); do order+=("${TAGS[$(( (i + r - 1) % n ))]}"); done
-  [ "$n" -eq 2 ] && [ $((r % 2)) -eq 0 ] && order=(new old)
-  [ "$n" -eq 2 ] && [ $((r % 2)) -eq 1 ] && order=(old new)
   for tag in "${order[@]}"; do
     bin=${TREE[$tag]}/build-gpu/moex
     for shape in ${AB_SHAPES:-qwen3-30b-a3b deepseek-v3}; do
