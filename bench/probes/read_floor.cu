@@ -9,7 +9,7 @@
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <cstdlib>
-#include "probe_check.h"
+#include "probe_common.h"
 
 __device__ float sink_f;
 __device__ __forceinline__ float fold(uint4 v) { return __uint_as_float(v.x ^ v.y ^ v.z ^ v.w); }

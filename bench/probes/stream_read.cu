@@ -23,7 +23,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "probe_check.h"
+#include "probe_common.h"
 
 static const int H = 2048, I = 768, RUNS = 15;
 
@@ -84,24 +84,8 @@ __global__ void floor_kernel(const uint4 *p, size_t n, unsigned *sink) {
 }
 
 static char *g_flush;
-static cudaEvent_t g_a, g_b;
 
-template <typename F> static double timed(F launch) {
-    std::vector<float> t;
-    for (int r = 0; r < RUNS + 2; r++) {
-        CK(cudaMemsetAsync(g_flush, r, 256u << 20));
-        CK(cudaEventRecord(g_a));
-        launch();
-        CK(cudaEventRecord(g_b));
-        CK(cudaEventSynchronize(g_b));
-        CK(cudaGetLastError());
-        float ms;
-        CK(cudaEventElapsedTime(&ms, g_a, g_b));
-        if (r >= 2) t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
+template <typename F> static double timed(F launch) { return probe_median_ms(g_flush, 2, RUNS, launch); }
 
 /* g_bps > 0: shared memory per block that lets only g_bps blocks onto an SM (the real kernels'
  * occupancy is set by their registers: 16 warps an SM) */
@@ -148,8 +132,6 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&sink, 4));
     CK(cudaMemset(gu, 1, gu_bytes));
     CK(cudaMemset(dn, 2, dn_bytes));
-    CK(cudaEventCreate(&g_a));
-    CK(cudaEventCreate(&g_b));
     printf("pattern,region,lanes,stagger,hint,occupancy,ms,GBps\n");
     {
         const double ms = timed([&] { floor_kernel<<<sms * 8, 256>>>((const uint4 *)gu, gu_bytes / 16, sink); });

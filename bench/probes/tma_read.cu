@@ -27,7 +27,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "probe_check.h"
+#include "probe_common.h"
 
 static const int RUNS = 7, KB = 64, MAX_SMEM = 200 * 1024;
 
@@ -126,28 +126,6 @@ __global__ void __launch_bounds__(256) read_seq(const uint4 *p, size_t n16) {
 
 static PFN_cuTensorMapEncodeTiled_v12000 encode;
 
-template <typename F> static float median_ms(void *flush, F launch) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> t;
-    for (int r = 0; r < RUNS + 1; r++) {
-        CK(cudaMemsetAsync(flush, r & 0xff, 256u << 20));
-        CK(cudaEventRecord(e0));
-        launch();
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaGetLastError());
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r) t.push_back(ms); /* the first is a warm-up */
-    }
-    std::sort(t.begin(), t.end());
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    return t[t.size() / 2];
-}
-
 int main(void) {
     cudaDriverEntryPointQueryResult q;
     CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000, cudaEnableDefault, &q));
@@ -169,7 +147,7 @@ int main(void) {
     printf("region,rows,K,tile_rows,box_rows,stages,pair,prefetch,ms,GBps\n");
     for (const region &g : regions) {
         const double bytes = (double)g.rows * g.K * 2;
-        const float seq = median_ms(flush, [&] { read_seq<<<sms * 8, 256>>>((const uint4 *)w, (size_t)(bytes / 16)); });
+        const float seq = probe_median_ms(flush, 1, RUNS, [&] { read_seq<<<sms * 8, 256>>>((const uint4 *)w, (size_t)(bytes / 16)); });
         printf("%s,%lld,%lld,0,0,0,0,0,%.4f,%.1f\n", g.name, (long long)g.rows, (long long)g.K, seq, bytes / seq / 1e6);
         const int shapes[][2] = {{256, 64}, {256, 256}, {128, 64}}; /* tile rows, box rows */
         for (const auto &sh : shapes)
@@ -190,7 +168,7 @@ int main(void) {
                         probe_args a = {g.rows / N, g.K / KB, N, box, stages, pair, prefetch};
                         /* at least 120 KiB of shared memory, so that one block runs an SM, as the GEMM's */
                         const int smem = std::max(stages * N * 128 + 2 * stages * 8, 120 * 1024);
-                        const float ms = median_ms(flush, [&] { tma_read<<<sms, 64, smem>>>(map, a); });
+                        const float ms = probe_median_ms(flush, 1, RUNS, [&] { tma_read<<<sms, 64, smem>>>(map, a); });
                         printf("%s,%lld,%lld,%d,%d,%d,%d,%d,%.4f,%.1f\n", g.name, (long long)g.rows, (long long)g.K, N,
                                box, stages, pair, prefetch, ms, bytes / ms / 1e6);
                     }
