@@ -5,7 +5,8 @@
  * Tile: 128 rows of A (two consumer warpgroups of 64 rows) x 256 columns of
  * B (the gate/up epilogues take 128 gate and 128 up columns), k-blocks of 64;
  * each warpgroup accumulates two halves of 128 columns. Narrow tiles (experts
- * of few rows): 64 rows of A, warpgroup w taking all of them by half w-1 of B.
+ * of few rows): 64 rows of A, the two warpgroups taking the tiles in turn, each
+ * all 64 rows by both halves (one's epilogue overlaps the other's k-loop).
  * One producer warp issues the copies; a ring of STAGES buffers with a full
  * and an empty mbarrier each. The grid is persistent: block b takes tiles
  * b, b + grid, ...; the tile list (expert, row tile, column tile) is derived

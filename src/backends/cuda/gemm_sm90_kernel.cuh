@@ -492,13 +492,32 @@ template <bool GATHER> __device__ __forceinline__ void wait_full(uint64_t *bar, 
 
 /* ---- the float consumers ------------------------------------------------------------ */
 
+/* Named barriers 2 and 3 (1: the gathered A-load's producer warpgroup) order the NARROW
+ * warpgroups' k-loops: the warpgroup of a block's next tile starts its k-loop once the current
+ * tile's has waited for all its stages. A warpgroup thus waits only for a stage's next fill, the
+ * one its parity names (the other's tiles lie between its own in the ring). */
+__device__ __forceinline__ void turn_wait(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void turn_pass(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
+
+/* Move a consumer's place in the ring (stage, and the phase it waits for) n k-blocks on: the
+ * phase flips at each wrap. */
+__device__ __forceinline__ void ring_skip(int &stage, int &phase, int n, int stages) {
+    stage += n;
+    phase ^= (stage / stages) & 1;
+    stage %= stages;
+}
+
 /* Warpgroup wg computes rows (wg-1)*64 .. +64 of each tile, as two halves of 128 weight rows
  * with their own accumulators. OVERLAP (down and SiLU gate/up without biases, experts of a
  * tile or more): the second half's epilogue of a tile waits until the next tile's first
  * k-blocks are issued for the first half, so that it runs while the tensor cores multiply (the
  * stages of those k-blocks are kept until the second half has read them too). NARROW (experts
- * of few rows; not with OVERLAP): tiles of NARROW_ROWS rows, and warpgroup w multiplies all of
- * them by half w-1 of the weight tile, so no warpgroup multiplies a block of empty rows. */
+ * of few rows; not with OVERLAP): tiles of NARROW_ROWS rows, which the two warpgroups take in
+ * turn (ping-pong: warpgroup 1 the block's first, third, ... tile, warpgroup 2 the others), each
+ * multiplying all of a tile's rows by both halves of its weight tile and skipping the other's
+ * stages in the ring. One warpgroup's epilogue then runs while the other multiplies the next
+ * tile, so the weight stream does not pause at each tile's end (short tiles: K = 768 is 12
+ * k-blocks), and no warpgroup multiplies a block of empty rows. */
 template <typename T, int EPI, bool OVERLAP, bool NARROW, bool GATHER>
 __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned char *smem, uint64_t *full,
                                               uint64_t *empty, int64_t total, int k_blocks, int wg, int tid) {
@@ -506,8 +525,15 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
     float acc0[64], acc1[64];
     tile done = {}; /* the previous tile: its second half waits for its epilogue */
     bool pending = false;
-    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-        const unsigned char *a_base = smem + (wg - 1) * (64 * 128), *b_base = smem + A_BYTES;
+    /* NARROW: every other tile of the block, all its rows; otherwise every tile, 64 of its rows */
+    const int64_t t_step = NARROW ? 2 * (int64_t)gridDim.x : gridDim.x;
+    const int row0 = NARROW ? 0 : (wg - 1) * 64;
+    if (NARROW && wg == 2) ring_skip(stage, phase, k_blocks, STAGES);
+    bool first = true;
+    for (int64_t t = blockIdx.x + (NARROW ? (int64_t)(wg - 1) * gridDim.x : 0); t < total; t += t_step) {
+        if (NARROW && (wg == 2 || !first)) turn_wait(wg == 2 ? 2 : 3); /* the previous tile's k-loop is done */
+        first = false;
+        const unsigned char *a_base = smem + row0 * 128, *b_base = smem + A_BYTES;
         int prev = -1; /* the stage to release once the next group of wgmmas is issued */
         int kb = 0;
         if (OVERLAP && pending) {
@@ -528,7 +554,7 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
             /* only the lead groups are in flight (at most STAGES): a no-op that tells ptxas the
              * previous tile's wgmmas are complete, so that it injects no wait of its own */
             wgmma_wait<STAGES>();
-            epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid, (wg - 1) * 64);
+            epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid, row0);
             stage = s0, phase = ph0;
             for (int j = 0; j < lead; j++) {
                 const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES + HALF_N * 128;
@@ -550,18 +576,11 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
             wait_full<GATHER>(&full[stage], phase);
             const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES;
             wgmma_fence();
-            if (NARROW) { /* all 64 rows of the tile by the warpgroup's half of the weight tile */
-                const unsigned char *an = smem + stage * STAGE_BYTES, *bn = b + (wg - 1) * (HALF_N * 128);
 #pragma unroll
-                for (int s = 0; s < BK / 16; s++)
-                    wgmma_128(acc0, smem_desc(an + s * 32), smem_desc(bn + s * 32), kb > 0 || s > 0, (T *)nullptr);
-            } else {
-#pragma unroll
-                for (int s = 0; s < BK / 16; s++) {
-                    wgmma_128(acc0, smem_desc(a + s * 32), smem_desc(b + s * 32), kb > 0 || s > 0, (T *)nullptr);
-                    wgmma_128(acc1, smem_desc(a + s * 32), smem_desc(b + HALF_N * 128 + s * 32), kb > 0 || s > 0,
-                              (T *)nullptr);
-                }
+            for (int s = 0; s < BK / 16; s++) {
+                wgmma_128(acc0, smem_desc(a + s * 32), smem_desc(b + s * 32), kb > 0 || s > 0, (T *)nullptr);
+                wgmma_128(acc1, smem_desc(a + s * 32), smem_desc(b + HALF_N * 128 + s * 32), kb > 0 || s > 0,
+                          (T *)nullptr);
             }
             wgmma_commit();
             wgmma_wait<1>();
@@ -569,25 +588,23 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
             prev = stage;
             if (++stage == STAGES) stage = 0, phase ^= 1;
         }
+        if (NARROW && t + gridDim.x < total) turn_pass(wg == 1 ? 2 : 3); /* the block's next tile may start */
         /* the tile (needed by the epilogue only) is found while the last k-block multiplies */
         const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
         wgmma_wait<0>();
         fence_acc(acc0);
-        if (!NARROW) fence_acc(acc1);
+        fence_acc(acc1);
         if (tid == 0) mbar_arrive(&empty[prev]);
-        if (NARROW) { /* the warpgroup's half of the tile's 64 rows */
-            epilogue_half<T, EPI, false>(acc0, wg - 1, tl, p, smem, wg, tid, 0);
-            continue;
-        }
-        epilogue_half<T, EPI, OVERLAP>(acc0, 0, tl, p, smem, wg, tid, (wg - 1) * 64);
+        if (NARROW) ring_skip(stage, phase, k_blocks, STAGES); /* the other warpgroup's next tile */
+        epilogue_half<T, EPI, OVERLAP>(acc0, 0, tl, p, smem, wg, tid, row0);
         if (OVERLAP) {
             done = tl;
             pending = true;
         } else {
-            epilogue_half<T, EPI, OVERLAP>(acc1, 1, tl, p, smem, wg, tid, (wg - 1) * 64);
+            epilogue_half<T, EPI, OVERLAP>(acc1, 1, tl, p, smem, wg, tid, row0);
         }
     }
-    if (OVERLAP && pending) epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid, (wg - 1) * 64);
+    if (OVERLAP && pending) epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid, row0);
 }
 
 /* ---- the FP8 consumers --------------------------------------------------------------- */
@@ -767,7 +784,7 @@ __device__ __forceinline__ void grouped_gemm_body(const CUtensorMap &map_a, cons
          * weights' and one a producer thread */
         for (int s = 0; s < R::stages; s++) {
             mbar_init(&full[s], is_fp8<T>() ? 33 : GATHER ? 129 : 1);
-            mbar_init(&empty[s], CONSUMERS);
+            mbar_init(&empty[s], is_fp8<T>() || !NARROW ? CONSUMERS : 1); /* float NARROW: one warpgroup a tile */
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
