@@ -529,10 +529,9 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
     const int64_t t_step = NARROW ? 2 * (int64_t)gridDim.x : gridDim.x;
     const int row0 = NARROW ? 0 : (wg - 1) * 64;
     if (NARROW && wg == 2) ring_skip(stage, phase, k_blocks, STAGES);
-    bool first = true;
     for (int64_t t = blockIdx.x + (NARROW ? (int64_t)(wg - 1) * gridDim.x : 0); t < total; t += t_step) {
-        if (NARROW && (wg == 2 || !first)) turn_wait(wg == 2 ? 2 : 3); /* the previous tile's k-loop is done */
-        first = false;
+        /* the block's previous tile (none before its first) has finished its k-loop */
+        if (NARROW && t != blockIdx.x) turn_wait(wg == 2 ? 2 : 3);
         const unsigned char *a_base = smem + row0 * 128, *b_base = smem + A_BYTES;
         int prev = -1; /* the stage to release once the next group of wgmmas is issued */
         int kb = 0;
