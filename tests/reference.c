@@ -187,7 +187,7 @@ moex_tensor ref_tensor(void *data, moex_dtype dt, int ndim, const int64_t *shape
     for (int i = ndim - 1; i >= 0; i--) {
         t.shape[i] = shape[i];
         t.strides[i] = stride;
-        stride *= shape[i];
+        if (i) stride *= shape[i]; /* no stride past the outermost one (a hostile shape may overflow it) */
     }
     t.device.kind = MOEX_DEVICE_CPU;
     t.device.index = 0;

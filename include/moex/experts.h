@@ -172,6 +172,65 @@ const moex_experts_desc *moex_layer_desc(const moex_layer *layer);
 /* Context                                                                  */
 /* ------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------ */
+/* Expert parallelism                                                       */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * An expert-parallel group as one rank sees it (opaque; SPEC R11): `size`
+ * ranks share each layer's experts, rank r owning the contiguous share
+ * [r E/size, (r+1) E/size) of the E = size x (experts per rank) experts. Each
+ * rank holds its own tokens. A forward in a context with a group (see
+ * moex_context_options.ep_group) sends every (token, expert) pair's row to the
+ * expert's owner, runs the owner's share through the chosen backend there, and
+ * brings the results back to the token's rank, which adds them in (token, j)
+ * order: the same result as one rank holding every expert, up to rounding of
+ * each pair's result to the activation dtype.
+ */
+typedef struct moex_ep_group moex_ep_group;
+
+/**
+ * How a group's ranks exchange bytes: one collective, called by every rank of
+ * the group in the same order. Rank `me` sends send_bytes[r] bytes starting at
+ * send + send_offset[r] to each rank r (itself included) and receives
+ * recv_bytes[r] bytes from rank r at recv + recv_offset[r]; the sizes agree
+ * (what r sends to me is what I receive from r). Returns MOEX_OK, or a status
+ * with a message (moex_backend_fail()); a transport that fails on one rank must
+ * fail on all of them (a dropped peer, say), or they will wait for it. An MPI
+ * program implements it with MPI_Alltoallv (MPI_BYTE).
+ */
+typedef struct moex_ep_transport {
+    moex_status (*all_to_all)(void *user, const void *send, const size_t *send_offset, const size_t *send_bytes,
+                              void *recv, const size_t *recv_offset, const size_t *recv_bytes);
+    void (*release)(void *user); /**< optional: called by moex_ep_group_free() */
+    void *user;                  /**< passed back to both */
+} moex_ep_transport;
+
+/** The largest group moex_ep_group_create() and moex_ep_local_groups() make. */
+#define MOEX_EP_MAX_RANKS 1024
+
+/**
+ * Rank `rank` of a group of `size` ranks (1 <= size <= MOEX_EP_MAX_RANKS,
+ * 0 <= rank < size) over a transport of the caller's (copied; its user data
+ * must outlive the group).
+ */
+moex_status moex_ep_group_create(int size, int rank, const moex_ep_transport *transport, moex_ep_group **out);
+
+/**
+ * `size` ranks of one group in this process (ranks[r] is rank r), exchanging
+ * through host memory: each rank's forwards must be called from a thread of
+ * its own, as collectives are (a rank waits in the exchange until every rank
+ * has reached it). Host (CPU) contexts only. Free each with moex_ep_group_free().
+ */
+moex_status moex_ep_local_groups(int size, moex_ep_group **ranks);
+
+/** Free a group handle (after every context using it). NULL is a no-op. */
+void moex_ep_group_free(moex_ep_group *group);
+
+/** The group's size and this handle's rank (each 0 for NULL). */
+int moex_ep_group_size(const moex_ep_group *group);
+int moex_ep_group_rank(const moex_ep_group *group);
+
 /** Options for moex_context_create(). Start from moex_context_default_options(). */
 typedef struct moex_context_options {
     moex_device device;   /**< where forwards run (default: CPU) */
@@ -179,9 +238,16 @@ typedef struct moex_context_options {
     int64_t max_tokens;   /**< largest T any forward will get (default 1024) */
     int stream_slot;      /**< CUDA: contexts with the same slot on the same GPU share one
                                non-blocking stream, created at first use (default 0) */
+    moex_ep_group *ep_group; /**< NULL (default): every layer's experts are all here. Otherwise
+                               this rank of an expert-parallel group (borrowed; it must outlive
+                               the context): each layer prepared in the context holds this
+                               rank's share of the experts (num_experts = experts per rank),
+                               and forwards take the group's expert ids (see
+                               moex_experts_forward). CPU contexts; every rank's context
+                               needs the same max_tokens or larger. */
 } moex_context_options;
 
-/** Defaults: CPU, all cores, max_tokens 1024, stream slot 0. */
+/** Defaults: CPU, all cores, max_tokens 1024, stream slot 0, no expert-parallel group. */
 moex_context_options moex_context_default_options(void);
 
 /**
@@ -290,6 +356,17 @@ moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backe
  * is complete once moex_context_synchronize() returns (or later work on the
  * stream runs). ids are checked on the device (see moex_context_synchronize).
  * Such forwards can be captured in a graph (moex_graph_begin()).
+ *
+ * In a context with an expert-parallel group of R ranks, `layer` is this
+ * rank's share (E/R experts), ids are the group's (in [0, E), sentinels -1 and
+ * E, with E = R x layer's experts), and every rank of the group must make the
+ * same sequence of forwards (T may differ, T == 0 included), each with a
+ * layer of the same sizes and backend: a forward is a collective. A rank whose
+ * forward fails its checks still takes part, so that every rank returns: it
+ * returns its own error and the others MOEX_ERR_INVALID_ARGUMENT naming the
+ * rank that refused; nothing is written on any rank. The workspace holds the
+ * rows this rank receives (at most R x max_tokens x top_k) and what the backend
+ * needs for them.
  */
 moex_status moex_experts_forward(moex_context *ctx, const moex_layer *layer,
                                  const char *backend, const moex_tensor *hidden,

@@ -1,6 +1,7 @@
 /* context.c — execution contexts: device, threads, the workspace, and the
  * (layer, backend) states that moex_prepare() makes. */
-#include "experts/experts_internal.h"
+#include "experts/dispatch.h"
+#include "experts/ep_group.h"
 #include <stdlib.h>
 #if MOEX_HAVE_CUDA
 #include "core/gpu_runtime.h"
@@ -31,11 +32,18 @@ moex_status moex_context_create(const moex_context_options *options, moex_contex
     if (st) return st;
     if (!info.available)
         return moex_fail(MOEX_ERR_UNSUPPORTED, "device %s is not available: %s", info.name, info.reason);
+    if (o.ep_group && o.device.kind != MOEX_DEVICE_CPU)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "an expert-parallel group on %s: this version of moex exchanges rows "
+                         "between ranks in host memory, for CPU contexts only", info.name);
     if (o.num_threads == 0) o.num_threads = info.cpu_cores > 0 ? info.cpu_cores : moex_cpu_cores();
     moex_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_context_create: out of memory");
     ctx->options = o;
     ctx->device_info = info;
+    if (o.ep_group && !(ctx->ep_scratch = calloc(1, moex_ep_scratch_bytes(o.ep_group->size)))) {
+        free(ctx);
+        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_context_create: out of memory");
+    }
 #if MOEX_HAVE_CUDA
     if (o.device.kind == MOEX_DEVICE_CUDA) {
         st = moex_cuda_stream(o.device.index, o.stream_slot, &ctx->stream);
@@ -64,8 +72,10 @@ void moex_context_free(moex_context *ctx) {
     for (int i = 0; i < ctx->prepared_count; i++) {
         const moex_backend *b = moex_registry_at(ctx->prepared[i].backend_index);
         if (b->release) b->release(ctx->prepared[i].state, b->user);
+        moex_layer_free(ctx->prepared[i].ep_rows);
     }
     free(ctx->prepared);
+    free(ctx->ep_scratch);
     workspace_free(ctx, ctx->workspace);
     if (ctx->device_flags) moex_device_free(ctx->options.device, ctx->device_flags);
     free(ctx);
@@ -147,16 +157,38 @@ moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backe
         ctx->prepared = p;
         ctx->prepared_capacity = cap;
     }
-    size_t need = b->workspace_bytes ? b->workspace_bytes(&layer->desc, ctx->options.max_tokens, ctx, b->user) : 0;
-    if (need == SIZE_MAX)
+    /* With an expert-parallel group the backend runs on the rows this rank receives, one pair each. */
+    moex_layer *rows_layer = NULL;
+    const moex_layer *run = layer;
+    int64_t tokens = ctx->options.max_tokens;
+    size_t exchange = 0;
+    if (ctx->options.ep_group) {
+        const int ranks = ctx->options.ep_group->size;
+        tokens = moex_ep_max_rows(ranks, ctx->options.max_tokens, layer->desc.top_k);
+        exchange = tokens < 0 ? SIZE_MAX : moex_ep_exchange_bytes(&layer->desc, ctx->options.max_tokens, ranks);
+        if (exchange == SIZE_MAX)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                             "expert parallelism: a rank may receive %d ranks x max_tokens = %lld x top_k = %lld rows, "
+                             "more than fit in memory addresses or 2^31 - 1 rows; create the context with a smaller "
+                             "max_tokens", ranks, (long long)ctx->options.max_tokens, (long long)layer->desc.top_k);
+        if ((st = moex_layer_one_per_row(layer, &rows_layer))) return st;
+        run = rows_layer;
+    }
+    size_t need = b->workspace_bytes ? b->workspace_bytes(&run->desc, tokens, ctx, b->user) : 0;
+    if (need == SIZE_MAX || need > SIZE_MAX - exchange) {
+        moex_layer_free(rows_layer);
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
                          "backend \"%s\": the workspace for max_tokens = %lld tokens x top_k = %lld does not fit in memory "
                          "addresses (or exceeds 2^31 - 1 token-expert pairs); create the context with a smaller max_tokens",
-                         backend, (long long)ctx->options.max_tokens, (long long)layer->desc.top_k);
-    if ((st = reserve_workspace(ctx, need))) return st;
+                         backend, (long long)tokens, (long long)run->desc.top_k);
+    }
     void *state = NULL;
-    if (b->prepare && (st = moex_backend_call_prepare(b, ctx, &layer->desc, &state))) return st;
-    ctx->prepared[ctx->prepared_count++] = (moex_prepared){layer->id, index, state};
+    if ((st = reserve_workspace(ctx, exchange + need)) ||
+        (b->prepare && (st = moex_backend_call_prepare(b, ctx, &run->desc, &state)))) {
+        moex_layer_free(rows_layer);
+        return st;
+    }
+    ctx->prepared[ctx->prepared_count++] = (moex_prepared){layer->id, index, state, rows_layer};
     return MOEX_OK;
 }
 

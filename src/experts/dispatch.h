@@ -29,4 +29,25 @@ unsigned moex_dispatch_device_formats(moex_device_kind kind);
  * `kind`: the table's decode_with for that row, or name itself. */
 const char *moex_dispatch_decode_backend(const char *name, moex_device_kind kind);
 
+/* ---- expert parallelism: the exchange of a forward in a context with a group (backends/ep_forward.c) ---- */
+
+/* Bytes of host memory a context of a group of `ranks` keeps for the exchange's small messages. */
+size_t moex_ep_scratch_bytes(int ranks);
+
+/* The most rows a rank receives in one forward: ranks x max_tokens x top_k, or -1 when that is
+ * more than 2^31 - 1. */
+int64_t moex_ep_max_rows(int ranks, int64_t max_tokens, int64_t top_k);
+
+/* Workspace bytes of the exchange itself (64-byte multiple; the backend's own workspace for
+ * moex_ep_max_rows rows comes after it), or SIZE_MAX when too large. */
+size_t moex_ep_exchange_bytes(const moex_experts_desc *share, int64_t max_tokens, int ranks);
+
+/* One forward of this rank (see moex_experts_forward): `checked` is what the front end's checks
+ * of this rank's arguments found (MOEX_OK or a failure with its message), p the prepared entry
+ * (NULL if none; then checked is a failure). Every rank takes part in the exchange of statuses
+ * whatever it found, so that every rank returns. */
+moex_status moex_ep_forward(moex_context *ctx, const moex_layer *layer, const moex_backend *b, const moex_prepared *p,
+                            const moex_tensor *hidden, const moex_tensor *ids, const moex_tensor *weights,
+                            moex_tensor *out, moex_status checked);
+
 #endif

@@ -20,6 +20,8 @@ typedef struct moex_prepared {
     uint64_t layer_id;
     int backend_index;
     void *state;
+    moex_layer *ep_rows; /* contexts with an expert-parallel group: the layer with top_k 1 that the
+                            backend was prepared for (a received row is one pair); else NULL */
 } moex_prepared;
 
 struct moex_context {
@@ -34,7 +36,12 @@ struct moex_context {
     void *stream;
     int *device_flags;
     int capturing;
+    void *ep_scratch; /* contexts with an expert-parallel group: moex_ep_scratch_bytes of host memory */
 };
+
+/* A copy of layer with top_k 1 and an id of its own: what an expert-parallel rank's backend
+ * runs on the rows it receives. */
+moex_status moex_layer_one_per_row(const moex_layer *layer, moex_layer **out);
 
 /* The prepared entry for (layer, backend) in ctx, or NULL. */
 moex_prepared *moex_context_find_prepared(moex_context *ctx, uint64_t layer_id, int backend_index);

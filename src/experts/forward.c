@@ -1,6 +1,6 @@
 /* forward.c — moex_experts_forward: every check, then the backend. Nothing is
  * written before all checks pass. */
-#include "experts/experts_internal.h"
+#include "experts/dispatch.h"
 
 static moex_status check_activations(const moex_context *ctx, const moex_experts_desc *d, const moex_tensor *hidden,
                                      const moex_tensor *out) {
@@ -34,12 +34,12 @@ static moex_status check_routing(const moex_experts_desc *d, const moex_tensor *
     return moex_check_rows(weights, "weights");
 }
 
-/* Every id must be in [0, E) or a sentinel (-1 or E). Host tensors only. */
-static moex_status check_ids(const moex_experts_desc *d, const moex_tensor *ids, int64_t T) {
+/* Every id must be in [0, E) or a sentinel (-1 or E); E: the group's experts with expert
+ * parallelism. Host tensors only. */
+static moex_status check_ids(const moex_tensor *ids, int64_t T, int64_t k, int64_t E) {
     if (ids->device.kind != MOEX_DEVICE_CPU) return MOEX_OK; /* device ids are checked by the device code */
-    int64_t E = d->num_experts;
     for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < d->top_k; j++) {
+        for (int64_t j = 0; j < k; j++) {
             int64_t e = moex_id_at(ids, t, j);
             if (e < -1 || e > E)
                 return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
@@ -61,15 +61,10 @@ static moex_status check_devices(const moex_context *ctx, const moex_tensor *con
     return MOEX_OK;
 }
 
-moex_status moex_experts_forward(moex_context *ctx, const moex_layer *layer, const char *backend,
+/* Every check of one forward's arguments, in order; *p: the prepared entry when found. */
+static moex_status check_forward(moex_context *ctx, const moex_layer *layer, const char *backend, int index,
                                  const moex_tensor *hidden, const moex_tensor *ids, const moex_tensor *weights,
-                                 moex_tensor *out) {
-    const char *null_name = !ctx ? "ctx" : !layer ? "layer" : !backend ? "backend" : !hidden ? "hidden"
-                          : !ids ? "ids" : !weights ? "weights" : !out ? "out" : NULL;
-    if (null_name) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_experts_forward: %s is NULL", null_name);
-    int index;
-    const moex_backend *b = moex_registry_find(backend, &index);
-    if (!b) return moex_registry_not_found(backend);
+                                 const moex_tensor *out, moex_prepared **p) {
     const moex_experts_desc *d = &layer->desc;
     moex_status st = check_activations(ctx, d, hidden, out);
     if (st) return st;
@@ -83,16 +78,35 @@ moex_status moex_experts_forward(moex_context *ctx, const moex_layer *layer, con
                          (long long)T, (long long)ctx->options.max_tokens);
     for (int i = 0; i < 3; i++) /* all on one device now: out must share no byte with an input */
         if ((st = moex_check_disjoint(out, "out", ts[i], names[i]))) return st;
-    moex_prepared *p = moex_context_find_prepared(ctx, layer->id, index);
-    if (!p)
+    if (!(*p = moex_context_find_prepared(ctx, layer->id, index)))
         return moex_fail(MOEX_ERR_NOT_PREPARED,
                          "the layer is not prepared for backend \"%s\" in this context: call moex_prepare first", backend);
-    if ((st = check_ids(d, ids, T))) return st;
+    const int64_t E = d->num_experts * (ctx->options.ep_group ? moex_ep_group_size(ctx->options.ep_group) : 1);
+    return check_ids(ids, T, d->top_k, E);
+}
+
+moex_status moex_experts_forward(moex_context *ctx, const moex_layer *layer, const char *backend,
+                                 const moex_tensor *hidden, const moex_tensor *ids, const moex_tensor *weights,
+                                 moex_tensor *out) {
+    const char *null_name = !ctx ? "ctx" : !layer ? "layer" : !backend ? "backend" : !hidden ? "hidden"
+                          : !ids ? "ids" : !weights ? "weights" : !out ? "out" : NULL;
+    if (null_name && (!ctx || !ctx->options.ep_group || !layer))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_experts_forward: %s is NULL", null_name);
+    int index = -1;
+    const moex_backend *b = backend ? moex_registry_find(backend, &index) : NULL;
+    moex_prepared *p = NULL;
+    moex_status st = null_name ? moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_experts_forward: %s is NULL", null_name)
+                   : !b        ? moex_registry_not_found(backend)
+                               : check_forward(ctx, layer, backend, index, hidden, ids, weights, out, &p);
+    /* a rank of an expert-parallel group takes part in the exchange whatever its checks found */
+    if (ctx->options.ep_group) return moex_ep_forward(ctx, layer, b, st ? NULL : p, hidden, ids, weights, out, st);
+    if (st) return st;
+    const int64_t T = hidden->shape[0];
     if (T == 0) return MOEX_OK;
     moex_forward_args args = {
-        .ctx = ctx, .layer = d, .state = p->state, .hidden = hidden, .ids = ids, .weights = weights, .out = out,
-        .tokens = T, .num_threads = ctx->options.device.kind == MOEX_DEVICE_CUDA ? 0 : ctx->options.num_threads, .workspace = ctx->workspace,
-        .workspace_bytes = ctx->workspace_bytes,
+        .ctx = ctx, .layer = &layer->desc, .state = p->state, .hidden = hidden, .ids = ids, .weights = weights,
+        .out = out, .tokens = T, .num_threads = ctx->options.device.kind == MOEX_DEVICE_CUDA ? 0 : ctx->options.num_threads,
+        .workspace = ctx->workspace, .workspace_bytes = ctx->workspace_bytes,
     };
     return moex_backend_call_forward(b, &args);
 }

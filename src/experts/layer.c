@@ -279,6 +279,16 @@ moex_status moex_layer_create(const moex_experts_desc *desc, moex_layer **out) {
     return MOEX_OK;
 }
 
+moex_status moex_layer_one_per_row(const moex_layer *layer, moex_layer **out) {
+    moex_layer *l = calloc(1, sizeof *l);
+    if (!l) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_prepare: out of memory");
+    l->desc = layer->desc;
+    l->desc.top_k = 1;
+    l->id = atomic_fetch_add(&next_layer_id, 1);
+    *out = l;
+    return MOEX_OK;
+}
+
 void moex_layer_free(moex_layer *layer) { free(layer); }
 
 const moex_experts_desc *moex_layer_desc(const moex_layer *layer) { return layer ? &layer->desc : NULL; }

@@ -1,0 +1,21 @@
+/* ep_group.h — an expert-parallel group's handle, for the front end and the exchange
+ * (src/backends/ep_forward.c). The group's public calls are moex/experts.h's. */
+#ifndef MOEX_EXPERTS_EP_GROUP_H
+#define MOEX_EXPERTS_EP_GROUP_H
+
+#include "core/internal.h"
+
+struct ep_hub; /* ep_group.c: the ranks of moex_ep_local_groups() */
+
+struct moex_ep_group {
+    int size, rank;
+    moex_ep_transport transport;
+    struct ep_hub *hub; /* local groups only (their transport's user is the group itself) */
+};
+
+/* The group's all-to-all, its result checked: a failure always has a message, and a value that is
+ * not a moex_status becomes MOEX_ERR_INTERNAL. */
+moex_status moex_ep_all_to_all(moex_ep_group *g, const void *send, const size_t *send_offset, const size_t *send_bytes,
+                               void *recv, const size_t *recv_offset, const size_t *recv_bytes);
+
+#endif
