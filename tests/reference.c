@@ -673,3 +673,15 @@ double ref_nmse(const void *a, moex_dtype dt, int64_t rows, int64_t cols, int64_
 void ref_round_all(double *b, int64_t n, moex_dtype dt) {
     for (int64_t i = 0; i < n; i++) b[i] = ref_round(b[i], dt);
 }
+
+moex_experts_desc ref_layer_share(const moex_experts_desc *d, int64_t e0, int64_t n) {
+    moex_experts_desc s = *d;
+    moex_tensor *t[4] = {&s.gate_up, &s.down, &s.gate_up_bias, &s.down_bias};
+    for (int i = 0; i < 4; i++) {
+        if (!t[i]->data) continue;
+        t[i]->data = (char *)t[i]->data + (size_t)(e0 * t[i]->strides[0]) * moex_dtype_size(t[i]->dtype);
+        t[i]->shape[0] = n;
+    }
+    s.num_experts = n;
+    return s;
+}

@@ -114,21 +114,6 @@ static void test_refusals(void **state) {
     assert_int_equal(moex_ep_check(10, 5), MOEX_OK);
 }
 
-/* The layer's experts [e0, e0 + n) as a layer of their own (the stacked views offset), one expert
- * a row (a received row is one pair). */
-static moex_experts_desc slice(const moex_experts_desc *d, int64_t e0, int64_t n) {
-    moex_experts_desc s = *d;
-    moex_tensor *t[4] = {&s.gate_up, &s.down, &s.gate_up_bias, &s.down_bias};
-    for (int i = 0; i < 4; i++) {
-        if (!t[i]->data) continue;
-        t[i]->data = (char *)t[i]->data + (size_t)(e0 * t[i]->strides[0]) * moex_dtype_size(t[i]->dtype);
-        t[i]->shape[0] = n;
-    }
-    s.num_experts = n;
-    s.top_k = 1;
-    return s;
-}
-
 /* grouped_mm on the CPU: out [T, H] (f32) of x [T, H] with ids and weights [T, k] */
 static void forward(const moex_experts_desc *d, const float *x, const int32_t *ids, const float *w, int64_t T, int64_t k,
                     float *out) {
@@ -192,7 +177,8 @@ static void test_loopback_group(void **state) {
                 at += c;
             }
             for (int64_t i = 0; i < n; i++) ones[i] = 1.0f;
-            const moex_experts_desc share = slice(&L.desc, d * per, per);
+            moex_experts_desc share = ref_layer_share(&L.desc, d * per, per);
+            share.top_k = 1; /* one expert a row: a received row is one pair */
             forward(&share, in, lid, ones, n, 1, res);
             at = 0;
             for (int s = 0; s < R; s++) { /* each block back to its source, where its rows went from */

@@ -34,19 +34,6 @@
 
 enum { MAXR = 4, ROW_PAD = 3 };
 
-/* The layer's experts [e0, e0 + n) as a layer of their own: the stacked views offset. */
-static moex_experts_desc share_of(const moex_experts_desc *d, int64_t e0, int64_t n) {
-    moex_experts_desc s = *d;
-    moex_tensor *t[4] = {&s.gate_up, &s.down, &s.gate_up_bias, &s.down_bias};
-    for (int i = 0; i < 4; i++) {
-        if (!t[i]->data) continue;
-        t[i]->data = (char *)t[i]->data + (size_t)(e0 * t[i]->strides[0]) * moex_dtype_size(t[i]->dtype);
-        t[i]->shape[0] = n;
-    }
-    s.num_experts = n;
-    return s;
-}
-
 /* One rank's forward, run on a thread of its own. */
 typedef struct rank_job {
     moex_context *ctx;
@@ -151,7 +138,7 @@ static void check_group(const ref_layer *L, int R, const char *backend, moex_dty
     int64_t max_t = 1;
     for (int r = 0; r < R; r++) max_t = tokens[r] > max_t ? tokens[r] : max_t;
     for (int r = 0; r < R; r++) {
-        moex_experts_desc s = share_of(full, r * per, per);
+        moex_experts_desc s = ref_layer_share(full, r * per, per);
         assert_int_equal(moex_layer_create(&s, &jobs[r].layer), MOEX_OK);
         moex_context_options o = moex_context_default_options();
         o.max_tokens = max_t;
@@ -248,7 +235,7 @@ static void pair_open(pair_group *pg, const ref_layer *L, const int64_t *mt, con
     ref_rng_seed(&rng, 4242);
     const int64_t per = L->desc.num_experts / 2;
     for (int r = 0; r < 2; r++) {
-        moex_experts_desc s = share_of(&L->desc, r * per, per);
+        moex_experts_desc s = ref_layer_share(&L->desc, r * per, per);
         assert_int_equal(moex_layer_create(&s, &pg->jobs[r].layer), MOEX_OK);
         moex_context_options o = moex_context_default_options();
         o.max_tokens = mt[r];
@@ -341,7 +328,7 @@ static void test_refusals_reach_every_rank(void **state) {
         pair_open(&pg, &L, mt, T, both);
         moex_context_free(pg.jobs[1].ctx);
         moex_layer_free(pg.jobs[1].layer);
-        moex_experts_desc s = share_of(&other.desc, 4, 4);
+        moex_experts_desc s = ref_layer_share(&other.desc, 4, 4);
         assert_int_equal(moex_layer_create(&s, &pg.jobs[1].layer), MOEX_OK);
         moex_context_options o = moex_context_default_options();
         o.max_tokens = 6;

@@ -243,8 +243,9 @@ typedef struct moex_context_options {
                                the context): each layer prepared in the context holds this
                                rank's share of the experts (num_experts = experts per rank),
                                and forwards take the group's expert ids (see
-                               moex_experts_forward). CPU contexts; every rank's context
-                               needs the same max_tokens or larger. */
+                               moex_experts_forward). CPU contexts. Give every rank's
+                               context the same max_tokens: a rank sent more rows than its
+                               workspace holds fails the forward on every rank. */
 } moex_context_options;
 
 /** Defaults: CPU, all cores, max_tokens 1024, stream slot 0, no expert-parallel group. */

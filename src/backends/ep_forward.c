@@ -17,7 +17,8 @@
  * Workspace (the context's, 64-byte pieces; P = max_tokens x top_k pairs, N = ranks x P rows):
  *   ids32, pair, local, row_of [P] i32 | send [P, H] activation dtype | y_back [P, H] f32 |
  *   acc [H] f32 | recv_local [N] i32 | ones [N] f32 | recv [N, H] activation dtype |
- *   x [N, H] f32 | y [N, H] f32 | then the backend's own workspace for N rows of top_k 1. */
+ *   x [N, H] f32 (recv itself for f32 activations) | y [N, H] f32 | then the backend's own
+ *   workspace for N rows of top_k 1. */
 #include "backends/ep_exchange.h"
 #include "experts/dispatch.h"
 #include "experts/ep_group.h"
@@ -260,11 +261,12 @@ moex_status moex_ep_forward(moex_context *ctx, const moex_layer *layer, const mo
     /* this rank's experts on the rows it received: f32 rows, one pair each, weight 1 */
     moex_status local = MOEX_OK;
     if (N > 0) {
-        moex_convert(w.recv, hidden->dtype, w.x, MOEX_F32, (size_t)(N * H));
+        float *x = hidden->dtype == MOEX_F32 ? (float *)w.recv : w.x;
+        if (x != (float *)w.recv) moex_convert(w.recv, hidden->dtype, x, MOEX_F32, (size_t)(N * H));
         for (int64_t i = 0; i < N; i++) w.ones[i] = 1.0f;
         moex_tensor tx = {0}, ti = {0}, tw = {0}, ty = {0};
         const int64_t xs[2] = {N, H}, is[2] = {N, 1};
-        if (!(local = moex_tensor_init(&tx, w.x, MOEX_F32, 2, xs)) &&
+        if (!(local = moex_tensor_init(&tx, x, MOEX_F32, 2, xs)) &&
             !(local = moex_tensor_init(&ti, w.recv_local, MOEX_I32, 2, is)) &&
             !(local = moex_tensor_init(&tw, w.ones, MOEX_F32, 2, is)) &&
             !(local = moex_tensor_init(&ty, w.y, MOEX_F32, 2, xs))) {
