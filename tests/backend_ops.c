@@ -25,11 +25,16 @@
  * with the reference, as NMSE on the output as returned: f32 1e-10, f16 1e-6, bf16 1e-4 (SPEC
  * "Numerical agreement"), and 1e-4 for the quantized formats against the reference that applies
  * the same quantization (tests/test_quant.c). A wrong value prints FAIL naming the case.
- * At the end: passed / skipped / failed per backend x device. Exit status 1 if any failed.
+ * On the CPU, a case with a multiple of 3 experts also runs through each backend that takes it in
+ * an expert-parallel group of 3 ranks in one process (run_case_ep: each rank its share of the
+ * experts, ranks 0 and 1 half the tokens each, rank 2 none), against the same reference and bound.
+ * At the end: passed / skipped / failed per backend x device (and "cpu ep=3"). Exit status 1 if
+ * any failed.
  *
  * Usage: backend_ops [-b BACKEND]   (only that backend)
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -332,6 +337,97 @@ static moex_experts_desc place_layer(pool *pl, const xcase *c) {
 
 /* ---- running ---------------------------------------------------------------------------------- */
 
+/* Expert parallelism on the CPU: layers with a multiple of EP_RANKS experts also run in a group of
+ * EP_RANKS ranks in one process, rank r holding experts [r E/3, (r+1) E/3) (weights, scales and
+ * biases of its share), rank 0 the first half of the tokens, rank 1 the rest, rank 2 none. */
+#define EP_RANKS 3
+static tally g_tally_ep[MAX_BACKENDS];
+
+typedef struct ep_rank {
+    moex_context *ctx;
+    moex_layer *layer;
+    const char *backend;
+    moex_tensor x, ids, w, out;
+    moex_status st;
+    char msg[512];
+} ep_rank;
+
+static void *ep_rank_forward(void *arg) {
+    ep_rank *r = arg;
+    r->st = moex_experts_forward(r->ctx, r->layer, r->backend, &r->x, &r->ids, &r->w, &r->out);
+    snprintf(r->msg, sizeof r->msg, "%s", r->st ? moex_last_error() : "");
+    return NULL;
+}
+
+/* Rows [t0, t0 + n) of a host view. */
+static moex_tensor rows_of(moex_tensor t, int64_t t0, int64_t n) {
+    t.data = (char *)t.data + (size_t)(t0 * t.strides[0]) * moex_dtype_size(t.dtype);
+    t.shape[0] = n;
+    return t;
+}
+
+/* The placed host layer d of case c through backend be in a group of EP_RANKS ranks. */
+static void run_case_ep(const xcase *c, const moex_experts_desc *d, const moex_tensor *tx, const moex_tensor *tids,
+                        const moex_tensor *tw, int b, const char *be) {
+    const int64_t per = c->E / EP_RANKS, T = c->T, H = c->H, half = T / 2;
+    const int64_t t0[EP_RANKS] = {0, half, T}, n[EP_RANKS] = {half, T - half, 0};
+    const size_t out_bytes = (size_t)(T * H) * moex_dtype_size(c->xdt);
+    unsigned char *out = malloc(out_bytes + 1);
+    memset(out, 0xFF, out_bytes); /* NaN in every float dtype */
+    moex_tensor tout = rows_of(*tx, 0, T);
+    tout.data = out;
+    moex_ep_group *g[EP_RANKS] = {NULL};
+    ep_rank r[EP_RANKS];
+    memset(r, 0, sizeof r);
+    moex_status st = moex_ep_local_groups(EP_RANKS, g);
+    char why[512] = "";
+    for (int i = 0; i < EP_RANKS && !st; i++) {
+        moex_experts_desc s = ref_layer_share(d, i * per, per);
+        moex_context_options o = moex_context_default_options();
+        o.max_tokens = MAX_T;
+        o.num_threads = 1;
+        o.ep_group = g[i];
+        if (!(st = moex_layer_create(&s, &r[i].layer)) && !(st = moex_backend_supports(be, r[i].layer, HOST, why, sizeof why)) &&
+            !(st = moex_context_create(&o, &r[i].ctx)))
+            st = moex_prepare(r[i].ctx, r[i].layer, be);
+        r[i].backend = be;
+        r[i].x = rows_of(*tx, t0[i], n[i]);
+        r[i].ids = rows_of(*tids, t0[i], n[i]);
+        r[i].w = rows_of(*tw, t0[i], n[i]);
+        r[i].out = rows_of(tout, t0[i], n[i]);
+    }
+    if (st == MOEX_ERR_UNSUPPORTED) goto done; /* counted as a skip by the one-rank run */
+    if (st) {
+        printf("FAIL %s cpu ep=%d %s %s: setup: %s\n", be, EP_RANKS, c->name, c->sizes, moex_last_error());
+        g_tally_ep[b].failed++;
+        goto done;
+    }
+    pthread_t th[EP_RANKS];
+    for (int i = 0; i < EP_RANKS; i++) pthread_create(&th[i], NULL, ep_rank_forward, &r[i]);
+    for (int i = 0; i < EP_RANKS; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < EP_RANKS; i++)
+        if (r[i].st) {
+            printf("FAIL %s cpu ep=%d %s %s: rank %d: %s\n", be, EP_RANKS, c->name, c->sizes, i, r[i].msg);
+            g_tally_ep[b].failed++;
+            goto done;
+        }
+    const double bound = FORMATS[c->format].quant ? NMSE_QUANT : float_bound(c->xdt);
+    const double e = ref_nmse(out, c->xdt, T, H, H, c->want);
+    if (e <= bound) {
+        g_tally_ep[b].passed++;
+    } else {
+        printf("FAIL %s cpu ep=%d %s %s: NMSE %.3g > %.0e\n", be, EP_RANKS, c->name, c->sizes, e, bound);
+        g_tally_ep[b].failed++;
+    }
+done:
+    for (int i = 0; i < EP_RANKS; i++) {
+        moex_context_free(r[i].ctx);
+        moex_layer_free(r[i].layer);
+        moex_ep_group_free(g[i]);
+    }
+    free(out);
+}
+
 typedef struct device_run {
     moex_device dev;
     char name[16];
@@ -403,6 +499,7 @@ static void run_case(const xcase *c, device_run *dv, int di, const char *only) {
                 }
         if (ok) ty->passed++;
         else ty->failed++;
+        if (dv->dev.kind == MOEX_DEVICE_CPU && c->E % EP_RANKS == 0) run_case_ep(c, &d, &tx, &tids, &tw, b, be);
     }
 done:
     moex_layer_free(layer);
@@ -473,6 +570,10 @@ int main(int argc, char **argv) {
             if (only && strcmp(only, moex_backend_name(b)) != 0) continue;
             printf("%-18s %-8s %7d %8d %7d\n", moex_backend_name(b), devs[d].name, t->passed, t->skipped, t->failed);
             passed += t->passed, skipped += t->skipped, failed += t->failed;
+            if (devs[d].dev.kind != MOEX_DEVICE_CPU || !(g_tally_ep[b].passed + g_tally_ep[b].failed)) continue;
+            t = &g_tally_ep[b];
+            printf("%-18s %-8s %7d %8s %7d\n", moex_backend_name(b), "cpu ep=3", t->passed, "", t->failed);
+            passed += t->passed, failed += t->failed;
         }
     printf("backend_ops: %d passed, %d skipped, %d failed\n", passed, skipped, failed);
     for (int d = 0; d < nd; d++) moex_context_free(devs[d].ctx);
