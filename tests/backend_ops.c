@@ -34,12 +34,12 @@
  * Usage: backend_ops [-b BACKEND]   (only that backend)
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ep_ranks.h"
 #include "moex.h"
 #include "reference.h"
 
@@ -343,22 +343,6 @@ static moex_experts_desc place_layer(pool *pl, const xcase *c) {
 #define EP_RANKS 3
 static tally g_tally_ep[MAX_BACKENDS];
 
-typedef struct ep_rank {
-    moex_context *ctx;
-    moex_layer *layer;
-    const char *backend;
-    moex_tensor x, ids, w, out;
-    moex_status st;
-    char msg[512];
-} ep_rank;
-
-static void *ep_rank_forward(void *arg) {
-    ep_rank *r = arg;
-    r->st = moex_experts_forward(r->ctx, r->layer, r->backend, &r->x, &r->ids, &r->w, &r->out);
-    snprintf(r->msg, sizeof r->msg, "%s", r->st ? moex_last_error() : "");
-    return NULL;
-}
-
 /* Rows [t0, t0 + n) of a host view. */
 static moex_tensor rows_of(moex_tensor t, int64_t t0, int64_t n) {
     t.data = (char *)t.data + (size_t)(t0 * t.strides[0]) * moex_dtype_size(t.dtype);
@@ -377,7 +361,7 @@ static void run_case_ep(const xcase *c, const moex_experts_desc *d, const moex_t
     moex_tensor tout = rows_of(*tx, 0, T);
     tout.data = out;
     moex_ep_group *g[EP_RANKS] = {NULL};
-    ep_rank r[EP_RANKS];
+    ep_rank_job r[EP_RANKS];
     memset(r, 0, sizeof r);
     moex_status st = moex_ep_local_groups(EP_RANKS, g);
     char why[512] = "";
@@ -391,9 +375,9 @@ static void run_case_ep(const xcase *c, const moex_experts_desc *d, const moex_t
             !(st = moex_context_create(&o, &r[i].ctx)))
             st = moex_prepare(r[i].ctx, r[i].layer, be);
         r[i].backend = be;
-        r[i].x = rows_of(*tx, t0[i], n[i]);
+        r[i].hidden = rows_of(*tx, t0[i], n[i]);
         r[i].ids = rows_of(*tids, t0[i], n[i]);
-        r[i].w = rows_of(*tw, t0[i], n[i]);
+        r[i].weights = rows_of(*tw, t0[i], n[i]);
         r[i].out = rows_of(tout, t0[i], n[i]);
     }
     if (st == MOEX_ERR_UNSUPPORTED) goto done; /* counted as a skip by the one-rank run */
@@ -402,9 +386,7 @@ static void run_case_ep(const xcase *c, const moex_experts_desc *d, const moex_t
         g_tally_ep[b].failed++;
         goto done;
     }
-    pthread_t th[EP_RANKS];
-    for (int i = 0; i < EP_RANKS; i++) pthread_create(&th[i], NULL, ep_rank_forward, &r[i]);
-    for (int i = 0; i < EP_RANKS; i++) pthread_join(th[i], NULL);
+    ep_run_ranks(r, EP_RANKS);
     for (int i = 0; i < EP_RANKS; i++)
         if (r[i].st) {
             printf("FAIL %s cpu ep=%d %s %s: rank %d: %s\n", be, EP_RANKS, c->name, c->sizes, i, r[i].msg);

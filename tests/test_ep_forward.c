@@ -23,40 +23,16 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ep_ranks.h"
 #include "moex.h"
 #include "reference.h"
 #include "testutil.h"
 
 enum { MAXR = 4, ROW_PAD = 3 };
-
-/* One rank's forward, run on a thread of its own. */
-typedef struct rank_job {
-    moex_context *ctx;
-    moex_layer *layer;
-    const char *backend;
-    moex_tensor hidden, ids, weights, out;
-    moex_status st;
-    char msg[1024];
-} rank_job;
-
-static void *run_rank(void *arg) {
-    rank_job *j = arg;
-    j->st = moex_experts_forward(j->ctx, j->layer, j->backend, &j->hidden, &j->ids, &j->weights, &j->out);
-    snprintf(j->msg, sizeof j->msg, "%s", j->st ? moex_last_error() : "");
-    return NULL;
-}
-
-/* Every rank's forward at once; returns when all have. */
-static void run_group(rank_job *jobs, int R) {
-    pthread_t th[MAXR];
-    for (int r = 0; r < R; r++) assert_int_equal(pthread_create(&th[r], NULL, run_rank, &jobs[r]), 0);
-    for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
-}
 
 /* A rank's tokens: hidden [T, H] (row stride H + pad), ids [T, k], weights [T, k], out like hidden. */
 typedef struct rank_data {
@@ -132,7 +108,7 @@ static void check_group(const ref_layer *L, int R, const char *backend, moex_dty
     assert_int_equal(moex_ep_group_rank(g[R - 1]), R - 1);
     ref_rng rng;
     ref_rng_seed(&rng, seed);
-    rank_job jobs[MAXR];
+    ep_rank_job jobs[MAXR];
     rank_data rd[MAXR];
     memset(jobs, 0, sizeof jobs);
     int64_t max_t = 1;
@@ -150,7 +126,7 @@ static void check_group(const ref_layer *L, int R, const char *backend, moex_dty
         jobs[r].backend = backend;
         views(&rd[r], H, k, &jobs[r].hidden, &jobs[r].ids, &jobs[r].weights, &jobs[r].out);
     }
-    run_group(jobs, R);
+    ep_run_ranks(jobs, R);
     for (int r = 0; r < R; r++) {
         if (jobs[r].st) {
             PROBLEM("%s rank %d: %s", what, r, jobs[r].msg);
@@ -183,7 +159,7 @@ static void check_group(const ref_layer *L, int R, const char *backend, moex_dty
         first[r] = malloc(bytes + 1);
         memcpy(first[r], rd[r].out, bytes);
     }
-    run_group(jobs, R);
+    ep_run_ranks(jobs, R);
     for (int r = 0; r < R; r++) {
         const size_t bytes = (size_t)(rd[r].T * rd[r].ld) * moex_dtype_size(rd[r].dt);
         if (jobs[r].st || memcmp(first[r], rd[r].out, bytes))
@@ -224,7 +200,7 @@ static void test_matches_one_rank(void **state) {
 /* A group of two over one layer's halves, for the refusals: contexts of max_tokens mt[r]. */
 typedef struct pair_group {
     moex_ep_group *g[2];
-    rank_job jobs[2];
+    ep_rank_job jobs[2];
     rank_data rd[2];
 } pair_group;
 
@@ -252,7 +228,7 @@ static void pair_open(pair_group *pg, const ref_layer *L, const int64_t *mt, con
 
 /* Both ranks returned `st[r]` with messages containing want[r]; no out written. */
 static void pair_expect(pair_group *pg, const moex_status *st, const char *const *want, const char *what) {
-    run_group(pg->jobs, 2);
+    ep_run_ranks(pg->jobs, 2);
     for (int r = 0; r < 2; r++) {
         if (pg->jobs[r].st != st[r] || !contains(pg->jobs[r].msg, want[r]))
             PROBLEM("%s rank %d: status %d (%s), want %d with \"%s\"", what, r, pg->jobs[r].st, pg->jobs[r].msg, st[r],
@@ -292,7 +268,7 @@ static void test_refusals_reach_every_rank(void **state) {
         const char *const want[2] = {"rank 1 of 2 refused", "= 9 is outside [0, 8)"};
         pair_expect(&pg, st, want, "bad id");
         ((int32_t *)pg.rd[1].ids)[3] = 8; /* a sentinel: the group goes on */
-        run_group(pg.jobs, 2);
+        ep_run_ranks(pg.jobs, 2);
         for (int r = 0; r < 2; r++)
             if (pg.jobs[r].st) PROBLEM("after the refusal, rank %d: %s", r, pg.jobs[r].msg);
         pair_close(&pg);
@@ -356,7 +332,7 @@ static void test_refusals_reach_every_rank(void **state) {
     { /* every rank with no tokens: nothing to do, and no error */
         const int64_t mt[2] = {3, 3}, T[2] = {0, 0};
         pair_open(&pg, &L, mt, T, both);
-        run_group(pg.jobs, 2);
+        ep_run_ranks(pg.jobs, 2);
         for (int r = 0; r < 2; r++)
             if (pg.jobs[r].st) PROBLEM("T = 0 everywhere, rank %d: %s", r, pg.jobs[r].msg);
         pair_close(&pg);

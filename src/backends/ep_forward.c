@@ -126,17 +126,21 @@ static moex_status exchange(moex_ep_group *g, const ep_scratch *s, const void *s
     return moex_ep_all_to_all(g, send, s->send_off, s->send_bytes, recv, s->recv_off, s->recv_bytes);
 }
 
+/* Every rank sends the same `bytes` from hdr_send to all; rank r's land at hdr_recv + r bytes. */
+static moex_status exchange_headers(moex_ep_group *g, const ep_scratch *s, size_t bytes) {
+    for (int r = 0; r < g->size; r++) {
+        s->send_off[r] = 0;
+        s->send_bytes[r] = s->recv_bytes[r] = bytes;
+        s->recv_off[r] = (size_t)r * bytes;
+    }
+    return moex_ep_all_to_all(g, s->hdr_send, s->send_off, s->send_bytes, s->hdr_recv, s->recv_off, s->recv_bytes);
+}
+
 /* Every rank's status as the rest see it: each sends `mine` to all. MOEX_OK when all are OK;
  * else this rank's own failure (its message kept) or one naming the first rank that failed. */
 static moex_status agree(moex_ep_group *g, const ep_scratch *s, moex_status mine, const char *what) {
     s->hdr_send[0] = mine;
-    for (int r = 0; r < g->size; r++) {
-        s->send_off[r] = 0;
-        s->send_bytes[r] = s->recv_bytes[r] = sizeof(int64_t);
-        s->recv_off[r] = (size_t)r * sizeof(int64_t);
-    }
-    moex_status st = moex_ep_all_to_all(g, s->hdr_send, s->send_off, s->send_bytes, s->hdr_recv, s->recv_off,
-                                        s->recv_bytes);
+    moex_status st = exchange_headers(g, s, sizeof(int64_t));
     if (st) return st;
     if (mine) return mine;
     for (int r = 0; r < g->size; r++)
@@ -235,12 +239,7 @@ moex_status moex_ep_forward(moex_context *ctx, const moex_layer *layer, const mo
 
     /* 1. headers, and the decision every rank makes alike */
     const moex_status planned = plan(ctx, d, hidden, ids, &s, &w, checked);
-    for (int r = 0; r < R; r++) {
-        s.send_off[r] = 0;
-        s.send_bytes[r] = s.recv_bytes[r] = (size_t)n * sizeof(int64_t);
-        s.recv_off[r] = (size_t)r * (size_t)n * sizeof(int64_t);
-    }
-    moex_status st = moex_ep_all_to_all(g, s.hdr_send, s.send_off, s.send_bytes, s.hdr_recv, s.recv_off, s.recv_bytes);
+    moex_status st = exchange_headers(g, &s, (size_t)n * sizeof(int64_t));
     if (st || (st = decide(g, &s, planned))) return st;
 
     /* the rows each rank sends here, and where they land */
