@@ -30,6 +30,7 @@
 #                    qwen3-30b-a3b and more than 141 s for deepseek-v3)
 #   BUILD_DIR        build directory (build-gpu)
 #   CUDA_ARCH        CMAKE_CUDA_ARCHITECTURES (90a)
+#   SUITE_CUDA_FLAGS extra nvcc flags (CMAKE_CUDA_FLAGS; none), e.g. a dev variant's -D switches
 #   QWEN_TOKENS      token counts for qwen3-30b-a3b (1,8,64,512,4096,16384)
 #   DEEPSEEK_TOKENS  token counts for deepseek-v3 (1,64,512,4096,16384)
 #   BENCH_LIMITS     --backend-max-tokens for moex bench (batched_mm=512; e.g. add eager=4096)
@@ -145,6 +146,7 @@ echo "cpus: $(nproc)  git: $(git rev-parse --short HEAD 2>/dev/null || echo none
 #   cmocka:   the tests/test_*.c programs need it; without it the build leaves them out and
 #             builds the rest (backend_ops, the GPU programs, the script tests), which ctest runs.
 CMAKE_EXTRA=(-DMOEX_OPENBLAS=OFF)
+[ -n "${SUITE_CUDA_FLAGS:-}" ] && CMAKE_EXTRA+=("-DCMAKE_CUDA_FLAGS=$SUITE_CUDA_FLAGS")
 deps_step() {
   if [ -f "$DEPS_SRC/cJSON/cJSON.c" ] && [ -f "$DEPS_SRC/cJSON/cJSON.h" ]; then
     CMAKE_EXTRA+=("-DMOEX_CJSON_SOURCE_DIR=$DEPS_SRC/cJSON")
