@@ -113,8 +113,9 @@ typedef struct ref_layer {
 void ref_layer_build(ref_layer *L, const ref_layer_spec *s, uint64_t seed);
 /* Free the buffers of *L (the description becomes invalid). */
 void ref_layer_destroy(ref_layer *L);
-/* The experts [e0, e0 + n) of layer d as a layer of their own: its stacked views (weights, scale
- * grids, biases) offset to expert e0, or its per-expert arrays; num_experts n, the rest as d. */
+/* The experts [e0, e0 + n) of layer d as a layer of their own (the library's moex_experts_desc_share:
+ * its stacked views offset to expert e0, or its per-expert arrays; num_experts n, the rest as d); a
+ * zeroed description, which no layer takes, when that refuses. */
 moex_experts_desc ref_layer_share(const moex_experts_desc *d, int64_t e0, int64_t n);
 
 /* ------------------------------------------------------------------------ */

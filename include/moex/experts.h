@@ -150,6 +150,16 @@ typedef struct moex_experts_desc {
  */
 moex_status moex_experts_desc_init(moex_experts_desc *desc);
 
+/**
+ * The description of experts [first, first + count) of desc (an expert-parallel
+ * rank's share: see moex_ep_group): every stacked tensor (weights, biases,
+ * scales) starts at expert `first` with `count` experts, every per-expert array
+ * at entry `first`; nothing is copied. The share keeps desc's top_k, so count
+ * must be at least top_k for moex_layer_create() to take it.
+ */
+moex_status moex_experts_desc_share(const moex_experts_desc *desc, int64_t first, int64_t count,
+                                    moex_experts_desc *out);
+
 /** A validated experts layer (opaque). */
 typedef struct moex_layer moex_layer;
 

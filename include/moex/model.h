@@ -34,6 +34,12 @@ typedef struct moex_model_options {
                                 without quantization_config refuses it (MOEX_ERR_INVALID_ARGUMENT). */
     const char *quantize;  /**< "fp8", "fp8-ue8m0" or "fp4": quantize the experts at load
                                 (moex_quantize's recipe); NULL (default) = as stored */
+    moex_ep_group *ep_group; /**< NULL (default), or this rank of an expert-parallel group (borrowed;
+                                it must outlive the model): the model keeps only the rank's share of
+                                each MoE layer's experts (num_experts / group size of them, which must
+                                divide evenly and be at least num_experts_per_tok), routes its own
+                                tokens over all of them, and every moex_generate() call is a
+                                collective of the group (see there). CPU only in this version. */
 } moex_model_options;
 
 /** Defaults as documented on each field. */
@@ -164,6 +170,18 @@ typedef struct moex_generation {
  * are restored when it returns, also on error. On the cpu it first checks that
  * the checkpoint's files are unchanged since load (moex_model_load()). A NaN
  * logit where a token is chosen fails (MOEX_ERR_INVALID_ARGUMENT, naming its index).
+ *
+ * A model of an expert-parallel group (moex_model_options.ep_group): every rank
+ * calls moex_generate() at once (from its own thread or process), each with its
+ * own prompts (n may be 0 there: the rank still takes part) and options, and the
+ * same experts backends in force. The ranks run their steps together: before
+ * each step they agree whether any rank has work left, and a rank with none runs
+ * only its MoE layers' experts for no tokens, so that each layer's exchange has
+ * every rank in it; the call returns on every rank once every rank is done. A
+ * rank that fails (bad arguments, a NaN logit, a refused forward) makes every
+ * rank fail at the next agreement, the others with a message naming it. The
+ * tokens are those of one model holding every expert, up to the rounding of
+ * each pair's result.
  */
 moex_status moex_generate(moex_model *model, int n, const int32_t *const *prompts, const int64_t *prompt_lens,
                           const moex_generate_options *options, moex_generation **out);

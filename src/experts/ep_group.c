@@ -153,3 +153,14 @@ moex_status moex_ep_all_to_all(moex_ep_group *g, const void *send, const size_t 
                          "no message", v, moex_status_str((moex_status)v));
     return (moex_status)v;
 }
+
+moex_status moex_ep_all_gather(moex_ep_group *g, const void *mine, size_t bytes, void *all) {
+    const int n = g->size;
+    size_t *a = malloc(3 * (size_t)n * sizeof *a);
+    if (!a) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "expert parallelism: out of memory for an all-gather");
+    size_t *zero = a, *each = a + n, *at = a + 2 * n;
+    for (int r = 0; r < n; r++) zero[r] = 0, each[r] = bytes, at[r] = (size_t)r * bytes;
+    const moex_status st = moex_ep_all_to_all(g, mine, zero, each, all, at, each);
+    free(a);
+    return st;
+}

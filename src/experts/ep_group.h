@@ -18,4 +18,8 @@ struct moex_ep_group {
 moex_status moex_ep_all_to_all(moex_ep_group *g, const void *send, const size_t *send_offset, const size_t *send_bytes,
                                void *recv, const size_t *recv_offset, const size_t *recv_bytes);
 
+/* Every rank's `bytes` bytes at `mine`, into all[r * bytes] for each rank r (itself included):
+ * one all-to-all. Collective, as the forwards are. */
+moex_status moex_ep_all_gather(moex_ep_group *g, const void *mine, size_t bytes, void *all);
+
 #endif

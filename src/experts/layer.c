@@ -30,6 +30,33 @@ moex_status moex_experts_desc_init(moex_experts_desc *desc) {
     return MOEX_OK;
 }
 
+moex_status moex_experts_desc_share(const moex_experts_desc *desc, int64_t first, int64_t count,
+                                    moex_experts_desc *out) {
+    if (!desc || !out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_experts_desc_share: %s is NULL", desc ? "out" : "desc");
+    if (first < 0 || count < 1 || first > desc->num_experts - count)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_experts_desc_share: experts [%lld, %lld + %lld) are not a share "
+                         "of the %lld experts", (long long)first, (long long)first, (long long)count,
+                         (long long)desc->num_experts);
+    moex_experts_desc s = *desc;
+    moex_tensor *t[6] = {&s.gate_up, &s.down, &s.gate_up_bias, &s.down_bias, &s.gate_up_scale, &s.down_scale};
+    for (int i = 0; i < 6; i++) { /* stacked tensors: [E, ...] from expert `first` */
+        if (!t[i]->data) continue;
+        if (t[i]->ndim < 1 || t[i]->shape[0] != desc->num_experts)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_experts_desc_share: a stacked tensor's first dimension is "
+                             "%lld, not the %lld experts", t[i]->ndim < 1 ? 0LL : (long long)t[i]->shape[0],
+                             (long long)desc->num_experts);
+        t[i]->data = (char *)t[i]->data + (size_t)(first * t[i]->strides[0]) * moex_dtype_size(t[i]->dtype);
+        t[i]->shape[0] = count;
+    }
+    const void *const **a[6] = {&s.expert_gate, &s.expert_up, &s.expert_down, &s.expert_gate_scale,
+                                &s.expert_up_scale, &s.expert_down_scale};
+    for (int i = 0; i < 6; i++) /* per-expert pointer arrays */
+        if (*a[i]) *a[i] += first;
+    s.num_experts = count;
+    *out = s;
+    return MOEX_OK;
+}
+
 /* `what` is on another device than the weights (on `want`). */
 static moex_status other_device(const moex_tensor *t, const char *what, moex_device want) {
     char got[32], need[32];

@@ -3,6 +3,7 @@
  * checkpoint's end-of-sequence ids. Decode steps run under the decode-step
  * switch of the backend map (SPEC R3). */
 #include "model/model_internal.h"
+#include "experts/ep_group.h"
 #include <math.h>
 #include <stdlib.h>
 #include <time.h>
@@ -61,6 +62,36 @@ static void accept(gen_state *s, int64_t i, int64_t tok) {
     if ((!s->o->ignore_eos && is_eos(&s->m->cfg, tok)) || s->g->num_new[i] >= s->o->max_new_tokens) s->done[i] = 1;
 }
 
+// An expert-parallel model's agreement before a step (moex_generate): every rank gives its status
+// and whether it has a step to run; *go: some rank has. A failure anywhere fails every rank: with
+// its own status, or a message naming the first rank that failed. Without a group: *go = have,
+// and mine as given.
+static moex_status ep_agree(moex_model *m, moex_status mine, int have, int *go) {
+    moex_ep_group *g = m->opt.ep_group;
+    *go = have;
+    if (!g) return mine;
+    const int R = moex_ep_group_size(g), me = moex_ep_group_rank(g);
+    int64_t said[2] = {(int64_t)mine, have}, all[2 * MOEX_EP_MAX_RANKS];
+    moex_status st = moex_ep_all_gather(g, said, sizeof said, all);
+    if (mine || st) return mine ? mine : st;
+    int any = 0;
+    for (int r = 0; r < R; r++) {
+        if (all[2 * r] != MOEX_OK && r != me)
+            return moex_fail((moex_status)all[2 * r], "expert parallelism: rank %d of %d failed (%s), so every rank stops",
+                             r, R, moex_status_str((moex_status)all[2 * r]));
+        any |= all[2 * r + 1] != 0;
+    }
+    *go = any;
+    return MOEX_OK;
+}
+
+// A step that failed: an expert-parallel rank still tells the others at their next agreement.
+static moex_status step_failed(moex_model *m, moex_status st) {
+    int go;
+    if (m->opt.ep_group) ep_agree(m, st, 0, &go);
+    return st;
+}
+
 // Choose each active prompt's next token from its logits row; mark finished ones.
 static moex_status pick(gen_state *s, const int64_t *rows, int64_t nrows) {
     const int64_t V = s->m->cfg.vocab_size;
@@ -95,12 +126,13 @@ static moex_status decode_step(gen_state *s, const model_step_seq *seqs, const i
     return MOEX_OK;
 }
 
-// Decode steps until every prompt is done (run under the decode-step switch).
+// Decode steps until every prompt is done (run under the decode-step switch); an expert-parallel
+// rank until every rank's are, running idle steps once its own are.
 static moex_status decode_all(void *user) {
     gen_state *s = user;
     const int n = s->g->n;
-    model_step_seq seqs[n];
-    int64_t rows[n];
+    model_step_seq seqs[n > 0 ? n : 1];
+    int64_t rows[n > 0 ? n : 1];
     for (;;) {
         int64_t k = 0;
         for (int i = 0; i < n; i++) {
@@ -108,9 +140,15 @@ static moex_status decode_all(void *user) {
             seqs[k] = (model_step_seq){i, s->past[i], 1, &s->last[i]};
             rows[k++] = i;
         }
-        if (k == 0) return MOEX_OK;
-        moex_status st = decode_step(s, seqs, rows, k);
-        if (st) return st;
+        int go;
+        moex_status st = ep_agree(s->m, MOEX_OK, k > 0, &go);
+        if (st || !go) return st;
+        if (k == 0) {
+            if ((st = model_step_idle(s->m))) return step_failed(s->m, st);
+            continue;
+        }
+        st = decode_step(s, seqs, rows, k);
+        if (st) return step_failed(s->m, st);
         for (int64_t r = 0; r < k; r++) s->past[rows[r]] += 1;
         s->g->decode_tokens += k;
     }
@@ -118,9 +156,11 @@ static moex_status decode_all(void *user) {
 
 static moex_status check_args(const moex_model *m, int n, const int32_t *const *prompts, const int64_t *lens,
                               const moex_generate_options *o) {
-    if (!m || !prompts || !lens || !o) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_generate: null argument");
-    if (n < 1 || n > m->opt.max_batch)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%d prompts; the model was loaded for 1 to max_batch = %lld", n,
+    if (!m || !o || (n > 0 && (!prompts || !lens)))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_generate: null argument");
+    const int least = m->opt.ep_group ? 0 : 1; /* an expert-parallel rank may have no prompts */
+    if (n < least || n > m->opt.max_batch)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%d prompts; the model was loaded for %d to max_batch = %lld", n, least,
                          (long long)m->opt.max_batch);
     if (o->cuda_graph && !m->gpu)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "cuda_graph = %d: graph-captured decode needs a model loaded on cuda",
@@ -131,6 +171,10 @@ static moex_status check_args(const moex_model *m, int n, const int32_t *const *
                          (double)o->temperature, (long long)o->top_k, (double)o->top_p);
     for (int i = 0; i < n; i++) {
         if (!prompts[i] || lens[i] < 1) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "prompt %d is empty", i);
+        for (int64_t j = 0; j < lens[i] && lens[i] <= m->opt.max_seq; j++) /* (a step checks them too: too late for a group) */
+            if (prompts[i][j] < 0 || prompts[i][j] >= m->cfg.vocab_size)
+                return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "token %lld of prompt %d is %d, outside [0, %lld)",
+                                 (long long)j, i, (int)prompts[i][j], (long long)m->cfg.vocab_size);
         if (lens[i] > m->opt.max_seq || o->max_new_tokens > m->opt.max_seq - lens[i])
             return moex_fail(MOEX_ERR_WORKSPACE, "prompt %d: %lld tokens + %lld new exceed max_seq = %lld", i,
                              (long long)lens[i], (long long)o->max_new_tokens, (long long)m->opt.max_seq);
@@ -143,9 +187,10 @@ static moex_generation *alloc_generation(int n, int64_t V, int64_t max_new, int 
     if (!g) return NULL;
     g->n = n;
     g->vocab = V;
-    g->num_new = calloc((size_t)n, sizeof *g->num_new);
-    g->new_ids = calloc((size_t)n, sizeof *g->new_ids);
-    if (want_logits) g->last_prompt_logits = calloc((size_t)n, sizeof *g->last_prompt_logits);
+    const size_t rows = (size_t)(n > 0 ? n : 1); /* an expert-parallel rank may have none */
+    g->num_new = calloc(rows, sizeof *g->num_new);
+    g->new_ids = calloc(rows, sizeof *g->new_ids);
+    if (want_logits) g->last_prompt_logits = calloc(rows, sizeof *g->last_prompt_logits);
     int ok = g->num_new && g->new_ids && (!want_logits || g->last_prompt_logits);
     for (int i = 0; ok && i < n; i++) {
         ok = (g->new_ids[i] = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t))) != NULL;
@@ -165,8 +210,8 @@ static moex_generation *alloc_generation(int n, int64_t V, int64_t max_new, int 
 static moex_status prefill(gen_state *s, int n, const int32_t *const *prompts, const int64_t *lens, float *step_logits) {
     moex_model *m = s->m;
     const int64_t V = m->cfg.vocab_size;
-    model_step_seq seqs[n];
-    int64_t fed[n], who[n];
+    model_step_seq seqs[n > 0 ? n : 1];
+    int64_t fed[n > 0 ? n : 1], who[n > 0 ? n : 1];
     memset(fed, 0, sizeof fed);
     for (;;) {
         int64_t k = 0, room = m->opt.max_tokens;
@@ -177,9 +222,15 @@ static moex_status prefill(gen_state *s, int n, const int32_t *const *prompts, c
             who[k++] = i;
             room -= take;
         }
-        if (k == 0) return MOEX_OK;
-        moex_status st = model_step(m, seqs, k, step_logits, NULL, 0);
-        if (st) return st;
+        int go;
+        moex_status st = ep_agree(m, MOEX_OK, k > 0, &go);
+        if (st || !go) return st;
+        if (k == 0) { /* an expert-parallel rank whose prompts are in: the others' pieces go on */
+            if ((st = model_step_idle(m))) return step_failed(m, st);
+            continue;
+        }
+        st = model_step(m, seqs, k, step_logits, NULL, 0);
+        if (st) return step_failed(m, st);
         for (int64_t r = 0; r < k; r++) {
             int64_t i = who[r];
             fed[i] += seqs[r].n_new;
@@ -188,22 +239,27 @@ static moex_status prefill(gen_state *s, int n, const int32_t *const *prompts, c
     }
 }
 
-static moex_status run(gen_state *s, int n, const int32_t *const *prompts, const int64_t *lens) {
+// st: what moex_generate found before (an expert-parallel rank says it to the others first).
+static moex_status run(gen_state *s, moex_status st, int n, const int32_t *const *prompts, const int64_t *lens) {
     moex_model *m = s->m;
     const moex_generate_options *o = s->o;
     const int64_t V = m->cfg.vocab_size;
-    int64_t rows[n];
-    for (int i = 0; i < n; i++) {
-        moex_status st = model_kv_reset(m, i);
-        if (st) return st;
+    int64_t rows[n > 0 ? n : 1];
+    for (int i = 0; i < n && !st; i++) {
+        st = model_kv_reset(m, i);
         s->past[i] = lens[i];
         s->g->prefill_tokens += lens[i];
         s->done[i] = o->max_new_tokens == 0;
     }
+    float *step_logits = st ? NULL : malloc((size_t)(n > 0 ? n : 1) * (size_t)V * sizeof(float));
+    if (!st && !step_logits) st = moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_generate: out of memory");
+    int go;
+    if ((st = ep_agree(m, st, 1, &go))) { /* every rank ready (or none goes on) */
+        free(step_logits);
+        return st;
+    }
     double t0 = seconds();
-    float *step_logits = malloc((size_t)n * (size_t)V * sizeof(float));
-    if (!step_logits) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_generate: out of memory");
-    moex_status st = prefill(s, n, prompts, lens, step_logits);
+    st = prefill(s, n, prompts, lens, step_logits);
     free(step_logits);
     if (st) return st;
     if (o->want_logits)
@@ -214,7 +270,7 @@ static moex_status run(gen_state *s, int n, const int32_t *const *prompts, const
         if (active != i) memcpy(s->logits + active * V, s->logits + (int64_t)i * V, (size_t)V * sizeof(float));
         rows[active++] = i;
     }
-    if ((st = pick(s, rows, active))) return st;
+    if ((st = pick(s, rows, active))) return step_failed(m, st);
     double t1 = seconds();
     s->g->prefill_seconds = t1 - t0;
     st = moex_experts_map_run_decode(&m->map, m->opt.device.kind, m->opt.decode_switch, decode_all, s);
@@ -225,24 +281,28 @@ static moex_status run(gen_state *s, int n, const int32_t *const *prompts, const
 moex_status moex_generate(moex_model *m, int n, const int32_t *const *prompts, const int64_t *lens,
                           const moex_generate_options *o, moex_generation **out) {
     moex_status st = check_args(m, n, prompts, lens, o);
-    if (st) return st;
-    if (!out) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_generate: out is NULL");
+    if (!m) return st;
+    if (!st && !out) st = moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_generate: out is NULL");
     /* on the cpu the weights are read from the checkpoint's mapping: the files must be as loaded
      * (on cuda every weight was copied to the device at load) */
-    if (!m->gpu && (st = moex_checkpoint_verify(m->ckpt))) return st;
+    if (!st && !m->gpu) st = moex_checkpoint_verify(m->ckpt);
+    /* an expert-parallel rank goes on to tell the others (run's first agreement) */
+    if (st && !m->opt.ep_group) return st;
     const int64_t V = m->cfg.vocab_size;
-    gen_state s = {m, o, alloc_generation(n, V, o->max_new_tokens, o->want_logits), moex_sampling_default(), {{0}},
-                   malloc((size_t)n * (size_t)V * sizeof(float)), malloc((size_t)n * sizeof(int32_t)),
-                   calloc((size_t)n, sizeof(int64_t)), calloc((size_t)n, sizeof(int)), calloc((size_t)n, sizeof(int64_t)), 0};
-    if (!s.g || !s.logits || !s.last || !s.past || !s.done || !s.tokens) {
+    const size_t rows = (size_t)(n > 0 ? n : 1);
+    const int64_t max_new = !st ? o->max_new_tokens : 0;
+    gen_state s = {m, o, alloc_generation(!st ? n : 0, V, max_new, !st && o->want_logits), moex_sampling_default(), {{0}},
+                   malloc(rows * (size_t)V * sizeof(float)), malloc(rows * sizeof(int32_t)),
+                   calloc(rows, sizeof(int64_t)), calloc(rows, sizeof(int)), calloc(rows, sizeof(int64_t)), 0};
+    if (!st && (!s.g || !s.logits || !s.last || !s.past || !s.done || !s.tokens))
         st = moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_generate: out of memory");
-    } else {
+    if (!st) {
         s.sampling.temperature = o->temperature;
         s.sampling.top_k = o->top_k;
         s.sampling.top_p = o->top_p;
         moex_rng_seed(&s.rng, o->seed);
-        st = run(&s, n, prompts, lens);
     }
+    if (!st || m->opt.ep_group) st = run(&s, st, st ? 0 : n, prompts, lens);
     free(s.logits);
     free(s.last);
     free(s.past);

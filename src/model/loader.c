@@ -339,6 +339,10 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
             d.expert_device.kind = MOEX_DEVICE_CPU;
         }
     }
+    if (m->opt.ep_group) { /* an expert-parallel rank keeps its share (load: E divides by the group's size) */
+        const int64_t per = E / moex_ep_group_size(m->opt.ep_group);
+        if ((st = moex_experts_desc_share(&d, moex_ep_group_rank(m->opt.ep_group) * per, per, &d))) return st;
+    }
     if (m->opt.quantize && (st = model_quantize_experts(m, ly, &d))) return st;
     if (m->opt.device.kind == MOEX_DEVICE_CUDA && (st = model_gpu_experts(m, &d))) return st; /* device tensors */
     return moex_layer_create(&d, &ly->experts);
@@ -598,9 +602,30 @@ static moex_status check_layer_count(const moex_model *m, const char *dir) {
                      (long long)L, name);
 }
 
+// An expert-parallel rank's share of each MoE layer: num_experts / the group's size experts, at
+// least num_experts_per_tok of them (a layer's top_k is at most its experts).
+static moex_status check_ep_share(const moex_config *c, const moex_ep_group *g, const char *dir) {
+    const int R = moex_ep_group_size(g);
+    const char *sep = dir_sep(dir), *pfx = c->text_from_sub_config ? "text_config." : "";
+    if (c->num_experts <= 0)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s%sconfig.json: %s has no experts to share over an expert-parallel "
+                         "group of %d ranks", dir, sep, c->model_type, R);
+    if (c->num_experts % R)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s%sconfig.json: %snum_experts = %lld does not divide over an "
+                         "expert-parallel group of %d ranks", dir, sep, pfx, (long long)c->num_experts, R);
+    if (c->num_experts / R < c->num_experts_per_tok)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s%sconfig.json: %snum_experts = %lld over %d ranks leaves %lld "
+                         "experts a rank, fewer than num_experts_per_tok = %lld", dir, sep, pfx,
+                         (long long)c->num_experts, R, (long long)(c->num_experts / R), (long long)c->num_experts_per_tok);
+    return MOEX_OK;
+}
+
 static moex_status check_options(const moex_model_options *o) {
     if (o->device.kind != MOEX_DEVICE_CPU && o->device.kind != MOEX_DEVICE_CUDA)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "device kind %d is not a moex_device_kind", (int)o->device.kind);
+    if (o->ep_group && o->device.kind != MOEX_DEVICE_CPU)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "ep_group: expert parallelism runs on the cpu in this version of moex, not "
+                         "on cuda:%d", o->device.index);
     if (o->device.kind == MOEX_DEVICE_CUDA && !MOEX_HAVE_CUDA)
         return moex_fail(MOEX_ERR_UNSUPPORTED,
                          "device cuda:%d: this build of moex has no CUDA support; load the model on the cpu, or build "
@@ -739,6 +764,7 @@ static moex_status load(moex_model *m, const char *dir) {
         return st;
     }
     if ((st = check_layer_count(m, dir))) return st;
+    if (m->opt.ep_group && (st = check_ep_share(c, m->opt.ep_group, dir))) return st;
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     if (!m->layers) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory for %lld layers", (long long)c->num_hidden_layers);
     for (int64_t L = 0; L < c->num_hidden_layers; L++)
@@ -759,6 +785,7 @@ static moex_status load(moex_model *m, const char *dir) {
     co.device = m->opt.device;
     co.num_threads = m->opt.num_threads;
     co.max_tokens = m->opt.max_tokens;
+    co.ep_group = m->opt.ep_group;
     if ((st = moex_context_create(&co, &m->ctx))) return st;
     if ((st = prepare_experts(m))) return st;
     if (m->gpu) /* device KV cache, handle and scratch instead of the host ones */

@@ -168,6 +168,10 @@ moex_status model_quantize_experts(moex_model *m, model_layer *ly, moex_experts_
 moex_status model_step(moex_model *m, const model_step_seq *seqs, int64_t nseq, float *logits, int64_t *tokens,
                        int use_graph);
 
+/* An expert-parallel rank's step without tokens: each MoE layer's experts forward for T = 0, in
+ * layer order, so that the layer's exchange has this rank in it (moex_generate's collective). */
+moex_status model_step_idle(moex_model *m);
+
 /* Forget sequence seq (every one for -1) in the KV cache the step uses. */
 moex_status model_kv_reset(moex_model *m, int64_t seq);
 

@@ -315,6 +315,27 @@ moex_status model_step(moex_model *m, const model_step_seq *seqs, int64_t nseq, 
     return MOEX_OK;
 }
 
+moex_status model_step_idle(moex_model *m) {
+    const moex_config *c = &m->cfg;
+    model_run *r = &m->run;
+    const int bf16 = m->opt.dtype == MOEX_BF16;
+    int64_t ks[2] = {0, c->num_experts_per_tok}, hs[2] = {0, c->hidden_size};
+    moex_tensor ids, w, hidden, out;
+    moex_status st;
+    if ((st = moex_tensor_init(&ids, r->route_ids, MOEX_I32, 2, ks)) ||
+        (st = moex_tensor_init(&w, r->route_w, MOEX_F32, 2, ks)) ||
+        (st = moex_tensor_init(&hidden, bf16 ? (void *)r->h16 : (void *)r->h, bf16 ? MOEX_BF16 : MOEX_F32, 2, hs)) ||
+        (st = moex_tensor_init(&out, bf16 ? (void *)r->out16 : (void *)r->mlp, bf16 ? MOEX_BF16 : MOEX_F32, 2, hs)))
+        return st;
+    for (int64_t L = 0; L < c->num_hidden_layers; L++) {
+        const model_layer *ly = &m->layers[L];
+        if (ly->is_moe &&
+            (st = moex_experts_forward(m->ctx, ly->experts, m->map.names[m->map_entry], &hidden, &ids, &w, &out)))
+            return st;
+    }
+    return moex_context_synchronize(m->ctx);
+}
+
 moex_status model_kv_reset(moex_model *m, int64_t seq) { return m->run.env.ops->kv_reset(&m->run.env, seq); }
 
 moex_status model_run_cpu(moex_model *m) {
