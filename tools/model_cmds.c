@@ -5,15 +5,17 @@
 #include "moex.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifndef MOEX_DEMO_MODEL
 #define MOEX_DEMO_MODEL "tests/fixtures/qwen3_moe"
 #endif
 
-enum { MAX_PROMPTS = 64, MAX_PROMPT_LEN = 65536 };
+enum { MAX_PROMPTS = 64, MAX_PROMPT_LEN = 65536, MAX_EP = 64 };
 
 typedef struct gen_args {
     const char *dir, *experts, *device, *dtype, *quantize;
@@ -27,6 +29,7 @@ typedef struct gen_args {
     moex_generate_options gen;
     int json, threads, no_decode_switch;
     int64_t warmup; /* untimed generations before the reported one */
+    int64_t ep;     /* --ep N: ranks of an expert-parallel group in this process (0: none) */
 } gen_args;
 
 static const char *usage_cmd = "moex"; /* "moex generate", "moex info" or "moex demo" */
@@ -131,6 +134,7 @@ static const struct gen_option {
     {"--cuda-graph", 0, FOR_GENERATE},  {"--warmup", 1, FOR_GENERATE},
     {"--json", 0, FOR_GENERATE},        {"--logits", 0, FOR_GENERATE},
     {"--quantize", 1, FOR_GENERATE},    {"--dequantize", 0, FOR_GENERATE},
+    {"--ep", 1, FOR_GENERATE},
 };
 enum { NUM_GEN_OPTIONS = sizeof GEN_OPTIONS / sizeof GEN_OPTIONS[0] };
 
@@ -153,6 +157,10 @@ static int apply_gen_option(gen_args *a, const char *f, const char *v) {
     else if (!strcmp(f, "--warmup")) {
         int rc = parse_i64(f, v, &a->warmup);
         if (!rc && a->warmup > 100) rc = usage("--warmup: \"%s\" is more than 100%s", v, "");
+        return rc;
+    } else if (!strcmp(f, "--ep")) {
+        int rc = parse_i64(f, v, &a->ep);
+        if (!rc && (a->ep < 1 || a->ep > MAX_EP)) rc = usage("--ep: \"%s\" is not 1 to %s ranks", v, "64");
         return rc;
     } else if (!strcmp(f, "--experts")) a->experts = v;
     else if (!strcmp(f, "--device")) a->device = v;
@@ -201,6 +209,8 @@ static int check_gen_combination(const gen_args *a, const int *given) {
                          "");
         if (!strcmp(f, "--dequantize") && a->quantize)
             return usage("--dequantize and --quantize exclude each other%s%s", "", "");
+        if (!strcmp(f, "--ep") && !on_cpu)
+            return usage("--ep runs its ranks on the cpu in this version (not --device %s)%s", a->device, "");
     }
     return 0;
 }
@@ -452,6 +462,105 @@ static int print_report(const moex_model *m, const moex_generation *g, const moe
     return 0;
 }
 
+/* --ep N: one rank of the group, on a thread of its own (moex_generate is a collective). */
+typedef struct ep_rank {
+    moex_model *m;
+    const gen_args *a;
+    int first, n; /* its prompts: a->prompts[first .. first + n) */
+    moex_generation *g;
+    moex_status st;
+    char msg[1024];
+} ep_rank;
+
+static void *ep_rank_generate(void *arg) {
+    ep_rank *r = arg;
+    const gen_args *a = r->a;
+    moex_generation *g = NULL;
+    r->st = MOEX_OK;
+    for (int64_t w = 0; w <= a->warmup && !r->st; w++) { /* warm-ups (each a collective too), then the run */
+        moex_generation_free(g);
+        g = NULL;
+        r->st = moex_generate(r->m, r->n, (const int32_t *const *)a->prompts + r->first, a->lens + r->first, &a->gen, &g);
+    }
+    if (r->st) snprintf(r->msg, sizeof r->msg, "%s", moex_last_error());
+    r->g = r->st ? NULL : g;
+    if (r->st) moex_generation_free(g);
+    return NULL;
+}
+
+/* `moex generate --ep N`: N ranks of one group in this process, each loading the model with its
+ * share of the experts and generating a contiguous block of the prompts (rank r prompts
+ * [r n / N, (r + 1) n / N): a rank may have none); the report is the prompts' in order, with the
+ * longest rank's times and every rank's tokens. */
+static int generate_ep(gen_args *a, const moex_model_options *mo) {
+    const int R = (int)a->ep;
+    moex_ep_group *groups[MAX_EP] = {0};
+    ep_rank ranks[MAX_EP];
+    memset(ranks, 0, sizeof ranks);
+    int rc = moex_ep_local_groups(R, groups) ? fail("making the expert-parallel group") : 0;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const int threads = (int)((a->threads ? a->threads : (cores > 0 ? cores : 1)) / R);
+    for (int r = 0; !rc && r < R; r++) {
+        moex_model_options o = *mo;
+        o.ep_group = groups[r];
+        o.num_threads = threads > 0 ? threads : 1;
+        ranks[r].a = a;
+        ranks[r].first = (int)((int64_t)r * a->n / R);
+        ranks[r].n = (int)((int64_t)(r + 1) * a->n / R) - ranks[r].first;
+        if (moex_model_load(a->dir, &o, &ranks[r].m)) {
+            fprintf(stderr, "%s: loading the model for rank %d of %d: %s\n", usage_cmd, r, R, moex_last_error());
+            rc = 1;
+        }
+    }
+    if (!rc) fprintf(stderr, "moex: generating %lld tokens for %d prompt(s) over %d expert-parallel ranks\n",
+                     (long long)a->gen.max_new_tokens, a->n, R);
+    pthread_t th[MAX_EP];
+    int started = 0;
+    for (; !rc && started < R; started++)
+        if (pthread_create(&th[started], NULL, ep_rank_generate, &ranks[started])) {
+            fprintf(stderr, "%s: could not start the thread of rank %d\n", usage_cmd, started);
+            exit(1); /* the ranks already started would wait for it in their first exchange */
+        }
+    for (int r = 0; r < started; r++) pthread_join(th[r], NULL);
+    for (int r = 0; !rc && r < R; r++)
+        if (ranks[r].st) {
+            fprintf(stderr, "%s: generating (rank %d of %d): %s\n", usage_cmd, r, R, ranks[r].msg);
+            rc = 1;
+        }
+    if (!rc) { /* the ranks' results as one generation, in prompt order */
+        moex_generation all;
+        memset(&all, 0, sizeof all);
+        int64_t num_new[MAX_PROMPTS];
+        int32_t *new_ids[MAX_PROMPTS];
+        float *logits[MAX_PROMPTS];
+        all.n = a->n, all.num_new = num_new, all.new_ids = new_ids;
+        all.last_prompt_logits = a->gen.want_logits ? logits : NULL;
+        for (int r = 0; r < R; r++) {
+            const moex_generation *g = ranks[r].g;
+            for (int i = 0; i < ranks[r].n; i++) {
+                num_new[ranks[r].first + i] = g->num_new[i];
+                new_ids[ranks[r].first + i] = g->new_ids[i];
+                if (a->gen.want_logits) logits[ranks[r].first + i] = g->last_prompt_logits[i];
+            }
+            all.vocab = g->vocab;
+            all.prefill_tokens += g->prefill_tokens, all.decode_tokens += g->decode_tokens;
+            if (g->prefill_seconds > all.prefill_seconds) all.prefill_seconds = g->prefill_seconds;
+            if (g->decode_seconds > all.decode_seconds) all.decode_seconds = g->decode_seconds;
+        }
+        rc = a->json ? print_json(ranks[0].m, &all, a->tok) : print_report(ranks[0].m, &all, a->tok, stdout);
+        const moex_layer *first = moex_model_experts_layer(ranks[0].m, 0);
+        if (!rc && !a->json && first)
+            printf("expert parallelism: %d ranks in this process, %lld experts a rank\n", R,
+                   (long long)moex_layer_desc(first)->num_experts);
+    }
+    for (int r = 0; r < R; r++) {
+        moex_generation_free(ranks[r].g);
+        moex_model_free(ranks[r].m);
+    }
+    for (int r = 0; r < R; r++) moex_ep_group_free(groups[r]);
+    return rc;
+}
+
 int moex_cli_generate(int argc, char **argv) {
     usage_cmd = "moex generate";
     gen_args a;
@@ -460,6 +569,11 @@ int moex_cli_generate(int argc, char **argv) {
     if (!rc) rc = tokenize_prompts(&a);
     moex_model_options mo;
     if (!rc) rc = model_options(&a, &mo);
+    if (!rc && a.ep) {
+        rc = generate_ep(&a, &mo);
+        free_gen_args(&a);
+        return rc;
+    }
     moex_model *m = NULL;
     moex_generation *g = NULL;
     if (!rc && moex_model_load(a.dir, &mo, &m)) rc = fail("loading the model");

@@ -25,6 +25,7 @@ static void usage(FILE *f) {
             "             [--temperature T [--top-k K] [--top-p P] [--seed S]] [--threads N] [--ignore-eos]\n"
             "             [--warmup N] [--json [--logits]] [--quantize fp8|fp8-ue8m0|fp4 | --dequantize]\n"
             "             [--no-decode-switch] [--cuda-graph] (these two with --device cuda)\n"
+            "             [--ep N] (N expert-parallel ranks in this process, each with its share of the experts)\n"
             "  info       MODEL_DIR [--experts NAME|JSON] [--device cpu|cuda]: the model and the backends that can run it\n"
             "  demo       [MODEL_DIR]: generate with the bundled tiny model through every backend available here\n"
             "  tokenize   DIR (TEXT | --file F | --decode IDS) [--json] [--no-special]: tokenizer.json ids and text\n"

@@ -270,6 +270,37 @@ text)
     refused 2 'olmoe: no chat format is written for this family' generate olmoe --prompt "Hi" --chat
     ;;
 
+expert_parallel)
+    # --ep N: the ranks' tokens and text are one model's, in prompt order (the logits, within 1e-5:
+    # tests/test_ep_model.c); the report names the ranks; a rank without prompts; refusals
+    g=(generate "$fx" --prompt-ids 5,17,42,8,33,2 --prompt-ids 9,60,14 --prompt-ids 1,2,3,4,5,6,7,8,9,10,11
+       --max-new-tokens 5 --ignore-eos --threads 2)
+    "$moex" "${g[@]}" --json >one.json 2>err
+    check $? 0 ''
+    for n in 2 4; do
+        "$moex" "${g[@]}" --json --ep $n >ep.json 2>err
+        what="--ep $n --json" check $? 0 "over $n expert-parallel ranks"
+        if [ "$(sed 's/,"experts_implementation".*//' one.json)" != "$(sed 's/,"experts_implementation".*//' ep.json)" ] ||
+            ! grep -q '"new_ids":\[\[[0-9]' one.json; then
+            echo "FAIL (--ep $n --json): the new ids or text differ from one model's"
+            sed 's/^/  | /' one.json ep.json
+            failed=1
+        fi
+    done
+    "$moex" "${g[@]}" --ep 2 >out 2>err
+    what="--ep 2 report" check $? 0 ''
+    grep -q '^expert parallelism: 2 ranks in this process, 4 experts a rank$' out ||
+        { echo "FAIL (--ep 2 report): no line naming the ranks"; sed 's/^/  | /' out; failed=1; }
+    accepted generate "$fx" --prompt-ids 5,17 --max-new-tokens 2 --ep 4 --warmup 1
+    refused 2 'moex generate: --ep: "0" is not 1 to 64 ranks' generate "$fx" --prompt-ids 1,2 --ep 0
+    refused 2 'moex generate: --ep: "65" is not 1 to 64 ranks' generate "$fx" --prompt-ids 1,2 --ep 65
+    refused 2 'moex generate: --ep runs its ranks on the cpu in this version \(not --device cuda\)' \
+        generate "$fx" --prompt-ids 1,2 --ep 2 --device cuda
+    refused 1 'rank 0 of 3: .*num_experts = 8 does not divide over an expert-parallel group of 3 ranks' \
+        generate "$fx" --prompt-ids 1,2 --ep 3
+    refused 1 'leaves 1 experts a rank, fewer than num_experts_per_tok = 2' generate "$fx" --prompt-ids 1,2 --ep 8
+    ;;
+
 *)
     echo "unknown group \"$group\""
     exit 2
