@@ -2,6 +2,7 @@
 #include "model_cmds.h"
 #include "chat_format.h"
 #include "cli.h"
+#include "ep_mpi.h"
 #include "moex.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -30,6 +31,7 @@ typedef struct gen_args {
     int json, threads, no_decode_switch;
     int64_t warmup; /* untimed generations before the reported one */
     int64_t ep;     /* --ep N: ranks of an expert-parallel group in this process (0: none) */
+    int ep_mpi;     /* --ep-mpi: this process is one rank of the MPI job's group */
 } gen_args;
 
 static const char *usage_cmd = "moex"; /* "moex generate", "moex info" or "moex demo" */
@@ -134,7 +136,7 @@ static const struct gen_option {
     {"--cuda-graph", 0, FOR_GENERATE},  {"--warmup", 1, FOR_GENERATE},
     {"--json", 0, FOR_GENERATE},        {"--logits", 0, FOR_GENERATE},
     {"--quantize", 1, FOR_GENERATE},    {"--dequantize", 0, FOR_GENERATE},
-    {"--ep", 1, FOR_GENERATE},
+    {"--ep", 1, FOR_GENERATE},          {"--ep-mpi", 0, FOR_GENERATE},
 };
 enum { NUM_GEN_OPTIONS = sizeof GEN_OPTIONS / sizeof GEN_OPTIONS[0] };
 
@@ -147,6 +149,7 @@ static int apply_gen_option(gen_args *a, const char *f, const char *v) {
     else if (!strcmp(f, "--cuda-graph")) a->gen.cuda_graph = 1;
     else if (!strcmp(f, "--dequantize")) a->dequantize = 1;
     else if (!strcmp(f, "--chat")) a->chat = 1;
+    else if (!strcmp(f, "--ep-mpi")) a->ep_mpi = 1;
     else if (!strcmp(f, "--prompt-ids")) return parse_prompt(a, v);
     else if (!strcmp(f, "--prompt") || !strcmp(f, "--prompt-file")) {
         if (a->n == MAX_PROMPTS) return usage("%s: more than %s prompts", f, "64");
@@ -209,8 +212,10 @@ static int check_gen_combination(const gen_args *a, const int *given) {
                          "");
         if (!strcmp(f, "--dequantize") && a->quantize)
             return usage("--dequantize and --quantize exclude each other%s%s", "", "");
-        if (!strcmp(f, "--ep") && !on_cpu)
-            return usage("--ep runs its ranks on the cpu in this version (not --device %s)%s", a->device, "");
+        if ((!strcmp(f, "--ep") || !strcmp(f, "--ep-mpi")) && !on_cpu)
+            return usage("%s runs its ranks on the cpu in this version (not --device %s)", f, a->device);
+        if (!strcmp(f, "--ep-mpi") && a->ep)
+            return usage("--ep N (ranks in this process) and --ep-mpi (a rank a process) exclude each other%s%s", "", "");
     }
     return 0;
 }
@@ -462,6 +467,23 @@ static int print_report(const moex_model *m, const moex_generation *g, const moe
     return 0;
 }
 
+/* The ranks' results as one generation (`all`, in prompt order), printed as the report or JSON,
+ * the report with a line naming the ranks (`where` they run) and the experts a rank holds. */
+static int print_ep(const gen_args *a, const moex_model *m, const moex_generation *all, int R, const char *where) {
+    int rc = a->json ? print_json(m, all, a->tok) : print_report(m, all, a->tok, stdout);
+    const moex_layer *first = moex_model_experts_layer(m, 0);
+    if (!rc && !a->json && first)
+        printf("expert parallelism: %d ranks %s, %lld experts a rank\n", R, where,
+               (long long)moex_layer_desc(first)->num_experts);
+    return rc;
+}
+
+/* Rank r's block of n prompts over R ranks: [r n / R, (r + 1) n / R). */
+static void prompt_block(int r, int R, int n, int *first, int *count) {
+    *first = (int)((int64_t)r * n / R);
+    *count = (int)((int64_t)(r + 1) * n / R) - *first;
+}
+
 /* --ep N: one rank of the group, on a thread of its own (moex_generate is a collective). */
 typedef struct ep_rank {
     moex_model *m;
@@ -505,8 +527,7 @@ static int generate_ep(gen_args *a, const moex_model_options *mo) {
         o.ep_group = groups[r];
         o.num_threads = threads > 0 ? threads : 1;
         ranks[r].a = a;
-        ranks[r].first = (int)((int64_t)r * a->n / R);
-        ranks[r].n = (int)((int64_t)(r + 1) * a->n / R) - ranks[r].first;
+        prompt_block(r, R, a->n, &ranks[r].first, &ranks[r].n);
         if (moex_model_load(a->dir, &o, &ranks[r].m)) {
             fprintf(stderr, "%s: loading the model for rank %d of %d: %s\n", usage_cmd, r, R, moex_last_error());
             rc = 1;
@@ -530,6 +551,7 @@ static int generate_ep(gen_args *a, const moex_model_options *mo) {
     if (!rc) { /* the ranks' results as one generation, in prompt order */
         moex_generation all;
         memset(&all, 0, sizeof all);
+        all.vocab = ranks[0].g->vocab;
         int64_t num_new[MAX_PROMPTS];
         int32_t *new_ids[MAX_PROMPTS];
         float *logits[MAX_PROMPTS];
@@ -542,22 +564,66 @@ static int generate_ep(gen_args *a, const moex_model_options *mo) {
                 new_ids[ranks[r].first + i] = g->new_ids[i];
                 if (a->gen.want_logits) logits[ranks[r].first + i] = g->last_prompt_logits[i];
             }
-            all.vocab = g->vocab;
             all.prefill_tokens += g->prefill_tokens, all.decode_tokens += g->decode_tokens;
             if (g->prefill_seconds > all.prefill_seconds) all.prefill_seconds = g->prefill_seconds;
             if (g->decode_seconds > all.decode_seconds) all.decode_seconds = g->decode_seconds;
         }
-        rc = a->json ? print_json(ranks[0].m, &all, a->tok) : print_report(ranks[0].m, &all, a->tok, stdout);
-        const moex_layer *first = moex_model_experts_layer(ranks[0].m, 0);
-        if (!rc && !a->json && first)
-            printf("expert parallelism: %d ranks in this process, %lld experts a rank\n", R,
-                   (long long)moex_layer_desc(first)->num_experts);
+        rc = print_ep(a, ranks[0].m, &all, R, "in this process");
     }
     for (int r = 0; r < R; r++) {
         moex_generation_free(ranks[r].g);
         moex_model_free(ranks[r].m);
     }
     for (int r = 0; r < R; r++) moex_ep_group_free(groups[r]);
+    return rc;
+}
+
+/* `moex generate --ep-mpi` under an MPI launcher: this process is rank r of the job's R, loads
+ * the model with its share of the experts and generates its block of the prompts (as --ep's rank
+ * r would); the results are gathered to rank 0, which prints them. Every rank exits 0 or 1 alike. */
+static int generate_ep_mpi(gen_args *a, const moex_model_options *mo) {
+    moex_ep_group *group = NULL;
+    int rank = 0, R = 1, local = 1;
+    if (cli_mpi_group(usage_cmd, &group, &rank, &R, &local)) {
+        cli_mpi_end();
+        return 1;
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const int threads = (int)((a->threads ? a->threads * local : (cores > 0 ? cores : 1)) / local);
+    moex_model_options o = *mo;
+    o.ep_group = group;
+    o.num_threads = threads > 0 ? threads : 1;
+    ep_rank me;
+    memset(&me, 0, sizeof me);
+    me.a = a;
+    prompt_block(rank, R, a->n, &me.first, &me.n);
+    int failed = moex_model_load(a->dir, &o, &me.m) != MOEX_OK;
+    if (failed) fprintf(stderr, "%s: loading the model for rank %d of %d: %s\n", usage_cmd, rank, R, moex_last_error());
+    int rc = cli_mpi_any_failed(failed);
+    if (!rc) {
+        if (rank == 0)
+            fprintf(stderr, "moex: generating %lld tokens for %d prompt(s) over %d expert-parallel ranks (MPI)\n",
+                    (long long)a->gen.max_new_tokens, a->n, R);
+        ep_rank_generate(&me);
+        if (me.st) fprintf(stderr, "%s: generating (rank %d of %d): %s\n", usage_cmd, rank, R, me.msg);
+        rc = cli_mpi_any_failed(me.st != MOEX_OK);
+    }
+    if (!rc) {
+        int firsts[MAX_EP], counts[MAX_EP];
+        for (int r = 0; r < R && r < MAX_EP; r++) prompt_block(r, R, a->n, &firsts[r], &counts[r]);
+        moex_generation all;
+        rc = R > MAX_EP ? 1 : cli_mpi_gather(usage_cmd, me.g, a->n, firsts, counts, me.g->vocab, a->gen.want_logits, &all);
+        if (R > MAX_EP && rank == 0) fprintf(stderr, "%s: --ep-mpi: %d ranks; at most %d\n", usage_cmd, R, MAX_EP);
+        if (!rc && rank == 0) {
+            rc = print_ep(a, me.m, &all, R, "(MPI processes)");
+            cli_mpi_free_gathered(&all);
+        }
+        rc = cli_mpi_any_failed(rc); /* rank 0's printing too */
+    }
+    moex_generation_free(me.g);
+    moex_model_free(me.m);
+    moex_ep_group_free(group);
+    cli_mpi_end();
     return rc;
 }
 
@@ -569,8 +635,8 @@ int moex_cli_generate(int argc, char **argv) {
     if (!rc) rc = tokenize_prompts(&a);
     moex_model_options mo;
     if (!rc) rc = model_options(&a, &mo);
-    if (!rc && a.ep) {
-        rc = generate_ep(&a, &mo);
+    if (!rc && (a.ep || a.ep_mpi)) {
+        rc = a.ep ? generate_ep(&a, &mo) : generate_ep_mpi(&a, &mo);
         free_gen_args(&a);
         return rc;
     }

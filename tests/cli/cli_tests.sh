@@ -301,6 +301,41 @@ expert_parallel)
     refused 1 'leaves 1 experts a rank, fewer than num_experts_per_tok = 2' generate "$fx" --prompt-ids 1,2 --ep 8
     ;;
 
+expert_parallel_mpi)
+    # --ep-mpi under mpirun (one rank a process): the tokens and text of one model, printed once, by
+    # rank 0; a group that does not divide the experts fails every rank. Exit 77 (skipped) without
+    # mpirun or without MPI in this build.
+    command -v mpirun >/dev/null 2>&1 || { echo "no mpirun: skipped"; exit 77; }
+    g=(generate "$fx" --prompt-ids 5,17,42,8,33,2 --prompt-ids 9,60,14 --prompt-ids 1,2,3,4,5,6,7,8,9,10,11
+       --max-new-tokens 5 --ignore-eos --threads 1)
+    "$moex" "${g[@]}" --ep-mpi >out 2>err
+    if grep -q 'this build of moex has no MPI' err; then echo "no MPI in this build: skipped"; exit 77; fi
+    run=(mpirun)
+    if mpirun --version 2>&1 | grep -q 'Open MPI'; then run+=(--oversubscribe); [ "$(id -u)" = 0 ] && run+=(--allow-run-as-root); fi
+    "$moex" "${g[@]}" --json >one.json 2>err
+    check $? 0 ''
+    for n in 2 4; do
+        "${run[@]}" -n $n "$moex" "${g[@]}" --json --ep-mpi >ep.json 2>err
+        what="mpirun -n $n --ep-mpi --json" check $? 0 "over $n expert-parallel ranks \\(MPI\\)"
+        if [ "$(grep -c . ep.json)" != 1 ] ||
+            [ "$(sed 's/,"experts_implementation".*//' one.json)" != "$(sed 's/,"experts_implementation".*//' ep.json)" ]; then
+            echo "FAIL (mpirun -n $n --ep-mpi --json): not one JSON line with one model's new ids and text"
+            sed 's/^/  | /' one.json ep.json
+            failed=1
+        fi
+    done
+    "${run[@]}" -n 2 "$moex" "${g[@]}" --ep-mpi >out 2>err
+    what="mpirun -n 2 --ep-mpi report" check $? 0 ''
+    grep -q '^expert parallelism: 2 ranks (MPI processes), 4 experts a rank$' out ||
+        { echo "FAIL (mpirun -n 2 --ep-mpi): no line naming the ranks"; sed 's/^/  | /' out; failed=1; }
+    "${run[@]}" -n 3 "$moex" "${g[@]}" --ep-mpi >out 2>err
+    what="mpirun -n 3 --ep-mpi" check $? 1 'rank 2 of 3: .*num_experts = 8 does not divide over an expert-parallel group of 3 ranks'
+    refused 2 '--ep N \(ranks in this process\) and --ep-mpi \(a rank a process\) exclude each other' \
+        generate "$fx" --prompt-ids 1,2 --ep 2 --ep-mpi
+    refused 2 '--ep-mpi runs its ranks on the cpu in this version \(not --device cuda\)' \
+        generate "$fx" --prompt-ids 1,2 --ep-mpi --device cuda
+    ;;
+
 *)
     echo "unknown group \"$group\""
     exit 2
