@@ -23,6 +23,7 @@
 # AB_TEST_ONLY is its MOEX_GPU_TEST_ONLY), AB_VLLM (the vLLM harness, beside its
 # vllm_moe_configs/: run after each round's moex runs at the same shapes, token counts and
 # dtypes, into OUT_DIR/peer_vllm_rN.csv; AB_VLLM_ROUNDS: in the first that many rounds only),
+# AB_KEEP_RAW (a tree's tag: its rounds' moex bench CSVs kept in OUT_DIR, one file a shape),
 # MOEX_DEPS_DIR (cJSON sources for every build,
 # peer-run/deps). Each tree is built by its own scripts/gpu_suite.sh with SUITE_STEPS=none, all
 # at once.
@@ -151,6 +152,12 @@ for r in $(seq 1 "$ROUNDS"); do
     fi
   fi
 done
+# AB_KEEP_RAW=TAG: that tree's moex bench CSVs of every round, one file a shape (TAG_SHAPE.csv in OUT_DIR)
+if [ -n "${AB_KEEP_RAW:-}" ]; then
+  for shape in $SHAPES; do
+    cat "$WORK/${AB_KEEP_RAW}_${shape}"_r*.csv >"$OUT/${AB_KEEP_RAW}_${shape}.csv" 2>/dev/null || say "no CSV of $AB_KEEP_RAW $shape"
+  done
+fi
 GPU_TAG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z' 'a-z' |
   sed 's/nvidia//; s/[^a-z0-9]\+/-/g; s/^-//; s/-$//')
 python3 "$ROOT/dev/ab_compare.py" "$WORK" "$OUT/$(date -u +%Y-%m-%d)_cuda-${GPU_TAG:-gpu}_old-vs-new-main.csv" \
