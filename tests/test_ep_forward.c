@@ -359,6 +359,39 @@ static void count_release(void *user) {
     released++;
 }
 
+/* moex_experts_desc_share: the share's views (stacked weights and biases from expert e0, strides
+ * kept), and its refusals with the description untouched. */
+static void test_desc_share(void **state) {
+    (void)state;
+    const ref_layer_spec spec = {6, 24, 16, 2, 1, 0, 0, 1, MOEX_ACT_SILU, 1.702f, 7.0f, MOEX_BF16};
+    ref_layer L;
+    ref_layer_build(&L, &spec, 7);
+    const moex_experts_desc *d = &L.desc;
+    moex_experts_desc s;
+    assert_int_equal(moex_experts_desc_share(d, 4, 2, &s), MOEX_OK);
+    assert_int_equal(s.num_experts, 2);
+    assert_int_equal(s.top_k, 2);
+    assert_ptr_equal(s.gate_up.data, (char *)d->gate_up.data + 4 * 2 * 16 * 24 * 2);
+    assert_ptr_equal(s.down.data, (char *)d->down.data + 4 * 24 * 16 * 2);
+    assert_ptr_equal(s.gate_up_bias.data, (char *)d->gate_up_bias.data + 4 * 2 * 16 * 2);
+    assert_int_equal(s.gate_up.shape[0], 2);
+    assert_int_equal(s.gate_up.strides[0], d->gate_up.strides[0]);
+    moex_layer *layer = NULL;
+    assert_int_equal(moex_layer_create(&s, &layer), MOEX_OK);
+    moex_layer_free(layer);
+    memset(&s, 0x5a, sizeof s);
+    moex_experts_desc before = s;
+    const int64_t bad[][2] = {{-1, 2}, {0, 0}, {5, 2}, {0, 7}, {6, 1}};
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(moex_experts_desc_share(d, bad[i][0], bad[i][1], &s), MOEX_ERR_INVALID_ARGUMENT);
+        assert_true(contains(moex_last_error(), "are not a share of the 6 experts"));
+        assert_memory_equal(&s, &before, sizeof s);
+    }
+    assert_int_equal(moex_experts_desc_share(NULL, 0, 1, &s), MOEX_ERR_INVALID_ARGUMENT);
+    assert_int_equal(moex_experts_desc_share(d, 0, 1, NULL), MOEX_ERR_INVALID_ARGUMENT);
+    ref_layer_destroy(&L);
+}
+
 static void test_groups_by_hand(void **state) {
     (void)state;
     moex_ep_group *g = NULL, *gs[2];
@@ -430,6 +463,7 @@ int main(void) {
         cmocka_unit_test(test_matches_one_rank),
         cmocka_unit_test(test_refusals_reach_every_rank),
         cmocka_unit_test(test_groups_by_hand),
+        cmocka_unit_test(test_desc_share),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
