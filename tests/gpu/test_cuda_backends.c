@@ -773,6 +773,22 @@ static void test_streamed_tensor_cores(void) {
     gcase big = gcase_make(4200, 600, 2, 64, 32, FLOAT_DTYPES[2], 7100u);
     big.act = MOEX_ACT_SILU;
     run_case(&big, 0);
+    /* gate/up items split along K (gemv.cuh, MMA_KSPLIT_MAX: few pairs, fewer items than warps):
+     * hidden 3104, three parts of 1088, 1088 and 928 inputs (the last ends inside a stage);
+     * concatenated, interleaved with biases, ungated with biases, every token on one expert; 64
+     * pairs (the most that split) and 68 (none split); each forward twice, bitwise */
+    static const struct {
+        int64_t T;
+        int layout, d, hot;
+    } SPLIT[] = {{1, 0, 2, 0}, {3, 5, 1, 0}, {8, 9, 2, 0}, {16, 0, 2, 1}, {17, 4, 2, 0}};
+    for (int i = 0; i < (int)(sizeof SPLIT / sizeof SPLIT[0]); i++) {
+        if (g_quick && i % 2) continue;
+        gcase c = gcase_make(SPLIT[i].T, 16, 4, 3104, 96, FLOAT_DTYPES[SPLIT[i].d], 7200u + (uint64_t)i);
+        c.layout = SPLIT[i].layout;
+        c.sentinel_prob = 0.05;
+        c.hot_rows = SPLIT[i].hot ? SPLIT[i].T : 0;
+        run_case(&c, 1);
+    }
 }
 
 /* A quantized case of E = 16, k = 4: kind (gcase.fp8) with bn x bk blocks, 5% sentinels and the

@@ -467,7 +467,9 @@ static size_t workspace_bytes(cuda_kind kind, const moex_experts_desc *d, int64_
     const int tc = tc_layout(d, why, sizeof why);
     /* the streamed path runs only below the tensor-core crossover, so its buffers stop there */
     const int64_t small = tc ? grouped_gemm_streamed_rows_max(P, d->num_experts) : P;
-    size_t path = gemv_bytes(d, small, 1);
+    /* the streamed forward on tensor cores: its split items' partial sums after h and y */
+    const int split = moex_weight_dtype(d) == MOEX_BF16 || moex_weight_dtype(d) == MOEX_F16;
+    size_t path = gemv_bytes(d, small, 1) + (split ? align256(mma_split_bytes(small, d->intermediate, d->gated)) : 0);
     if (tc && tc_bytes(d, P) > path) path = tc_bytes(d, P);
     return align256(routing_bytes(d->num_experts, P)) + path;
 }
@@ -681,6 +683,8 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     memset(&io, 0, sizeof io);
     io.x = a->hidden->data, io.xdt = a->hidden->dtype, io.x_ld = a->hidden->strides[0];
     io.h = h, io.y = y;
+    /* bf16/f16, few pairs: room for split gate/up items' partial sums (workspace_bytes) */
+    if (mma && !s->Q.on && f->P <= MMA_SPLIT_PAIRS) io.part = (float *)((char *)y + align256((size_t)f->P * L.H * 4));
     if (s->Q.on) { /* FP8: the quantized activations' buffers too */
         io.q = s->Q;
         const quant_ws w = quant_carve(CUDA_GROUPED_MM, a->layer, f->T, f->P, ws);

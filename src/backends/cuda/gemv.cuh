@@ -152,14 +152,32 @@ typedef struct mma_io {
     uint8_t *xq, *hq;
     float *xs, *hs;
     quant_view q; /* FP8: the weights' scales */
+    float *part;  /* NULL, or split gate/up items' partial sums (bf16/f16, at most MMA_SPLIT_PAIRS pairs):
+                     [MMA_KSPLIT_MAX, P, gated ? 2 : 1, I] f32 (mma_split_bytes) */
 } mma_io;
+
+/* Gate/up items split along K: when the hit experts' gate/up items (16 features each) are fewer
+ * than half the launch's warps (one token of deepseek-v3: 8 x 128 items for 2112 warps), each
+ * item is cut into up to MMA_KSPLIT_MAX parts of at least MMA_SPLIT_MIN_K inputs, so that every
+ * warp streams weights; the part that finishes last adds the parts' sums in part order (the
+ * same result whatever the timing) and applies the activation. Only forwards of at most
+ * MMA_SPLIT_PAIRS pairs (io.part), bf16/f16 weights; at most ROUTING_SCHED_SPLIT items split
+ * (routing.cuh: their counters follow the schedule in sched, which routing_build zeroes). */
+#define MMA_KSPLIT_MAX 4
+#define MMA_SPLIT_MIN_K 1024
+#define MMA_SPLIT_PAIRS 64
+/* Bytes of io.part for forwards of up to P pairs (those of at most MMA_SPLIT_PAIRS split). */
+static inline size_t mma_split_bytes(int64_t P, int64_t I, int gated) {
+    const int64_t rows = P < MMA_SPLIT_PAIRS ? P : MMA_SPLIT_PAIRS;
+    return (size_t)MMA_KSPLIT_MAX * (size_t)rows * (gated ? 2 : 1) * (size_t)I * 4;
+}
 
 /* grouped_mm's streamed forward on tensor cores in one launch (gemv_mma.cu), for the layers
  * where gemv_mma_usable: bf16 or f16 weights, x in the same dtype with 16-byte aligned rows,
  * H and I multiples of 32, vector-loadable matrices; or FP8 weights with bk a multiple of 64,
  * H and I multiples of 16, vector-loadable matrices, x of any float dtype. G.pairs = 0, over
  * all E experts; hit, n_hit (= mtile_off + E) and sched are those of routing_build with
- * hits = 1, sched zeroed there for each launch. h is rounded to bf16/f16 as the tensor-core
+ * hits = 1, sched zeroed there for each launch (routing_sched_ints of them). h is rounded to bf16/f16 as the tensor-core
  * GEMM rounds it; a persistent grid of num_sms x (the blocks an SM holds). */
 int gemv_mma_usable(const layer_view &L, const quant_view &Q, moex_dtype xdt, const void *x, int64_t x_ld);
 /* Once per process, outside capture (prepare): the kernel's shared memory size and grid. */

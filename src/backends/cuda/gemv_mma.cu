@@ -25,6 +25,7 @@
  * last gate/up item of an expert quantizes its h rows (-> hq, hs) before its down items start. */
 #include "backends/cuda/act_quant.cuh"
 #include "backends/cuda/gemv.cuh"
+#include "backends/cuda/routing.cuh"
 #include "gpu/cuda_check.h"
 
 #include <pthread.h>
@@ -259,16 +260,19 @@ __device__ __forceinline__ void stream_rows(const T *const (&w)[MATS], int64_t n
 
 /* ---- gate/up + activation: h[slot, n] = act(gate_n . x + b, up_n . x + b) ------ */
 
-/* One pass over rows r0 .. r0+nr of expert e for features n0 .. n0+15. x: T rows x_ld apart
- * (FP8: the codes, x_ld = H, with their scales xsc, H/bk a row). */
+/* One pass over rows r0 .. r0+nr of expert e for features n0 .. n0+15, over inputs k0 .. k0+kn
+ * (the weights w and the rows of x start at input k0). x: T rows x_ld apart (FP8: the codes,
+ * x_ld = H, with their scales xsc, H/bk a row; always all inputs). part: NULL, or a split item's
+ * part ([P, MATS, I] f32), which takes the raw sums instead of h (mma_io.part). */
 template <typename T, int NT, int MATS, int STAGES>
 __device__ __forceinline__ void gate_up_pass(const layer_view &L, const quant_view &Q, const gemv_groups &G, const T *x, int64_t x_ld,
                                              const float *xsc, typename fmt<T>::HT *h, int64_t e, int64_t n0,
-                                             int64_t r0, int nr, const T *const (&w)[MATS], T *ring, int lane) {
+                                             int64_t r0, int nr, const T *const (&w)[MATS], T *ring, int lane,
+                                             int64_t k0, int64_t kn, float *part) {
     const int g = lane >> 2, t = lane & 3;
     const T *xs[XCOPIES(T, NT)];
 #pragma unroll
-    for (int i = 0; i < XCOPIES(T, NT); i++) xs[i] = x + (int64_t)G.slot_token[r0 + copy_row<T>(i, nr, lane)] * x_ld;
+    for (int i = 0; i < XCOPIES(T, NT); i++) xs[i] = x + (int64_t)G.slot_token[r0 + copy_row<T>(i, nr, lane)] * x_ld + k0;
     lane_scales<MATS, NT> ls;
     if (fmt<T>::QUANT) {
         const int64_t nkb = (L.H + Q.bk - 1) / Q.bk;
@@ -292,13 +296,25 @@ __device__ __forceinline__ void gate_up_pass(const layer_view &L, const quant_vi
     int nvalid[MATS];
 #pragma unroll
     for (int m = 0; m < MATS; m++) nvalid[m] = L.I - n0 < 16 ? (int)(L.I - n0) : 16;
-    stream_rows<T, NT, MATS, STAGES>(w, L.up.n_stride, nvalid, L.H, xs, c, ring, lane, Q, ls);
+    stream_rows<T, NT, MATS, STAGES>(w, L.up.n_stride, nvalid, kn, xs, c, ring, lane, Q, ls);
     /* c[.][j][0], [1]: feature n0+g, rows 2t, 2t+1 of tile j; [2], [3]: feature n0+g+8. Matrix 0 is
      * the gate of a gated layer, the last one the up projection. */
 #pragma unroll
     for (int f = 0; f < 2; f++) {
         const int64_t n = n0 + g + 8 * f;
         if (n >= L.I) continue;
+        if (part) {
+#pragma unroll
+            for (int m = 0; m < MATS; m++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int q = 0; q < 2; q++) {
+                        const int r = j * 8 + 2 * t + q;
+                        if (r < nr) part[((r0 + r) * MATS + m) * L.I + n] = c[m][j][2 * f + q];
+                    }
+            continue;
+        }
         const float bu = bias_at(L.up_bias, L.bdt, e, n), bg = L.gated ? bias_at(L.gate_bias, L.bdt, e, n) : 0.0f;
 #pragma unroll
         for (int j = 0; j < NT; j++)
@@ -313,22 +329,44 @@ __device__ __forceinline__ void gate_up_pass(const layer_view &L, const quant_vi
 }
 
 /* One warp item of gate/up: features n0 .. n0+15 of expert e for all its rows, in passes of up
- * to XROWS rows. */
+ * to XROWS rows, over inputs k0 .. k0+kn (all of them unless split; part: gate_up_pass's). */
 template <typename T, int MATS, int STAGES>
 __device__ __forceinline__ void gate_up_item(const layer_view &L, const quant_view &Q, const gemv_groups &G, const T *x, int64_t x_ld,
                                              const float *xsc, typename fmt<T>::HT *h, int64_t e, int64_t n0, T *ring,
-                                             int lane) {
+                                             int lane, int64_t k0, int64_t kn, float *part) {
     const int64_t lo = G.offsets[e], hi = G.offsets[e + 1];
-    const T *wu = (const T *)proj_base(L.up, e, sizeof(T)) + n0 * L.up.n_stride;
+    const T *wu = (const T *)proj_base(L.up, e, sizeof(T)) + n0 * L.up.n_stride + k0;
     const T *w[MATS];
     w[MATS - 1] = wu;
-    if (MATS == 2) w[0] = (const T *)proj_base(L.gate, e, sizeof(T)) + n0 * L.gate.n_stride;
+    if (MATS == 2) w[0] = (const T *)proj_base(L.gate, e, sizeof(T)) + n0 * L.gate.n_stride + k0;
     for (int64_t r0 = lo; r0 < hi; r0 += PASS_ROWS(T)) {
         const int nr = hi - r0 < PASS_ROWS(T) ? (int)(hi - r0) : PASS_ROWS(T);
         if (PASS_ROWS(T) == 8 || nr <= 8)
-            gate_up_pass<T, 1, MATS, STAGES>(L, Q, G, x, x_ld, xsc, h, e, n0, r0, nr, w, ring, lane);
+            gate_up_pass<T, 1, MATS, STAGES>(L, Q, G, x, x_ld, xsc, h, e, n0, r0, nr, w, ring, lane, k0, kn, part);
         else
-            gate_up_pass<T, 2, MATS, STAGES>(L, Q, G, x, x_ld, xsc, h, e, n0, r0, nr, w, ring, lane);
+            gate_up_pass<T, 2, MATS, STAGES>(L, Q, G, x, x_ld, xsc, h, e, n0, r0, nr, w, ring, lane, k0, kn, part);
+    }
+}
+
+/* The end of a split item (the warp of its last part): h of expert e's rows for features n0 ..
+ * n0+15 from the ksplit parts' sums ([ksplit][P, mats, I]), added in part order, biased and
+ * activated. The parts were written by other warps (before their count): read through L2. */
+template <typename HT>
+__device__ __forceinline__ void finish_split(const layer_view &L, const gemv_groups &G, const float *part, int ksplit,
+                                             int64_t P, HT *h, int64_t e, int64_t n0, int lane) {
+    const int64_t lo = G.offsets[e], hi = G.offsets[e + 1];
+    const int mats = L.gated ? 2 : 1;
+    for (int64_t i = lane; i < (hi - lo) * MFEAT; i += 32) {
+        const int64_t r = lo + i / MFEAT, n = n0 + i % MFEAT;
+        if (n >= L.I) continue;
+        float gs = 0.0f, us = 0.0f;
+        for (int s = 0; s < ksplit; s++) {
+            const float *ps = part + ((s * P + r) * mats) * L.I + n;
+            gs += __ldcg(ps);
+            us += __ldcg(ps + (mats - 1) * L.I);
+        }
+        const float bu = bias_at(L.up_bias, L.bdt, e, n), bg = L.gated ? bias_at(L.gate_bias, L.bdt, e, n) : 0.0f;
+        h[r * L.I + n] = from_f32<HT>(activate(L, gs + bg, us + bu));
     }
 }
 
@@ -436,7 +474,9 @@ __device__ __forceinline__ void quant_h_rows(const layer_view &L, const quant_vi
  *
  * Work items, handed out in order by one counter (sched): FP8 first quantizes the T input rows
  * (an item each), then gate/up items (hit expert j, 16 features f) for j = 0 .. n_hit-1, f = 0 ..
- * ceil(I/16)-1, then down items (j, 32 features of H: DOWN_TILES tiles of 16) in the same order. A warp takes the next
+ * ceil(I/16)-1 (split along K into ksplit parts, consecutive items, when there are fewer than
+ * half as many as warps: gemv.cuh's MMA_KSPLIT_MAX; the last part of an item to finish makes
+ * its h and counts it), then down items (j, 32 features of H: DOWN_TILES tiles of 16) in the same order. A warp takes the next
  * item when it finishes one, so every SM keeps streaming weights until the last item, with no
  * kernel boundary between the projections. A gate/up item (FP8) waits until xdone counts the
  * T rows; a down item of expert e waits until done[e] (sched[e]) counts all ceil(I/16) gate/up
@@ -444,6 +484,24 @@ __device__ __forceinline__ void quant_h_rows(const layer_view &L, const quant_vi
  * e's h rows). Every item waited for was handed out before the waiting one, to a warp that is
  * running and waits only for earlier items, so every wait ends (and in practice is over: the
  * first down items are the first experts'). */
+
+/* The parts of each gate/up item (1: not split): when splitting is allowed and there are fewer
+ * groups (items of 16 features) than warps, the fewest parts, each of at least MMA_SPLIT_MIN_K
+ * inputs, that keep 7 of 8 warps busy (the parts in whole waves of the warps: one token of
+ * deepseek-v3 on 2112 warps, 1024 groups: 2 parts), else the count that keeps the most busy. */
+__device__ __forceinline__ int split_parts(bool allowed, int64_t groups, int64_t warps, int64_t K) {
+    if (!allowed || groups <= 0 || groups > ROUTING_SCHED_SPLIT || groups >= warps) return 1;
+    const int64_t most = K / MMA_SPLIT_MIN_K < MMA_KSPLIT_MAX ? K / MMA_SPLIT_MIN_K : MMA_KSPLIT_MAX;
+    int best = 1;
+    double best_busy = 0.0;
+    for (int p = 1; p <= most; p++) {
+        const int64_t items = groups * p, waves = (items + warps - 1) / warps;
+        const double busy = (double)items / (double)(waves * warps);
+        if (busy > best_busy + 1e-9) best = p, best_busy = busy;
+        if (busy >= 0.875) return p;
+    }
+    return best;
+}
 
 __device__ __forceinline__ int ld_acquire(const int *p) {
     int v;
@@ -474,11 +532,16 @@ __global__ void __launch_bounds__(fmt<T>::WARPS * 32, 1)
     T *ring = (T *)(smem + (threadIdx.x >> 5) * RING);
     const int lane = threadIdx.x & 31;
     const int64_t fg_gu = (L.I + MFEAT - 1) / MFEAT, fg_dn = (L.H + DOWN_TILES * MFEAT - 1) / (DOWN_TILES * MFEAT);
-    const int64_t n_x = QUANT ? G.T : 0, hits = *n_hit, n_gu = n_x + hits * fg_gu, total = n_gu + hits * fg_dn;
+    const int64_t n_x = QUANT ? G.T : 0, hits = *n_hit, groups = hits * fg_gu, P = G.T * G.k;
+    /* split gate/up items (gemv.cuh): parts of kchunk inputs (whole 128-byte stages) */
+    const int ksplit = QUANT ? 1 : split_parts(io.part != NULL, groups, (int64_t)gridDim.x * (blockDim.x >> 5), L.H);
+    const int64_t kchunk = ksplit > 1 ? ((L.H + ksplit - 1) / ksplit + geom<T>::KT - 1) / geom<T>::KT * geom<T>::KT : L.H;
+    const int64_t n_gu = n_x + groups * ksplit, total = n_gu + hits * fg_dn;
     int *done = sched;
     const int64_t ctr = (L.E + 1) & ~(int64_t)1;
     unsigned long long *next = (unsigned long long *)(sched + ctr);
     int *xdone = sched + ctr + 2;
+    int *split_done = sched + L.E + 4; /* routing_sched_ints: a count a split item */
     /* gate/up reads x (bf16/f16) or its codes; down reads h or its codes */
     const T *xin = QUANT ? (const T *)io.xq : (const T *)io.x;
     const int64_t xin_ld = QUANT ? L.H : io.x_ld;
@@ -495,15 +558,29 @@ __global__ void __launch_bounds__(fmt<T>::WARPS * 32, 1)
             if (lane == 0) atomicAdd(xdone, 1);
         } else if (item < (unsigned long long)n_gu) {
             item -= n_x;
-            const int64_t e = hit[item / fg_gu], n0 = MFEAT * (int64_t)(item % fg_gu);
+            /* item group (hit expert, 16 features), then its part along K */
+            const int64_t grp = (int64_t)item / ksplit, part_i = (int64_t)item % ksplit;
+            const int64_t e = hit[grp / fg_gu], n0 = MFEAT * (grp % fg_gu);
+            const int64_t k0 = part_i * kchunk, kn = L.H - k0 < kchunk ? L.H - k0 : kchunk;
+            float *part = ksplit > 1 ? io.part + part_i * P * (L.gated ? 2 : 1) * L.I : NULL;
             if (QUANT)
                 while (ld_acquire(xdone) < n_x) __nanosleep(64);
             if (L.gated)
-                gate_up_item<T, 2, ST2>(L, io.q, G, xin, xin_ld, io.xs, (HT *)io.h, e, n0, ring, lane);
+                gate_up_item<T, 2, ST2>(L, io.q, G, xin, xin_ld, io.xs, (HT *)io.h, e, n0, ring, lane, k0, kn, part);
             else
-                gate_up_item<T, 1, ST1>(L, io.q, G, xin, xin_ld, io.xs, (HT *)io.h, e, n0, ring, lane);
-            __threadfence(); /* this lane's h stores before the count (the pattern of a grid reduction) */
+                gate_up_item<T, 1, ST1>(L, io.q, G, xin, xin_ld, io.xs, (HT *)io.h, e, n0, ring, lane, k0, kn, part);
+            __threadfence(); /* this lane's h (or part) stores before the count (a grid reduction's pattern) */
             __syncwarp();
+            if (ksplit > 1) { /* the last part to finish makes h */
+                int parts_before = 0;
+                if (lane == 0) parts_before = atomicAdd(&split_done[grp], 1);
+                parts_before = __shfl_sync(0xffffffffu, parts_before, 0);
+                if (parts_before != ksplit - 1) continue;
+                __threadfence();
+                finish_split(L, G, io.part, ksplit, P, (HT *)io.h, e, n0, lane);
+                __threadfence();
+                __syncwarp();
+            }
             int before = 0;
             if (lane == 0) before = atomicAdd(&done[e], 1);
             before = __shfl_sync(0xffffffffu, before, 0);

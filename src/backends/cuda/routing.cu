@@ -10,7 +10,7 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 size_t routing_bytes(int64_t E, int64_t P) {
     return 4 * align256((size_t)E * 4) + 2 * align256((size_t)(E + 1) * 4) + 2 * align256((size_t)P * 4) +
-           align256((size_t)(E + 4) * 4);
+           align256((size_t)routing_sched_ints(E) * 4);
 }
 
 routing_dev routing_carve(void *ws, int64_t E, int64_t P) {
@@ -44,24 +44,39 @@ __global__ void count_kernel(const void *ids, int ids64, int64_t ld, int64_t T, 
 /* Tiles of tile_rows rows that c rows take (no overflow for any c >= 0). */
 __device__ __forceinline__ int tiles_of(int c, int tile_rows) { return c > 0 ? (c - 1) / tile_rows + 1 : 0; }
 
-/* The scans of routing: thread tid of nt owns experts [lo, hi) (E / nt of them, rounded up);
- * *rows and *tiles come in as its experts' sums of count(e) and of tiles_of(count(e)) and leave
- * as the exclusive prefix of those sums over the threads before it; the totals are returned in
- * part_rows[nt-1] and part_tiles[nt-1] (shared memory of nt ints each). The whole block calls it. */
-__device__ void block_scan(int *part_rows, int *part_tiles, int *rows, int *tiles) {
-    const int tid = threadIdx.x, nt = blockDim.x;
-    part_rows[tid] = *rows;
-    part_tiles[tid] = *tiles;
-    __syncthreads();
-    for (int step = 1; step < nt; step *= 2) { /* inclusive Hillis-Steele scan */
-        int r = tid >= step ? part_rows[tid - step] : 0, t = tid >= step ? part_tiles[tid - step] : 0;
-        __syncthreads();
-        part_rows[tid] += r;
-        part_tiles[tid] += t;
-        __syncthreads();
+/* The scans of routing: thread tid of nt (a multiple of 32, at most 1024) owns experts [lo, hi)
+ * (E / nt of them, rounded up); *rows and *tiles come in as its experts' sums of count(e) and of
+ * tiles_of(count(e)) and leave as the exclusive prefix of those sums over the threads before it;
+ * *total_rows and *total_tiles get the sums over all threads. Each warp scans its 32 sums with
+ * shuffles, warp 0 the warps' totals (wsum: 2 x 32 ints of shared memory): two barriers, where
+ * a scan across the block's threads through shared memory takes two a step. The whole block
+ * calls it. */
+__device__ void block_scan(int *wsum, int *rows, int *tiles, int *total_rows, int *total_tiles) {
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nw = blockDim.x / 32;
+    const int own_r = *rows, own_t = *tiles;
+    int r = own_r, t = own_t; /* inclusive within the warp */
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+        const int r2 = __shfl_up_sync(0xffffffffu, r, o), t2 = __shfl_up_sync(0xffffffffu, t, o);
+        if (lane >= o) r += r2, t += t2;
     }
-    *rows = tid ? part_rows[tid - 1] : 0;
-    *tiles = tid ? part_tiles[tid - 1] : 0;
+    if (lane == 31) wsum[warp] = r, wsum[32 + warp] = t;
+    __syncthreads();
+    if (warp == 0) { /* inclusive over the warps */
+        int wr = lane < nw ? wsum[lane] : 0, wt = lane < nw ? wsum[32 + lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o *= 2) {
+            const int r2 = __shfl_up_sync(0xffffffffu, wr, o), t2 = __shfl_up_sync(0xffffffffu, wt, o);
+            if (lane >= o) wr += r2, wt += t2;
+        }
+        __syncwarp();
+        wsum[lane] = wr, wsum[32 + lane] = wt;
+    }
+    __syncthreads();
+    *rows = (warp ? wsum[warp - 1] : 0) + r - own_r;
+    *tiles = (warp ? wsum[32 + warp - 1] : 0) + t - own_t;
+    *total_rows = wsum[nw - 1];
+    *total_tiles = wsum[32 + nw - 1];
 }
 
 /* The first slot of expert e in a layout: after the rows (packed) or the whole tiles (padded) of
@@ -75,7 +90,7 @@ __device__ __forceinline__ int slot_base(routing_layout layout, int64_t e, int64
  * covers any expert: one tile each). offsets[E]: the slots the layout spans. */
 __global__ void scan_kernel(const int *counts, int64_t E, int tile_rows, routing_layout layout, int64_t cap,
                             int *offsets, int *ends, int *mtile_off, int *cursor, int *hit) {
-    __shared__ int part_rows[1024], part_tiles[1024];
+    __shared__ int wsum[64];
     const int tid = threadIdx.x, nt = blockDim.x;
     const int64_t per = (E + nt - 1) / nt, lo = tid * per, hi = lo + per < E ? lo + per : E;
     int rows = 0, tiles = 0;
@@ -83,7 +98,8 @@ __global__ void scan_kernel(const int *counts, int64_t E, int tile_rows, routing
         rows += counts[e];
         tiles += tiles_of(counts[e], tile_rows);
     }
-    block_scan(part_rows, part_tiles, &rows, &tiles);
+    int total_rows, total_tiles;
+    block_scan(wsum, &rows, &tiles, &total_rows, &total_tiles);
     for (int64_t e = lo; e < hi; e++) {
         const int base = slot_base(layout, e, cap, rows, tiles, tile_rows);
         offsets[e] = base;
@@ -95,8 +111,8 @@ __global__ void scan_kernel(const int *counts, int64_t E, int tile_rows, routing
         tiles += tiles_of(counts[e], tile_rows);
     }
     if (tid == nt - 1) {
-        offsets[E] = slot_base(layout, E, cap, part_rows[nt - 1], part_tiles[nt - 1], tile_rows);
-        mtile_off[E] = part_tiles[nt - 1];
+        offsets[E] = slot_base(layout, E, cap, total_rows, total_tiles, tile_rows);
+        mtile_off[E] = total_tiles;
     }
 }
 
@@ -182,8 +198,10 @@ __global__ void scatter_block_kernel(const void *ids, int ids64, int64_t ld, int
 /* Few pairs (P <= SMALL_PAIRS, E <= SMALL_E): the whole routing in one block and one launch,
  * where the memset and the three kernels above take four: each pair's rank within its expert
  * from the shared-memory count, the two scans of scan_kernel, then the slots. The same arrays
- * and values (the order of an expert's slots is, as there, whatever the atomics give).
- * Shared memory: hist[E], then 2 x SMALL_THREADS ints for the scans. */
+ * and values (the order of an expert's slots is, as there, whatever the atomics give). A
+ * thread's ids are all loaded before its first atomic, so that their loads are in flight
+ * together (one memory latency, not one a pair). Shared memory: hist[E], then 64 ints for the
+ * scans. */
 enum { SMALL_THREADS = 1024, SMALL_PAIRS = SMALL_THREADS * PAIRS_PER_THREAD, SMALL_E = 8192 };
 
 __global__ void __launch_bounds__(SMALL_THREADS)
@@ -191,20 +209,27 @@ __global__ void __launch_bounds__(SMALL_THREADS)
                          routing_layout layout, int64_t cap, int *counts, int *offsets, int *ends, int *mtile_off,
                          int *pair_slot, int *slot_token, int *hit, int *sched, int *flags) {
     extern __shared__ int sh[];
-    int *hist = sh, *part_rows = sh + E, *part_tiles = part_rows + SMALL_THREADS;
+    int *hist = sh, *wsum = sh + E;
     const int tid = threadIdx.x, nt = blockDim.x;
+    /* P <= SMALL_PAIRS: 32-bit pair indices */
+    const int P = (int)(T * k), kk = (int)k;
+    int64_t id[PAIRS_PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < PAIRS_PER_THREAD; i++) {
+        const int p = i * nt + tid;
+        id[i] = p < P ? load_id(ids, ids64, ld, p / kk, p % kk) : -1;
+    }
     for (int64_t e = tid; e < E; e += nt) hist[e] = 0;
     if (sched)
-        for (int64_t e = tid; e < E + 4; e += nt) sched[e] = 0;
+        for (int64_t e = tid; e < routing_sched_ints(E); e += nt) sched[e] = 0;
     __syncthreads();
-    const int64_t P = T * k;
     int rank[PAIRS_PER_THREAD], ex[PAIRS_PER_THREAD];
 #pragma unroll
     for (int i = 0; i < PAIRS_PER_THREAD; i++) {
-        const int64_t p = i * (int64_t)nt + tid;
+        const int p = i * nt + tid;
         ex[i] = -1;
         if (p >= P) continue;
-        const int64_t e = load_id(ids, ids64, ld, p / k, p % k);
+        const int64_t e = id[i];
         if (e >= 0 && e < E) {
             ex[i] = (int)e;
             rank[i] = atomicAdd(&hist[e], 1);
@@ -219,7 +244,8 @@ __global__ void __launch_bounds__(SMALL_THREADS)
         rows += hist[e];
         tiles += tiles_of(hist[e], tile_rows);
     }
-    block_scan(part_rows, part_tiles, &rows, &tiles);
+    int total_rows, total_tiles;
+    block_scan(wsum, &rows, &tiles, &total_rows, &total_tiles);
     for (int64_t e = lo; e < hi; e++) { /* hist[e] becomes the expert's first slot */
         const int c = hist[e], base = slot_base(layout, e, cap, rows, tiles, tile_rows);
         counts[e] = c;
@@ -232,13 +258,13 @@ __global__ void __launch_bounds__(SMALL_THREADS)
         tiles += tiles_of(c, tile_rows);
     }
     if (tid == nt - 1) {
-        offsets[E] = slot_base(layout, E, cap, part_rows[nt - 1], part_tiles[nt - 1], tile_rows);
-        mtile_off[E] = part_tiles[nt - 1];
+        offsets[E] = slot_base(layout, E, cap, total_rows, total_tiles, tile_rows);
+        mtile_off[E] = total_tiles;
     }
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < PAIRS_PER_THREAD; i++) {
-        const int64_t p = i * (int64_t)nt + tid;
+        const int p = i * nt + tid;
         if (p >= P) continue;
         if (ex[i] < 0) {
             pair_slot[p] = -1;
@@ -246,7 +272,7 @@ __global__ void __launch_bounds__(SMALL_THREADS)
         }
         const int slot = hist[ex[i]] + rank[i];
         pair_slot[p] = slot;
-        if (slot_token) slot_token[slot] = (int)(p / k);
+        if (slot_token) slot_token[slot] = p / kk;
     }
 }
 
@@ -264,15 +290,15 @@ moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int6
     int *slot_token = layout == ROUTING_PACKED ? r.slot_token : NULL;
     if (hits && layout != ROUTING_PACKED) return moex_fail(MOEX_ERR_INTERNAL, "routing: hits take the packed layout");
     if (hits) tile_rows = INT32_MAX; /* one tile per expert with rows */
-    if (P <= SMALL_PAIRS && E <= SMALL_E) { /* (E + 2048) ints: at most 40 KiB, no opt-in needed */
-        const size_t small_smem = ((size_t)E + 2 * SMALL_THREADS) * sizeof(int);
+    if (P <= SMALL_PAIRS && E <= SMALL_E) { /* (E + 64) ints: at most 33 KiB, no opt-in needed */
+        const size_t small_smem = ((size_t)E + 64) * sizeof(int);
         routing_small_kernel<<<1, SMALL_THREADS, small_smem, s>>>(ids, ids64, ids_ld, T, k, E, tile_rows, layout, cap,
                                                                  r.counts, r.offsets, r.ends, r.mtile_off, r.pair_slot,
                                                                  slot_token, hit, sched, flags);
         return MOEX_CUDA_LAUNCHED("routing kernel");
     }
     moex_status st = moex_cuda_status(cudaMemsetAsync(r.counts, 0, (size_t)E * sizeof(int), s), "routing: clear");
-    if (!st && sched) st = moex_cuda_status(cudaMemsetAsync(sched, 0, (size_t)(E + 4) * sizeof(int), s), "routing: clear");
+    if (!st && sched) st = moex_cuda_status(cudaMemsetAsync(sched, 0, (size_t)routing_sched_ints(E) * sizeof(int), s), "routing: clear");
     if (st) return st;
     const size_t smem = (size_t)E * 2 * sizeof(int);
     const int64_t chunks = (P + 256 * PAIRS_PER_THREAD - 1) / (256 * PAIRS_PER_THREAD);
@@ -291,41 +317,47 @@ moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int6
     return MOEX_CUDA_LAUNCHED("routing kernels");
 }
 
-/* One warp per token: its row of hidden is read once and written to the slot of each of its
- * pairs (k copies; sentinel pairs have none). 16-byte copies when source and destination
- * agree. Reading per token rather than per slot reads hidden once instead of k times. */
-__global__ void gather_kernel(const int *pair_slot, int64_t T, int64_t k, const void *hidden, moex_dtype hdt,
-                              int64_t ld, void *dst, moex_dtype ddt, int64_t H, int vec) {
-    const int lane = threadIdx.x & 31;
-    for (int64_t t = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; t < T;
-         t += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+/* One block per token (grid-stride): its row of hidden is read once and written to the slot of
+ * each of its pairs (k copies; sentinel pairs have none). Reading per token rather than per slot
+ * reads hidden once instead of k times. */
+
+/* Rows of 16-byte pieces (source and destination of one dtype, 16-byte aligned rows of n16
+ * pieces): each thread loads up to GATHER_LOADS pieces, all in flight together, then stores
+ * them to every slot of the token. A block a token, where a warp a token left most of the GPU
+ * idle at decode sizes (T / 8 blocks). */
+enum { GATHER_THREADS = 256, GATHER_LOADS = 4 };
+__global__ void __launch_bounds__(GATHER_THREADS)
+    gather16_kernel(const int *pair_slot, int64_t T, int64_t k, const uint4 *hidden, int64_t ld16, uint4 *dst,
+                    int64_t n16) {
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
         const int *slots = pair_slot + t * k;
-        if (vec) {
-            const size_t esz = hdt == MOEX_F32 ? 4 : 2;
-            const int64_t n16 = H * (int64_t)esz / 16;
-            const uint4 *src = (const uint4 *)((const char *)hidden + t * ld * (int64_t)esz);
-            uint4 *d = (uint4 *)dst;
-            int64_t i = lane;
-            for (; i + 96 < n16; i += 128) { /* four 16-byte loads in flight per lane */
-                const uint4 a = src[i], b = src[i + 32], c = src[i + 64], e = src[i + 96];
-                for (int64_t j = 0; j < k; j++) {
-                    const int slot = slots[j];
-                    if (slot < 0) continue;
-                    uint4 *row = d + slot * n16;
-                    row[i] = a, row[i + 32] = b, row[i + 64] = c, row[i + 96] = e;
-                }
+        const uint4 *src = hidden + t * ld16;
+        for (int64_t i0 = threadIdx.x; i0 < n16; i0 += GATHER_LOADS * GATHER_THREADS) {
+            uint4 v[GATHER_LOADS];
+#pragma unroll
+            for (int q = 0; q < GATHER_LOADS; q++)
+                if (i0 + q * GATHER_THREADS < n16) v[q] = src[i0 + q * GATHER_THREADS];
+            for (int64_t j = 0; j < k; j++) {
+                const int slot = __ldg(slots + j);
+                if (slot < 0) continue;
+                uint4 *row = dst + (int64_t)slot * n16;
+#pragma unroll
+                for (int q = 0; q < GATHER_LOADS; q++)
+                    if (i0 + q * GATHER_THREADS < n16) row[i0 + q * GATHER_THREADS] = v[q];
             }
-            for (; i < n16; i += 32) {
-                const uint4 a = src[i];
-                for (int64_t j = 0; j < k; j++)
-                    if (slots[j] >= 0) d[slots[j] * n16 + i] = a;
-            }
-        } else {
-            for (int64_t i = lane; i < H; i += 32) {
-                const float v = load_elem(hidden, hdt, t * ld + i);
-                for (int64_t j = 0; j < k; j++)
-                    if (slots[j] >= 0) store_elem(dst, ddt, slots[j] * H + i, v);
-            }
+        }
+    }
+}
+
+/* Any dtypes (converted through f32), one element a thread. */
+__global__ void gather_kernel(const int *pair_slot, int64_t T, int64_t k, const void *hidden, moex_dtype hdt,
+                              int64_t ld, void *dst, moex_dtype ddt, int64_t H) {
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        const int *slots = pair_slot + t * k;
+        for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
+            const float v = load_elem(hidden, hdt, t * ld + i);
+            for (int64_t j = 0; j < k; j++)
+                if (slots[j] >= 0) store_elem(dst, ddt, slots[j] * H + i, v);
         }
     }
 }
@@ -333,8 +365,14 @@ __global__ void gather_kernel(const int *pair_slot, int64_t T, int64_t k, const 
 moex_status routing_gather(const routing_dev &r, int64_t T, int64_t k, const void *hidden, moex_dtype hdt, int64_t ld,
                            void *dst, moex_dtype dst_dt, int64_t H, cudaStream_t s) {
     const size_t esz = hdt == MOEX_F32 ? 4 : 2;
-    int vec = hdt == dst_dt && (H * esz) % 16 == 0 && (ld * esz) % 16 == 0 && ((uintptr_t)hidden % 16) == 0;
-    gather_kernel<<<grid_for(T * 32, 256), 256, 0, s>>>(r.pair_slot, T, k, hidden, hdt, ld, dst, dst_dt, H, vec);
+    const int vec = hdt == dst_dt && (H * esz) % 16 == 0 && (ld * esz) % 16 == 0 && ((uintptr_t)hidden % 16) == 0 &&
+                    ((uintptr_t)dst % 16) == 0;
+    const int blocks = (int)(T < 65535 ? (T < 1 ? 1 : T) : 65535);
+    if (vec)
+        gather16_kernel<<<blocks, GATHER_THREADS, 0, s>>>(r.pair_slot, T, k, (const uint4 *)hidden,
+                                                          ld * (int64_t)esz / 16, (uint4 *)dst, H * (int64_t)esz / 16);
+    else
+        gather_kernel<<<blocks, 256, 0, s>>>(r.pair_slot, T, k, hidden, hdt, ld, dst, dst_dt, H);
     return MOEX_CUDA_LAUNCHED("gather kernel");
 }
 
@@ -354,21 +392,35 @@ moex_status routing_slot_weights(const int *pair_slot, const void *w, moex_dtype
 }
 
 /* One block per token (grid-stride); each thread sums 8 consecutive columns of 16-bit y with
- * 16-byte loads (H % 8 == 0), in slot order j. */
+ * 16-byte loads (H % 8 == 0), in slot order j. Per group of 8 slots the slots and weights are
+ * loaded first, then the y pieces, all independent (a sentinel slot loads nothing and is not
+ * added), then added in order: two memory latencies a group instead of two a slot. */
 template <typename YT, typename OT>
 __global__ void reduce8_kernel(const int *pair_slot, const YT *y, int64_t H, const void *w, moex_dtype wdt, int64_t w_ld,
                                int64_t T, int64_t k, OT *out, int64_t out_ld) {
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
         for (int64_t n = threadIdx.x * 8; n < H; n += blockDim.x * 8) {
             float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int64_t j = 0; j < k; j++) {
-                int slot = pair_slot[t * k + j];
-                if (slot < 0) continue;
-                const float wj = w ? load_elem(w, wdt, t * w_ld + j) : 1.0f;
-                uint4 v = *(const uint4 *)(y + (int64_t)slot * H + n);
-                const YT *q = (const YT *)&v;
+            for (int64_t j0 = 0; j0 < k; j0 += 8) {
+                int slot[8];
+                float wj[8];
+                uint4 v[8];
 #pragma unroll
-                for (int i = 0; i < 8; i++) acc[i] += wj * to_f32(q[i]);
+                for (int g = 0; g < 8; g++) {
+                    const int64_t j = j0 + g;
+                    slot[g] = j < k ? __ldg(pair_slot + t * k + j) : -1;
+                    wj[g] = j < k && w ? load_elem(w, wdt, t * w_ld + j) : 1.0f;
+                }
+#pragma unroll
+                for (int g = 0; g < 8; g++)
+                    if (slot[g] >= 0) v[g] = *(const uint4 *)(y + (int64_t)slot[g] * H + n);
+#pragma unroll
+                for (int g = 0; g < 8; g++) {
+                    if (slot[g] < 0) continue;
+                    const YT *q = (const YT *)&v[g];
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[i] += wj[g] * to_f32(q[i]);
+                }
             }
             OT r[8];
 #pragma unroll

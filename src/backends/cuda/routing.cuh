@@ -19,9 +19,14 @@ typedef struct routing_dev {
     int *slot_token; /* [P]   token of each slot (sonicmoe's forward overwrites it with each slot's
                                routing weight once its gate/up GEMM has read it) */
     int *hit;        /* [E]   routing_build with hits: the experts with rows, in expert order */
-    int *sched;      /* [E+4] routing_build with hits: zeroed for the one-launch streamed forward
-                               (gemv.cuh's gemv_mma_experts) */
+    int *sched;      /* [routing_sched_ints(E)] routing_build with hits: zeroed for the one-launch
+                               streamed forward (gemv.cuh's gemv_mma_experts) */
 } routing_dev;
+
+/* The streamed forward's schedule: done[E], its item counter and xdone (4 ints), then the
+ * counters of its gate/up items split along K (at most ROUTING_SCHED_SPLIT: gemv.cuh). */
+#define ROUTING_SCHED_SPLIT 4096
+__host__ __device__ static inline int64_t routing_sched_ints(int64_t E) { return E + 4 + ROUTING_SCHED_SPLIT; }
 
 /* Where each expert's slots (rows of the gathered activations) begin:
  *   PACKED  right after the previous expert's (grouped_mm): P slots in all;
