@@ -157,9 +157,9 @@ typedef struct mma_io {
 } mma_io;
 
 /* Gate/up items split along K: when the hit experts' gate/up items (16 features each) are fewer
- * than half the launch's warps (one token of deepseek-v3: 8 x 128 items for 2112 warps), each
- * item is cut into up to MMA_KSPLIT_MAX parts of at least MMA_SPLIT_MIN_K inputs, so that every
- * warp streams weights; the part that finishes last adds the parts' sums in part order (the
+ * than the launch's warps (one token of deepseek-v3: 8 x 128 items for 2112 warps), each item is
+ * cut into up to MMA_KSPLIT_MAX parts of at least MMA_SPLIT_MIN_K inputs, as many as keep most
+ * warps streaming weights (gemv_mma.cu's split_parts); the part that finishes last adds the parts' sums in part order (the
  * same result whatever the timing) and applies the activation. Only forwards of at most
  * MMA_SPLIT_PAIRS pairs (io.part), bf16/f16 weights; at most ROUTING_SCHED_SPLIT items split
  * (routing.cuh: their counters follow the schedule in sched, which routing_build zeroes). */

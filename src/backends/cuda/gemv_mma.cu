@@ -474,9 +474,9 @@ __device__ __forceinline__ void quant_h_rows(const layer_view &L, const quant_vi
  *
  * Work items, handed out in order by one counter (sched): FP8 first quantizes the T input rows
  * (an item each), then gate/up items (hit expert j, 16 features f) for j = 0 .. n_hit-1, f = 0 ..
- * ceil(I/16)-1 (split along K into ksplit parts, consecutive items, when there are fewer than
- * half as many as warps: gemv.cuh's MMA_KSPLIT_MAX; the last part of an item to finish makes
- * its h and counts it), then down items (j, 32 features of H: DOWN_TILES tiles of 16) in the same order. A warp takes the next
+ * ceil(I/16)-1 (split along K into ksplit parts, consecutive items, when there are fewer of
+ * them than warps: split_parts; the last part of an item to finish makes its h and counts it),
+ * then down items (j, 32 features of H: DOWN_TILES tiles of 16) in the same order. A warp takes the next
  * item when it finishes one, so every SM keeps streaming weights until the last item, with no
  * kernel boundary between the projections. A gate/up item (FP8) waits until xdone counts the
  * T rows; a down item of expert e waits until done[e] (sched[e]) counts all ceil(I/16) gate/up
