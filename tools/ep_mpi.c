@@ -92,12 +92,11 @@ static int gather(const void *mine, int n_mine, MPI_Datatype type, void *all, co
     return rc;
 }
 
-int cli_mpi_gather(const char *who, const moex_generation *mine, int total, const int *firsts, const int *counts,
-                   int64_t vocab, int want_logits, moex_generation *all) {
+int cli_mpi_gather(const char *who, const moex_generation *mine, int total, const int *counts, int64_t vocab,
+                   int want_logits, moex_generation *all) {
     int rank = 0, size = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    (void)firsts; /* the ranks' blocks are contiguous and in rank order */
     memset(all, 0, sizeof *all);
     const int n = counts[rank];
     int64_t ids_mine = 0;
@@ -115,15 +114,16 @@ int cli_mpi_gather(const char *who, const moex_generation *mine, int total, cons
         fprintf(stderr, "%s: --ep-mpi: a rank's results do not fit one MPI message (or memory)\n", who);
         return 1;
     }
-    /* every rank's counts, then the ids and logits by the counts' sums */
-    int *per = malloc(2 * (size_t)size * sizeof *per);
-    int64_t *num_new = calloc((size_t)(total > 0 ? total : 1), sizeof *num_new);
-    int fail = !per || !num_new;
-    for (int r = 0; !fail && r < size; r++) per[r] = counts[r];
+    /* the counts to rank 0, which sizes the ids and logits it receives from them (the receive
+     * counts of a gather are the root's alone) */
+    int *per = rank == 0 ? malloc(2 * (size_t)size * sizeof *per) : NULL;
+    int64_t *num_new = rank == 0 ? calloc((size_t)(total > 0 ? total : 1), sizeof *num_new) : NULL;
+    int fail = rank == 0 && (!per || !num_new);
+    for (int r = 0; !fail && rank == 0 && r < size; r++) per[r] = counts[r];
+    fail = cli_mpi_any_failed(fail);
     if (!fail) fail = gather(mine->num_new, n, MPI_INT64_T, num_new, per, size, rank) != MPI_SUCCESS;
-    if (!fail) fail = MPI_Bcast(num_new, total, MPI_INT64_T, 0, MPI_COMM_WORLD) != MPI_SUCCESS;
     int64_t ids_total = 0;
-    for (int r = 0, p = 0; !fail && r < size; r++) {
+    for (int r = 0, p = 0; !fail && rank == 0 && r < size; r++) {
         int64_t s = 0;
         for (int i = 0; i < counts[r]; i++, p++) s += num_new[p];
         per[r] = (int)s, per[size + r] = (int)(counts[r] * vocab);
@@ -134,7 +134,8 @@ int cli_mpi_gather(const char *who, const moex_generation *mine, int total, cons
     fail = fail || (rank == 0 && (!ids || (want_logits && !logits)));
     fail = cli_mpi_any_failed(fail);
     if (!fail) fail = gather(flat, (int)ids_mine, MPI_INT32_T, ids, per, size, rank) != MPI_SUCCESS;
-    if (!fail && want_logits) fail = gather(lg, (int)(n * vocab), MPI_FLOAT, logits, per + size, size, rank) != MPI_SUCCESS;
+    if (!fail && want_logits)
+        fail = gather(lg, (int)(n * vocab), MPI_FLOAT, logits, per ? per + size : NULL, size, rank) != MPI_SUCCESS;
     double secs[2] = {mine->prefill_seconds, mine->decode_seconds}, most[2] = {0, 0};
     int64_t toks[2] = {mine->prefill_tokens, mine->decode_tokens}, sum[2] = {0, 0};
     if (!fail) fail = MPI_Reduce(secs, most, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD) != MPI_SUCCESS;
@@ -179,9 +180,9 @@ int cli_mpi_group(const char *who, moex_ep_group **group, int *rank, int *size, 
     return 1;
 }
 int cli_mpi_any_failed(int failed) { return failed != 0; }
-int cli_mpi_gather(const char *who, const moex_generation *mine, int total, const int *firsts, const int *counts,
-                   int64_t vocab, int want_logits, moex_generation *all) {
-    (void)who, (void)mine, (void)total, (void)firsts, (void)counts, (void)vocab, (void)want_logits;
+int cli_mpi_gather(const char *who, const moex_generation *mine, int total, const int *counts, int64_t vocab,
+                   int want_logits, moex_generation *all) {
+    (void)who, (void)mine, (void)total, (void)counts, (void)vocab, (void)want_logits;
     memset(all, 0, sizeof *all);
     return 1;
 }

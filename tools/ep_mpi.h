@@ -15,12 +15,12 @@ int cli_mpi_group(const char *who, moex_ep_group **group, int *rank, int *size, 
 /* Collective: 1 if any rank passes failed != 0, else 0 (every rank gets the same answer). */
 int cli_mpi_any_failed(int failed);
 
-/* Collective: the ranks' generations gathered into rank 0's `all` (total prompts, rank r's
- * [firsts[r], firsts[r] + counts[r]) from its `mine`): new ids, counts, logits when want_logits,
- * tokens summed and seconds the slowest rank's. On rank 0 free it with cli_mpi_free_gathered.
- * 0, or 1 after printing why. */
-int cli_mpi_gather(const char *who, const moex_generation *mine, int total, const int *firsts, const int *counts,
-                   int64_t vocab, int want_logits, moex_generation *all);
+/* Collective: the ranks' generations gathered into rank 0's `all` (total prompts; rank r's are the
+ * counts[r] after those of the ranks before it, from its `mine`): new ids, counts, logits when
+ * want_logits, tokens summed and seconds the slowest rank's. On rank 0 free it with
+ * cli_mpi_free_gathered. 0, or 1 after printing why. */
+int cli_mpi_gather(const char *who, const moex_generation *mine, int total, const int *counts, int64_t vocab,
+                   int want_logits, moex_generation *all);
 void cli_mpi_free_gathered(moex_generation *all);
 
 /* MPI finalised (after the group's handle is freed). */

@@ -484,6 +484,14 @@ static void prompt_block(int r, int R, int n, int *first, int *count) {
     *count = (int)((int64_t)(r + 1) * n / R) - *first;
 }
 
+/* CPU threads of one of `ranks` ranks on this machine: --threads (default one per core) divided
+ * among them, at least one. */
+static int rank_threads(const gen_args *a, int ranks) {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const long t = (a->threads ? a->threads : (cores > 0 ? cores : 1)) / ranks;
+    return t > 0 ? (int)t : 1;
+}
+
 /* --ep N: one rank of the group, on a thread of its own (moex_generate is a collective). */
 typedef struct ep_rank {
     moex_model *m;
@@ -520,12 +528,10 @@ static int generate_ep(gen_args *a, const moex_model_options *mo) {
     ep_rank ranks[MAX_EP];
     memset(ranks, 0, sizeof ranks);
     int rc = moex_ep_local_groups(R, groups) ? fail("making the expert-parallel group") : 0;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const int threads = (int)((a->threads ? a->threads : (cores > 0 ? cores : 1)) / R);
     for (int r = 0; !rc && r < R; r++) {
         moex_model_options o = *mo;
         o.ep_group = groups[r];
-        o.num_threads = threads > 0 ? threads : 1;
+        o.num_threads = rank_threads(a, R);
         ranks[r].a = a;
         prompt_block(r, R, a->n, &ranks[r].first, &ranks[r].n);
         if (moex_model_load(a->dir, &o, &ranks[r].m)) {
@@ -588,11 +594,9 @@ static int generate_ep_mpi(gen_args *a, const moex_model_options *mo) {
         cli_mpi_end();
         return 1;
     }
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const int threads = (int)((a->threads ? a->threads * local : (cores > 0 ? cores : 1)) / local);
     moex_model_options o = *mo;
     o.ep_group = group;
-    o.num_threads = threads > 0 ? threads : 1;
+    o.num_threads = rank_threads(a, local);
     ep_rank me;
     memset(&me, 0, sizeof me);
     me.a = a;
@@ -608,18 +612,22 @@ static int generate_ep_mpi(gen_args *a, const moex_model_options *mo) {
         if (me.st) fprintf(stderr, "%s: generating (rank %d of %d): %s\n", usage_cmd, rank, R, me.msg);
         rc = cli_mpi_any_failed(me.st != MOEX_OK);
     }
+    int *counts = rc ? NULL : malloc((size_t)R * sizeof *counts);
+    if (!rc && cli_mpi_any_failed(!counts)) {
+        fprintf(stderr, "%s: --ep-mpi: out of memory\n", usage_cmd);
+        rc = 1;
+    }
     if (!rc) {
-        int firsts[MAX_EP], counts[MAX_EP];
-        for (int r = 0; r < R && r < MAX_EP; r++) prompt_block(r, R, a->n, &firsts[r], &counts[r]);
+        for (int r = 0, first; r < R; r++) prompt_block(r, R, a->n, &first, &counts[r]);
         moex_generation all;
-        rc = R > MAX_EP ? 1 : cli_mpi_gather(usage_cmd, me.g, a->n, firsts, counts, me.g->vocab, a->gen.want_logits, &all);
-        if (R > MAX_EP && rank == 0) fprintf(stderr, "%s: --ep-mpi: %d ranks; at most %d\n", usage_cmd, R, MAX_EP);
+        rc = cli_mpi_gather(usage_cmd, me.g, a->n, counts, me.g->vocab, a->gen.want_logits, &all);
         if (!rc && rank == 0) {
             rc = print_ep(a, me.m, &all, R, "(MPI processes)");
             cli_mpi_free_gathered(&all);
         }
         rc = cli_mpi_any_failed(rc); /* rank 0's printing too */
     }
+    free(counts);
     moex_generation_free(me.g);
     moex_model_free(me.m);
     moex_ep_group_free(group);
