@@ -24,6 +24,9 @@
 # vllm_moe_configs/: run after each round's moex runs at the same shapes, token counts and
 # dtypes, into OUT_DIR/peer_vllm_rN.csv; AB_VLLM_ROUNDS: in the first that many rounds only),
 # AB_KEEP_RAW (a tree's tag: its rounds' moex bench CSVs kept in OUT_DIR, one file a shape),
+# AB_BUDGET_S (seconds from the script's start: a round, after the first, starts only if the
+# slowest round so far fits in what is left, so that a device call's limit never takes the
+# rounds already timed; the files are then written from the rounds that ran),
 # MOEX_DEPS_DIR (cJSON sources for every build,
 # peer-run/deps). Each tree is built by its own scripts/gpu_suite.sh with SUITE_STEPS=none, all
 # at once.
@@ -38,6 +41,7 @@ mkdir -p "$2" && OUT=$(cd "$2" && pwd) || exit 2
 shift 2
 export MOEX_DEPS_DIR=${MOEX_DEPS_DIR:-$ROOT/peer-run/deps}
 WORK=$(mktemp -d)
+START_S=$(date +%s)
 TREES_DIR=${AB_TREES_DIR:-$WORK/trees}
 mkdir -p "$TREES_DIR" && TREES_DIR=$(cd "$TREES_DIR" && pwd) || exit 2
 say() { echo "[$(date -u +%H:%M:%S)] $*"; }
@@ -129,7 +133,13 @@ bench() { # binary shape tokens csv
     --backend-max-tokens batched_mm=512 --runs "$RUNS" --reference off --csv "$4" >/dev/null
 }
 n=${#TAGS[@]}
+slowest=0
 for r in $(seq 1 "$ROUNDS"); do
+  round_start=$(date +%s)
+  if [ -n "${AB_BUDGET_S:-}" ] && [ "$r" -gt 1 ] && [ $((round_start - START_S + slowest)) -gt "$AB_BUDGET_S" ]; then
+    say "AB_BUDGET_S=$AB_BUDGET_S: round $r would end past it (the slowest round took ${slowest} s); stopping after $((r - 1))"
+    break
+  fi
   # the order rotates one place a round (two trees alternate)
   order=()
   for i in $(seq 0 $((n - 1))); do order+=("${TAGS[$(( (i + r - 1) % n ))]}"); done
@@ -151,6 +161,8 @@ for r in $(seq 1 "$ROUNDS"); do
       say "no vLLM harness at $AB_VLLM: its rows are skipped"
     fi
   fi
+  took=$(($(date +%s) - round_start))
+  [ "$took" -gt "$slowest" ] && slowest=$took
 done
 # AB_KEEP_RAW=TAG: that tree's moex bench CSVs of every round, one file a shape (TAG_SHAPE.csv in OUT_DIR)
 if [ -n "${AB_KEEP_RAW:-}" ]; then

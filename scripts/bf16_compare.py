@@ -17,7 +17,7 @@ MOEX_CSV: `moex bench --device cuda --dtype bf16` CSVs; VLLM_CSV: the vLLM peer 
 import argparse
 import sys
 
-from deepgemm_compare import cell, print_checks, read_vllm, rows_of  # the same directory
+from deepgemm_compare import cell, fastest_rows, print_checks, read_vllm  # the same directory
 from peer_compare import fnum
 
 SHAPES = ("qwen3-30b-a3b", "deepseek-v3")
@@ -28,16 +28,8 @@ FLOOR_MIN = 0.90
 
 def read_moex(paths):
     """(shape, tokens) -> (ms, backend, graph, read_floor_ms) of the fastest bf16 row."""
-    best = {}
-    for p in paths:
-        for r in rows_of(p):
-            ms = fnum(r.get("ms"))
-            if ms != ms or r.get("dtype", "bf16") != "bf16":
-                continue
-            key = (r["shape"], int(r["tokens"]))
-            if key not in best or ms < best[key][0]:
-                best[key] = (ms, r["backend"], r.get("graph", ""), fnum(r.get("read_floor_ms")))
-    return best
+    return fastest_rows(paths, lambda r: (r["shape"], int(r["tokens"])) if r.get("dtype", "bf16") == "bf16" else None,
+                        lambda r: (r["backend"], r.get("graph", ""), fnum(r.get("read_floor_ms"))))
 
 
 def read_vllm_all(paths):

@@ -37,18 +37,24 @@ def rows_of(path):
                 yield dict(zip(header, row))
 
 
-def read_moex(paths):
-    """(backend, shape, dtype, tokens) -> (ms, first_ms), the faster of its graph rows."""
+def fastest_rows(paths, key_of, rest_of):
+    """key_of(row) -> (ms,) + rest_of(row) of the fastest row with a time, over every file's rows."""
     best = {}
     for p in paths:
         for r in rows_of(p):
             ms = fnum(r.get("ms"))
             if ms != ms:
                 continue
-            key = (r["backend"], r["shape"], r["dtype"], int(r["tokens"]))
-            if key not in best or ms < best[key][0]:
-                best[key] = (ms, fnum(r.get("first_ms")))
+            key = key_of(r)
+            if key is not None and (key not in best or ms < best[key][0]):
+                best[key] = (ms,) + tuple(rest_of(r))
     return best
+
+
+def read_moex(paths):
+    """(backend, shape, dtype, tokens) -> (ms, first_ms), the faster of its graph rows."""
+    return fastest_rows(paths, lambda r: (r["backend"], r["shape"], r["dtype"], int(r["tokens"])),
+                        lambda r: (fnum(r.get("first_ms")),))
 
 
 def read_deepgemm(path):
