@@ -688,6 +688,9 @@ static void test_large(void) {
         {200, 33, 3, 128, 384, MOEX_BF16, 3, MOEX_ACT_RELU},
         {1, 60, 8, 257, 129, MOEX_F16, 6, MOEX_ACT_SILU},
         {96, 64, 8, 256, 128, MOEX_BF16, 11, MOEX_ACT_GELU_TANH},
+        /* narrow tiles, several a block: 256 experts of 24 rows on average, 768 gate/up and 512
+         * down tiles for about 132 blocks (the other cases give a block one tile or two) */
+        {768, 256, 8, 384, 384, MOEX_BF16, 0, MOEX_ACT_SILU},
     };
     for (size_t i = 0; i < sizeof L / sizeof L[0]; i++) {
         if (g_quick && i != 3 && i != 9) continue;
@@ -1570,6 +1573,7 @@ static void test_sonicmoe(void) {
         {5, 64, 2, 264, 136, MOEX_F16, 1, MOEX_ACT_GELU, 0, 1, 0.0, 0},          /* sentinel rows, empties */
         {96, 64, 8, 256, 128, MOEX_BF16, 0, MOEX_ACT_SILU, 90, 0, 0.0, 0},       /* hot expert, few rows */
         {0, 16, 4, 256, 128, MOEX_BF16, 0, MOEX_ACT_SILU, 0, 0, 0.0, 0},         /* no tokens */
+        {768, 256, 8, 384, 384, MOEX_BF16, 0, MOEX_ACT_SILU, 0, 0, 0.0, 0},      /* narrow, several tiles a block */
     };
     for (int i = 0; i < (int)(sizeof C / sizeof C[0]); i++) {
         if (g_quick && i % 3 != 0) continue;
