@@ -24,6 +24,8 @@
 # vllm_moe_configs/: run after each round's moex runs at the same shapes, token counts and
 # dtypes, into OUT_DIR/peer_vllm_rN.csv; AB_VLLM_ROUNDS: in the first that many rounds only),
 # AB_KEEP_RAW (a tree's tag: its rounds' moex bench CSVs kept in OUT_DIR, one file a shape),
+# AB_BENCH_TIMEOUT_S (240: one moex bench run, one tree and shape, is killed after it and
+# reported FAILED, so that a variant that hangs does not take the call),
 # AB_BUDGET_S (seconds from the script's start: a round, after the first, starts only if the
 # slowest round so far fits in what is left, so that a device call's limit never takes the
 # rounds already timed; the files are then written from the rounds that ran),
@@ -128,8 +130,8 @@ for tag in "${test_tags[@]}"; do
   say "$tag: $(grep -a '^test_cuda_backends:' "$OUT/tests.txt" | tail -1) ($(tail -1 "$OUT/tests.txt"))"
 done
 
-bench() { # binary shape tokens csv
-  "$1" bench --device cuda --shape "$2" --tokens "$3" --dtype "$DTYPES" --backends "$BACKENDS" --graph "${AB_GRAPH:-both}" \
+bench() { # binary shape tokens csv (a hung tree is killed after AB_BENCH_TIMEOUT_S and reported)
+  timeout --kill-after=10 "${AB_BENCH_TIMEOUT_S:-240}" "$1" bench --device cuda --shape "$2" --tokens "$3" --dtype "$DTYPES" --backends "$BACKENDS" --graph "${AB_GRAPH:-both}" \
     --backend-max-tokens batched_mm=512 --runs "$RUNS" --reference off --csv "$4" >/dev/null
 }
 n=${#TAGS[@]}
