@@ -70,7 +70,7 @@ def summary(name, blocks, stage_bytes):
     print(f"   block start spread {(max(starts) - t0) / 1000:.2f} us; block end: earliest "
           f"{(min(ends) - t0) / 1000:.1f} us, median {(sorted(ends)[len(ends) // 2] - t0) / 1000:.1f}, last {span / 1000:.1f}")
     tot = {k: 0.0 for k in ("p_empty", "p_find", "c_full", "c_turn", "c_epi", "busy")}
-    kloops, epis, lat, late = [], [], [], 0
+    kloops, epis, lat = [], [], []
     nkb = 0
     for b, (bs, be) in zip(blocks, zip(starts, ends)):
         prod, c1, c2 = b
@@ -88,19 +88,13 @@ def summary(name, blocks, stage_bytes):
         # issue -> ready latency: the producer's k-th issue against the k-th full stage a consumer
         # found (both consumers' waits merged in time order; FP8 consumers both take every stage)
         issues = [e[0] for e in prod if e[2] == 2]
-        fulls = sorted([(e[0], i) for c in (c1, c2) for i, e in enumerate(c) if e[2] == 6])
-        begins = {}
-        for c in (c1, c2):
-            for i, e in enumerate(c):
-                if e[2] == 5:
-                    begins[id(c), i + 1] = e[0]
-        ready = [t for t, _ in fulls]
-        if BOTH:  # both warpgroups wait for every stage: the first to find it full
+        if BOTH:  # both warpgroups wait for every stage: the first's finds
             ready = sorted(e[0] for e in c1 if e[2] == 6)
+        else:  # the warpgroups take turns: their finds merged in time order
+            ready = sorted(e[0] for c in (c1, c2) for e in c if e[2] == 6)
         for k in range(min(len(issues), len(ready))):
             lat.append(ready[k] - issues[k])
         nkb += len(issues)
-    nb = len(blocks)
     print(f"   per block, share of its span: producer waiting for an empty stage {pct(tot['p_empty'], tot['busy']):.1f}%, "
           f"in find_tile {pct(tot['p_find'], tot['busy']):.1f}%")
     print(f"   consumer warpgroup (mean of the two): waiting for a full stage {pct(tot['c_full'], tot['busy']):.1f}%, "
