@@ -20,12 +20,14 @@
 # the CSV calls the two trees, e.g. their commits), AB_TREES_DIR (where patched copies go; a
 # temporary folder), AB_BUILD_ONLY (1: build every tree and stop), AB_TEST_TREES (tags whose
 # tests/gpu/test_cuda_backends runs after the build, before the rounds, into OUT_DIR/tests.txt;
-# AB_TEST_ONLY is its MOEX_GPU_TEST_ONLY), AB_VLLM (the vLLM harness, beside its
+# AB_TEST_ONLY is its MOEX_GPU_TEST_ONLY, AB_TEST_TIMEOUT_S its limit, 200; a tree whose tests
+# fail or time out is left out of the rounds), AB_VLLM (the vLLM harness, beside its
 # vllm_moe_configs/: run after each round's moex runs at the same shapes, token counts and
 # dtypes, into OUT_DIR/peer_vllm_rN.csv; AB_VLLM_ROUNDS: in the first that many rounds only),
 # AB_KEEP_RAW (a tree's tag: its rounds' moex bench CSVs kept in OUT_DIR, one file a shape),
 # AB_BENCH_TIMEOUT_S (240: one moex bench run, one tree and shape, is killed after it and
-# reported FAILED, so that a variant that hangs does not take the call),
+# reported FAILED, so that a variant that hangs does not take the call; a tree that timed out
+# is left out of the later rounds),
 # AB_BUDGET_S (seconds from the script's start: a round, after the first, starts only if the
 # slowest round so far fits in what is left, so that a device call's limit never takes the
 # rounds already timed; the files are then written from the rounds that ran),
@@ -121,13 +123,22 @@ done
 say "built"
 [ "${AB_BUILD_ONLY:-0}" = 1 ] && exit 0
 
+# drop_tag TAG WHY: TAG leaves the rounds (its CSVs so far stay)
+drop_tag() {
+  local kept=() t
+  for t in "${TAGS[@]}"; do [ "$t" = "$1" ] || kept+=("$t"); done
+  TAGS=("${kept[@]}")
+  say "$1 left out of the rounds: $2"
+}
 IFS=, read -ra test_tags <<<"${AB_TEST_TREES:-}"
 for tag in "${test_tags[@]}"; do
   [ -n "${TREE[$tag]:-}" ] || { say "AB_TEST_TREES: no tree $tag"; continue; }
   say "test_cuda_backends of $tag${AB_TEST_ONLY:+ ($AB_TEST_ONLY)}"
-  { echo "== $tag"; MOEX_GPU_TEST_ONLY=${AB_TEST_ONLY:-} timeout 200 "${TREE[$tag]}/build-gpu/tests/gpu/test_cuda_backends"
+  { echo "== $tag"; MOEX_GPU_TEST_ONLY=${AB_TEST_ONLY:-} timeout --kill-after=10 "${AB_TEST_TIMEOUT_S:-200}" \
+      "${TREE[$tag]}/build-gpu/tests/gpu/test_cuda_backends"
     echo "exit $?"; } >>"$OUT/tests.txt" 2>&1
   say "$tag: $(grep -a '^test_cuda_backends:' "$OUT/tests.txt" | tail -1) ($(tail -1 "$OUT/tests.txt"))"
+  [ "$(tail -1 "$OUT/tests.txt")" = "exit 0" ] || drop_tag "$tag" "its tests failed"
 done
 
 bench() { # binary shape tokens csv (a hung tree is killed after AB_BENCH_TIMEOUT_S and reported)
@@ -149,9 +160,11 @@ for r in $(seq 1 "$ROUNDS"); do
     bin=${TREE[$tag]}/build-gpu/moex
     for shape in $SHAPES; do
       say "round $r: $tag $shape at $(tokens_of "$shape") tokens"
-      bench "$bin" "$shape" "$(tokens_of "$shape")" "$WORK/${tag}_${shape}_r${r}.csv" || say "FAILED: $tag $shape round $r"
+      bench "$bin" "$shape" "$(tokens_of "$shape")" "$WORK/${tag}_${shape}_r${r}.csv" ||
+        { rc=$?; say "FAILED: $tag $shape round $r (exit $rc)"; [ "$rc" -ge 124 ] && { drop_tag "$tag" "it hung"; break; }; }
     done
   done
+  n=${#TAGS[@]}
   if [ -n "${AB_VLLM:-}" ] && [ "$r" -le "${AB_VLLM_ROUNDS:-$ROUNDS}" ]; then
     if [ -f "$AB_VLLM" ]; then
       for shape in $SHAPES; do

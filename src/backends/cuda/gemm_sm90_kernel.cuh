@@ -281,38 +281,59 @@ __device__ __forceinline__ void stage_chunk(const float (&dh)[64], int c, uint32
 /* ---- tiles ---------------------------------------------------------------------- */
 
 struct tile {
-    int64_t e, a_row, n;
+    int e, a_row, n; /* 32-bit: a row is a tensor map coordinate, which is 32-bit */
     int rows; /* valid rows of A in this tile */
 };
 
 /* Tile t of the list (row tiles of TM rows): experts in order, row tiles fastest within an expert. */
 template <int TM> __device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t) {
-    const int base = p.mtile_off[p.e_begin];
-    int64_t lo = p.e_begin, hi = p.e_end - 1; /* last e with (mtile_off[e] - base) * n_tiles <= t */
+    const int *mtile_off = p.mtile_off;
+    const int base = mtile_off[p.e_begin], e_end = (int)p.e_end;
+    int lo = (int)p.e_begin, hi = e_end - 1; /* last e with (mtile_off[e] - base) * n_tiles <= t */
     while (lo < hi) {
-        int64_t mid = (lo + hi + 1) / 2;
-        if ((int64_t)(p.mtile_off[mid] - base) * p.n_tiles <= t)
+        const int mid = (lo + hi + 1) / 2;
+        if ((int64_t)(mtile_off[mid] - base) * p.n_tiles <= t)
             lo = mid;
         else
             hi = mid - 1;
     }
     /* skip experts without tiles that share the same start */
-    while (lo + 1 < p.e_end && p.mtile_off[lo + 1] == p.mtile_off[lo]) lo++;
+    while (lo + 1 < e_end && mtile_off[lo + 1] == mtile_off[lo]) lo++;
     tile r;
     r.e = lo;
-    const int64_t local = t - (int64_t)(p.mtile_off[lo] - base) * p.n_tiles;
-    const int64_t mt = p.mtile_off[lo + 1] - p.mtile_off[lo];
+    const int64_t local = t - (int64_t)(mtile_off[lo] - base) * p.n_tiles;
+    const int64_t mt = mtile_off[lo + 1] - mtile_off[lo];
     int64_t m, n;
     if (local <= INT32_MAX) { /* 32-bit division: the 64-bit one is a long subroutine */
         m = (int64_t)((uint32_t)local % (uint32_t)mt), n = (int64_t)((uint32_t)local / (uint32_t)mt);
     } else {
         m = local % mt, n = local / mt;
     }
-    r.n = n;
-    r.a_row = p.offsets[lo] + m * TM;
+    r.n = (int)n;
+    r.a_row = (int)(p.offsets[lo] + m * TM);
     const int64_t left = p.ends[lo] - r.a_row;
     r.rows = (int)(left < TM ? left : TM);
     return r;
+}
+
+/* Each stage's tile slot: 16 bytes in the spare half of the 128 bytes after the stages' barriers
+ * (2 x stages x 8 bytes). The producer writes the tile of every k-block it issues there before
+ * arming the stage's full barrier (an arrive, which releases the write); a consumer that has
+ * waited for the stage (an acquire) reads it while it holds the stage. So consumers never search
+ * the tile list, a chain of dependent global loads that took 1-2 us a tile under the weight
+ * stream (dev/variants/gemm-trace.patch). */
+static_assert(2 * STAGES * 8 + 16 * STAGES <= 128 && 2 * FP8_STAGES * 8 + 16 * FP8_STAGES <= 128, "tile slots");
+__device__ __forceinline__ uint32_t tile_slot(uint32_t full_addr, int stage) { return full_addr + 64 + stage * 16; }
+__device__ __forceinline__ void put_tile(uint32_t slot, const tile &tl) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(slot), "r"((uint32_t)tl.e), "r"((uint32_t)tl.a_row),
+                 "r"((uint32_t)tl.n), "r"((uint32_t)tl.rows)
+                 : "memory");
+}
+__device__ __forceinline__ tile get_tile(uint32_t slot) {
+    const uint4 v = lds16(slot);
+    tile tl;
+    tl.e = (int)v.x, tl.a_row = (int)v.y, tl.n = (int)v.z, tl.rows = (int)v.w;
+    return tl;
 }
 
 /* ---- the epilogue ------------------------------------------------------------------ */
@@ -410,6 +431,7 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
         for (int kb = 0; kb < k_blocks; kb++) {
             mbar_wait(&empty[stage], phase ^ 1);
             unsigned char *a = smem + stage * ring<T, NARROW>::stage_bytes, *b = a + A_BYTES;
+            put_tile(tile_slot(smem_addr(full), stage), tl);
             mbar_expect_tx(&full[stage], (NARROW ? NARROW_ROWS * 128 : A_BYTES) + B_LOAD);
             tma_load(a, &map_a, &full[stage], kb * KB, (int)tl.a_row);
             if (EPI == EPI_GATE_UP_CONCAT) {
@@ -460,6 +482,7 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap &map_b, const
             mbar_wait(&empty[stage], phase ^ 1);
             unsigned char *a = smem + stage * ring<T, NARROW>::stage_bytes, *b = a + A_BYTES;
             if (tid == 0) {
+                put_tile(tile_slot(smem_addr(full), stage), tl);
                 mbar_expect_tx(&full[stage], TILE_N * 128);
                 if (EPI == EPI_GATE_UP_CONCAT) {
                     for (int q = 0; q < GU_BOXES; q++)
@@ -535,6 +558,10 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
         const unsigned char *a_base = smem + row0 * 128, *b_base = smem + A_BYTES;
         int prev = -1; /* the stage to release once the next group of wgmmas is issued */
         int kb = 0;
+        /* the tile (needed by the epilogue only), read from the last k-block's slot before that
+         * k-block's wgmmas are issued: their completion, which thread 0 waits for before it
+         * releases the stage, then implies every warp of the warpgroup has read it */
+        tile tl = {};
         if (OVERLAP && pending) {
             /* the first k-blocks for the first half, then the previous tile's second half out,
              * then the same k-blocks for the second half */
@@ -542,6 +569,7 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
             int s0 = stage, ph0 = phase;
             for (int j = 0; j < lead; j++) {
                 wait_full<GATHER>(&full[stage], phase);
+                if (j == k_blocks - 1) tl = get_tile(tile_slot(smem_addr(full), stage));
                 const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES;
                 wgmma_fence();
 #pragma unroll
@@ -573,6 +601,7 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
         /* one group of wgmmas stays in flight: the stage of k-block kb-1 is released once kb's are issued */
         for (; kb < k_blocks; kb++) {
             wait_full<GATHER>(&full[stage], phase);
+            if (kb == k_blocks - 1) tl = get_tile(tile_slot(smem_addr(full), stage));
             const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES;
             wgmma_fence();
 #pragma unroll
@@ -588,8 +617,6 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
             if (++stage == STAGES) stage = 0, phase ^= 1;
         }
         if (NARROW && t + gridDim.x < total) turn_pass(wg == 1 ? 2 : 3); /* the block's next tile may start */
-        /* the tile (needed by the epilogue only) is found while the last k-block multiplies */
-        const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
         wgmma_wait<0>();
         fence_acc(acc0);
         fence_acc(acc1);
@@ -729,6 +756,7 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase
     const uint32_t s_wa = scales + (128 + (NARROW ? 2 * (wg - 1) : 0)) * 4, s_wb = s_wa + 4;
     int stage = 0, phase = 0;
     float acc[ACC], blk[ACC];
+    tile tl = {};
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
 #pragma unroll
         for (int i = 0; i < ACC; i++) acc[i] = 0.0f;
@@ -737,6 +765,7 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase
             const uint32_t so = stage * (FP8_SCALES * 4), step = stage * (R::stage_bytes / 16);
             const float ra0 = lds_f32(s_r0 + so), ra1 = lds_f32(s_r1 + so), wa = lds_f32(s_wa + so),
                         wb = lds_f32(s_wb + so);
+            if (kb == k_blocks - 1) tl = get_tile(tile_slot(full, stage)); /* for the epilogue, while held */
             wgmma_fence();
 #pragma unroll
             for (int s = 0; s < FP8_BK / 32; s++)
@@ -756,8 +785,6 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase
                 acc[4 * i + 3] = fmaf(blk[4 * i + 3], sh1, acc[4 * i + 3]);
             }
         }
-        /* the tile (needed by the epilogue only) */
-        const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
         epilogue_fp8<EPI, NARROW>(acc, tl, p, wg, tid);
     }
 }
