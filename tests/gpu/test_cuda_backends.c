@@ -818,7 +818,7 @@ static gcase quant_case(int64_t T, int64_t H, int64_t I, moex_dtype dt, uint64_t
  * The last five run grouped_mm's FP8 tensor-core GEMMs (I a multiple of 64, experts of 16 rows
  * or more on average; the last two, of 32 or fewer, its narrow tiles): partial k-blocks and
  * output tiles, 64-row blocks, block_k 256, biases, an expert of 400 rows (4 row tiles), one of
- * about 95 among experts of about 20 (two narrow tiles). */
+ * about 95 among experts of about 20 (two narrow tiles); then narrow tiles, several a block. */
 static void test_fp8(void) {
     typedef struct fp8_case {
         int64_t T, bn, bk;
@@ -843,6 +843,15 @@ static void test_fp8(void) {
         const fp8_case *f = &CASES[i];
         gcase c = quant_case(f->T, f->H, f->I, f->dt, 8100u + (uint64_t)i, 1 + i % 2, f->bn, f->bk, f->layout, f->act,
                              f->hot);
+        run_case(&c, 1);
+    }
+    if (g_quick) return;
+    /* narrow tiles, several a block (the cases above give a block one tile or two): 256 experts of
+     * 24 rows on average, 768 gate/up and 512 down tiles for about 132 blocks, so that both
+     * consumer warpgroups take tiles in turn; f32 and ue8m0 scales */
+    for (int kind = 1; kind <= 2; kind++) {
+        gcase c = quant_case(768, 384, 384, MOEX_BF16, 8200u + (uint64_t)kind, kind, 128, 128, 0, MOEX_ACT_SILU, 0);
+        c.E = 256, c.k = 8;
         run_case(&c, 1);
     }
 }
