@@ -14,7 +14,8 @@
 #   profile.log         what ran
 # Every case is time-limited (PROFILE_CASE_S, 150 s), so one slow case cannot take the run.
 #
-# Environment: PROFILE_CASES  shape:tokens:backend,... (qwen3-30b-a3b:16384:grouped_mm,
+# Environment: PROFILE_CASES  shape:tokens:backend[:dtype],... (dtype: bf16 unless named, e.g.
+#                                qwen3-30b-a3b:512:grouped_mm:fp8; default qwen3-30b-a3b:16384:grouped_mm,
 #              deepseek-v3:16384:grouped_mm,deepseek-v3:64:grouped_mm,qwen3-30b-a3b:1:batched_mm)
 #              PROFILE_LAUNCHES  most kernel launches profiled per case (200: all of them;
 #                                the medians per kernel take in the two warm-up forwards)
@@ -47,18 +48,19 @@ echo "ncu: $NCU ($("$NCU" --version | tail -1))"
 
 # the experts' kernels only (not the bench's ceilings, weight generation or L2 flush), by
 # function name
-KERNELS='regex:^(grouped_gemm|experts|routing|gate_up|down|gather|reduce|count|scan|scatter)[a-z0-9_]*_kernel$'
+KERNELS='regex:^(grouped_gemm|experts|routing|gate_up|down|gather|reduce|count|scan|scatter|act_quant|slot_weights)[a-z0-9_]*_kernel$'
 IFS=, read -ra list <<<"$CASES"
 status=0
 for c in "${list[@]}"; do
-  IFS=: read -r shape tokens backend <<<"$c"
-  name="${shape}_${tokens}_${backend}"
+  IFS=: read -r shape tokens backend dtype <<<"$c"
+  dtype=${dtype:-bf16}
+  name="${shape}_${tokens}_${backend}_${dtype}"
   echo "== $name"
   # --reference off: no eager run for the err column, so every launch is the backend's
   timeout --kill-after=10 "$CASE_S" "$NCU" --clock-control none --kernel-name-base function --kernel-name "$KERNELS" \
     --launch-count "$LAUNCHES" --section SpeedOfLight --section ComputeWorkloadAnalysis \
     --section MemoryWorkloadAnalysis --section WarpStateStats --csv --page raw \
-    "$BUILD/moex" bench --device cuda --shape "$shape" --tokens "$tokens" --dtype bf16 --backends "$backend" \
+    "$BUILD/moex" bench --device cuda --shape "$shape" --tokens "$tokens" --dtype "$dtype" --backends "$backend" \
     --graph off --runs 10 --reference off >"$OUT/profile_$name.csv" 2>"$OUT/profile_$name.err"
   rc=$?
   echo "$name: ncu exit $rc"

@@ -47,14 +47,19 @@ __global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_chunk_kernel(const XT
     }
 }
 
+/* The chunk kernels' size predicate: 16-byte aligned rows of x, K a multiple of 8, bk / 8 a power
+ * of two up to 32 (a chunk of 32 vectors holds whole blocks), 8-byte aligned q. */
+static bool chunks_apply(const void *x, moex_dtype xdt, int64_t x_ld, int64_t K, int64_t bk, const uint8_t *q) {
+    const int64_t es = xdt == MOEX_F32 ? 4 : 2, vpb = bk / 8;
+    return K % 8 == 0 && bk % 8 == 0 && vpb >= 1 && vpb <= 32 && (vpb & (vpb - 1)) == 0 && ((uintptr_t)x & 15) == 0 &&
+           (x_ld * es) % 16 == 0 && ((uintptr_t)q & 7) == 0;
+}
+
 template <bool FP4>
 static moex_status act_quant_rows(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int64_t bk,
                                   uint8_t *q, float *s, float *f, const int *row_of, cudaStream_t st) {
     if (rows <= 0) return MOEX_OK;
-    const size_t es = xdt == MOEX_F32 ? 4 : 2;
-    const int64_t vpb = bk / 8;
-    if (K % 8 == 0 && bk % 8 == 0 && vpb <= 32 && (vpb & (vpb - 1)) == 0 && ((uintptr_t)x & 15) == 0 &&
-        (x_ld * (int64_t)es) % 16 == 0 && ((uintptr_t)q & 7) == 0) {
+    if (chunks_apply(x, xdt, x_ld, K, bk, q)) {
         const int64_t warps = rows * ((K / 8 + 31) / 32), blocks = (warps + AQ_WARPS - 1) / AQ_WARPS;
         const dim3 grid((unsigned)(blocks < 65535 ? blocks : 65535)), block(AQ_WARPS * 32);
         if (xdt == MOEX_BF16)
@@ -96,7 +101,7 @@ moex_status act_quant_e2m1(const void *x, moex_dtype xdt, int64_t x_ld, int64_t 
 }
 
 /* One warp a token: its row quantized into each of its pairs' slots (the k copies read the
- * row from L1/L2 after the first). */
+ * row from L1/L2 after the first). Any row; act_quant_gather_chunk_kernel where it applies. */
 template <typename XT>
 __global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_gather_kernel(const int *pair_slot, int64_t T, int64_t k,
                                                                          const XT *x, int64_t x_ld, int64_t K,
@@ -110,17 +115,60 @@ __global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_gather_kernel(const i
         }
 }
 
+/* The same, a warp a chunk of 256 inputs of a token (one vector of 8 a lane), quantized once and
+ * stored into each of the token's pair slots: T x K/256 warps, so that a prefill's tokens
+ * spread over the GPU with many loads in flight (one warp a token, k rows each in turn, kept
+ * 64 blocks busy at 512 tokens: 57 us where the read takes a few). Rows as
+ * act_quant_chunk_kernel takes them. */
+template <typename XT>
+__global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_gather_chunk_kernel(const int *pair_slot, int64_t T,
+                                                                               int64_t k, const XT *x, int64_t x_ld,
+                                                                               int64_t K, int64_t bk, uint8_t *q,
+                                                                               float *s) {
+    const int lane = threadIdx.x & 31, vpb = (int)(bk / 8);
+    const int64_t nvec = K / 8, chunks = (nvec + 31) / 32, nkb = (K + bk - 1) / bk;
+    for (int64_t w = blockIdx.x * (int64_t)AQ_WARPS + (threadIdx.x >> 5); w < T * chunks;
+         w += (int64_t)gridDim.x * AQ_WARPS) {
+        const int64_t t = w / chunks, v = (w % chunks) * 32 + lane;
+        const bool in = v < nvec;
+        float a[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) a[i] = 0.0f;
+        if (in) load8_cg(x + t * x_ld + 8 * v, a);
+        const float sc = vec8_block_scale<false>(a, vpb);
+        if (in) {
+            const uint2 codes = vec8_codes<false>(a, sc, v, NULL);
+            for (int64_t j = 0; j < k; j++) {
+                const int slot = pair_slot[t * k + j];
+                if (slot < 0) continue;
+                *(uint2 *)(q + (int64_t)slot * K + 8 * v) = codes;
+                if (lane % vpb == 0) s[(int64_t)slot * nkb + v / vpb] = sc;
+            }
+        }
+    }
+}
+
+template <typename XT>
+static void launch_quant_gather(bool chunks, int64_t warps, const int *pair_slot, int64_t T, int64_t k, const XT *x,
+                                int64_t x_ld, int64_t K, int64_t bk, uint8_t *q, float *s, cudaStream_t st) {
+    const int64_t blocks = (warps + AQ_WARPS - 1) / AQ_WARPS;
+    const dim3 grid((unsigned)(blocks < 65535 ? blocks : 65535)), block(AQ_WARPS * 32);
+    if (chunks)
+        act_quant_gather_chunk_kernel<XT><<<grid, block, 0, st>>>(pair_slot, T, k, x, x_ld, K, bk, q, s);
+    else
+        act_quant_gather_kernel<XT><<<grid, block, 0, st>>>(pair_slot, T, k, x, x_ld, K, bk, q, s);
+}
+
 moex_status act_quant_gather_e4m3(const int *pair_slot, int64_t T, int64_t k, const void *x, moex_dtype xdt,
                                   int64_t x_ld, int64_t K, int64_t bk, uint8_t *q, float *s, cudaStream_t st) {
     if (T <= 0) return MOEX_OK;
-    const int64_t blocks = (T + AQ_WARPS - 1) / AQ_WARPS;
-    const dim3 grid((unsigned)(blocks < 65535 ? blocks : 65535)), block(AQ_WARPS * 32);
+    const bool chunks = chunks_apply(x, xdt, x_ld, K, bk, q);
+    const int64_t warps = chunks ? T * ((K / 8 + 31) / 32) : T;
     if (xdt == MOEX_BF16)
-        act_quant_gather_kernel<__nv_bfloat16><<<grid, block, 0, st>>>(pair_slot, T, k, (const __nv_bfloat16 *)x, x_ld,
-                                                                       K, bk, q, s);
+        launch_quant_gather(chunks, warps, pair_slot, T, k, (const __nv_bfloat16 *)x, x_ld, K, bk, q, s, st);
     else if (xdt == MOEX_F16)
-        act_quant_gather_kernel<__half><<<grid, block, 0, st>>>(pair_slot, T, k, (const __half *)x, x_ld, K, bk, q, s);
+        launch_quant_gather(chunks, warps, pair_slot, T, k, (const __half *)x, x_ld, K, bk, q, s, st);
     else
-        act_quant_gather_kernel<float><<<grid, block, 0, st>>>(pair_slot, T, k, (const float *)x, x_ld, K, bk, q, s);
+        launch_quant_gather(chunks, warps, pair_slot, T, k, (const float *)x, x_ld, K, bk, q, s, st);
     return MOEX_CUDA_LAUNCHED("activation quantizing gather kernel");
 }

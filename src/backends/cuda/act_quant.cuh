@@ -82,22 +82,24 @@ __device__ __forceinline__ void load8_cg(const float *p, float (&v)[8]) {
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-/* Vectors of 8 inputs, one a lane: vector v of the row quantized, its block's amax reduced over
- * the vpb lanes of the block (vpb = bk / 8, a power of two <= 32, so blocks never straddle 32
- * vectors). in = 0: past the row (contributes nothing, stores nothing). FP4: q gets the int8
- * codes 2 e2m1, f (if asked) the values. */
-template <bool FP4>
-__device__ __forceinline__ void quant_vec8(const float (&v)[8], bool in, int vpb, int64_t vi, uint8_t *q, float *s,
-                                           float *f, int lane) {
+/* The block scale of a lane's 8 inputs: their amax reduced over the vpb lanes of the block (vpb
+ * = bk / 8, a power of two <= 32, so blocks never straddle 32 vectors; every lane of the warp
+ * calls it, lanes past the row with zeros). */
+template <bool FP4> __device__ __forceinline__ float vec8_block_scale(const float (&v)[8], int vpb) {
     float a = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; i++) a = fmaxf(a, fabsf(v[i]));
     for (int o = 1; o < vpb; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    if (!in) return;
-    const float sc = FP4 ? e2m1_block_scale(a) : a > 0.0f ? a / ACT_E4M3_MAX : 1.0f;
+    return FP4 ? e2m1_block_scale(a) : a > 0.0f ? a / ACT_E4M3_MAX : 1.0f;
+}
+
+/* The 8 codes of vector vi (scale sc) in the row's byte order (input i: byte i % 4 of word
+ * i / 4); FP4: the int8 codes 2 e2m1. f (if not NULL) gets the values the projection reads. */
+template <bool FP4>
+__device__ __forceinline__ uint2 vec8_codes(const float (&v)[8], float sc, int64_t vi, float *f) {
     uint32_t packed[2] = {0, 0};
 #pragma unroll
-    for (int i = 0; i < 8; i++) { /* input i: byte i % 4 of word i / 4 (the row's order) */
+    for (int i = 0; i < 8; i++) {
         uint8_t c;
         if (FP4) {
             const float r = e2m1_round(v[i] / sc);
@@ -109,7 +111,18 @@ __device__ __forceinline__ void quant_vec8(const float (&v)[8], bool in, int vpb
         }
         packed[i / 4] |= (uint32_t)c << (8 * (i % 4));
     }
-    if (q) *(uint2 *)(q + 8 * vi) = make_uint2(packed[0], packed[1]);
+    return make_uint2(packed[0], packed[1]);
+}
+
+/* Vectors of 8 inputs, one a lane: vector v of the row quantized (vec8_block_scale, vec8_codes).
+ * in = 0: past the row (contributes nothing, stores nothing). */
+template <bool FP4>
+__device__ __forceinline__ void quant_vec8(const float (&v)[8], bool in, int vpb, int64_t vi, uint8_t *q, float *s,
+                                           float *f, int lane) {
+    const float sc = vec8_block_scale<FP4>(v, vpb);
+    if (!in) return;
+    const uint2 codes = vec8_codes<FP4>(v, sc, vi, f);
+    if (q) *(uint2 *)(q + 8 * vi) = codes;
     if (s && lane % vpb == 0) s[vi / vpb] = sc;
 }
 
