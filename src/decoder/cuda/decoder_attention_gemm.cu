@@ -89,6 +89,7 @@ extern "C" moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *bla
     int64_t row = 0; /* the sequence's first row in q and out */
     for (int64_t i = 0; i < nseq; i++) {
         const moex_attn_seq *h = &host_seqs[i];
+        if (h->tokens == 0) continue; /* nothing to attend (and L may be 0) */
         const int64_t L = h->past + h->tokens;
         const float *keys = cache->k + (size_t)((layer * B + h->seq) * S) * (size_t)W; /* [L, W] */
         int64_t tc = (int64_t)(scores_floats / (size_t)(heads * L)); /* query tokens a chunk */
