@@ -10,7 +10,9 @@
  * One producer warp issues the copies; a ring of STAGES buffers with a full
  * and an empty mbarrier each. The grid is persistent: block b takes tiles
  * b, b + grid, ...; the tile list (expert, row tile, column tile) is derived
- * on the device from the routing offsets, so nothing waits for the host.
+ * on the device from the routing offsets, so nothing waits for the host. The
+ * producer searches it; the consumers read each tile from a slot the producer
+ * writes beside the stage's barriers (tile_slot).
  *
  *   A [rows, K] row-major; B [E*R, K] row-major (weights as stored: out x in);
  *   C [rows, N] row-major.
