@@ -517,26 +517,32 @@ void ref_experts_forward(const moex_experts_desc *d, const moex_tensor *hidden,
     if (T == 0) return;
     canon c;
     canon_build(d, &c);
-    double *x = malloc(sizeof(double) * (size_t)H);
-    double *hbuf = malloc(sizeof(double) * (size_t)I);
-    assert(x && hbuf);
-    for (int64_t t = 0; t < T; t++) {
-        double *y = &out[t * H];
-        for (int64_t h = 0; h < H; h++) {
-            int64_t ix[2] = {t, h};
-            x[h] = ref_tensor_get(hidden, ix);
-            y[h] = 0.0;
+    /* tokens in parallel, each token's sums in one order: the same numbers on any thread count */
+#pragma omp parallel
+    {
+        double *x = malloc(sizeof(double) * (size_t)H);
+        double *hbuf = malloc(sizeof(double) * (size_t)I);
+        assert(x && hbuf);
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t t = 0; t < T; t++) {
+            double *y = &out[t * H];
+            for (int64_t h = 0; h < H; h++) {
+                int64_t ix[2] = {t, h};
+                x[h] = ref_tensor_get(hidden, ix);
+                y[h] = 0.0;
+            }
+            if (is_quant(d->gate_up.dtype))
+                ref_act_quant(x, H, d->gate_up.dtype, d->gate_up.dtype == MOEX_E2M1X2 ? 32 : d->block_k);
+            for (int64_t j = 0; j < k; j++) {
+                int64_t ij[2] = {t, j};
+                int64_t e = (int64_t)ref_tensor_get(ids, ij);
+                if (e < 0 || e >= E) continue; /* -1 and E: not routed here */
+                expert_accumulate(d, &c, e, x, ref_tensor_get(weights, ij), hbuf, y);
+            }
         }
-        if (is_quant(d->gate_up.dtype)) ref_act_quant(x, H, d->gate_up.dtype, d->gate_up.dtype == MOEX_E2M1X2 ? 32 : d->block_k);
-        for (int64_t j = 0; j < k; j++) {
-            int64_t ij[2] = {t, j};
-            int64_t e = (int64_t)ref_tensor_get(ids, ij);
-            if (e < 0 || e >= E) continue;               /* -1 and E: not routed here */
-            expert_accumulate(d, &c, e, x, ref_tensor_get(weights, ij), hbuf, y);
-        }
+        free(x);
+        free(hbuf);
     }
-    free(x);
-    free(hbuf);
     canon_free(&c);
 }
 
