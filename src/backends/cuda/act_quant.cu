@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_gather_chunk_kernel(c
                 const int slot = pair_slot[t * k + j];
                 if (slot < 0) continue;
                 *(uint2 *)(q + (int64_t)slot * K + 8 * v) = codes;
-                if (lane % vpb == 0) s[(int64_t)slot * nkb + v / vpb] = sc;
+                if (lane % vpb == 0) s[(int64_t)slot * nkb + (v >> (__ffs(vpb) - 1))] = sc;
             }
         }
     }

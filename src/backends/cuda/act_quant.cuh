@@ -123,7 +123,7 @@ __device__ __forceinline__ void quant_vec8(const float (&v)[8], bool in, int vpb
     if (!in) return;
     const uint2 codes = vec8_codes<FP4>(v, sc, vi, f);
     if (q) *(uint2 *)(q + 8 * vi) = codes;
-    if (s && lane % vpb == 0) s[vi / vpb] = sc;
+    if (s && lane % vpb == 0) s[vi >> (__ffs(vpb) - 1)] = sc; /* vpb a power of two: no 64-bit division */
 }
 
 /* One row x[0 .. K) by one warp: codes q[k] (or NULL), block scales s[k / bk] (or NULL) and the
