@@ -523,15 +523,16 @@ static void rig_step(attn_rig *r, int64_t layer, const moex_attn_seq *seqs, int6
 }
 
 // window > 0 and sinks: gpt_oss's sliding window and attention sinks on every call. blas: the GEMM path
-// (prefill steps), with scores for 5 query tokens a chunk, on every call but the bad descriptor's
-// (its sizes come from the host's copy, which the kernels' device checks do not see).
+// (prefill steps) with the least scores scratch it takes (heads x max_seq: the 33-token prefill in
+// chunks of one query token, the 7-token one whole), on every call but the bad descriptor's (its
+// sizes come from the host's copy, which the kernels' device checks do not see).
 static void attention_config(int64_t heads, int64_t KV, int64_t d, int64_t window, int sinks,
                              const moex_cuda_blas *blas) {
     attn_rig r;
     if (!rig_init(&r, 2, 4, 64, KV, d, heads, 64)) return;
     r.window = window;
     if (blas) {
-        r.blas = blas, r.sf = (size_t)(heads * r.S * 5);
+        r.blas = blas, r.sf = (size_t)(heads * r.S);
         r.dscores = dmalloc(sizeof(float) * r.sf);
     }
     if (sinks) {

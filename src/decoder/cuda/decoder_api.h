@@ -143,7 +143,8 @@ moex_status moex_cuda_attention_latent(const moex_cuda_kv_cache *cache, int64_t 
  * chunks of query rows, scores = q kv^T * scale (f32 GEMM, pedantic), the causal softmax in place,
  * out = scores kv[:, 0 .. value_dim). host_seqs: the host copy of seqs (what the GEMMs' sizes come
  * from; checked against the cache's bounds). scores: device scratch of scores_floats floats, at least
- * heads x max_seq. Same results as moex_cuda_attention_latent up to the order of the sums.
+ * heads x max_seq. Same results as moex_cuda_attention_latent up to the order of the sums; a
+ * descriptor the device rejects is flagged and appends nothing, but its rows of out are written.
  */
 moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *blas, const moex_cuda_kv_cache *cache,
                                             int64_t layer, const moex_attn_seq *seqs, const moex_attn_seq *host_seqs,
@@ -159,6 +160,8 @@ moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *blas, const mo
  * place, out = scores v. host_seqs: the host copy of seqs (what the GEMMs' sizes come from; checked
  * against the cache's bounds). scores: device scratch of scores_floats floats, at least heads x
  * max_seq. Same results as moex_cuda_attention up to the order of the sums; out may equal q.
+ * A descriptor the device rejects (past beyond the cached length, a repeated sequence) is flagged
+ * and appends nothing, as there, but its rows of out are written (from what the cache holds).
  */
 moex_status moex_cuda_attention_gemm(const moex_cuda_blas *blas, const moex_cuda_kv_cache *cache, int64_t layer,
                                      const moex_attn_seq *seqs, const moex_attn_seq *host_seqs, int64_t nseq,

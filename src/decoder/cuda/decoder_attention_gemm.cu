@@ -20,22 +20,23 @@
 
 /* One block per row of scores (grid-stride). head_major 0 (the latent layout, [tokens of the chunk,
  * heads]): row m is token m / heads of the chunk, head m % heads; head_major 1 ([heads, n tokens]):
- * head m / n, token m % n. Token t sees positions lo .. first_visible + t - 1 of its L, lo the
- * sliding window's first (window 0: none; positions > p - window), as attend_kernel sees them.
- * w_j = expf(s_j - max) * (1 / sum) (the sum in double), with the head's sink (sinks: NULL or
- * [heads]) one more logit in the max and the sum; the positions it does not see set to 0.
- * scores: [rows, L] in place. */
+ * head m / n, token m % n. A row holds the scores of positions k0 .. k0 + L - 1 (column j: position
+ * k0 + j). Token t sees positions lo .. first_visible + t - 1, lo the sliding window's first (window
+ * 0: none; positions > p - window), as attend_kernel sees them; k0 <= lo for every row. w_j =
+ * expf(s_j - max) * (1 / sum) (the sum in double), with the head's sink (sinks: NULL or [heads]) one
+ * more logit in the max and the sum; the positions it does not see set to 0. scores: [rows, L] in
+ * place. */
 __global__ void __launch_bounds__(SOFTMAX_THREADS)
     causal_softmax_kernel(float *scores, int64_t rows, int64_t L, int64_t heads, int head_major, int64_t n,
-                          int64_t first_visible, int64_t window, const float *sinks) {
+                          int64_t k0, int64_t first_visible, int64_t window, const float *sinks) {
     __shared__ float red_f[SOFTMAX_THREADS / 32];
     __shared__ double red_d[SOFTMAX_THREADS / 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int64_t m = blockIdx.x; m < rows; m += gridDim.x) {
         float *row = scores + m * L;
         const int64_t t = head_major ? m % n : m / heads, h = head_major ? m / n : m % heads;
-        const int64_t seen = first_visible + t; /* positions lo .. seen - 1 */
-        const int64_t lo = window > 0 && seen > window ? seen - window : 0;
+        const int64_t seen = first_visible + t - k0; /* columns lo .. seen - 1 */
+        const int64_t lo = (window > 0 && first_visible + t > window ? first_visible + t - window : 0) - k0;
         float mx = -INFINITY;
         for (int64_t j = lo + threadIdx.x; j < seen; j += blockDim.x) mx = row[j] > mx ? row[j] : mx;
         mx = warp_max_float(mx);
@@ -83,6 +84,15 @@ static moex_status host_seqs_check(const char *fn, const moex_cuda_kv_cache *cac
     return MOEX_OK;
 }
 
+/* Query tokens a chunk of a sequence whose rows see up to L positions: as many as heads x L scores
+ * each fit the scratch, at least one, and within cuBLAS's int sizes (rows x L and heads x rows). */
+static int64_t chunk_tokens(size_t scores_floats, int64_t heads, int64_t L) {
+    int64_t tc = (int64_t)(scores_floats / (size_t)(heads * L));
+    if (tc > INT_MAX / L) tc = INT_MAX / L;
+    if (tc > INT_MAX / heads) tc = INT_MAX / heads;
+    return tc < 1 ? 1 : tc;
+}
+
 /* cuBLAS on stream s with the blas' workspace. */
 static moex_status blas_on(const moex_cuda_blas *blas, cudaStream_t s) {
     cublasHandle_t hd = (cublasHandle_t)blas->handle;
@@ -116,15 +126,12 @@ extern "C" moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *bla
     int64_t row = 0; /* the sequence's first row in q and out */
     for (int64_t i = 0; i < nseq; i++) {
         const moex_attn_seq *h = &host_seqs[i];
-        const int64_t L = h->past + h->tokens;
+        if (h->tokens == 0) continue; /* nothing to attend */
         const float *keys = cache->k + (size_t)((layer * B + h->seq) * S) * (size_t)W; /* [L, W] */
-        int64_t tc = (int64_t)(scores_floats / (size_t)(heads * L)); /* query tokens a chunk */
-        if (tc < 1) tc = 1;
+        const int64_t tc = chunk_tokens(scores_floats, heads, h->past + h->tokens); /* query tokens a chunk */
         for (int64_t c0 = 0; c0 < h->tokens; c0 += tc) {
-            const int64_t n = h->tokens - c0 < tc ? h->tokens - c0 : tc, M = n * heads;
-            if (M > INT_MAX || L > INT_MAX || W > INT_MAX)
-                return moex_fail(MOEX_ERR_UNSUPPORTED, "%s: %lld x %lld scores exceed cuBLAS's int sizes", fn,
-                                 (long long)M, (long long)L);
+            /* the chunk's rows see positions 0 .. past + c0 + n - 1 */
+            const int64_t n = h->tokens - c0 < tc ? h->tokens - c0 : tc, M = n * heads, L = h->past + c0 + n;
             const float *qc = q + (size_t)((row + c0) * heads) * (size_t)W;
             float *oc = out + (size_t)((row + c0) * heads) * (size_t)value_dim;
             /* column-major: scores^T [L, M] = keys^T^T ([W, L] read transposed) . q^T [W, M] */
@@ -134,7 +141,7 @@ extern "C" moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *bla
                              "cuda latent attention: scores GEMM");
             if (st) return st;
             const unsigned blocks = (unsigned)(M < 1048576 ? M : 1048576);
-            causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(scores, M, L, heads, 0, n, h->past + c0 + 1, 0,
+            causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(scores, M, L, heads, 0, n, 0, h->past + c0 + 1, 0,
                                                                      NULL);
             if ((st = MOEX_CUDA_LAUNCHED("cuda latent attention: softmax kernel"))) return st;
             /* out^T [dv, M] = keys' first dv values ([dv, L], ld W) . scores^T [L, M] */
@@ -177,20 +184,18 @@ extern "C" moex_status moex_cuda_attention_gemm(const moex_cuda_blas *blas, cons
     int64_t row = 0; /* the sequence's first row in q and out */
     for (int64_t i = 0; i < nseq; i++) {
         const moex_attn_seq *h = &host_seqs[i];
-        const int64_t L = h->past + h->tokens;
-        int64_t tc = (int64_t)(scores_floats / (size_t)(heads * L)); /* query tokens a chunk */
-        if (tc < 1) tc = 1;
+        if (h->tokens == 0) continue; /* nothing to attend */
+        const int64_t tc = chunk_tokens(scores_floats, heads, h->past + h->tokens); /* query tokens a chunk */
         for (int64_t c0 = 0; c0 < h->tokens; c0 += tc) {
-            const int64_t n = h->tokens - c0 < tc ? h->tokens - c0 : tc;
-            if (n * heads > INT_MAX || L * n > INT_MAX || heads * d > INT_MAX)
-                return moex_fail(MOEX_ERR_UNSUPPORTED, "%s: %lld x %lld scores exceed cuBLAS's int sizes", fn,
-                                 (long long)(n * heads), (long long)L);
+            /* the chunk's rows see positions k0 .. past + c0 + n - 1: from its first row's window start */
+            const int64_t n = h->tokens - c0 < tc ? h->tokens - c0 : tc, last = h->past + c0 + n;
+            const int64_t k0 = window > 0 && h->past + c0 + 1 > window ? h->past + c0 + 1 - window : 0, L = last - k0;
             const float *qc = q + (size_t)((row + c0) * heads) * (size_t)d;
             float *oc = out + (size_t)((row + c0) * heads) * (size_t)d;
             /* scores [heads, n, L]: head j of group g at (g * group + j) * n * L. Column-major, per
              * head: scores_h^T [L, n] = keys_g^T ([d, L] read transposed) . q_h^T [d, n] (ld heads x d) */
             for (int64_t g = 0; g < KV && !st; g++) {
-                const float *keys = cache->k + layer_off + (size_t)((h->seq * KV + g) * S) * (size_t)d; /* [L, d] */
+                const float *keys = cache->k + layer_off + (size_t)((h->seq * KV + g) * S + k0) * (size_t)d; /* [L, d] */
                 st = blas_status(cublasGemmStridedBatchedEx(
                                      hd, CUBLAS_OP_T, CUBLAS_OP_N, (int)L, (int)n, (int)d, &scale, keys, CUDA_R_32F,
                                      (int)d, 0, qc + g * group * d, CUDA_R_32F, (int)(heads * d), d, &zero,
@@ -201,13 +206,13 @@ extern "C" moex_status moex_cuda_attention_gemm(const moex_cuda_blas *blas, cons
             if (st) return st;
             const int64_t M = heads * n;
             const unsigned blocks = (unsigned)(M < 1048576 ? M : 1048576);
-            causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(scores, M, L, heads, 1, n, h->past + c0 + 1,
+            causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(scores, M, L, heads, 1, n, k0, h->past + c0 + 1,
                                                                      window, sinks);
             if ((st = MOEX_CUDA_LAUNCHED("cuda attention: softmax kernel"))) return st;
             /* out_h^T [d, n] (ld heads x d) = values_g^T ([d, L]) . scores_h^T [L, n]; every query row of
              * the chunk was read above, so out may be q */
             for (int64_t g = 0; g < KV && !st; g++) {
-                const float *vals = cache->v + layer_off + (size_t)((h->seq * KV + g) * S) * (size_t)d; /* [L, d] */
+                const float *vals = cache->v + layer_off + (size_t)((h->seq * KV + g) * S + k0) * (size_t)d; /* [L, d] */
                 st = blas_status(cublasGemmStridedBatchedEx(
                                      hd, CUBLAS_OP_N, CUBLAS_OP_N, (int)d, (int)n, (int)L, &one, vals, CUDA_R_32F,
                                      (int)d, 0, scores + (size_t)(g * group * n * L), CUDA_R_32F, (int)L, n * L, &zero,
