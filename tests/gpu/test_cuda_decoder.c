@@ -653,10 +653,11 @@ static void latent_case(const moex_cuda_blas *blas, int64_t heads, int64_t w, in
     moex_attn_seq *dseqs = dmalloc(sizeof(moex_attn_seq) * (size_t)B);
     const size_t sf = (size_t)(heads * S * 5); /* the GEMM path's scores: 5 query tokens a chunk at most */
     float *dscores = dmalloc(sizeof(float) * sf);
-    const moex_attn_seq calls[4][2] = {{{1, 7, 0}, {0, 33, 0}}, {{0, 1, 33}, {1, 1, 7}}, {{1, 1, 8}, {0, 1, 34}},
-                                       {{2, 5, 0}, {1, 3, 9}}};
-    const char *names[4] = {"prefill 7+33", "decode", "decode, other order", "prefill next to a continued one"};
-    for (int c = 0; c < 4; c++) {
+    const moex_attn_seq calls[5][2] = {{{1, 7, 0}, {0, 33, 0}}, {{0, 1, 33}, {1, 1, 7}}, {{1, 1, 8}, {0, 1, 34}},
+                                       {{2, 5, 0}, {1, 3, 9}}, {{2, 0, 0}, {1, 1, 12}}};
+    const char *names[5] = {"prefill 7+33", "decode", "decode, other order", "prefill next to a continued one",
+                            "an empty descriptor at position 0 next to a decode"};
+    for (int c = 0; c < 5; c++) {
         const int64_t total = calls[c][0].tokens + calls[c][1].tokens;
         fill(q, total * heads * w, -1.5f, 1.5f), fill(kv, total * w, -1.5f, 1.5f);
         up(dq, q, sizeof(float) * (size_t)(total * heads * w)), up(dkv, kv, sizeof(float) * (size_t)(total * w));
