@@ -84,10 +84,15 @@ static moex_status host_seqs_check(const char *fn, const moex_cuda_kv_cache *cac
     return MOEX_OK;
 }
 
-/* Query tokens a chunk of a sequence whose rows see up to L positions: as many as heads x L scores
- * each fit the scratch, at least one, and within cuBLAS's int sizes (rows x L and heads x rows). */
+/* Query tokens a chunk: at most CHUNK_TOKENS, so that the chunks of a long prompt skip the causal
+ * upper triangle's positions (a chunk's products cover only the positions its rows see: four chunks
+ * of a 512-token prompt do 0.625 of the whole square's), as many as heads x L scores each fit the
+ * scratch (L: the most positions a row of the sequence sees), at least one, and within cuBLAS's int
+ * sizes (rows x L and heads x rows). */
+#define CHUNK_TOKENS 128
 static int64_t chunk_tokens(size_t scores_floats, int64_t heads, int64_t L) {
     int64_t tc = (int64_t)(scores_floats / (size_t)(heads * L));
+    if (tc > CHUNK_TOKENS) tc = CHUNK_TOKENS;
     if (tc > INT_MAX / L) tc = INT_MAX / L;
     if (tc > INT_MAX / heads) tc = INT_MAX / heads;
     return tc < 1 ? 1 : tc;
