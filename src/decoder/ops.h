@@ -31,7 +31,7 @@ typedef struct moex_decoder_env {
     int *flags;         /* CUDA: the status word bad ids and descriptors set (device memory) */
     const void *blas;   /* CUDA: moex_cuda_blas * for the linear layers */
     void *x16;          /* CUDA: [rows, widest input] of bf16, a linear layer's rounded input */
-    float *scores;      /* CUDA, deepseek_v3: the latent attention's GEMM path scratch, scores_floats floats */
+    float *scores;      /* CUDA: the attention's GEMM path scratch (prefills), scores_floats floats */
     size_t scores_floats;
 } moex_decoder_env;
 
@@ -65,10 +65,12 @@ struct moex_decoder_ops {
     /* moex_linear (q, k, v, o, router, shared-expert gate, lm_head): x [T, K] -> y [T, N] */
     moex_status (*linear)(const moex_decoder_env *e, const moex_linear_w *w, const float *x, int64_t T, float *y);
     /* moex_attention_forward_sinks with the environment's KV cache; total = the seqs' tokens; window 0
-     * and sinks NULL: plain causal attention */
-    moex_status (*attention)(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs, int64_t nseq,
-                             int64_t total, int64_t heads, const float *q, const float *k, const float *v,
-                             float *out, int64_t window, const float *sinks);
+     * and sinks NULL: plain causal attention. host_seqs as for latent_attention (the CUDA table's
+     * GEMM path for prefills) */
+    moex_status (*attention)(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs,
+                             const moex_attn_seq *host_seqs, int64_t nseq, int64_t total, int64_t heads,
+                             const float *q, const float *k, const float *v, float *out, int64_t window,
+                             const float *sinks);
     /* moex_route: f32 logits [T, E] -> ids [T, top_k] int32, weights [T, top_k] f32 */
     moex_status (*route)(const moex_decoder_env *e, const moex_router_desc *desc, const float *logits, int64_t T,
                          int32_t *ids, float *weights);

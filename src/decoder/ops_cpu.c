@@ -61,10 +61,11 @@ static moex_status cpu_linear(const moex_decoder_env *e, const moex_linear_w *w,
     return moex_linear(w, x, T, y, e->threads);
 }
 
-static moex_status cpu_attention(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs, int64_t nseq,
-                                 int64_t total, int64_t heads, const float *q, const float *k, const float *v,
-                                 float *out, int64_t window, const float *sinks) {
-    (void)total;
+static moex_status cpu_attention(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs,
+                                 const moex_attn_seq *host_seqs, int64_t nseq, int64_t total, int64_t heads,
+                                 const float *q, const float *k, const float *v, float *out, int64_t window,
+                                 const float *sinks) {
+    (void)host_seqs, (void)total; /* seqs are host memory on the CPU; they give the total */
     return moex_attention_forward_sinks((moex_kv_cache *)e->kv, layer, seqs, nseq, heads, q, k, v, out, e->threads,
                                         window, sinks);
 }

@@ -58,9 +58,25 @@ static moex_status cu_linear(const moex_decoder_env *e, const moex_linear_w *w, 
     return moex_cuda_linear((const moex_cuda_blas *)e->blas, w, x, T, y, e->x16, e->stream);
 }
 
-static moex_status cu_attention(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs, int64_t nseq,
-                                int64_t total, int64_t heads, const float *q, const float *k, const float *v,
-                                float *out, int64_t window, const float *sinks) {
+// A step the host knows (not captured) with a sequence of ATTENTION_GEMM_ROWS new tokens or more (a
+// prefill) takes the attention's GEMM path; decode steps the kernel, whose block per (row, head) splits
+// the positions.
+#define ATTENTION_GEMM_ROWS 16
+
+static int attention_gemm_pays(const moex_decoder_env *e, const moex_attn_seq *host_seqs, int64_t nseq) {
+    int gemm = 0;
+    for (int64_t i = 0; host_seqs && e->scores && i < nseq; i++) gemm |= host_seqs[i].tokens >= ATTENTION_GEMM_ROWS;
+    return gemm;
+}
+
+static moex_status cu_attention(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs,
+                                const moex_attn_seq *host_seqs, int64_t nseq, int64_t total, int64_t heads,
+                                const float *q, const float *k, const float *v, float *out, int64_t window,
+                                const float *sinks) {
+    if (attention_gemm_pays(e, host_seqs, nseq))
+        return moex_cuda_attention_gemm((const moex_cuda_blas *)e->blas, (const moex_cuda_kv_cache *)e->kv, layer, seqs,
+                                        host_seqs, nseq, total, heads, q, k, v, out, window, sinks, e->scores,
+                                        e->scores_floats, e->flags, e->stream);
     return moex_cuda_attention((const moex_cuda_kv_cache *)e->kv, layer, seqs, nseq, total, heads, q, k, v, out, window,
                                sinks, e->flags, e->stream);
 }
@@ -128,16 +144,10 @@ static moex_status cu_rope_apply_interleaved(const moex_decoder_env *e, float *x
     return moex_cuda_rope_apply_interleaved(x, T, heads, head_dim, cos_in, sin_in, e->stream);
 }
 
-// A step the host knows (not captured) with a sequence of LATENT_GEMM_ROWS new tokens or more (a
-// prefill) takes the GEMM path; decode steps the kernel, whose block per (row, head) splits the positions.
-#define LATENT_GEMM_ROWS 16
-
 static moex_status cu_latent_attention(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs,
                                        const moex_attn_seq *host_seqs, int64_t nseq, int64_t total, int64_t heads,
                                        const float *q, const float *kv, int64_t value_dim, float scale, float *out) {
-    int gemm = 0;
-    for (int64_t i = 0; host_seqs && e->scores && i < nseq; i++) gemm |= host_seqs[i].tokens >= LATENT_GEMM_ROWS;
-    if (gemm)
+    if (attention_gemm_pays(e, host_seqs, nseq))
         return moex_cuda_attention_latent_gemm((const moex_cuda_blas *)e->blas, (const moex_cuda_kv_cache *)e->kv,
                                                layer, seqs, host_seqs, nseq, total, heads, q, kv, value_dim, scale,
                                                out, e->scores, e->scores_floats, e->flags, e->stream);

@@ -350,11 +350,13 @@ static moex_status alloc_scratch(moex_model *m) {
         model_mla_bufs unused;
         st = dev_alloc(g, model_mla_scratch(c, (int64_t)T, NULL, &unused) * sizeof(float), &g->scratch_bytes,
                        (void **)&r->mla);
-        /* the latent attention's scores for prefills: all of them, or 64 Mi floats (256 MiB) of query rows at
-         * a time, and at least one row of every head */
+    }
+    if (!st) {
+        /* the attention's scores for prefills (the GEMM paths): all of them, or 64 Mi floats (256 MiB) of
+         * query rows at a time, and at least one row of every head */
         const size_t S = (size_t)m->opt.max_seq, all = T * nh * S, row = nh * S, cap = (size_t)1 << 26;
         r->env.scores_floats = all < cap ? all : cap > row ? cap : row;
-        if (!st) st = dev_alloc(g, r->env.scores_floats * sizeof(float), &g->scratch_bytes, (void **)&r->env.scores);
+        st = dev_alloc(g, r->env.scores_floats * sizeof(float), &g->scratch_bytes, (void **)&r->env.scores);
     }
     if (!st) st = upload_into(g, inv_freq, m->inv_freq, MOEX_F32, (size_t)m->rotary_dim / 2, MOEX_F32);
     r->inv_freq = inv_freq;

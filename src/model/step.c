@@ -111,7 +111,8 @@ static moex_status gqa_attention(moex_model *m, const model_layer_w *ly, int64_t
     if (!st) st = op->rope_apply(e, r->k, T, nkv, d, m->rotary_dim, r->cos, r->sin);
     if (!st) st = R(m, r->q, T * nh * d);
     if (!st) st = R(m, r->k, T * nkv * d);
-    if (!st) st = op->attention(e, L, r->seqs, nseq, T, nh, r->q, r->k, r->v, r->attn, ly->window, ly->sinks);
+    if (!st)
+        st = op->attention(e, L, r->seqs, r->host_seqs, nseq, T, nh, r->q, r->k, r->v, r->attn, ly->window, ly->sinks);
     return st;
 }
 

@@ -444,6 +444,9 @@ typedef struct attn_rig {
     float *q, *k, *v, *out_cpu, *out_gpu;      /* host */
     float *dq, *dk, *dv, *dout;                /* device */
     moex_attn_seq *dseqs;                      /* device descriptors */
+    const moex_cuda_blas *blas;                /* non-NULL: the GEMM path (moex_cuda_attention_gemm) */
+    float *dscores;                            /* its scores scratch, sf floats */
+    size_t sf;
 } attn_rig;
 
 static int rig_init(attn_rig *r, int64_t layers, int64_t B, int64_t S, int64_t KV, int64_t d, int64_t heads,
@@ -469,7 +472,7 @@ static void rig_free(attn_rig *r) {
     moex_cuda_kv_cache_free(&r->gpu);
     free(r->q), free(r->k), free(r->v), free(r->out_cpu), free(r->out_gpu);
     dfree(r->dq), dfree(r->dk), dfree(r->dv), dfree(r->dout), dfree(r->dseqs);
-    free(r->sinks), dfree(r->dsinks);
+    free(r->sinks), dfree(r->dsinks), dfree(r->dscores);
 }
 
 /* Every cached length of both sides agree. */
@@ -499,8 +502,11 @@ static void rig_step(attn_rig *r, int64_t layer, const moex_attn_seq *seqs, int6
     float *dout = in_place ? r->dq : r->dout;
     moex_status cs = moex_attention_forward_sinks(r->cpu, layer, seqs, nseq, r->heads, r->q, r->k, r->v, r->out_cpu, 2,
                                                   r->window, r->sinks);
-    moex_status gs = moex_cuda_attention(&r->gpu, layer, r->dseqs, nseq, total, r->heads, r->dq, r->dk, r->dv, dout,
-                                         r->window, r->dsinks, g_flags, g_stream);
+    moex_status gs = r->blas ? moex_cuda_attention_gemm(r->blas, &r->gpu, layer, r->dseqs, seqs, nseq, total, r->heads,
+                                                        r->dq, r->dk, r->dv, dout, r->window, r->dsinks, r->dscores,
+                                                        r->sf, g_flags, g_stream)
+                             : moex_cuda_attention(&r->gpu, layer, r->dseqs, nseq, total, r->heads, r->dq, r->dk, r->dv,
+                                                   dout, r->window, r->dsinks, g_flags, g_stream);
     g_checks++;
     if (cs != MOEX_OK || gs != MOEX_OK) {
         fail_at(__FILE__, __LINE__, "%s: attention: %s", when, moex_last_error());
@@ -509,18 +515,26 @@ static void rig_step(attn_rig *r, int64_t layer, const moex_attn_seq *seqs, int6
     CHECK(sync_flags() == 0, "%s: status word set", when);
     down(r->out_gpu, dout, sizeof(float) * qn);
     char what[200];
-    snprintf(what, sizeof what, "attention %s (heads %lld, kv %lld, d %lld, %lld rows%s, window %lld%s)", when,
-             (long long)r->heads, (long long)r->KV, (long long)r->d, (long long)total, in_place ? ", out = q" : "",
-             (long long)r->window, r->sinks ? ", sinks" : "");
+    snprintf(what, sizeof what, "attention%s %s (heads %lld, kv %lld, d %lld, %lld rows%s, window %lld%s)",
+             r->blas ? " (GEMM)" : "", when, (long long)r->heads, (long long)r->KV, (long long)r->d, (long long)total,
+             in_place ? ", out = q" : "", (long long)r->window, r->sinks ? ", sinks" : "");
     close_f32(what, r->out_gpu, r->out_cpu, qn, 1e-5, 1e-6);
     rig_check_lengths(r, when);
 }
 
-// window > 0 and sinks: gpt_oss's sliding window and attention sinks on every call.
-static void attention_config(int64_t heads, int64_t KV, int64_t d, int64_t window, int sinks) {
+// window > 0 and sinks: gpt_oss's sliding window and attention sinks on every call. blas: the GEMM path
+// (prefill steps) with the least scores scratch it takes (heads x max_seq: the 33-token prefill in
+// chunks of one query token, the 7-token one whole), on every call but the bad descriptor's (its
+// sizes come from the host's copy, which the kernels' device checks do not see).
+static void attention_config(int64_t heads, int64_t KV, int64_t d, int64_t window, int sinks,
+                             const moex_cuda_blas *blas) {
     attn_rig r;
     if (!rig_init(&r, 2, 4, 64, KV, d, heads, 64)) return;
     r.window = window;
+    if (blas) {
+        r.blas = blas, r.sf = (size_t)(heads * r.S);
+        r.dscores = dmalloc(sizeof(float) * r.sf);
+    }
     if (sinks) {
         r.sinks = malloc(sizeof(float) * (size_t)heads);
         fill(r.sinks, heads, -1.0f, 3.0f);
@@ -543,6 +557,10 @@ static void attention_config(int64_t heads, int64_t KV, int64_t d, int64_t windo
     // layer 0 is independent
     moex_attn_seq l0[2] = {{3, 9, 0}, {1, 2, 0}};
     rig_step(&r, 0, l0, 2, 0, "layer 0 prefill");
+    if (blas) {
+        rig_free(&r);
+        return;
+    }
     // a bad descriptor: past beyond the cached length -> status bit, nothing appended or written
     int64_t len2 = 0;
     moex_kv_cache_length(r.cpu, 1, 2, &len2);
@@ -585,10 +603,17 @@ static void attention_long(void) {
 
 static void test_attention(void) {
     static const int64_t CFG[3][3] = {{5, 1, 40}, {8, 2, 64}, {4, 4, 128}};
-    for (int i = 0; i < 3; i++) attention_config(CFG[i][0], CFG[i][1], CFG[i][2], 0, 0);
-    attention_config(8, 2, 64, 5, 1); /* gpt_oss: a window of 5 positions (binding from the 6th) and sinks */
-    attention_config(5, 1, 40, 0, 1); /* sinks alone */
-    attention_config(4, 4, 128, 1, 0); /* a window of one: each row sees itself */
+    moex_cuda_blas blas;
+    MUST(moex_cuda_blas_create(g_gpu, 0, &blas));
+    for (int gemm = 0; gemm < 2; gemm++) { /* the kernel, then the GEMM path */
+        const moex_cuda_blas *b = gemm ? &blas : NULL;
+        for (int i = 0; i < 3; i++) attention_config(CFG[i][0], CFG[i][1], CFG[i][2], 0, 0, b);
+        attention_config(8, 2, 64, 5, 1, b); /* gpt_oss: a window of 5 positions (binding from the 6th) and sinks */
+        attention_config(5, 1, 40, 0, 1, b); /* sinks alone */
+        attention_config(4, 4, 128, 1, 0, b); /* a window of one: each row sees itself */
+        attention_config(64, 8, 64, 20, 1, b); /* gpt-oss-20b's heads, a binding window and sinks */
+    }
+    moex_cuda_blas_free(&blas);
     if (!g_quick) attention_long();
     // reset: one sequence, then all
     attn_rig r;

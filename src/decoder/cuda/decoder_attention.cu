@@ -397,20 +397,21 @@ static moex_status launch(const char *fn, const moex_cuda_kv_cache *cache, int64
     return MOEX_CUDA_LAUNCHED(fn);
 }
 
-// The latent rows appended and the lengths committed, without attending (the GEMM path's first step).
-moex_status latent_append_commit(const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
-                                 int64_t nseq, int64_t total, const float *kv, int *flags, cudaStream_t s) {
+// The rows appended and the lengths committed, without attending (the GEMM paths' first step).
+moex_status kv_append_commit(const char *fn, const moex_cuda_kv_cache *cache, int64_t layer,
+                             const moex_attn_seq *seqs, int64_t nseq, int64_t total, const float *k, const float *v,
+                             int *flags, cudaStream_t s) {
     const int64_t B = cache->max_batch;
     kv_view c;
-    c.k = cache->k, c.v = NULL, c.len = cache->len + layer * B;
-    c.B = B, c.S = cache->max_seq, c.KV = 1, c.d = cache->head_dim;
-    c.layer_off = (size_t)layer * (size_t)(B * c.S * c.d);
+    c.k = cache->k, c.v = cache->v, c.len = cache->len + layer * B;
+    c.B = B, c.S = cache->max_seq, c.KV = cache->v ? cache->kv_heads : 1, c.d = cache->head_dim;
+    c.layer_off = (size_t)layer * (size_t)(B * c.KV * c.S * c.d);
     const unsigned rows = (unsigned)(total < 1048576 ? total : 1048576);
-    kv_append_kernel<<<rows, 128, 0, s>>>(c, seqs, nseq, total, kv, NULL);
-    moex_status st = MOEX_CUDA_LAUNCHED("cuda latent attention: append kernel");
+    kv_append_kernel<<<rows, 128, 0, s>>>(c, seqs, nseq, total, k, v);
+    moex_status st = MOEX_CUDA_LAUNCHED(fn);
     if (st) return st;
     kv_commit_kernel<<<1, 256, 0, s>>>(c, seqs, nseq, total, flags);
-    return MOEX_CUDA_LAUNCHED("cuda latent attention: commit kernel");
+    return MOEX_CUDA_LAUNCHED(fn);
 }
 
 static int overlaps(const void *a, size_t an, const void *b, size_t bn) {
@@ -418,11 +419,9 @@ static int overlaps(const void *a, size_t an, const void *b, size_t bn) {
     return ab < bb + bn && bb < ab + an;
 }
 
-extern "C" moex_status moex_cuda_attention(const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
-                                           int64_t nseq, int64_t total, int64_t heads, const float *q, const float *k,
-                                           const float *v, float *out, int64_t window, const float *sinks, int *flags,
-                                           void *stream) {
-    const char *fn = "cuda attention";
+moex_status attention_check(const char *fn, const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
+                            int64_t nseq, int64_t total, int64_t heads, const float *q, const float *k, const float *v,
+                            const float *out, int64_t window) {
     moex_status st = check_call(fn, cache, layer, seqs, nseq, total, heads);
     if (st) return st;
     if (!cache->v) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the cache is a latent one", fn);
@@ -435,6 +434,17 @@ extern "C" moex_status moex_cuda_attention(const moex_cuda_kv_cache *cache, int6
     const size_t qb = sizeof(float) * (size_t)(total * heads * d), kb = sizeof(float) * (size_t)(total * KV * d);
     if (overlaps(out, qb, k, kb) || overlaps(out, qb, v, kb) || (out != q && overlaps(out, qb, q, qb)))
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: out overlaps k, v or q (other than being q)", fn);
+    return MOEX_OK;
+}
+
+extern "C" moex_status moex_cuda_attention(const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
+                                           int64_t nseq, int64_t total, int64_t heads, const float *q, const float *k,
+                                           const float *v, float *out, int64_t window, const float *sinks, int *flags,
+                                           void *stream) {
+    const char *fn = "cuda attention";
+    moex_status st = attention_check(fn, cache, layer, seqs, nseq, total, heads, q, k, v, out, window);
+    if (st || nseq == 0 || total == 0) return st; /* as the CPU: no token, nothing written */
+    const int64_t d = cache->head_dim;
     attend_params ap;
     ap.scale = (float)pow((double)d, -0.5); /* head_dim ** -0.5 */
     ap.dv = d, ap.window = window, ap.sinks = sinks;

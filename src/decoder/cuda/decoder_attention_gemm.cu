@@ -1,12 +1,14 @@
-/* decoder_attention_gemm.cu — the latent cache's attention for a step whose descriptors the host
- * knows (a prefill: not captured in a graph), over cuBLAS. Every head of every query row reads all
- * of its sequence's latent rows, so the products are two GEMMs a sequence instead of one pass of a
- * kernel per (row, head):
- *   scores [Tc * heads, L] = q [Tc * heads, W] . kv [L, W]^T * scale   (f32, pedantic: no TF32)
- *   the causal softmax of each row in place (row (t, h) sees positions 0 .. past + t)
- *   out [Tc * heads, dv]   = scores . kv [L, 0 .. dv)
- * for chunks of Tc query rows that fit the scratch. The same sums as attend_kernel's up to their
- * order; the twin of moex_attention_forward_latent. */
+/* decoder_attention_gemm.cu — attention for a step whose descriptors the host knows (a prefill: not
+ * captured in a graph), over cuBLAS. Every head of every query row reads all of its sequence's
+ * cached rows, so the products are GEMMs a sequence instead of one pass of a kernel per (row,
+ * head), for chunks of Tc query rows that fit the scratch:
+ *   latent cache (MLA): scores [Tc * heads, L] = q [Tc * heads, W] . kv [L, W]^T * scale,
+ *     the causal softmax of each row in place, out [Tc * heads, dv] = scores . kv [L, 0 .. dv);
+ *   grouped-query cache: per kv head g, batched over its group's query heads h,
+ *     scores_h [Tc, L] = q_h [Tc, d] . k_g [L, d]^T * d^-0.5, the causal softmax (sliding window,
+ *     sink) of every row, out_h [Tc, d] = scores_h . v_g [L, d].
+ * All f32, pedantic (no TF32). The same sums as attend_kernel's up to their order; the twins of
+ * moex_cuda_attention_latent and moex_cuda_attention. */
 #include "decoder/cuda/blas_status.cuh"
 #include "decoder/cuda/decoder_kernels.cuh"
 
@@ -16,26 +18,36 @@
 
 #define SOFTMAX_THREADS 128
 
-/* One block per row of scores (grid-stride): row m = (token c0 + m / heads of the chunk, head m % heads)
- * sees the first `past + c0 + m / heads + 1` of its L positions. w_j = expf(s_j - max) * (1 / sum)
- * (the sum in double), the positions it does not see set to 0. scores: [rows, L] in place. */
+/* One block per row of scores (grid-stride). head_major 0 (the latent layout, [tokens of the chunk,
+ * heads]): row m is token m / heads of the chunk, head m % heads; head_major 1 ([heads, n tokens]):
+ * head m / n, token m % n. A row holds the scores of positions k0 .. k0 + L - 1 (column j: position
+ * k0 + j). Token t sees positions lo .. first_visible + t - 1, lo the sliding window's first (window
+ * 0: none; positions > p - window), as attend_kernel sees them; k0 <= lo for every row. w_j =
+ * expf(s_j - max) * (1 / sum) (the sum in double), with the head's sink (sinks: NULL or [heads]) one
+ * more logit in the max and the sum; the positions it does not see set to 0. scores: [rows, L] in
+ * place. */
 __global__ void __launch_bounds__(SOFTMAX_THREADS)
-    causal_softmax_kernel(float *scores, int64_t rows, int64_t L, int64_t heads, int64_t first_visible) {
+    causal_softmax_kernel(float *scores, int64_t rows, int64_t L, int64_t heads, int head_major, int64_t n,
+                          int64_t k0, int64_t first_visible, int64_t window, const float *sinks) {
     __shared__ float red_f[SOFTMAX_THREADS / 32];
     __shared__ double red_d[SOFTMAX_THREADS / 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int64_t m = blockIdx.x; m < rows; m += gridDim.x) {
         float *row = scores + m * L;
-        const int64_t seen = first_visible + m / heads; /* positions 0 .. seen - 1 */
+        const int64_t t = head_major ? m % n : m / heads, h = head_major ? m / n : m % heads;
+        const int64_t seen = first_visible + t - k0; /* columns lo .. seen - 1 */
+        const int64_t lo = (window > 0 && first_visible + t > window ? first_visible + t - window : 0) - k0;
         float mx = -INFINITY;
-        for (int64_t j = threadIdx.x; j < seen; j += blockDim.x) mx = row[j] > mx ? row[j] : mx;
+        for (int64_t j = lo + threadIdx.x; j < seen; j += blockDim.x) mx = row[j] > mx ? row[j] : mx;
         mx = warp_max_float(mx);
         if (lane == 0) red_f[warp] = mx;
         __syncthreads();
         mx = -INFINITY;
         for (int w = 0; w < SOFTMAX_THREADS / 32; w++) mx = fmaxf(mx, red_f[w]);
+        const float sink = sinks ? sinks[h] : 0.0f;
+        if (sinks) mx = sink > mx ? sink : mx;
         double sum = 0.0;
-        for (int64_t j = threadIdx.x; j < seen; j += blockDim.x) {
+        for (int64_t j = lo + threadIdx.x; j < seen; j += blockDim.x) {
             const float e = expf(row[j] - mx);
             row[j] = e;
             sum += (double)e;
@@ -45,10 +57,52 @@ __global__ void __launch_bounds__(SOFTMAX_THREADS)
         __syncthreads();
         sum = 0.0;
         for (int w = 0; w < SOFTMAX_THREADS / 32; w++) sum += red_d[w];
+        if (sinks) sum += (double)expf(sink - mx);
         const float inv = 1.0f / (float)sum;
-        for (int64_t j = threadIdx.x; j < L; j += blockDim.x) row[j] = j < seen ? mul_rn(row[j], inv) : 0.0f;
+        for (int64_t j = threadIdx.x; j < L; j += blockDim.x) row[j] = j >= lo && j < seen ? mul_rn(row[j], inv) : 0.0f;
         __syncthreads(); /* red_f, red_d are rewritten by the next row */
     }
+}
+
+/* The host copy of the descriptors against the cache's bounds and total (what the GEMMs read). */
+static moex_status host_seqs_check(const char *fn, const moex_cuda_kv_cache *cache, const moex_attn_seq *host_seqs,
+                                   int64_t nseq, int64_t total) {
+    if (!host_seqs) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the host copy of the descriptors is NULL", fn);
+    const int64_t S = cache->max_seq, B = cache->max_batch;
+    int64_t sum = 0;
+    for (int64_t i = 0; i < nseq; i++) {
+        const moex_attn_seq *h = &host_seqs[i];
+        if (h->seq < 0 || h->seq >= B || h->past < 0 || h->tokens < 0 || h->tokens > S - h->past)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: descriptor %lld: sequence %lld at %lld + %lld positions "
+                             "(max_batch %lld, max_seq %lld)", fn, (long long)i, (long long)h->seq, (long long)h->past,
+                             (long long)h->tokens, (long long)B, (long long)S);
+        sum += h->tokens;
+    }
+    if (sum != total)
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the descriptors hold %lld tokens, not total = %lld", fn,
+                         (long long)sum, (long long)total);
+    return MOEX_OK;
+}
+
+/* Query tokens a chunk: at most CHUNK_TOKENS, so that the chunks of a long prompt skip the causal
+ * upper triangle's positions (a chunk's products cover only the positions its rows see: four chunks
+ * of a 512-token prompt do 0.625 of the whole square's), as many as heads x L scores each fit the
+ * scratch (L: the most positions a row of the sequence sees), at least one, and within cuBLAS's int
+ * sizes (rows x L and heads x rows). */
+#define CHUNK_TOKENS 128
+static int64_t chunk_tokens(size_t scores_floats, int64_t heads, int64_t L) {
+    int64_t tc = (int64_t)(scores_floats / (size_t)(heads * L));
+    if (tc > CHUNK_TOKENS) tc = CHUNK_TOKENS;
+    if (tc > INT_MAX / L) tc = INT_MAX / L;
+    if (tc > INT_MAX / heads) tc = INT_MAX / heads;
+    return tc < 1 ? 1 : tc;
+}
+
+/* cuBLAS on stream s with the blas' workspace. */
+static moex_status blas_on(const moex_cuda_blas *blas, cudaStream_t s) {
+    cublasHandle_t hd = (cublasHandle_t)blas->handle;
+    moex_status st = blas_status(cublasSetStream(hd, s), "cublasSetStream");
+    return st ? st : blas_status(cublasSetWorkspace(hd, blas->workspace, blas->workspace_bytes), "cublasSetWorkspace");
 }
 
 extern "C" moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *blas, const moex_cuda_kv_cache *cache,
@@ -61,44 +115,28 @@ extern "C" moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *bla
     moex_status st = latent_check(fn, cache, layer, seqs, nseq, total, heads, q, kv, value_dim, scale, out);
     if (st || nseq == 0 || total == 0) return st;
     if (!blas || !blas->handle) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: no cuBLAS handle", fn);
-    if (!host_seqs) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the host copy of the descriptors is NULL", fn);
     const int64_t W = cache->head_dim, S = cache->max_seq, B = cache->max_batch;
     if (!scores || scores_floats < (size_t)(heads * S))
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the scores scratch holds %zu floats; one row of every head "
                          "needs heads x max_seq = %lld", fn, scores_floats, (long long)(heads * S));
-    int64_t sum = 0;
-    for (int64_t i = 0; i < nseq; i++) { /* what the GEMMs read, against the cache's bounds */
-        const moex_attn_seq *h = &host_seqs[i];
-        if (h->seq < 0 || h->seq >= B || h->past < 0 || h->tokens < 0 || h->tokens > S - h->past)
-            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: descriptor %lld: sequence %lld at %lld + %lld positions "
-                             "(max_batch %lld, max_seq %lld)", fn, (long long)i, (long long)h->seq, (long long)h->past,
-                             (long long)h->tokens, (long long)B, (long long)S);
-        sum += h->tokens;
-    }
-    if (sum != total)
-        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the descriptors hold %lld tokens, not total = %lld", fn,
-                         (long long)sum, (long long)total);
+    if ((st = host_seqs_check(fn, cache, host_seqs, nseq, total))) return st;
     cudaStream_t s = (cudaStream_t)stream;
     /* the new rows first: every query row then sees its own position in the cache */
-    if ((st = latent_append_commit(cache, layer, seqs, nseq, total, kv, flags, s))) return st;
-    cublasHandle_t hd = (cublasHandle_t)blas->handle;
-    if ((st = blas_status(cublasSetStream(hd, s), "cublasSetStream")) ||
-        (st = blas_status(cublasSetWorkspace(hd, blas->workspace, blas->workspace_bytes), "cublasSetWorkspace")))
+    if ((st = kv_append_commit("cuda latent attention: append kernel", cache, layer, seqs, nseq, total, kv, NULL, flags,
+                               s)) ||
+        (st = blas_on(blas, s)))
         return st;
+    cublasHandle_t hd = (cublasHandle_t)blas->handle;
     const float zero = 0.0f, one = 1.0f;
     int64_t row = 0; /* the sequence's first row in q and out */
     for (int64_t i = 0; i < nseq; i++) {
         const moex_attn_seq *h = &host_seqs[i];
-        if (h->tokens == 0) continue; /* nothing to attend (and L may be 0) */
-        const int64_t L = h->past + h->tokens;
+        if (h->tokens == 0) continue; /* nothing to attend */
         const float *keys = cache->k + (size_t)((layer * B + h->seq) * S) * (size_t)W; /* [L, W] */
-        int64_t tc = (int64_t)(scores_floats / (size_t)(heads * L)); /* query tokens a chunk */
-        if (tc < 1) tc = 1;
+        const int64_t tc = chunk_tokens(scores_floats, heads, h->past + h->tokens); /* query tokens a chunk */
         for (int64_t c0 = 0; c0 < h->tokens; c0 += tc) {
-            const int64_t n = h->tokens - c0 < tc ? h->tokens - c0 : tc, M = n * heads;
-            if (M > INT_MAX || L > INT_MAX || W > INT_MAX)
-                return moex_fail(MOEX_ERR_UNSUPPORTED, "%s: %lld x %lld scores exceed cuBLAS's int sizes", fn,
-                                 (long long)M, (long long)L);
+            /* the chunk's rows see positions 0 .. past + c0 + n - 1 */
+            const int64_t n = h->tokens - c0 < tc ? h->tokens - c0 : tc, M = n * heads, L = h->past + c0 + n;
             const float *qc = q + (size_t)((row + c0) * heads) * (size_t)W;
             float *oc = out + (size_t)((row + c0) * heads) * (size_t)value_dim;
             /* column-major: scores^T [L, M] = keys^T^T ([W, L] read transposed) . q^T [W, M] */
@@ -108,13 +146,85 @@ extern "C" moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *bla
                              "cuda latent attention: scores GEMM");
             if (st) return st;
             const unsigned blocks = (unsigned)(M < 1048576 ? M : 1048576);
-            causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(scores, M, L, heads, h->past + c0 + 1);
+            causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(scores, M, L, heads, 0, n, 0, h->past + c0 + 1, 0,
+                                                                     NULL);
             if ((st = MOEX_CUDA_LAUNCHED("cuda latent attention: softmax kernel"))) return st;
             /* out^T [dv, M] = keys' first dv values ([dv, L], ld W) . scores^T [L, M] */
             st = blas_status(cublasGemmEx(hd, CUBLAS_OP_N, CUBLAS_OP_N, (int)value_dim, (int)M, (int)L, &one, keys,
                                           CUDA_R_32F, (int)W, scores, CUDA_R_32F, (int)L, &zero, oc, CUDA_R_32F,
                                           (int)value_dim, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
                              "cuda latent attention: values GEMM");
+            if (st) return st;
+        }
+        row += h->tokens;
+    }
+    return MOEX_OK;
+}
+
+extern "C" moex_status moex_cuda_attention_gemm(const moex_cuda_blas *blas, const moex_cuda_kv_cache *cache,
+                                                int64_t layer, const moex_attn_seq *seqs,
+                                                const moex_attn_seq *host_seqs, int64_t nseq, int64_t total,
+                                                int64_t heads, const float *q, const float *k, const float *v,
+                                                float *out, int64_t window, const float *sinks, float *scores,
+                                                size_t scores_floats, int *flags, void *stream) {
+    const char *fn = "cuda attention (GEMM)";
+    moex_status st = attention_check(fn, cache, layer, seqs, nseq, total, heads, q, k, v, out, window);
+    if (st || nseq == 0 || total == 0) return st;
+    if (!blas || !blas->handle) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: no cuBLAS handle", fn);
+    const int64_t KV = cache->kv_heads, d = cache->head_dim, S = cache->max_seq, B = cache->max_batch;
+    const int64_t group = heads / KV;
+    if (!scores || scores_floats < (size_t)(heads * S))
+        return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the scores scratch holds %zu floats; one row of every head "
+                         "needs heads x max_seq = %lld", fn, scores_floats, (long long)(heads * S));
+    if ((st = host_seqs_check(fn, cache, host_seqs, nseq, total))) return st;
+    cudaStream_t s = (cudaStream_t)stream;
+    /* the new rows first: every query row then sees its own position in the cache */
+    if ((st = kv_append_commit("cuda attention (GEMM): append kernel", cache, layer, seqs, nseq, total, k, v, flags,
+                               s)) ||
+        (st = blas_on(blas, s)))
+        return st;
+    cublasHandle_t hd = (cublasHandle_t)blas->handle;
+    const float scale = (float)pow((double)d, -0.5), zero = 0.0f, one = 1.0f; /* head_dim ** -0.5 */
+    const size_t layer_off = (size_t)layer * (size_t)(B * KV * S * d);
+    int64_t row = 0; /* the sequence's first row in q and out */
+    for (int64_t i = 0; i < nseq; i++) {
+        const moex_attn_seq *h = &host_seqs[i];
+        if (h->tokens == 0) continue; /* nothing to attend */
+        const int64_t tc = chunk_tokens(scores_floats, heads, h->past + h->tokens); /* query tokens a chunk */
+        for (int64_t c0 = 0; c0 < h->tokens; c0 += tc) {
+            /* the chunk's rows see positions k0 .. past + c0 + n - 1: from its first row's window start */
+            const int64_t n = h->tokens - c0 < tc ? h->tokens - c0 : tc, last = h->past + c0 + n;
+            const int64_t k0 = window > 0 && h->past + c0 + 1 > window ? h->past + c0 + 1 - window : 0, L = last - k0;
+            const float *qc = q + (size_t)((row + c0) * heads) * (size_t)d;
+            float *oc = out + (size_t)((row + c0) * heads) * (size_t)d;
+            /* scores [heads, n, L]: head j of group g at (g * group + j) * n * L. Column-major, per
+             * head: scores_h^T [L, n] = keys_g^T ([d, L] read transposed) . q_h^T [d, n] (ld heads x d) */
+            for (int64_t g = 0; g < KV && !st; g++) {
+                const float *keys = cache->k + layer_off + (size_t)((h->seq * KV + g) * S + k0) * (size_t)d; /* [L, d] */
+                st = blas_status(cublasGemmStridedBatchedEx(
+                                     hd, CUBLAS_OP_T, CUBLAS_OP_N, (int)L, (int)n, (int)d, &scale, keys, CUDA_R_32F,
+                                     (int)d, 0, qc + g * group * d, CUDA_R_32F, (int)(heads * d), d, &zero,
+                                     scores + (size_t)(g * group * n * L), CUDA_R_32F, (int)L, n * L, (int)group,
+                                     CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
+                                 "cuda attention: scores GEMM");
+            }
+            if (st) return st;
+            const int64_t M = heads * n;
+            const unsigned blocks = (unsigned)(M < 1048576 ? M : 1048576);
+            causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(scores, M, L, heads, 1, n, k0, h->past + c0 + 1,
+                                                                     window, sinks);
+            if ((st = MOEX_CUDA_LAUNCHED("cuda attention: softmax kernel"))) return st;
+            /* out_h^T [d, n] (ld heads x d) = values_g^T ([d, L]) . scores_h^T [L, n]; every query row of
+             * the chunk was read above, so out may be q */
+            for (int64_t g = 0; g < KV && !st; g++) {
+                const float *vals = cache->v + layer_off + (size_t)((h->seq * KV + g) * S + k0) * (size_t)d; /* [L, d] */
+                st = blas_status(cublasGemmStridedBatchedEx(
+                                     hd, CUBLAS_OP_N, CUBLAS_OP_N, (int)d, (int)n, (int)L, &one, vals, CUDA_R_32F,
+                                     (int)d, 0, scores + (size_t)(g * group * n * L), CUDA_R_32F, (int)L, n * L, &zero,
+                                     oc + g * group * d, CUDA_R_32F, (int)(heads * d), d, (int)group,
+                                     CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
+                                 "cuda attention: values GEMM");
+            }
             if (st) return st;
         }
         row += h->tokens;

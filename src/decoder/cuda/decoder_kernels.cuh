@@ -52,15 +52,22 @@ static inline int float_dtype_ok(moex_dtype dt) { return dt == MOEX_F32 || dt ==
 
 static inline size_t float_dtype_size(moex_dtype dt) { return dt == MOEX_F32 ? 4 : 2; }
 
-/* ---- the latent cache, shared by decoder_attention.cu and decoder_attention_gemm.cu --- */
+/* ---- the caches' attention, shared by decoder_attention.cu and decoder_attention_gemm.cu --- */
+
+/* moex_cuda_attention's argument checks (nseq or total 0: MOEX_OK after the sizes). */
+moex_status attention_check(const char *fn, const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
+                            int64_t nseq, int64_t total, int64_t heads, const float *q, const float *k, const float *v,
+                            const float *out, int64_t window);
 
 /* moex_cuda_attention_latent's argument checks (nseq or total 0: MOEX_OK after the sizes). */
 moex_status latent_check(const char *fn, const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
                          int64_t nseq, int64_t total, int64_t heads, const float *q, const float *kv,
                          int64_t value_dim, float scale, const float *out);
-/* The rows kv [total, width] appended at past .. of each valid descriptor and the lengths committed
- * (a bad descriptor: flagged, nothing appended), without attending. */
-moex_status latent_append_commit(const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
-                                 int64_t nseq, int64_t total, const float *kv, int *flags, cudaStream_t s);
+/* The rows k, v [total, kv_heads, head_dim] (a latent cache: k = kv [total, width], v NULL) appended
+ * at past .. of each valid descriptor and the lengths committed (a bad descriptor: flagged, nothing
+ * appended), without attending. */
+moex_status kv_append_commit(const char *fn, const moex_cuda_kv_cache *cache, int64_t layer,
+                             const moex_attn_seq *seqs, int64_t nseq, int64_t total, const float *k, const float *v,
+                             int *flags, cudaStream_t s);
 
 #endif
