@@ -613,10 +613,14 @@ static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t row
         up.dt = down.dt = MOEX_E4M3, up.q = down.q = Q;
         up.a = w.xq, up.a_scales = w.xs, up.c = w.h;
         down.a = w.hq, down.a_scales = w.hs, down.c = w.y;
+        /* h quantized by the gate/up GEMM's epilogue, or written in f32 and quantized after it */
+        const bool h_in_epilogue = grouped_gemm_fp8_h_in_epilogue(narrow, s->epi, Q.bk);
+        if (h_in_epilogue) up.c_codes = w.hq, up.c_scales = w.hs;
         if ((st = act_quant_gather_e4m3(r.pair_slot, f->T, f->k, a->hidden->data, a->hidden->dtype,
                                         a->hidden->strides[0], L.H, Q.bk, w.xq, w.xs, f->stream)) ||
             (st = run_gemm(s, &up, compiled, f->stream)) ||
-            (st = act_quant_slots_e4m3(r.pair_slot, f->P, w.h, MOEX_F32, L.I, L.I, Q.bk, w.hq, w.hs, f->stream)) ||
+            (!h_in_epilogue &&
+             (st = act_quant_slots_e4m3(r.pair_slot, f->P, w.h, MOEX_F32, L.I, L.I, Q.bk, w.hq, w.hs, f->stream))) ||
             (st = run_gemm(s, &down, compiled, f->stream)))
             return st;
         y = w.y, ydt = MOEX_F32;

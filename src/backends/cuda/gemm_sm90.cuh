@@ -47,6 +47,10 @@ typedef struct grouped_gemm_args {
     int narrow;                /* tiles of GEMM_NARROW_ROWS rows (the routing's tile_rows): for experts of few
                                   rows; down and concatenated gate/up epilogues, A read with TMA */
     const float *a_scales;     /* e4m3: A's scales [a_rows, ceil(K / q.bk)] */
+    uint8_t *c_codes;          /* NULL, or (grouped_gemm_fp8_h_in_epilogue) C quantized in the epilogue, not
+                                  written in f32: e4m3 codes [a_rows, N] here, scales [a_rows, ceil(N / 128)]
+                                  into c_scales, with act_quant_e4m3's rounding */
+    float *c_scales;
     quant_view q;              /* e4m3: the weights' block scales */
 } grouped_gemm_args;
 
@@ -98,6 +102,13 @@ static inline int grouped_gemm_fp8_usable(const quant_view &q, gemm_epilogue gat
         return 0;
     }
     return 1;
+}
+
+/* The FP8 gate/up GEMM quantizes h for the down GEMM in its epilogue (grouped_gemm_args.c_codes)
+ * with narrow tiles, whose 256 weight rows are 128 features: one scale block of h when block_k
+ * is 128. Otherwise h is written in f32 and quantized by its own kernel (act_quant.cuh). */
+static inline int grouped_gemm_fp8_h_in_epilogue(int narrow, gemm_epilogue gate_up_epi, int64_t bk) {
+    return narrow && gate_up_epi == EPI_GATE_UP_CONCAT && bk == 128;
 }
 
 #ifndef __CUDACC_RTC__

@@ -57,6 +57,11 @@ struct gemm_params {
     const int *a_index;
     /* NULL, or the down epilogue's factor of each row (the routing weight of its pair) */
     const float *row_scale;
+    /* NULL, or the FP8 narrow gate/up epilogue's h quantized (epilogue_fp8_h_quant): codes
+     * [rows, N] and scales [rows, cs_ld] */
+    uint8_t *cq;
+    float *cs;
+    int64_t cs_ld;
 };
 
 /* FP8 tiles: 128 weight rows (gate/up: 64 features, their gate and up rows) */
@@ -73,13 +78,17 @@ constexpr int FP8_STAGES = 4;
  * the block scales of its chunks of 64 weight rows (f32; 2 a wide tile, 4 a narrow one), padded
  * to 16 bytes */
 constexpr int FP8_SCALES = 132;
+/* FP8 narrow tiles: after the scale slots, the rows' amax of h that the two consumer warpgroups
+ * exchange (epilogue_fp8_h_quant): 2 tiles (by parity) x 2 warpgroups x 64 rows, f32 */
+constexpr int FP8_AMAX_BYTES = 2 * 2 * 64 * 4;
 /* FP8 narrow tiles (64 rows) take BN weight rows, as the float tiles do: a stage of 8 KiB of A
  * and 32 KiB of weights (the weights carry the time when experts have few rows) */
 template <typename T, bool NARROW> __host__ __device__ constexpr int tile_n() { return is_fp8<T>() && !NARROW ? FP8_BN : BN; }
 template <typename T, bool NARROW = false> struct ring {
     static constexpr int stages = is_fp8<T>() ? FP8_STAGES : STAGES;
     static constexpr int stage_bytes = is_fp8<T>() && !NARROW ? A_BYTES + B_BYTES / 2 : STAGE_BYTES;
-    static constexpr int smem_bytes = is_fp8<T>() ? stages * stage_bytes + 1024 + 128 + stages * FP8_SCALES * 4
+    static constexpr int smem_bytes = is_fp8<T>() ? stages * stage_bytes + 1024 + 128 + stages * FP8_SCALES * 4 +
+                                                        (NARROW ? FP8_AMAX_BYTES : 0)
                                                   : SMEM_BYTES;
 };
 static_assert(2 * ring<uint8_t>::stages * 8 <= 128, "FP8 barriers");
@@ -229,6 +238,14 @@ __device__ __forceinline__ uint16_t lds2(uint32_t addr) {
     asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr) : "memory");
     return v;
 }
+/* The e4m3 codes of a (low byte) and b, to nearest even, saturated to +-448: the conversion
+ * __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) makes on sm_90 (act_quant.cuh). */
+__device__ __forceinline__ uint16_t e4m3x2(float a, float b) {
+    uint16_t d;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(b), "f"(a));
+    return d;
+}
+
 /* 16 bytes to global memory straight from registers (a plain store through the generic pointer
  * made the compiler copy each piece to the stack first) */
 __device__ __forceinline__ void stg16(void *p, uint4 v) {
@@ -635,6 +652,13 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
 
 /* ---- the FP8 consumers --------------------------------------------------------------- */
 
+/* An FP8 gate/up output from its gate and up totals: SiLU(g) * u straight (silu: no biases), else
+ * the per-value call. */
+__device__ __forceinline__ float fp8_gate_up_value(const layer_view &L, bool silu, int64_t e, int64_t n, float g,
+                                                   float u) {
+    return silu ? __fdividef(g, 1.0f + __expf(-g)) * u : epilogue_value(L, EPI_GATE_UP_CONCAT, e, n, g, u);
+}
+
 /* The FP8 epilogue: the thread's two rows (lane/4 and +8 of its warp's 16) of the warpgroup's
  * rows of tile tl, from the promoted totals, straight to C in f32 (pairs of columns, 8 bytes;
  * the 4 lanes of a row write 32 contiguous bytes): gate column 8i + c0 (+1) with its up column
@@ -670,16 +694,64 @@ __device__ __forceinline__ void epilogue_fp8(const float (&acc)[ACC], const tile
                 }
             } else {
                 const float u0 = acc[4 * (i + COLS) + 2 * h], u1 = acc[4 * (i + COLS) + 2 * h + 1];
-                if (silu) {
-                    v0 = __fdividef(v0, 1.0f + __expf(-v0)) * u0;
-                    v1 = __fdividef(v1, 1.0f + __expf(-v1)) * u1;
-                } else {
-                    v0 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, v0, u0);
-                    v1 = epilogue_value(L, (gemm_epilogue)EPI, tl.e, n + 1, v1, u1);
-                }
+                v0 = fp8_gate_up_value(L, silu, tl.e, n, v0, u0);
+                v1 = fp8_gate_up_value(L, silu, tl.e, n + 1, v1, u1);
             }
             *(float2 *)(crow + n) = make_float2(v0, v1); /* N even: n and n + 1 are both in the row */
         }
+    }
+}
+
+/* The FP8 narrow gate/up epilogue with p.cq: h quantized here for the down GEMM instead of written
+ * in f32 (grouped_gemm_fp8_h_in_epilogue). A row's 128 features of the tile are one scale block:
+ * warpgroup 1 holds the first 64 (acc's gate columns 8i + c0, +1 with their up columns in
+ * acc[4(i+8) ..]), warpgroup 2 the others. Each thread takes the amax of its two rows' values
+ * (columns below N), the 4 lanes of a row reduce it, and the two warpgroups' amax of each row meet
+ * in shared memory (xa: 64 rows a warpgroup, two buffers by the tile's parity, so that a
+ * warpgroup a tile ahead never overwrites what the other still reads) across named barrier 4 of
+ * the 256 consumer threads, which every thread reaches. Then act_quant_e4m3's rounding: scale
+ * amax / 448 (1 for 0), codes e4m3(v / scale) saturated, 2 bytes a column pair; warpgroup 1
+ * stores each row's scale. Rows past the tile's store nothing. */
+__device__ __forceinline__ void epilogue_fp8_h_quant(const float (&acc)[64], const tile &tl, const gemm_params &p,
+                                                     int wg, int tid, uint32_t xa) {
+    const int warp = tid / 32, lane = tid % 32, c0 = 2 * (lane % 4);
+    const layer_view &L = p.L;
+    const bool silu = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base && L.act == MOEX_ACT_SILU;
+    const int64_t n_tile = (int64_t)tl.n * (BN / 2) + (wg - 1) * 64;
+    float v[2][16], amax[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int64_t n = n_tile + 8 * i + c0;
+            const float g0 = acc[4 * i + 2 * h], g1 = acc[4 * i + 2 * h + 1];
+            const float u0 = acc[4 * (i + 8) + 2 * h], u1 = acc[4 * (i + 8) + 2 * h + 1];
+            const bool in = n < p.N; /* N even: n + 1 < N too */
+            v[h][2 * i] = in ? fp8_gate_up_value(L, silu, tl.e, n, g0, u0) : 0.0f;
+            v[h][2 * i + 1] = in ? fp8_gate_up_value(L, silu, tl.e, n + 1, g1, u1) : 0.0f;
+            amax[h] = fmaxf(amax[h], fmaxf(fabsf(v[h][2 * i]), fabsf(v[h][2 * i + 1])));
+        }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+        if (lane % 4 == 0) sts_f32(xa + ((wg - 1) * 64 + warp * 16 + lane / 4 + 8 * h) * 4, amax[h]);
+    }
+    asm volatile("bar.sync 4, 256;" ::: "memory");
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = warp * 16 + lane / 4 + 8 * h;
+        const float a = fmaxf(amax[h], lds_f32(xa + ((2 - wg) * 64 + r) * 4));
+        const float sc = a > 0.0f ? a / 448.0f : 1.0f;
+        if (r >= tl.rows) continue;
+        uint8_t *crow = p.cq + (int64_t)(tl.a_row + r) * p.N;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int64_t n = n_tile + 8 * i + c0;
+            if (n >= p.N) continue;
+            *(uint16_t *)(crow + n) = e4m3x2(v[h][2 * i] / sc, v[h][2 * i + 1] / sc);
+        }
+        if (wg == 1 && lane % 4 == 0) p.cs[(int64_t)(tl.a_row + r) * p.cs_ld + tl.n] = sc;
     }
 }
 
@@ -754,10 +826,12 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase
     /* the scale slot's words this thread reads: its rows, then the chunks' block scales */
     const uint32_t s_r0 = scales + r0 * 4, s_r1 = s_r0 + 32;
     const uint32_t s_wa = scales + (128 + (NARROW ? 2 * (wg - 1) : 0)) * 4, s_wb = s_wa + 4;
-    int stage = 0, phase = 0;
+    int stage = 0, phase = 0, parity = 0;
     float acc[ACC], blk[ACC];
     tile tl = {};
-    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+    /* NARROW: the amax exchange of epilogue_fp8_h_quant, after the scale slots */
+    const uint32_t xa = scales + R::stages * (FP8_SCALES * 4);
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x, parity ^= 1) {
 #pragma unroll
         for (int i = 0; i < ACC; i++) acc[i] = 0.0f;
         for (int kb = 0; kb < k_blocks; kb++) {
@@ -785,7 +859,10 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase
                 acc[4 * i + 3] = fmaf(blk[4 * i + 3], sh1, acc[4 * i + 3]);
             }
         }
-        epilogue_fp8<EPI, NARROW>(acc, tl, p, wg, tid);
+        if (EPI == EPI_GATE_UP_CONCAT && NARROW && p.cq)
+            epilogue_fp8_h_quant(acc, tl, p, wg, tid, xa + parity * (FP8_AMAX_BYTES / 2));
+        else
+            epilogue_fp8<EPI, NARROW>(acc, tl, p, wg, tid);
     }
 }
 
