@@ -206,8 +206,11 @@ static moex_generation *alloc_generation(int n, int64_t V, int64_t max_new, int 
 // Prefill every prompt in one step, pick the first new tokens, then decode.
 // Prefill in steps of at most max_tokens tokens: each step takes the next piece of every
 // unfinished prompt, in prompt order, until the step is full. A prompt's logits come from
-// the step that reaches its end; they land in row i of s->logits.
-static moex_status prefill(gen_state *s, int n, const int32_t *const *prompts, const int64_t *lens, float *step_logits) {
+// the step that reaches its end; they land in row i of s->logits, or, with step_tokens (a greedy
+// first token whose logits nobody asked for), only their argmax in s->tokens[i] (on CUDA the
+// logits then stay on the device).
+static moex_status prefill(gen_state *s, int n, const int32_t *const *prompts, const int64_t *lens, float *step_logits,
+                           int64_t *step_tokens) {
     moex_model *m = s->m;
     const int64_t V = m->cfg.vocab_size;
     model_step_seq seqs[n > 0 ? n : 1];
@@ -229,14 +232,45 @@ static moex_status prefill(gen_state *s, int n, const int32_t *const *prompts, c
             if ((st = model_step_idle(m))) return step_failed(m, st);
             continue;
         }
-        st = model_step(m, seqs, k, step_logits, NULL, 0);
+        st = model_step(m, seqs, k, step_logits, step_tokens, 0);
         if (st) return step_failed(m, st);
         for (int64_t r = 0; r < k; r++) {
             int64_t i = who[r];
             fed[i] += seqs[r].n_new;
-            if (fed[i] == lens[i]) memcpy(s->logits + i * V, step_logits + r * V, (size_t)V * sizeof(float));
+            if (fed[i] < lens[i]) continue;
+            if (step_tokens)
+                s->tokens[i] = step_tokens[r];
+            else
+                memcpy(s->logits + i * V, step_logits + r * V, (size_t)V * sizeof(float));
         }
     }
+}
+
+// The first new token of each unfinished prompt from the prefill's argmax (s->tokens).
+static moex_status accept_first(gen_state *s, int n) {
+    for (int i = 0; i < n; i++) {
+        if (s->done[i]) continue;
+        if (s->tokens[i] < 0) /* a row with a NaN logit is marked -1 - its index */
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sample_greedy: logits[%lld] is NaN (prompt %d)",
+                             (long long)(-1 - s->tokens[i]), i);
+        accept(s, i, s->tokens[i]);
+    }
+    return MOEX_OK;
+}
+
+// The first new token of each unfinished prompt from its last-prompt logits (s->logits, row i),
+// which are kept first when asked for. rows: scratch of n.
+static moex_status pick_first(gen_state *s, int n, int64_t *rows) {
+    const int64_t V = s->m->cfg.vocab_size;
+    if (s->o->want_logits)
+        for (int i = 0; i < n; i++) memcpy(s->g->last_prompt_logits[i], s->logits + (int64_t)i * V, (size_t)V * sizeof(float));
+    int64_t active = 0; /* pick() reads row r for rows[r]: compact the rows of the prompts still going */
+    for (int i = 0; i < n; i++) {
+        if (s->done[i]) continue;
+        if (active != i) memcpy(s->logits + active * V, s->logits + (int64_t)i * V, (size_t)V * sizeof(float));
+        rows[active++] = i;
+    }
+    return pick(s, rows, active);
 }
 
 // st: what moex_generate found before (an expert-parallel rank says it to the others first).
@@ -251,26 +285,24 @@ static moex_status run(gen_state *s, moex_status st, int n, const int32_t *const
         s->g->prefill_tokens += lens[i];
         s->done[i] = o->max_new_tokens == 0;
     }
+    /* a greedy first token without the prompts' logits: the step's argmax only */
+    const int argmax_only = !(o->temperature > 0) && !o->want_logits;
     float *step_logits = st ? NULL : malloc((size_t)(n > 0 ? n : 1) * (size_t)V * sizeof(float));
-    if (!st && !step_logits) st = moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_generate: out of memory");
+    int64_t *step_tokens = st || !argmax_only ? NULL : malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+    if (!st && (!step_logits || (argmax_only && !step_tokens)))
+        st = moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_generate: out of memory");
     int go;
     if ((st = ep_agree(m, st, 1, &go))) { /* every rank ready (or none goes on) */
         free(step_logits);
+        free(step_tokens);
         return st;
     }
     double t0 = seconds();
-    st = prefill(s, n, prompts, lens, step_logits);
+    st = prefill(s, n, prompts, lens, step_logits, step_tokens);
     free(step_logits);
+    free(step_tokens);
     if (st) return st;
-    if (o->want_logits)
-        for (int i = 0; i < n; i++) memcpy(s->g->last_prompt_logits[i], s->logits + (int64_t)i * V, (size_t)V * sizeof(float));
-    int64_t active = 0; /* pick() reads row r for rows[r]: compact the rows of the prompts still going */
-    for (int i = 0; i < n; i++) {
-        if (s->done[i]) continue;
-        if (active != i) memcpy(s->logits + active * V, s->logits + (int64_t)i * V, (size_t)V * sizeof(float));
-        rows[active++] = i;
-    }
-    if ((st = pick(s, rows, active))) return step_failed(m, st);
+    if ((st = argmax_only ? accept_first(s, n) : pick_first(s, n, rows))) return step_failed(m, st);
     double t1 = seconds();
     s->g->prefill_seconds = t1 - t0;
     st = moex_experts_map_run_decode(&m->map, m->opt.device.kind, m->opt.decode_switch, decode_all, s);

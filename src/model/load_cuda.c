@@ -353,8 +353,10 @@ static moex_status alloc_scratch(moex_model *m) {
     }
     if (!st) {
         /* the attention's scores for prefills (the GEMM paths): all of them, or 64 Mi floats (256 MiB) of
-         * query rows at a time, and at least one row of every head */
-        const size_t S = (size_t)m->opt.max_seq, all = T * nh * S, row = nh * S, cap = (size_t)1 << 26;
+         * query rows at a time, and at least one row of every head (with the grouped-query path's
+         * pointer tables) */
+        const size_t S = (size_t)m->opt.max_seq, row = moex_cuda_attention_gemm_scratch_floats((int64_t)nh, (int64_t)S);
+        const size_t all = T * nh * S + (row - nh * S), cap = (size_t)1 << 26;
         r->env.scores_floats = all < cap ? all : cap > row ? cap : row;
         st = dev_alloc(g, r->env.scores_floats * sizeof(float), &g->scratch_bytes, (void **)&r->env.scores);
     }

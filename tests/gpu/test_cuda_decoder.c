@@ -523,17 +523,25 @@ static void rig_step(attn_rig *r, int64_t layer, const moex_attn_seq *seqs, int6
 }
 
 // window > 0 and sinks: gpt_oss's sliding window and attention sinks on every call. blas: the GEMM path
-// (prefill steps) with the least scores scratch it takes (heads x max_seq: the 33-token prefill in
-// chunks of one query token, the 7-token one whole), on every call but the bad descriptor's (its
-// sizes come from the host's copy, which the kernels' device checks do not see).
+// (prefill steps) with the least scores scratch it takes (moex_cuda_attention_gemm_scratch_floats: the
+// 33-token prefill in chunks of one query token, the 7-token one whole; a float less is refused before
+// anything is appended), on every call but the bad descriptor's (its sizes come from the host's copy,
+// which the kernels' device checks do not see).
 static void attention_config(int64_t heads, int64_t KV, int64_t d, int64_t window, int sinks,
                              const moex_cuda_blas *blas) {
     attn_rig r;
     if (!rig_init(&r, 2, 4, 64, KV, d, heads, 64)) return;
     r.window = window;
     if (blas) {
-        r.blas = blas, r.sf = (size_t)(heads * r.S);
+        r.blas = blas, r.sf = moex_cuda_attention_gemm_scratch_floats(heads, r.S);
         r.dscores = dmalloc(sizeof(float) * r.sf);
+        moex_attn_seq one = {0, 1, 0};
+        up(r.dseqs, &one, sizeof one);
+        CHECK(moex_cuda_attention_gemm(blas, &r.gpu, 1, r.dseqs, &one, 1, 1, heads, r.dq, r.dk, r.dv, r.dout, window,
+                                       NULL, r.dscores, r.sf - 1, g_flags, g_stream) == MOEX_ERR_INVALID_ARGUMENT,
+              "attention (GEMM): a scores scratch of %zu floats, one short, was taken", r.sf - 1);
+        CHECK(strstr(moex_last_error(), "moex_cuda_attention_gemm_scratch_floats") != NULL,
+              "attention (GEMM): the short scratch's message names the size function: %s", moex_last_error());
     }
     if (sinks) {
         r.sinks = malloc(sizeof(float) * (size_t)heads);

@@ -155,14 +155,19 @@ moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *blas, const mo
 /**
  * moex_cuda_attention for a step whose descriptors the host knows (a prefill, not captured in a
  * graph), over cuBLAS (decoder_attention_gemm.cu): the rows appended and committed as there, then per
- * sequence, in chunks of query rows, per kv head batched over its group's query heads, scores = q
- * k^T * head_dim^-0.5 (f32 GEMM, pedantic), the causal softmax with the sliding window and sinks in
- * place, out = scores v. host_seqs: the host copy of seqs (what the GEMMs' sizes come from; checked
- * against the cache's bounds). scores: device scratch of scores_floats floats, at least heads x
- * max_seq. Same results as moex_cuda_attention up to the order of the sums; out may equal q.
+ * sequence, in chunks of query rows, batched over every query head, scores = q k^T * head_dim^-0.5
+ * (f32 GEMM, pedantic), the causal softmax with the sliding window and sinks in place, out = scores v.
+ * host_seqs: the host copy of seqs (what the GEMMs' sizes come from; checked against the cache's
+ * bounds). scores: device scratch of scores_floats floats, at least
+ * moex_cuda_attention_gemm_scratch_floats(heads, max_seq) (the GEMMs' pointer tables, then the scores).
+ * Same results as moex_cuda_attention up to the order of the sums; out may equal q.
  * A descriptor the device rejects (past beyond the cached length, a repeated sequence) is flagged
  * and appends nothing, as there, but its rows of out are written (from what the cache holds).
  */
+/* The least scores scratch of moex_cuda_attention_gemm, in floats: one row of every head over
+ * max_seq positions and the pointer tables (0 for sizes below 1). */
+size_t moex_cuda_attention_gemm_scratch_floats(int64_t heads, int64_t max_seq);
+
 moex_status moex_cuda_attention_gemm(const moex_cuda_blas *blas, const moex_cuda_kv_cache *cache, int64_t layer,
                                      const moex_attn_seq *seqs, const moex_attn_seq *host_seqs, int64_t nseq,
                                      int64_t total, int64_t heads, const float *q, const float *k, const float *v,

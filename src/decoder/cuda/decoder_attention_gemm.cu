@@ -4,9 +4,10 @@
  * head), for chunks of Tc query rows that fit the scratch:
  *   latent cache (MLA): scores [Tc * heads, L] = q [Tc * heads, W] . kv [L, W]^T * scale,
  *     the causal softmax of each row in place, out [Tc * heads, dv] = scores . kv [L, 0 .. dv);
- *   grouped-query cache: per kv head g, batched over its group's query heads h,
+ *   grouped-query cache: one batched GEMM over every query head h (kv head g = h / group; the
+ *     operands' addresses in pointer tables a small kernel writes, since g is no stride of h),
  *     scores_h [Tc, L] = q_h [Tc, d] . k_g [L, d]^T * d^-0.5, the causal softmax (sliding window,
- *     sink) of every row, out_h [Tc, d] = scores_h . v_g [L, d].
+ *     sink) of every row, out_h [Tc, d] = scores_h . v_g [L, d] (a second batched GEMM).
  * All f32, pedantic (no TF32). The same sums as attend_kernel's up to their order; the twins of
  * moex_cuda_attention_latent and moex_cuda_attention. */
 #include "decoder/cuda/blas_status.cuh"
@@ -82,6 +83,36 @@ static moex_status host_seqs_check(const char *fn, const moex_cuda_kv_cache *cac
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the descriptors hold %lld tokens, not total = %lld", fn,
                          (long long)sum, (long long)total);
     return MOEX_OK;
+}
+
+/* The grouped-query path's pointer tables at the start of its scratch: five arrays of heads pointers
+ * (keys, queries, scores, values, out; the values GEMM's B is the scores'), rounded up to 256 bytes,
+ * so that the scores after them stay aligned. */
+#define GQA_TABLES 5
+static size_t gqa_table_floats(int64_t heads) {
+    const size_t bytes = (size_t)GQA_TABLES * (size_t)heads * sizeof(void *);
+    return ((bytes + 255) / 256) * 256 / sizeof(float);
+}
+
+extern "C" size_t moex_cuda_attention_gemm_scratch_floats(int64_t heads, int64_t max_seq) {
+    if (heads < 1 || max_seq < 1) return 0;
+    return (size_t)heads * (size_t)max_seq + gqa_table_floats(heads);
+}
+
+/* One thread per query head h of a chunk (kv head g = h / group): the operands of head h's scores
+ * and values GEMMs. keys, vals: [L, d] of kv head 0 (the next kv head kv_stride floats on);
+ * q, out: the chunk's first row (head h at h x d); scores: head h's [n, L] at h x n x L. */
+__global__ void gqa_tables_kernel(const float **tab, int64_t heads, int64_t group, const float *keys,
+                                  const float *vals, size_t kv_stride, const float *q, float *out, float *scores,
+                                  int64_t d, int64_t nL) {
+    const int64_t h = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= heads) return;
+    const size_t g = (size_t)(h / group);
+    tab[h] = keys + g * kv_stride;
+    tab[heads + h] = q + (size_t)h * (size_t)d;
+    tab[2 * heads + h] = scores + (size_t)h * (size_t)nL;
+    tab[3 * heads + h] = vals + g * kv_stride;
+    tab[4 * heads + h] = out + (size_t)h * (size_t)d;
 }
 
 /* Query tokens a chunk: at most CHUNK_TOKENS, so that the chunks of a long prompt skip the causal
@@ -173,9 +204,11 @@ extern "C" moex_status moex_cuda_attention_gemm(const moex_cuda_blas *blas, cons
     if (!blas || !blas->handle) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: no cuBLAS handle", fn);
     const int64_t KV = cache->kv_heads, d = cache->head_dim, S = cache->max_seq, B = cache->max_batch;
     const int64_t group = heads / KV;
-    if (!scores || scores_floats < (size_t)(heads * S))
+    const size_t need = moex_cuda_attention_gemm_scratch_floats(heads, S), tables = gqa_table_floats(heads);
+    if (!scores || scores_floats < need)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "%s: the scores scratch holds %zu floats; one row of every head "
-                         "needs heads x max_seq = %lld", fn, scores_floats, (long long)(heads * S));
+                         "and the pointer tables need %zu (moex_cuda_attention_gemm_scratch_floats)", fn,
+                         scores_floats, need);
     if ((st = host_seqs_check(fn, cache, host_seqs, nseq, total))) return st;
     cudaStream_t s = (cudaStream_t)stream;
     /* the new rows first: every query row then sees its own position in the cache */
@@ -186,45 +219,46 @@ extern "C" moex_status moex_cuda_attention_gemm(const moex_cuda_blas *blas, cons
     cublasHandle_t hd = (cublasHandle_t)blas->handle;
     const float scale = (float)pow((double)d, -0.5), zero = 0.0f, one = 1.0f; /* head_dim ** -0.5 */
     const size_t layer_off = (size_t)layer * (size_t)(B * KV * S * d);
+    const float **tab = (const float **)scores;
+    float *sc = scores + tables; /* the scores after the tables */
+    const size_t sc_floats = scores_floats - tables;
     int64_t row = 0; /* the sequence's first row in q and out */
     for (int64_t i = 0; i < nseq; i++) {
         const moex_attn_seq *h = &host_seqs[i];
         if (h->tokens == 0) continue; /* nothing to attend */
-        const int64_t tc = chunk_tokens(scores_floats, heads, h->past + h->tokens); /* query tokens a chunk */
+        const int64_t tc = chunk_tokens(sc_floats, heads, h->past + h->tokens); /* query tokens a chunk */
         for (int64_t c0 = 0; c0 < h->tokens; c0 += tc) {
             /* the chunk's rows see positions k0 .. past + c0 + n - 1: from its first row's window start */
             const int64_t n = h->tokens - c0 < tc ? h->tokens - c0 : tc, last = h->past + c0 + n;
             const int64_t k0 = window > 0 && h->past + c0 + 1 > window ? h->past + c0 + 1 - window : 0, L = last - k0;
-            const float *qc = q + (size_t)((row + c0) * heads) * (size_t)d;
-            float *oc = out + (size_t)((row + c0) * heads) * (size_t)d;
-            /* scores [heads, n, L]: head j of group g at (g * group + j) * n * L. Column-major, per
-             * head: scores_h^T [L, n] = keys_g^T ([d, L] read transposed) . q_h^T [d, n] (ld heads x d) */
-            for (int64_t g = 0; g < KV && !st; g++) {
-                const float *keys = cache->k + layer_off + (size_t)((h->seq * KV + g) * S + k0) * (size_t)d; /* [L, d] */
-                st = blas_status(cublasGemmStridedBatchedEx(
-                                     hd, CUBLAS_OP_T, CUBLAS_OP_N, (int)L, (int)n, (int)d, &scale, keys, CUDA_R_32F,
-                                     (int)d, 0, qc + g * group * d, CUDA_R_32F, (int)(heads * d), d, &zero,
-                                     scores + (size_t)(g * group * n * L), CUDA_R_32F, (int)L, n * L, (int)group,
-                                     CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
-                                 "cuda attention: scores GEMM");
-            }
+            const size_t kv_off = layer_off + (size_t)((h->seq * KV) * S + k0) * (size_t)d; /* kv head 0's [L, d] */
+            /* head h: scores at h x n x L, [n, L] row-major; q and out rows of the chunk, ld heads x d */
+            gqa_tables_kernel<<<(unsigned)((heads + 127) / 128), 128, 0, s>>>(
+                tab, heads, group, cache->k + kv_off, cache->v + kv_off, (size_t)(S * d),
+                q + (size_t)((row + c0) * heads) * (size_t)d, out + (size_t)((row + c0) * heads) * (size_t)d, sc, d,
+                n * L);
+            if ((st = MOEX_CUDA_LAUNCHED("cuda attention: pointer tables kernel"))) return st;
+            /* column-major, per head: scores_h^T [L, n] = keys_g^T ([d, L] read transposed) . q_h^T [d, n] */
+            st = blas_status(cublasGemmBatchedEx(hd, CUBLAS_OP_T, CUBLAS_OP_N, (int)L, (int)n, (int)d, &scale,
+                                                 (const void *const *)tab, CUDA_R_32F, (int)d,
+                                                 (const void *const *)(tab + heads), CUDA_R_32F, (int)(heads * d),
+                                                 &zero, (void *const *)(tab + 2 * heads), CUDA_R_32F, (int)L,
+                                                 (int)heads, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
+                             "cuda attention: scores GEMM");
             if (st) return st;
             const int64_t M = heads * n;
             const unsigned blocks = (unsigned)(M < 1048576 ? M : 1048576);
-            causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(scores, M, L, heads, 1, n, k0, h->past + c0 + 1,
+            causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(sc, M, L, heads, 1, n, k0, h->past + c0 + 1,
                                                                      window, sinks);
             if ((st = MOEX_CUDA_LAUNCHED("cuda attention: softmax kernel"))) return st;
             /* out_h^T [d, n] (ld heads x d) = values_g^T ([d, L]) . scores_h^T [L, n]; every query row of
              * the chunk was read above, so out may be q */
-            for (int64_t g = 0; g < KV && !st; g++) {
-                const float *vals = cache->v + layer_off + (size_t)((h->seq * KV + g) * S + k0) * (size_t)d; /* [L, d] */
-                st = blas_status(cublasGemmStridedBatchedEx(
-                                     hd, CUBLAS_OP_N, CUBLAS_OP_N, (int)d, (int)n, (int)L, &one, vals, CUDA_R_32F,
-                                     (int)d, 0, scores + (size_t)(g * group * n * L), CUDA_R_32F, (int)L, n * L, &zero,
-                                     oc + g * group * d, CUDA_R_32F, (int)(heads * d), d, (int)group,
-                                     CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
-                                 "cuda attention: values GEMM");
-            }
+            st = blas_status(cublasGemmBatchedEx(hd, CUBLAS_OP_N, CUBLAS_OP_N, (int)d, (int)n, (int)L, &one,
+                                                 (const void *const *)(tab + 3 * heads), CUDA_R_32F, (int)d,
+                                                 (const void *const *)(tab + 2 * heads), CUDA_R_32F, (int)L, &zero,
+                                                 (void *const *)(tab + 4 * heads), CUDA_R_32F, (int)(heads * d),
+                                                 (int)heads, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
+                             "cuda attention: values GEMM");
             if (st) return st;
         }
         row += h->tokens;
