@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tf_model_speed.py OUT_DIR --shape deepseek-v3|gpt-oss-20b [--moex PATH] [--device N] [--keep] [--tiny]
-                   [--f32-check] [--dequantize]
+                   [--f32-check] [--dequantize] [--checkpoint-only]
 
 Prefill and decode speed of a whole model, transformers beside `moex generate --device cuda`, on a
 GPU machine with torch and transformers (5.x), on a random checkpoint in the format the family ships:
@@ -259,12 +259,14 @@ def main():
     ap.add_argument("--keep", action="store_true", help="reuse OUT/checkpoint when it exists (transformers then "
                     "runs the model it rebuilds from the same seed, dequantized again)")
     ap.add_argument("--tiny", action="store_true", help="toy sizes on the CPU (checks the script)")
+    ap.add_argument("--checkpoint-only", action="store_true", help="write OUT/checkpoint and the prompt's ids "
+                    "(OUT/prompt.txt, comma-separated) and stop: no transformers or moex run")
     ap.add_argument("--f32-check", action="store_true", help="also compare the last-prompt logits in f32 (the "
                     "transformers model converted to f32 after the timing; moex --dtype f32)")
     ap.add_argument("--dequantize", action="store_true", help="moex runs the experts dequantized (moex generate "
                     "--dequantize), not in the checkpoint's format")
     a = ap.parse_args()
-    moex = find_moex(a.moex)
+    moex = None if a.checkpoint_only else find_moex(a.moex)
     dev, kind = ("cpu", "cpu") if a.tiny else ("cuda", "cuda")
     if not a.tiny:
         if not torch.cuda.is_available():
@@ -289,6 +291,10 @@ def main():
     V = model.config.vocab_size
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(2, V, (prompt_len,), generator=g).tolist()
+    if a.checkpoint_only:
+        with open(os.path.join(a.out, "prompt.txt"), "w") as f:
+            f.write(",".join(map(str, prompt)))
+        return
 
     with torch.no_grad():  # the last prompt position's logits, for the check against moex's
         tf_logits = model(torch.tensor([prompt], device=dev)).logits[0, -1].float().cpu()
