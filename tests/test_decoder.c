@@ -1447,7 +1447,7 @@ static void test_sample(void **state) {
  * expert's gate; and linear/activation.h's functions equal to moex_activate's bit for bit. */
 static void test_ops_cpu(void **state) {
     (void)state;
-    const moex_decoder_env e = {&moex_decoder_ops_cpu, {MOEX_DEVICE_CPU, 0}, 1, NULL, NULL, NULL, NULL, NULL, NULL, 0};
+    const moex_decoder_env e = {&moex_decoder_ops_cpu, {MOEX_DEVICE_CPU, 0}, 1, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0};
     const moex_decoder_ops *op = e.ops;
     const moex_attn_seq seqs[3] = {{0, 2, 5}, {2, 0, 3}, {1, 3, 0}};
     int64_t pos[7];

@@ -33,6 +33,8 @@ typedef struct moex_decoder_env {
     void *x16;          /* CUDA: [rows, widest input] of bf16, a linear layer's rounded input */
     float *scores;      /* CUDA: the attention's GEMM path scratch (prefills), scores_floats floats */
     size_t scores_floats;
+    int bf16_inputs;    /* CUDA: the step rounds every activation to bf16 (bf16 compute), so the latent
+                         * attention's GEMM path may multiply its inputs as bf16 */
 } moex_decoder_env;
 
 struct moex_decoder_ops {

@@ -150,7 +150,7 @@ static moex_status cu_latent_attention(const moex_decoder_env *e, int64_t layer,
     if (attention_gemm_pays(e, host_seqs, nseq))
         return moex_cuda_attention_latent_gemm((const moex_cuda_blas *)e->blas, (const moex_cuda_kv_cache *)e->kv,
                                                layer, seqs, host_seqs, nseq, total, heads, q, kv, value_dim, scale,
-                                               out, e->scores, e->scores_floats, e->flags, e->stream);
+                                               out, e->bf16_inputs, e->scores, e->scores_floats, e->flags, e->stream);
     return moex_cuda_attention_latent((const moex_cuda_kv_cache *)e->kv, layer, seqs, nseq, total, heads, q, kv,
                                       value_dim, scale, out, e->flags, e->stream);
 }

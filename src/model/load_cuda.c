@@ -358,6 +358,7 @@ static moex_status alloc_scratch(moex_model *m) {
         const size_t S = (size_t)m->opt.max_seq, row = moex_cuda_attention_gemm_scratch_floats((int64_t)nh, (int64_t)S);
         const size_t all = T * nh * S + (row - nh * S), cap = (size_t)1 << 26;
         r->env.scores_floats = all < cap ? all : cap > row ? cap : row;
+        r->env.bf16_inputs = m->opt.dtype == MOEX_BF16; /* R() rounds what the attention reads */
         st = dev_alloc(g, r->env.scores_floats * sizeof(float), &g->scratch_bytes, (void **)&r->env.scores);
     }
     if (!st) st = upload_into(g, inv_freq, m->inv_freq, MOEX_F32, (size_t)m->rotary_dim / 2, MOEX_F32);

@@ -15,7 +15,8 @@
  *     bit, nothing written), the chunked path (a context longer than 8192), gpt_oss's sliding
  *     windows and sinks
  *   - the latent cache and DeepSeek-V3's absorbed attention, kernel and GEMM paths (chunks of
- *     query rows), prefill and decode, 600 positions; kv_b's per-head products (f32, bf16)
+ *     query rows; the GEMMs in f32 and, for bf16 inputs, in bf16), prefill and decode, 600
+ *     positions; kv_b's per-head products (f32, bf16)
  *   - strided row copies and the scale
  *   - the three routers with ties and NaN rows: ids exact, weights close
  *   - activations, sigmoid, gated product, shared-expert gate, adds, bias,
@@ -639,9 +640,16 @@ static void test_attention(void) {
     rig_free(&r);
 }
 
+/* x rounded to bf16 values (held in f32), as a step in bf16 compute leaves its activations */
+static void round_bf16_host(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = moex_bf16_to_f32(moex_f32_to_bf16(x[i]));
+}
+
 /* deepseek_v3's latent attention: the same latent caches on both sides (width w, values its first
- * vd), heads query heads; a prefill of two sequences, decode steps, a continued prefill. */
-static void latent_case(const moex_cuda_blas *blas, int64_t heads, int64_t w, int64_t vd, float scale) {
+ * vd), heads query heads; a prefill of two sequences, decode steps, a continued prefill. bf16: the
+ * inputs are bf16 values and the GEMM path is told so (its bf16 tensor-core GEMMs, chunks of about
+ * 5 query tokens), against the same f32 reference. */
+static void latent_case(const moex_cuda_blas *blas, int64_t heads, int64_t w, int64_t vd, float scale, int bf16) {
     const int64_t B = 3, S = 64, rows = 48;
     moex_kv_cache *cpu = NULL;
     moex_cuda_kv_cache gpu, gemm; /* the kernel path's cache and the GEMM path's */
@@ -659,7 +667,8 @@ static void latent_case(const moex_cuda_blas *blas, int64_t heads, int64_t w, in
           *og = malloc(sizeof(float) * on);
     float *dq = dmalloc(sizeof(float) * qn), *dkv = dmalloc(sizeof(float) * kn), *dout = dmalloc(sizeof(float) * on);
     moex_attn_seq *dseqs = dmalloc(sizeof(moex_attn_seq) * (size_t)B);
-    const size_t sf = (size_t)(heads * S * 5); /* the GEMM path's scores: 5 query tokens a chunk at most */
+    /* the GEMM path's scores: 5 query tokens a chunk at most (the bf16 path's keys, parts and queries too) */
+    const size_t sf = bf16 ? (size_t)(heads * (3 * S + w) * 5 + S * w) : (size_t)(heads * S * 5);
     float *dscores = dmalloc(sizeof(float) * sf);
     const moex_attn_seq calls[5][2] = {{{1, 7, 0}, {0, 33, 0}}, {{0, 1, 33}, {1, 1, 7}}, {{1, 1, 8}, {0, 1, 34}},
                                        {{2, 5, 0}, {1, 3, 9}}, {{2, 0, 0}, {1, 1, 12}}};
@@ -668,6 +677,7 @@ static void latent_case(const moex_cuda_blas *blas, int64_t heads, int64_t w, in
     for (int c = 0; c < 5; c++) {
         const int64_t total = calls[c][0].tokens + calls[c][1].tokens;
         fill(q, total * heads * w, -1.5f, 1.5f), fill(kv, total * w, -1.5f, 1.5f);
+        if (bf16) round_bf16_host(q, total * heads * w), round_bf16_host(kv, total * w);
         up(dq, q, sizeof(float) * (size_t)(total * heads * w)), up(dkv, kv, sizeof(float) * (size_t)(total * w));
         up(dseqs, calls[c], sizeof calls[c]);
         moex_status cs = moex_attention_forward_latent(cpu, 1, calls[c], 2, heads, q, kv, vd, scale, oc, 2);
@@ -685,7 +695,7 @@ static void latent_case(const moex_cuda_blas *blas, int64_t heads, int64_t w, in
                  (long long)heads, (long long)w, (long long)vd);
         close_f32(what, og, oc, total * heads * vd, 1e-5, 1e-6);
         gs = moex_cuda_attention_latent_gemm(blas, &gemm, 1, dseqs, calls[c], 2, total, heads, dq, dkv, vd, scale, dout,
-                                             dscores, sf, g_flags, g_stream);
+                                             bf16, dscores, sf, g_flags, g_stream);
         g_checks++;
         if (gs) {
             fail_at(__FILE__, __LINE__, "latent attention (GEMM) %s: %s", names[c], moex_last_error());
@@ -693,12 +703,12 @@ static void latent_case(const moex_cuda_blas *blas, int64_t heads, int64_t w, in
         }
         CHECK(sync_flags() == 0, "latent attention (GEMM) %s: status word set", names[c]);
         down(og, dout, sizeof(float) * (size_t)(total * heads * vd));
-        snprintf(what, sizeof what, "latent attention (GEMM, chunks of 5 tokens) %s (heads %lld, width %lld)", names[c],
-                 (long long)heads, (long long)w);
+        snprintf(what, sizeof what, "latent attention (GEMM%s, chunks of 5 tokens) %s (heads %lld, width %lld)",
+                 bf16 ? " in bf16" : "", names[c], (long long)heads, (long long)w);
         close_f32(what, og, oc, total * heads * vd, 1e-5, 1e-6);
     }
     CHECK(moex_cuda_attention_latent_gemm(blas, &gemm, 1, dseqs, calls[0], 2, 41, heads, dq, dkv, vd, scale, dout,
-                                          dscores, sf, g_flags, g_stream) == MOEX_ERR_INVALID_ARGUMENT,
+                                          bf16, dscores, sf, g_flags, g_stream) == MOEX_ERR_INVALID_ARGUMENT,
           "latent attention (GEMM): descriptors of 40 tokens with total 41 accepted");
     int64_t len[6];
     down(len, gpu.len, sizeof len);
@@ -743,7 +753,8 @@ static void test_copy_scale(void) {
     dfree(ds), dfree(dd);
 }
 
-/* A prefill of 600 positions, 16 heads: the kernel path, then the GEMM path in chunks of 7 query tokens. */
+/* A prefill of 600 positions, 16 heads: the kernel path, then the GEMM path in chunks of 7 query tokens
+ * (f32), then in bf16 on the same scratch (chunks of 2 tokens; the inputs are bf16 values). */
 static void latent_long(const moex_cuda_blas *blas) {
     const int64_t heads = 16, w = 72, vd = 64, L = 600;
     moex_kv_cache *cpu = NULL;
@@ -759,6 +770,7 @@ static void latent_long(const moex_cuda_blas *blas) {
     float *q = malloc(sizeof(float) * qn), *kv = malloc(sizeof(float) * kn), *oc = malloc(sizeof(float) * on),
           *og = malloc(sizeof(float) * on);
     fill(q, (int64_t)qn, -1.5f, 1.5f), fill(kv, (int64_t)kn, -1.5f, 1.5f);
+    round_bf16_host(q, (int64_t)qn), round_bf16_host(kv, (int64_t)kn);
     float *dq = dup_to_dev(q, sizeof(float) * qn), *dkv = dup_to_dev(kv, sizeof(float) * kn),
           *dout = dmalloc(sizeof(float) * on);
     const moex_attn_seq pre = {0, L, 0};
@@ -773,19 +785,23 @@ static void latent_long(const moex_cuda_blas *blas) {
         down(og, dout, sizeof(float) * on);
         close_f32("latent attention, a prefill of 600 positions", og, oc, (int64_t)on, 1e-5, 1e-6);
     }
-    /* the GEMM path on a fresh cache, 7 query tokens a chunk */
-    moex_cuda_kv_cache_free(&gpu);
+    /* the GEMM path on a fresh cache each, 7 query tokens a chunk */
     const size_t sf = (size_t)(heads * (L + 1) * 7);
     float *dscores = dmalloc(sizeof(float) * sf);
-    if (moex_cuda_kv_cache_create_latent(g_gpu, 1, 1, L + 1, w, &gpu) != MOEX_OK ||
-        moex_cuda_attention_latent_gemm(blas, &gpu, 0, dseq, &pre, 1, L, heads, dq, dkv, vd, 0.2f, dout, dscores, sf,
-                                        g_flags, g_stream) != MOEX_OK) {
-        fail_at(__FILE__, __LINE__, "latent attention (GEMM) of 600 positions: %s", moex_last_error());
-    } else {
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        moex_cuda_kv_cache_free(&gpu);
+        if (moex_cuda_kv_cache_create_latent(g_gpu, 1, 1, L + 1, w, &gpu) != MOEX_OK ||
+            moex_cuda_attention_latent_gemm(blas, &gpu, 0, dseq, &pre, 1, L, heads, dq, dkv, vd, 0.2f, dout, bf16,
+                                            dscores, sf, g_flags, g_stream) != MOEX_OK) {
+            fail_at(__FILE__, __LINE__, "latent attention (GEMM) of 600 positions: %s", moex_last_error());
+            continue;
+        }
+        g_checks++;
         CHECK(sync_flags() == 0, "latent attention (GEMM) of 600 positions: status word set");
         down(og, dout, sizeof(float) * on);
-        close_f32("latent attention (GEMM, chunks of 7 tokens), a prefill of 600 positions", og, oc, (int64_t)on, 1e-5,
-                  1e-6);
+        close_f32(bf16 ? "latent attention (GEMM in bf16, chunks of 2 tokens), a prefill of 600 positions"
+                       : "latent attention (GEMM, chunks of 7 tokens), a prefill of 600 positions",
+                  og, oc, (int64_t)on, 1e-5, 1e-6);
     }
     dfree(dscores);
     moex_kv_cache_free(cpu);
@@ -797,9 +813,11 @@ static void latent_long(const moex_cuda_blas *blas) {
 static void test_latent_attention(void) {
     moex_cuda_blas blas;
     MUST(moex_cuda_blas_create(g_gpu, 0, &blas));
-    latent_case(&blas, 4, 24, 16, 0.25f);   /* the fixtures' sizes: kv_lora_rank 16 + rope 8 */
-    latent_case(&blas, 3, 200, 160, 0.07f); /* more than one pass of output features */
-    latent_case(&blas, 64, 576, 512, 0.05f); /* DeepSeek-V3's width and values */
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        latent_case(&blas, 4, 24, 16, 0.25f, bf16);   /* the fixtures' sizes: kv_lora_rank 16 + rope 8 */
+        latent_case(&blas, 3, 200, 160, 0.07f, bf16); /* more than one pass of output features */
+        latent_case(&blas, 64, 576, 512, 0.05f, bf16); /* DeepSeek-V3's width and values */
+    }
     if (!g_quick) latent_long(&blas);
     moex_cuda_blas_free(&blas);
 }
@@ -1310,9 +1328,9 @@ typedef struct test_entry {
 static void test_op_tables(void) {
     moex_cuda_blas blas;
     MUST(moex_cuda_blas_create(g_gpu, 0, &blas));
-    const moex_decoder_env ce = {&moex_decoder_ops_cpu, {MOEX_DEVICE_CPU, 0}, 2, NULL, NULL, NULL, NULL, NULL, NULL, 0};
+    const moex_decoder_env ce = {&moex_decoder_ops_cpu, {MOEX_DEVICE_CPU, 0}, 2, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0};
     const moex_decoder_env ge = {&moex_decoder_ops_cuda, {MOEX_DEVICE_CUDA, g_gpu}, 0, NULL, g_stream, g_flags, &blas,
-                                 NULL, NULL, 0};
+                                 NULL, NULL, 0, 0};
     const moex_decoder_ops *c = ce.ops, *g = ge.ops;
     enum { NSEQ = 3, T = 9, H = 40, I = 72, V = 301 };
     const moex_attn_seq seqs[NSEQ] = {{0, 4, 3}, {2, 0, 5}, {1, 5, 0}};

@@ -142,15 +142,21 @@ moex_status moex_cuda_attention_latent(const moex_cuda_kv_cache *cache, int64_t 
  * cuBLAS (decoder_attention_gemm.cu): the rows appended and committed as above, then per sequence, in
  * chunks of query rows, scores = q kv^T * scale (f32 GEMM, pedantic), the causal softmax in place,
  * out = scores kv[:, 0 .. value_dim). host_seqs: the host copy of seqs (what the GEMMs' sizes come
- * from; checked against the cache's bounds). scores: device scratch of scores_floats floats, at least
- * heads x max_seq. Same results as moex_cuda_attention_latent up to the order of the sums; a
- * descriptor the device rejects is flagged and appends nothing, but its rows of out are written.
+ * from; checked against the cache's bounds). bf16_inputs: q and every cached row are bf16 values held
+ * in f32 (a step in bf16 compute); the GEMMs then run on the tensor cores in bf16 with f32
+ * accumulation (the same products; the probabilities as three bf16 parts that sum to them) for each
+ * sequence whose chunk of one query token fits the scratch (about heads x (2.5 L + W / 2) floats a
+ * token and L x W / 2 for the sequence, L its positions, W the row width), the f32 GEMMs otherwise.
+ * scores: device scratch of scores_floats floats, at least heads x max_seq. Same results as
+ * moex_cuda_attention_latent up to the order of the sums; a descriptor the device rejects is flagged
+ * and appends nothing, but its rows of out are written.
  */
 moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *blas, const moex_cuda_kv_cache *cache,
                                             int64_t layer, const moex_attn_seq *seqs, const moex_attn_seq *host_seqs,
                                             int64_t nseq, int64_t total, int64_t heads, const float *q,
                                             const float *kv, int64_t value_dim, float scale, float *out,
-                                            float *scores, size_t scores_floats, int *flags, void *stream);
+                                            int bf16_inputs, float *scores, size_t scores_floats, int *flags,
+                                            void *stream);
 
 /**
  * moex_cuda_attention for a step whose descriptors the host knows (a prefill, not captured in a

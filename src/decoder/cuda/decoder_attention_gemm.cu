@@ -26,10 +26,13 @@
  * 0: none; positions > p - window), as attend_kernel sees them; k0 <= lo for every row. w_j =
  * expf(s_j - max) * (1 / sum) (the sum in double), with the head's sink (sinks: NULL or [heads]) one
  * more logit in the max and the sum; the positions it does not see set to 0. scores: [rows, L] in
- * place. */
+ * place, or with split (the bf16 values GEMMs' input, [rows, 3L]): row m's w_j as three bf16 parts
+ * whose sum is w_j, hi_j = bf16(w_j) at split[m * 3L + j], mid_j = bf16(w_j - hi_j) at L + j, lo_j =
+ * bf16(w_j - hi_j - mid_j) at 2L + j (both differences exact in f32), scores then left as exps. */
 __global__ void __launch_bounds__(SOFTMAX_THREADS)
     causal_softmax_kernel(float *scores, int64_t rows, int64_t L, int64_t heads, int head_major, int64_t n,
-                          int64_t k0, int64_t first_visible, int64_t window, const float *sinks) {
+                          int64_t k0, int64_t first_visible, int64_t window, const float *sinks,
+                          __nv_bfloat16 *split) {
     __shared__ float red_f[SOFTMAX_THREADS / 32];
     __shared__ double red_d[SOFTMAX_THREADS / 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -60,7 +63,18 @@ __global__ void __launch_bounds__(SOFTMAX_THREADS)
         for (int w = 0; w < SOFTMAX_THREADS / 32; w++) sum += red_d[w];
         if (sinks) sum += (double)expf(sink - mx);
         const float inv = 1.0f / (float)sum;
-        for (int64_t j = threadIdx.x; j < L; j += blockDim.x) row[j] = j >= lo && j < seen ? mul_rn(row[j], inv) : 0.0f;
+        if (split) {
+            __nv_bfloat16 *parts = split + m * 3 * L;
+            for (int64_t j = threadIdx.x; j < L; j += blockDim.x) {
+                const float w = j >= lo && j < seen ? mul_rn(row[j], inv) : 0.0f;
+                const __nv_bfloat16 hi = __float2bfloat16_rn(w);
+                const float r1 = __fsub_rn(w, __bfloat162float(hi));
+                const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+                parts[j] = hi, parts[L + j] = mid, parts[2 * L + j] = __float2bfloat16_rn(__fsub_rn(r1, __bfloat162float(mid)));
+            }
+        } else {
+            for (int64_t j = threadIdx.x; j < L; j += blockDim.x) row[j] = j >= lo && j < seen ? mul_rn(row[j], inv) : 0.0f;
+        }
         __syncthreads(); /* red_f, red_d are rewritten by the next row */
     }
 }
@@ -136,12 +150,108 @@ static moex_status blas_on(const moex_cuda_blas *blas, cudaStream_t s) {
     return st ? st : blas_status(cublasSetWorkspace(hd, blas->workspace, blas->workspace_bytes), "cublasSetWorkspace");
 }
 
+/* The f32 latent path for one sequence's query rows q [tokens, heads, W] -> out [tokens, heads, dv]:
+ * chunks of tc query tokens, each GEMM over the positions its rows see, f32 pedantic. keys: the
+ * sequence's cached rows [past + tokens, W]. */
+static moex_status latent_seq_f32(cublasHandle_t hd, cudaStream_t s, const moex_attn_seq *h, int64_t heads,
+                                  const float *keys, int64_t W, const float *q, int64_t dv, float scale, float *out,
+                                  float *scores, size_t scores_floats) {
+    const float zero = 0.0f, one = 1.0f;
+    const int64_t tc = chunk_tokens(scores_floats, heads, h->past + h->tokens); /* query tokens a chunk */
+    moex_status st = MOEX_OK;
+    for (int64_t c0 = 0; c0 < h->tokens && !st; c0 += tc) {
+        /* the chunk's rows see positions 0 .. past + c0 + n - 1 */
+        const int64_t n = h->tokens - c0 < tc ? h->tokens - c0 : tc, M = n * heads, L = h->past + c0 + n;
+        const float *qc = q + (size_t)(c0 * heads) * (size_t)W;
+        float *oc = out + (size_t)(c0 * heads) * (size_t)dv;
+        /* column-major: scores^T [L, M] = keys^T^T ([W, L] read transposed) . q^T [W, M] */
+        st = blas_status(cublasGemmEx(hd, CUBLAS_OP_T, CUBLAS_OP_N, (int)L, (int)M, (int)W, &scale, keys, CUDA_R_32F,
+                                      (int)W, qc, CUDA_R_32F, (int)W, &zero, scores, CUDA_R_32F, (int)L,
+                                      CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
+                         "cuda latent attention: scores GEMM");
+        if (st) return st;
+        const unsigned blocks = (unsigned)(M < 1048576 ? M : 1048576);
+        causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(scores, M, L, heads, 0, n, 0, h->past + c0 + 1, 0,
+                                                                 NULL, NULL);
+        if ((st = MOEX_CUDA_LAUNCHED("cuda latent attention: softmax kernel"))) return st;
+        /* out^T [dv, M] = keys' first dv values ([dv, L], ld W) . scores^T [L, M] */
+        st = blas_status(cublasGemmEx(hd, CUBLAS_OP_N, CUBLAS_OP_N, (int)dv, (int)M, (int)L, &one, keys, CUDA_R_32F,
+                                      (int)W, scores, CUDA_R_32F, (int)L, &zero, oc, CUDA_R_32F, (int)dv,
+                                      CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
+                         "cuda latent attention: values GEMM");
+    }
+    return st;
+}
+
+/* floats of a region of n bf16 values, rounded up to 256 bytes */
+static size_t bf16_region_floats(size_t n) { return ((n * 2 + 255) / 256) * 256 / sizeof(float); }
+static size_t f32_region_floats(size_t n) { return ((n * 4 + 255) / 256) * 256 / sizeof(float); }
+
+/* The bf16 latent path's query tokens a chunk for a sequence of Ls positions (0: the scratch holds
+ * less than one token's): the sequence's rows in bf16 [Ls, W] once, then per chunk of tc tokens
+ * (M = tc x heads rows) the scores [M, Ls] in f32, their three bf16 parts [M, 3 Ls] and the queries
+ * in bf16 [M, W], each region 256-byte aligned; at most CHUNK_TOKENS, within cuBLAS's int sizes. */
+static int64_t latent16_chunk_tokens(size_t scores_floats, int64_t heads, int64_t Ls, int64_t W) {
+    const size_t kv16 = bf16_region_floats((size_t)(Ls * W));
+    /* a token's: heads rows of Ls f32 scores, 3 Ls bf16 parts and W bf16 queries, with alignment */
+    const size_t per = ((size_t)heads * ((size_t)Ls * 5 + (size_t)W) + 1) / 2 + 3 * 64;
+    if (scores_floats < kv16 + per) return 0;
+    int64_t tc = (int64_t)((scores_floats - kv16) / per);
+    if (tc > CHUNK_TOKENS) tc = CHUNK_TOKENS;
+    if (tc > INT_MAX / (3 * Ls)) tc = INT_MAX / (3 * Ls);
+    if (tc > INT_MAX / heads) tc = INT_MAX / heads;
+    return tc;
+}
+
+/* The bf16 latent path for one sequence (the query rows and the cached rows are bf16 values held
+ * in f32, as a step in bf16 compute leaves them): the same products on the tensor cores (bf16 x bf16
+ * is exact in f32), f32 accumulation; the probabilities, which are not bf16 values, go into the
+ * values GEMM as three bf16 parts accumulated into one f32 output (their sum is each f32 weight).
+ * tc: latent16_chunk_tokens' (> 0). */
+static moex_status latent_seq_bf16(cublasHandle_t hd, cudaStream_t s, const moex_attn_seq *h, int64_t heads,
+                                   const float *keys, int64_t W, const float *q, int64_t dv, float scale, float *out,
+                                   float *scratch, int64_t tc) {
+    const float zero = 0.0f, one = 1.0f;
+    const int64_t Ls = h->past + h->tokens;
+    __nv_bfloat16 *kv16 = (__nv_bfloat16 *)scratch;
+    float *scores = scratch + bf16_region_floats((size_t)(Ls * W));
+    const size_t M_max = (size_t)(tc * heads);
+    __nv_bfloat16 *split = (__nv_bfloat16 *)(scores + f32_region_floats(M_max * (size_t)Ls));
+    __nv_bfloat16 *q16 = split + bf16_region_floats(M_max * 3 * (size_t)Ls) * 2;
+    moex_status st = moex_cuda_convert(keys, MOEX_F32, kv16, MOEX_BF16, Ls * W, s);
+    for (int64_t c0 = 0; c0 < h->tokens && !st; c0 += tc) {
+        /* the chunk's rows see positions 0 .. past + c0 + n - 1 */
+        const int64_t n = h->tokens - c0 < tc ? h->tokens - c0 : tc, M = n * heads, L = h->past + c0 + n;
+        float *oc = out + (size_t)(c0 * heads) * (size_t)dv;
+        if ((st = moex_cuda_convert(q + (size_t)(c0 * heads) * (size_t)W, MOEX_F32, q16, MOEX_BF16, M * W, s)))
+            return st;
+        /* column-major: scores^T [L, M] = kv16^T ([W, L] read transposed) . q16^T [W, M] */
+        st = blas_status(cublasGemmEx(hd, CUBLAS_OP_T, CUBLAS_OP_N, (int)L, (int)M, (int)W, &scale, kv16, CUDA_R_16BF,
+                                      (int)W, q16, CUDA_R_16BF, (int)W, &zero, scores, CUDA_R_32F, (int)L,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                         "cuda latent attention: bf16 scores GEMM");
+        if (st) return st;
+        const unsigned blocks = (unsigned)(M < 1048576 ? M : 1048576);
+        causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(scores, M, L, heads, 0, n, 0, h->past + c0 + 1, 0,
+                                                                 NULL, split);
+        if ((st = MOEX_CUDA_LAUNCHED("cuda latent attention: softmax kernel"))) return st;
+        /* out^T [dv, M] = kv16's first dv values ([dv, L], ld W) . (hi + mid + lo)^T [L, M] (ld 3L each) */
+        for (int part = 0; part < 3 && !st; part++)
+            st = blas_status(cublasGemmEx(hd, CUBLAS_OP_N, CUBLAS_OP_N, (int)dv, (int)M, (int)L, &one, kv16,
+                                          CUDA_R_16BF, (int)W, split + part * L, CUDA_R_16BF, (int)(3 * L),
+                                          part ? &one : &zero, oc, CUDA_R_32F, (int)dv, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT),
+                             "cuda latent attention: bf16 values GEMM");
+    }
+    return st;
+}
+
 extern "C" moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *blas, const moex_cuda_kv_cache *cache,
                                                        int64_t layer, const moex_attn_seq *seqs,
                                                        const moex_attn_seq *host_seqs, int64_t nseq, int64_t total,
                                                        int64_t heads, const float *q, const float *kv,
-                                                       int64_t value_dim, float scale, float *out, float *scores,
-                                                       size_t scores_floats, int *flags, void *stream) {
+                                                       int64_t value_dim, float scale, float *out, int bf16_inputs,
+                                                       float *scores, size_t scores_floats, int *flags, void *stream) {
     const char *fn = "cuda latent attention (GEMM)";
     moex_status st = latent_check(fn, cache, layer, seqs, nseq, total, heads, q, kv, value_dim, scale, out);
     if (st || nseq == 0 || total == 0) return st;
@@ -158,38 +268,20 @@ extern "C" moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *bla
         (st = blas_on(blas, s)))
         return st;
     cublasHandle_t hd = (cublasHandle_t)blas->handle;
-    const float zero = 0.0f, one = 1.0f;
     int64_t row = 0; /* the sequence's first row in q and out */
-    for (int64_t i = 0; i < nseq; i++) {
+    for (int64_t i = 0; i < nseq && !st; i++) {
         const moex_attn_seq *h = &host_seqs[i];
         if (h->tokens == 0) continue; /* nothing to attend */
-        const float *keys = cache->k + (size_t)((layer * B + h->seq) * S) * (size_t)W; /* [L, W] */
-        const int64_t tc = chunk_tokens(scores_floats, heads, h->past + h->tokens); /* query tokens a chunk */
-        for (int64_t c0 = 0; c0 < h->tokens; c0 += tc) {
-            /* the chunk's rows see positions 0 .. past + c0 + n - 1 */
-            const int64_t n = h->tokens - c0 < tc ? h->tokens - c0 : tc, M = n * heads, L = h->past + c0 + n;
-            const float *qc = q + (size_t)((row + c0) * heads) * (size_t)W;
-            float *oc = out + (size_t)((row + c0) * heads) * (size_t)value_dim;
-            /* column-major: scores^T [L, M] = keys^T^T ([W, L] read transposed) . q^T [W, M] */
-            st = blas_status(cublasGemmEx(hd, CUBLAS_OP_T, CUBLAS_OP_N, (int)L, (int)M, (int)W, &scale, keys, CUDA_R_32F,
-                                          (int)W, qc, CUDA_R_32F, (int)W, &zero, scores, CUDA_R_32F, (int)L,
-                                          CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
-                             "cuda latent attention: scores GEMM");
-            if (st) return st;
-            const unsigned blocks = (unsigned)(M < 1048576 ? M : 1048576);
-            causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(scores, M, L, heads, 0, n, 0, h->past + c0 + 1, 0,
-                                                                     NULL);
-            if ((st = MOEX_CUDA_LAUNCHED("cuda latent attention: softmax kernel"))) return st;
-            /* out^T [dv, M] = keys' first dv values ([dv, L], ld W) . scores^T [L, M] */
-            st = blas_status(cublasGemmEx(hd, CUBLAS_OP_N, CUBLAS_OP_N, (int)value_dim, (int)M, (int)L, &one, keys,
-                                          CUDA_R_32F, (int)W, scores, CUDA_R_32F, (int)L, &zero, oc, CUDA_R_32F,
-                                          (int)value_dim, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
-                             "cuda latent attention: values GEMM");
-            if (st) return st;
-        }
+        const float *keys = cache->k + (size_t)((layer * B + h->seq) * S) * (size_t)W; /* [past + tokens, W] */
+        const float *qs = q + (size_t)(row * heads) * (size_t)W;
+        float *os = out + (size_t)(row * heads) * (size_t)value_dim;
+        /* the bf16 path where the scratch holds a token's chunk of it, else the f32 one */
+        const int64_t tc16 = bf16_inputs ? latent16_chunk_tokens(scores_floats, heads, h->past + h->tokens, W) : 0;
+        st = tc16 > 0 ? latent_seq_bf16(hd, s, h, heads, keys, W, qs, value_dim, scale, os, scores, tc16)
+                      : latent_seq_f32(hd, s, h, heads, keys, W, qs, value_dim, scale, os, scores, scores_floats);
         row += h->tokens;
     }
-    return MOEX_OK;
+    return st;
 }
 
 extern "C" moex_status moex_cuda_attention_gemm(const moex_cuda_blas *blas, const moex_cuda_kv_cache *cache,
@@ -249,7 +341,7 @@ extern "C" moex_status moex_cuda_attention_gemm(const moex_cuda_blas *blas, cons
             const int64_t M = heads * n;
             const unsigned blocks = (unsigned)(M < 1048576 ? M : 1048576);
             causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(sc, M, L, heads, 1, n, k0, h->past + c0 + 1,
-                                                                     window, sinks);
+                                                                     window, sinks, NULL);
             if ((st = MOEX_CUDA_LAUNCHED("cuda attention: softmax kernel"))) return st;
             /* out_h^T [d, n] (ld heads x d) = values_g^T ([d, L]) . scores_h^T [L, n]; every query row of
              * the chunk was read above, so out may be q */
