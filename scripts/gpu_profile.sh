@@ -8,7 +8,8 @@
 #   profile_<case>.csv  ncu's raw page as CSV (a row per profiled launch, every metric of the
 #                       sections SpeedOfLight, ComputeWorkloadAnalysis, MemoryWorkloadAnalysis
 #                       and WarpStateStats; line 2 has the units)
-#   profile.txt         per case and kernel: launches, median duration, SM clock, SM / L2 / DRAM
+#   profile.txt         per case and kernel (largest total first): launches, median and total
+#                       duration, SM clock, SM / L2 / DRAM
 #                       throughput and the busiest tensor pipe (% of peak), and the three
 #                       largest warp stall reasons (cycles per issued instruction)
 #   profile.log         what ran
@@ -20,6 +21,12 @@
 #              PROFILE_LAUNCHES  most kernel launches profiled per case (200: all of them;
 #                                the medians per kernel take in the two warm-up forwards)
 #              BUILD_DIR (build-gpu)
+#              PROFILE_GENERATE  CHECKPOINT:PROMPT_FILE instead of the bench cases: every kernel of
+#                                `moex generate CHECKPOINT --prompt-ids <the file's ids> --max-new-tokens 1
+#                                --device cuda --dtype bf16` (the load's kernels too: their names tell
+#                                them apart), durations only (one pass a kernel, so a model's
+#                                hundreds of launches take seconds), into profile_generate.csv;
+#                                PROFILE_GENERATE_FLAGS: more generate options (e.g. --dequantize)
 set -uo pipefail
 if [ $# -ne 1 ]; then
   echo "usage: $0 OUT_DIR" >&2
@@ -50,7 +57,21 @@ echo "ncu: $NCU ($("$NCU" --version | tail -1))"
 # function name
 KERNELS='regex:^(grouped_gemm|experts|routing|gate_up|down|gather|reduce|count|scan|scatter|act_quant|slot_weights)[a-z0-9_]*_kernel$'
 IFS=, read -ra list <<<"$CASES"
+[ -n "${PROFILE_GENERATE:-}" ] && list=()
 status=0
+if [ -n "${PROFILE_GENERATE:-}" ]; then
+  ckpt=${PROFILE_GENERATE%%:*} prompt_file=${PROFILE_GENERATE#*:}
+  echo "== generate $ckpt"
+  # shellcheck disable=SC2086
+  timeout --kill-after=10 "$CASE_S" "$NCU" --clock-control none --kernel-name-base function \
+    --metrics gpu__time_duration.sum --csv --page raw \
+    "$BUILD/moex" generate "$ckpt" --prompt-ids "$(cat "$prompt_file")" --max-new-tokens 1 --device cuda \
+    --dtype bf16 --ignore-eos ${PROFILE_GENERATE_FLAGS:-} >"$OUT/profile_generate.csv" 2>"$OUT/profile_generate.err"
+  rc=$?
+  echo "generate: ncu exit $rc"
+  [ $rc -ne 0 ] && status=1 && tail -5 "$OUT/profile_generate.err"
+  rm -f "$OUT/profile_generate.err"
+fi
 for c in "${list[@]}"; do
   IFS=: read -r shape tokens backend dtype <<<"$c"
   dtype=${dtype:-bf16}
@@ -112,10 +133,12 @@ for path in sorted(glob.glob(os.path.join(out, "profile_*.csv"))):
     for r in rows:
         groups.setdefault(short(r[kcol]), []).append(r)
     print(os.path.basename(path)[len("profile_"):-4])
-    print(f"  {'kernel':44} {'n':>3} {'ms':>8} {'GHz':>5} " + " ".join(f"{c:>8}" for c, _ in COLS) + "  top stalls")
+    print(f"  {'kernel':44} {'n':>4} {'ms':>8} {'all ms':>8} {'GHz':>5} " + " ".join(f"{c:>8}" for c, _ in COLS) +
+          "  top stalls")
     table = []
     for k, rs in groups.items():
-        dur = statistics.median([(val(r[dcol]) or 0) * scale for r in rs])
+        durs = [(val(r[dcol]) or 0) * scale for r in rs]
+        dur, total = statistics.median(durs), sum(durs)
         # the SM clock while the kernel ran: active cycles over the duration (power limits lower it)
         ghz = [val(r[ccol]) / (val(r[dcol]) * scale * 1e6) for r in rs
                if ccol is not None and val(r[ccol]) and val(r[dcol])]
@@ -134,10 +157,11 @@ for path in sorted(glob.glob(os.path.join(out, "profile_*.csv"))):
                 if vs:
                     stalls.append((statistics.median(vs), m.group(1) or m.group(2)))
         stalls.sort(reverse=True)
-        table.append((dur, f"  {k[:44]:44} {len(rs):3d} {dur:8.3f} {clock} " + " ".join(cells) + "  " +
+        table.append((total, f"  {k[:44]:44} {len(rs):4d} {dur:8.3f} {total:8.3f} {clock} " + " ".join(cells) + "  " +
                       ", ".join(f"{n} {v:.1f}" for v, n in stalls[:3])))
     for _, line in sorted(table, reverse=True):
         print(line)
+    print(f"  all kernels: {sum(t for t, _ in table):.3f} ms in {len(rows)} launches")
     print()
 PYEOF
 echo "== summary: $OUT/profile.txt"
