@@ -668,7 +668,7 @@ static void latent_case(const moex_cuda_blas *blas, int64_t heads, int64_t w, in
     float *dq = dmalloc(sizeof(float) * qn), *dkv = dmalloc(sizeof(float) * kn), *dout = dmalloc(sizeof(float) * on);
     moex_attn_seq *dseqs = dmalloc(sizeof(moex_attn_seq) * (size_t)B);
     /* the GEMM path's scores: 5 query tokens a chunk at most (the bf16 path's keys, parts and queries too) */
-    const size_t sf = bf16 ? (size_t)(heads * (3 * S + w) * 5 + S * w) : (size_t)(heads * S * 5);
+    const size_t sf = bf16 ? (size_t)(heads * (3 * S + w) * 5 + 2 * S * w) : (size_t)(heads * S * 5);
     float *dscores = dmalloc(sizeof(float) * sf);
     const moex_attn_seq calls[5][2] = {{{1, 7, 0}, {0, 33, 0}}, {{0, 1, 33}, {1, 1, 7}}, {{1, 1, 8}, {0, 1, 34}},
                                        {{2, 5, 0}, {1, 3, 9}}, {{2, 0, 0}, {1, 1, 12}}};

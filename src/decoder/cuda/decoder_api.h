@@ -146,7 +146,8 @@ moex_status moex_cuda_attention_latent(const moex_cuda_kv_cache *cache, int64_t 
  * in f32 (a step in bf16 compute); the GEMMs then run on the tensor cores in bf16 with f32
  * accumulation (the same products; the probabilities as three bf16 parts that sum to them) for each
  * sequence whose chunk of one query token fits the scratch (about heads x (2.5 L + W / 2) floats a
- * token and L x W / 2 for the sequence, L its positions, W the row width), the f32 GEMMs otherwise.
+ * token and 1.5 L x W for the sequence's rows in bf16, three times; L its positions, W the row
+ * width), the f32 GEMMs otherwise.
  * scores: device scratch of scores_floats floats, at least heads x max_seq. Same results as
  * moex_cuda_attention_latent up to the order of the sums; a descriptor the device rejects is flagged
  * and appends nothing, but its rows of out are written.

@@ -187,12 +187,22 @@ static moex_status latent_seq_f32(cublasHandle_t hd, cudaStream_t s, const moex_
 static size_t bf16_region_floats(size_t n) { return ((n * 2 + 255) / 256) * 256 / sizeof(float); }
 static size_t f32_region_floats(size_t n) { return ((n * 4 + 255) / 256) * 256 / sizeof(float); }
 
+/* dst [3n]: src [n] rounded to bf16, three times in a row (the bf16 values GEMM's A: the chunk's
+ * rows once per part of the probabilities, K = 3L). */
+__global__ void bf16_thrice_kernel(const float *src, int64_t n, __nv_bfloat16 *dst) {
+    GRID_STRIDE(i, n) {
+        const __nv_bfloat16 b = __float2bfloat16_rn(src[i]);
+        dst[i] = b, dst[n + i] = b, dst[2 * n + i] = b;
+    }
+}
+
 /* The bf16 latent path's query tokens a chunk for a sequence of Ls positions (0: the scratch holds
- * less than one token's): the sequence's rows in bf16 [Ls, W] once, then per chunk of tc tokens
- * (M = tc x heads rows) the scores [M, Ls] in f32, their three bf16 parts [M, 3 Ls] and the queries
- * in bf16 [M, W], each region 256-byte aligned; at most CHUNK_TOKENS, within cuBLAS's int sizes. */
+ * less than one token's): the rows a chunk sees in bf16, three times ([3 Ls, W] at most), then per
+ * chunk of tc tokens (M = tc x heads rows) the scores [M, Ls] in f32, their three bf16 parts
+ * [M, 3 Ls] and the queries in bf16 [M, W], each region 256-byte aligned; at most CHUNK_TOKENS,
+ * within cuBLAS's int sizes. */
 static int64_t latent16_chunk_tokens(size_t scores_floats, int64_t heads, int64_t Ls, int64_t W) {
-    const size_t kv16 = bf16_region_floats((size_t)(Ls * W));
+    const size_t kv16 = bf16_region_floats((size_t)(3 * Ls * W));
     /* a token's: heads rows of Ls f32 scores, 3 Ls bf16 parts and W bf16 queries, with alignment */
     const size_t per = ((size_t)heads * ((size_t)Ls * 5 + (size_t)W) + 1) / 2 + 3 * 64;
     if (scores_floats < kv16 + per) return 0;
@@ -206,27 +216,30 @@ static int64_t latent16_chunk_tokens(size_t scores_floats, int64_t heads, int64_
 /* The bf16 latent path for one sequence (the query rows and the cached rows are bf16 values held
  * in f32, as a step in bf16 compute leaves them): the same products on the tensor cores (bf16 x bf16
  * is exact in f32), f32 accumulation; the probabilities, which are not bf16 values, go into the
- * values GEMM as three bf16 parts accumulated into one f32 output (their sum is each f32 weight).
- * tc: latent16_chunk_tokens' (> 0). */
+ * values GEMM as three bf16 parts (their sum is each f32 weight) along K = 3L, against the chunk's
+ * rows repeated three times: one GEMM that writes its f32 output once. tc: latent16_chunk_tokens'
+ * (> 0). */
 static moex_status latent_seq_bf16(cublasHandle_t hd, cudaStream_t s, const moex_attn_seq *h, int64_t heads,
                                    const float *keys, int64_t W, const float *q, int64_t dv, float scale, float *out,
                                    float *scratch, int64_t tc) {
     const float zero = 0.0f, one = 1.0f;
     const int64_t Ls = h->past + h->tokens;
-    __nv_bfloat16 *kv16 = (__nv_bfloat16 *)scratch;
-    float *scores = scratch + bf16_region_floats((size_t)(Ls * W));
+    __nv_bfloat16 *kv3 = (__nv_bfloat16 *)scratch; /* [3 L, W]: the chunk's rows, three times */
+    float *scores = scratch + bf16_region_floats((size_t)(3 * Ls * W));
     const size_t M_max = (size_t)(tc * heads);
     __nv_bfloat16 *split = (__nv_bfloat16 *)(scores + f32_region_floats(M_max * (size_t)Ls));
     __nv_bfloat16 *q16 = split + bf16_region_floats(M_max * 3 * (size_t)Ls) * 2;
-    moex_status st = moex_cuda_convert(keys, MOEX_F32, kv16, MOEX_BF16, Ls * W, s);
+    moex_status st = MOEX_OK;
     for (int64_t c0 = 0; c0 < h->tokens && !st; c0 += tc) {
         /* the chunk's rows see positions 0 .. past + c0 + n - 1 */
         const int64_t n = h->tokens - c0 < tc ? h->tokens - c0 : tc, M = n * heads, L = h->past + c0 + n;
         float *oc = out + (size_t)(c0 * heads) * (size_t)dv;
+        bf16_thrice_kernel<<<blocks_for(L * W, 256), 256, 0, s>>>(keys, L * W, kv3);
+        if ((st = MOEX_CUDA_LAUNCHED("cuda latent attention: bf16 rows kernel"))) return st;
         if ((st = moex_cuda_convert(q + (size_t)(c0 * heads) * (size_t)W, MOEX_F32, q16, MOEX_BF16, M * W, s)))
             return st;
-        /* column-major: scores^T [L, M] = kv16^T ([W, L] read transposed) . q16^T [W, M] */
-        st = blas_status(cublasGemmEx(hd, CUBLAS_OP_T, CUBLAS_OP_N, (int)L, (int)M, (int)W, &scale, kv16, CUDA_R_16BF,
+        /* column-major: scores^T [L, M] = kv3's first L rows^T ([W, L] read transposed) . q16^T [W, M] */
+        st = blas_status(cublasGemmEx(hd, CUBLAS_OP_T, CUBLAS_OP_N, (int)L, (int)M, (int)W, &scale, kv3, CUDA_R_16BF,
                                       (int)W, q16, CUDA_R_16BF, (int)W, &zero, scores, CUDA_R_32F, (int)L,
                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                          "cuda latent attention: bf16 scores GEMM");
@@ -235,13 +248,11 @@ static moex_status latent_seq_bf16(cublasHandle_t hd, cudaStream_t s, const moex
         causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(scores, M, L, heads, 0, n, 0, h->past + c0 + 1, 0,
                                                                  NULL, split);
         if ((st = MOEX_CUDA_LAUNCHED("cuda latent attention: softmax kernel"))) return st;
-        /* out^T [dv, M] = kv16's first dv values ([dv, L], ld W) . (hi + mid + lo)^T [L, M] (ld 3L each) */
-        for (int part = 0; part < 3 && !st; part++)
-            st = blas_status(cublasGemmEx(hd, CUBLAS_OP_N, CUBLAS_OP_N, (int)dv, (int)M, (int)L, &one, kv16,
-                                          CUDA_R_16BF, (int)W, split + part * L, CUDA_R_16BF, (int)(3 * L),
-                                          part ? &one : &zero, oc, CUDA_R_32F, (int)dv, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT),
-                             "cuda latent attention: bf16 values GEMM");
+        /* out^T [dv, M] = kv3's first dv values ([dv, 3L], ld W) . [hi, mid, lo]^T [3L, M] (ld 3L) */
+        st = blas_status(cublasGemmEx(hd, CUBLAS_OP_N, CUBLAS_OP_N, (int)dv, (int)M, (int)(3 * L), &one, kv3,
+                                      CUDA_R_16BF, (int)W, split, CUDA_R_16BF, (int)(3 * L), &zero, oc, CUDA_R_32F,
+                                      (int)dv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                         "cuda latent attention: bf16 values GEMM");
     }
     return st;
 }
