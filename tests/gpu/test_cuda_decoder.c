@@ -667,7 +667,8 @@ static void latent_case(const moex_cuda_blas *blas, int64_t heads, int64_t w, in
           *og = malloc(sizeof(float) * on);
     float *dq = dmalloc(sizeof(float) * qn), *dkv = dmalloc(sizeof(float) * kn), *dout = dmalloc(sizeof(float) * on);
     moex_attn_seq *dseqs = dmalloc(sizeof(moex_attn_seq) * (size_t)B);
-    /* the GEMM path's scores: 5 query tokens a chunk at most (the bf16 path's keys, parts and queries too) */
+    /* the GEMM path's scores: f32, 5 query tokens a chunk; bf16 (its keys, parts and queries too), 9 to 29
+     * tokens a chunk at these sizes: the 33-token prefill in several chunks either way */
     const size_t sf = bf16 ? (size_t)(heads * (3 * S + w) * 5 + 2 * S * w) : (size_t)(heads * S * 5);
     float *dscores = dmalloc(sizeof(float) * sf);
     const moex_attn_seq calls[5][2] = {{{1, 7, 0}, {0, 33, 0}}, {{0, 1, 33}, {1, 1, 7}}, {{1, 1, 8}, {0, 1, 34}},
@@ -703,7 +704,7 @@ static void latent_case(const moex_cuda_blas *blas, int64_t heads, int64_t w, in
         }
         CHECK(sync_flags() == 0, "latent attention (GEMM) %s: status word set", names[c]);
         down(og, dout, sizeof(float) * (size_t)(total * heads * vd));
-        snprintf(what, sizeof what, "latent attention (GEMM%s, chunks of 5 tokens) %s (heads %lld, width %lld)",
+        snprintf(what, sizeof what, "latent attention (GEMM%s, chunked) %s (heads %lld, width %lld)",
                  bf16 ? " in bf16" : "", names[c], (long long)heads, (long long)w);
         close_f32(what, og, oc, total * heads * vd, 1e-5, 1e-6);
     }
