@@ -703,7 +703,8 @@ static void test_infinite_temperature(void **state) {
 
 static edit nan_final_norm(const char *n) { return strcmp(n, "model.norm.weight") ? KEEP : NANS; }
 
-/* NaN weights make NaN logits: greedy generation fails naming the NaN (it returned token 0). */
+/* NaN weights make NaN logits: greedy generation fails naming the NaN (it returned token 0), with
+ * the prompt's logits asked for (the host picks the first token) and without (the step's argmax). */
 static void test_nan_logits(void **state) {
     (void)state;
     char *dir = variant("qwen3_moe", nan_final_norm, NULL);
@@ -713,6 +714,19 @@ static void test_nan_logits(void **state) {
     if (st != MOEX_ERR_INVALID_ARGUMENT || !contains(moex_last_error(), "is NaN"))
         PROBLEM("NaN logits: status %d, message %s, first token %d", st, moex_last_error(), r.ids[0]);
     free(r.logits);
+    static const int32_t prompt[] = {3, 17, 42};
+    const int32_t *p[1] = {prompt};
+    int64_t len[1] = {3};
+    moex_model *m = NULL;
+    moex_generation *g = NULL;
+    moex_generate_options go = moex_generate_default_options();
+    go.max_new_tokens = 2;
+    st = moex_model_load(dir, &o, &m);
+    if (!st) st = moex_generate(m, 1, p, len, &go, &g);
+    if (st != MOEX_ERR_INVALID_ARGUMENT || !contains(moex_last_error(), "is NaN (prompt 0)") || g)
+        PROBLEM("NaN logits, no logits asked for: status %d, message %s", st, moex_last_error());
+    moex_generation_free(g);
+    moex_model_free(m);
     remove_dir(dir);
     end_problems();
 }

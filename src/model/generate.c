@@ -106,6 +106,17 @@ static moex_status pick(gen_state *s, const int64_t *rows, int64_t nrows) {
     return MOEX_OK;
 }
 
+// The step's argmax tokens s->tokens[r] as prompt rows[r]'s next tokens, r < k; none if a row
+// had a NaN logit (marked -1 - its index).
+static moex_status accept_greedy(gen_state *s, const int64_t *rows, int64_t k) {
+    for (int64_t r = 0; r < k; r++)
+        if (s->tokens[r] < 0)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sample_greedy: logits[%lld] is NaN (prompt %lld)",
+                             (long long)(-1 - s->tokens[r]), (long long)rows[r]);
+    for (int64_t r = 0; r < k; r++) accept(s, rows[r], s->tokens[r]);
+    return MOEX_OK;
+}
+
 // One decode step of k sequences. A greedy step brings back only the tokens (the argmax of
 // the step's op table: on CUDA the logits stay on the device); with cuda_graph it replays the
 // step captured for k sequences.
@@ -118,12 +129,7 @@ static moex_status decode_step(gen_state *s, const model_step_seq *seqs, const i
     const int greedy = !(s->o->temperature > 0);
     moex_status st = model_step(m, seqs, k, s->logits, greedy ? s->tokens : NULL, s->o->cuda_graph);
     if (st || !greedy) return st ? st : pick(s, rows, k);
-    for (int64_t r = 0; r < k; r++) /* a row with a NaN logit is marked -1 - its index */
-        if (s->tokens[r] < 0)
-            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sample_greedy: logits[%lld] is NaN (prompt %lld)",
-                             (long long)(-1 - s->tokens[r]), (long long)rows[r]);
-    for (int64_t r = 0; r < k; r++) accept(s, rows[r], s->tokens[r]);
-    return MOEX_OK;
+    return accept_greedy(s, rows, k);
 }
 
 // Decode steps until every prompt is done (run under the decode-step switch); an expert-parallel
@@ -246,16 +252,16 @@ static moex_status prefill(gen_state *s, int n, const int32_t *const *prompts, c
     }
 }
 
-// The first new token of each unfinished prompt from the prefill's argmax (s->tokens).
-static moex_status accept_first(gen_state *s, int n) {
+// The first new token of each unfinished prompt from the prefill's argmax (s->tokens[i] for
+// prompt i, compacted to the unfinished ones). rows: scratch of n.
+static moex_status accept_first(gen_state *s, int n, int64_t *rows) {
+    int64_t active = 0;
     for (int i = 0; i < n; i++) {
         if (s->done[i]) continue;
-        if (s->tokens[i] < 0) /* a row with a NaN logit is marked -1 - its index */
-            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sample_greedy: logits[%lld] is NaN (prompt %d)",
-                             (long long)(-1 - s->tokens[i]), i);
-        accept(s, i, s->tokens[i]);
+        s->tokens[active] = s->tokens[i];
+        rows[active++] = i;
     }
-    return MOEX_OK;
+    return accept_greedy(s, rows, active);
 }
 
 // The first new token of each unfinished prompt from its last-prompt logits (s->logits, row i),
@@ -302,7 +308,7 @@ static moex_status run(gen_state *s, moex_status st, int n, const int32_t *const
     free(step_logits);
     free(step_tokens);
     if (st) return st;
-    if ((st = argmax_only ? accept_first(s, n) : pick_first(s, n, rows))) return step_failed(m, st);
+    if ((st = argmax_only ? accept_first(s, n, rows) : pick_first(s, n, rows))) return step_failed(m, st);
     double t1 = seconds();
     s->g->prefill_seconds = t1 - t0;
     st = moex_experts_map_run_decode(&m->map, m->opt.device.kind, m->opt.decode_switch, decode_all, s);

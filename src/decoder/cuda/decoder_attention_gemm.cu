@@ -8,8 +8,9 @@
  *     operands' addresses in pointer tables a small kernel writes, since g is no stride of h),
  *     scores_h [Tc, L] = q_h [Tc, d] . k_g [L, d]^T * d^-0.5, the causal softmax (sliding window,
  *     sink) of every row, out_h [Tc, d] = scores_h . v_g [L, d] (a second batched GEMM).
- * All f32, pedantic (no TF32). The same sums as attend_kernel's up to their order; the twins of
- * moex_cuda_attention_latent and moex_cuda_attention. */
+ * f32, pedantic (no TF32); the latent path in bf16 on the tensor cores where its inputs are bf16
+ * values (bf16 compute), the probabilities as three bf16 parts. The same sums as attend_kernel's up
+ * to their order; the twins of moex_cuda_attention_latent and moex_cuda_attention. */
 #include "decoder/cuda/blas_status.cuh"
 #include "decoder/cuda/decoder_kernels.cuh"
 
