@@ -13,7 +13,8 @@
  *     then decode steps (one token per sequence, sequences in another order),
  *     a continued prefill mixed with decode, out == q, a bad descriptor (status
  *     bit, nothing written), the chunked path (a context longer than 8192), gpt_oss's sliding
- *     windows and sinks
+ *     windows and sinks; the prefill GEMM path on each, with the least scratch and with chunks
+ *     of several query tokens (a binding window; 160 heads)
  *   - the latent cache and DeepSeek-V3's absorbed attention, kernel and GEMM paths (chunks of
  *     query rows; the GEMMs in f32 and, for bf16 inputs, in bf16), prefill and decode, 600
  *     positions; kv_b's per-head products (f32, bf16)
@@ -528,14 +529,19 @@ static void rig_step(attn_rig *r, int64_t layer, const moex_attn_seq *seqs, int6
 // 33-token prefill in chunks of one query token, the 7-token one whole; a float less is refused before
 // anything is appended), on every call but the bad descriptor's (its sizes come from the host's copy,
 // which the kernels' device checks do not see).
+// scratch_rows > 1: the GEMM path's scratch holds that many rows of every head (chunks of about
+// 2 x scratch_rows query tokens at the 33-token prefill, whose later chunks start past a window's
+// first position), and the short-scratch check is left out.
 static void attention_config(int64_t heads, int64_t KV, int64_t d, int64_t window, int sinks,
-                             const moex_cuda_blas *blas) {
+                             const moex_cuda_blas *blas, int64_t scratch_rows) {
     attn_rig r;
     if (!rig_init(&r, 2, 4, 64, KV, d, heads, 64)) return;
     r.window = window;
     if (blas) {
-        r.blas = blas, r.sf = moex_cuda_attention_gemm_scratch_floats(heads, r.S);
+        r.blas = blas, r.sf = moex_cuda_attention_gemm_scratch_floats(heads, r.S * (scratch_rows > 1 ? scratch_rows : 1));
         r.dscores = dmalloc(sizeof(float) * r.sf);
+    }
+    if (blas && scratch_rows <= 1) {
         moex_attn_seq one = {0, 1, 0};
         up(r.dseqs, &one, sizeof one);
         CHECK(moex_cuda_attention_gemm(blas, &r.gpu, 1, r.dseqs, &one, 1, 1, heads, r.dq, r.dk, r.dv, r.dout, window,
@@ -616,12 +622,17 @@ static void test_attention(void) {
     MUST(moex_cuda_blas_create(g_gpu, 0, &blas));
     for (int gemm = 0; gemm < 2; gemm++) { /* the kernel, then the GEMM path */
         const moex_cuda_blas *b = gemm ? &blas : NULL;
-        for (int i = 0; i < 3; i++) attention_config(CFG[i][0], CFG[i][1], CFG[i][2], 0, 0, b);
-        attention_config(8, 2, 64, 5, 1, b); /* gpt_oss: a window of 5 positions (binding from the 6th) and sinks */
-        attention_config(5, 1, 40, 0, 1, b); /* sinks alone */
-        attention_config(4, 4, 128, 1, 0, b); /* a window of one: each row sees itself */
-        attention_config(64, 8, 64, 20, 1, b); /* gpt-oss-20b's heads, a binding window and sinks */
+        for (int i = 0; i < 3; i++) attention_config(CFG[i][0], CFG[i][1], CFG[i][2], 0, 0, b, 1);
+        attention_config(8, 2, 64, 5, 1, b, 1); /* gpt_oss: a window of 5 positions (binding from the 6th) and sinks */
+        attention_config(5, 1, 40, 0, 1, b, 1); /* sinks alone */
+        attention_config(4, 4, 128, 1, 0, b, 1); /* a window of one: each row sees itself */
+        attention_config(64, 8, 64, 20, 1, b, 1); /* gpt-oss-20b's heads, a binding window and sinks */
     }
+    /* the GEMM path with chunks of several query tokens: a binding window (chunks after the first
+     * start past position 0, their later rows' windows later still), and 160 heads (the pointer
+     * tables' kernel in two blocks) */
+    attention_config(8, 2, 64, 5, 1, &blas, 3);
+    attention_config(160, 8, 16, 7, 1, &blas, 2);
     moex_cuda_blas_free(&blas);
     if (!g_quick) attention_long();
     // reset: one sequence, then all

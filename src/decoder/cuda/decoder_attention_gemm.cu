@@ -71,10 +71,12 @@ __global__ void __launch_bounds__(SOFTMAX_THREADS)
                 const __nv_bfloat16 hi = __float2bfloat16_rn(w);
                 const float r1 = __fsub_rn(w, __bfloat162float(hi));
                 const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
-                parts[j] = hi, parts[L + j] = mid, parts[2 * L + j] = __float2bfloat16_rn(__fsub_rn(r1, __bfloat162float(mid)));
+                parts[j] = hi, parts[L + j] = mid;
+                parts[2 * L + j] = __float2bfloat16_rn(__fsub_rn(r1, __bfloat162float(mid)));
             }
         } else {
-            for (int64_t j = threadIdx.x; j < L; j += blockDim.x) row[j] = j >= lo && j < seen ? mul_rn(row[j], inv) : 0.0f;
+            for (int64_t j = threadIdx.x; j < L; j += blockDim.x)
+                row[j] = j >= lo && j < seen ? mul_rn(row[j], inv) : 0.0f;
         }
         __syncthreads(); /* red_f, red_d are rewritten by the next row */
     }
@@ -330,7 +332,11 @@ extern "C" moex_status moex_cuda_attention_gemm(const moex_cuda_blas *blas, cons
     for (int64_t i = 0; i < nseq; i++) {
         const moex_attn_seq *h = &host_seqs[i];
         if (h->tokens == 0) continue; /* nothing to attend */
-        const int64_t tc = chunk_tokens(sc_floats, heads, h->past + h->tokens); /* query tokens a chunk */
+        /* query tokens a chunk, sized by the most positions a chunk's rows see: a window keeps them
+         * under window + CHUNK_TOKENS (a chunk's L <= window + n - 1), however long the sequence */
+        const int64_t Ls = h->past + h->tokens;
+        const int64_t most = window > 0 && window + CHUNK_TOKENS < Ls ? window + CHUNK_TOKENS : Ls;
+        const int64_t tc = chunk_tokens(sc_floats, heads, most);
         for (int64_t c0 = 0; c0 < h->tokens; c0 += tc) {
             /* the chunk's rows see positions k0 .. past + c0 + n - 1: from its first row's window start */
             const int64_t n = h->tokens - c0 < tc ? h->tokens - c0 : tc, last = h->past + c0 + n;
