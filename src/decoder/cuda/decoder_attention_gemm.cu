@@ -82,6 +82,16 @@ __global__ void __launch_bounds__(SOFTMAX_THREADS)
     }
 }
 
+/* causal_softmax_kernel over rows rows of scores, a block a row (grid-stride past 1048576 blocks). */
+static moex_status causal_softmax(float *scores, int64_t rows, int64_t L, int64_t heads, int head_major, int64_t n,
+                                  int64_t k0, int64_t first_visible, int64_t window, const float *sinks,
+                                  __nv_bfloat16 *split, cudaStream_t s, const char *what) {
+    const unsigned blocks = (unsigned)(rows < 1048576 ? rows : 1048576);
+    causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(scores, rows, L, heads, head_major, n, k0, first_visible,
+                                                             window, sinks, split);
+    return MOEX_CUDA_LAUNCHED(what);
+}
+
 /* The host copy of the descriptors against the cache's bounds and total (what the GEMMs read). */
 static moex_status host_seqs_check(const char *fn, const moex_cuda_kv_cache *cache, const moex_attn_seq *host_seqs,
                                    int64_t nseq, int64_t total) {
@@ -173,10 +183,9 @@ static moex_status latent_seq_f32(cublasHandle_t hd, cudaStream_t s, const moex_
                                       CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
                          "cuda latent attention: scores GEMM");
         if (st) return st;
-        const unsigned blocks = (unsigned)(M < 1048576 ? M : 1048576);
-        causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(scores, M, L, heads, 0, n, 0, h->past + c0 + 1, 0,
-                                                                 NULL, NULL);
-        if ((st = MOEX_CUDA_LAUNCHED("cuda latent attention: softmax kernel"))) return st;
+        if ((st = causal_softmax(scores, M, L, heads, 0, n, 0, h->past + c0 + 1, 0, NULL, NULL, s,
+                                 "cuda latent attention: softmax kernel")))
+            return st;
         /* out^T [dv, M] = keys' first dv values ([dv, L], ld W) . scores^T [L, M] */
         st = blas_status(cublasGemmEx(hd, CUBLAS_OP_N, CUBLAS_OP_N, (int)dv, (int)M, (int)L, &one, keys, CUDA_R_32F,
                                       (int)W, scores, CUDA_R_32F, (int)L, &zero, oc, CUDA_R_32F, (int)dv,
@@ -247,10 +256,9 @@ static moex_status latent_seq_bf16(cublasHandle_t hd, cudaStream_t s, const moex
                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                          "cuda latent attention: bf16 scores GEMM");
         if (st) return st;
-        const unsigned blocks = (unsigned)(M < 1048576 ? M : 1048576);
-        causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(scores, M, L, heads, 0, n, 0, h->past + c0 + 1, 0,
-                                                                 NULL, split);
-        if ((st = MOEX_CUDA_LAUNCHED("cuda latent attention: softmax kernel"))) return st;
+        if ((st = causal_softmax(scores, M, L, heads, 0, n, 0, h->past + c0 + 1, 0, NULL, split, s,
+                                 "cuda latent attention: softmax kernel")))
+            return st;
         /* out^T [dv, M] = kv3's first dv values ([dv, 3L], ld W) . [hi, mid, lo]^T [3L, M] (ld 3L) */
         st = blas_status(cublasGemmEx(hd, CUBLAS_OP_N, CUBLAS_OP_N, (int)dv, (int)M, (int)(3 * L), &one, kv3,
                                       CUDA_R_16BF, (int)W, split, CUDA_R_16BF, (int)(3 * L), &zero, oc, CUDA_R_32F,
@@ -356,11 +364,9 @@ extern "C" moex_status moex_cuda_attention_gemm(const moex_cuda_blas *blas, cons
                                                  (int)heads, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
                              "cuda attention: scores GEMM");
             if (st) return st;
-            const int64_t M = heads * n;
-            const unsigned blocks = (unsigned)(M < 1048576 ? M : 1048576);
-            causal_softmax_kernel<<<blocks, SOFTMAX_THREADS, 0, s>>>(sc, M, L, heads, 1, n, k0, h->past + c0 + 1,
-                                                                     window, sinks, NULL);
-            if ((st = MOEX_CUDA_LAUNCHED("cuda attention: softmax kernel"))) return st;
+            if ((st = causal_softmax(sc, heads * n, L, heads, 1, n, k0, h->past + c0 + 1, window, sinks, NULL, s,
+                                     "cuda attention: softmax kernel")))
+                return st;
             /* out_h^T [d, n] (ld heads x d) = values_g^T ([d, L]) . scores_h^T [L, n]; every query row of
              * the chunk was read above, so out may be q */
             st = blas_status(cublasGemmBatchedEx(hd, CUBLAS_OP_N, CUBLAS_OP_N, (int)d, (int)n, (int)L, &one,
