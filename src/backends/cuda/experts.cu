@@ -377,7 +377,7 @@ static size_t gemv_bytes(const moex_experts_desc *d, int64_t P, int with_y) {
 }
 
 /* Bytes of sonicmoe's fused path: h [P, I] and y [P, H] in the weights' dtype (each slot's
- * routing weight reuses the routing's slot_token: gemm_path). */
+ * routing weight is the routing's slot_w). */
 static size_t sonic_bytes(const moex_experts_desc *d, int64_t P) {
     const size_t es = esize(moex_weight_dtype(d));
     return align256((size_t)P * d->intermediate * es) + align256((size_t)P * d->hidden * es);
@@ -586,7 +586,9 @@ static moex_status run_gemm(const cuda_state *s, const grouped_gemm_args *g, int
  * rows, the down GEMM (y in f32), the reduction. compiled: run_gemm's. fused (sonicmoe; bf16/f16,
  * packed routing, hidden in the weights' dtype): no gather, the gate/up GEMM reads its rows of
  * the hidden states by slot_token; the down GEMM multiplies each row by its pair's routing
- * weight, so the reduction sums (sonic_bytes' buffers). */
+ * weight, so the reduction sums (sonic_bytes' buffers). bf16/f16 narrow tiles with the library's
+ * kernels and one launch each (not eager's per-expert ones): the two GEMMs chained
+ * (grouped_gemm_run_chained, its counters in the routing's sched). */
 static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t rows, int narrow, int per_expert,
                              int compiled, int fused) {
     const moex_forward_args *a = f->a;
@@ -631,23 +633,24 @@ static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t row
         up.dt = down.dt = L.wdt;
         up.a = xa, up.c = hb;
         down.a = hb, down.c = yb;
-        /* fused: slot_token is dead once the gate/up GEMM has read it, so its P words then take
-         * each slot's routing weight (f32), which the down GEMM reads */
-        float *slot_w = (float *)r.slot_token;
         if (fused) {
             up.a = a->hidden->data, up.a_rows = f->T, up.a_ld = a->hidden->strides[0], up.a_index = r.slot_token;
-            down.row_scale = slot_w;
-        } else if ((st = routing_gather(r, f->T, f->k, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], xa,
-                                        L.wdt, L.H, f->stream))) {
-            return st;
+            down.row_scale = r.slot_w;
+            st = routing_slot_weights(r.pair_slot, a->weights->data, a->weights->dtype, a->weights->strides[0], f->T,
+                                      f->k, r.slot_w, f->stream);
+        } else {
+            st = routing_gather(r, f->T, f->k, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], xa, L.wdt, L.H,
+                                f->stream);
         }
-        for (int64_t e = 0; e < (per_expert ? f->E : 1); e++) {
+        if (st) return st;
+        if (!compiled && !per_expert && narrow) {
+            st = grouped_gemm_run_chained(&up, &down, r.sched, s->num_sms, f->stream);
+            if (st) return st;
+        }
+        for (int64_t e = 0; (compiled || per_expert || !narrow) && e < (per_expert ? f->E : 1); e++) {
             up.e_begin = down.e_begin = per_expert ? e : 0;
             up.e_end = down.e_end = per_expert ? e + 1 : f->E;
-            if ((st = run_gemm(s, &up, compiled, f->stream)) ||
-                (fused && (st = routing_slot_weights(r.pair_slot, a->weights->data, a->weights->dtype,
-                                                     a->weights->strides[0], f->T, f->k, slot_w, f->stream))) ||
-                (st = run_gemm(s, &down, compiled, f->stream)))
+            if ((st = run_gemm(s, &up, compiled, f->stream)) || (st = run_gemm(s, &down, compiled, f->stream)))
                 return st;
         }
         y = yb, ydt = L.wdt;

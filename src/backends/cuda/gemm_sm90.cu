@@ -127,16 +127,30 @@ moex_status grouped_gemm_init(void) {
     return moex_cuda_status(err, "grouped GEMM shared memory size");
 }
 
-/* One kernel of the family: the gathered A-load's (GATHER) or the TMA one's. */
+/* One kernel of the family: the gathered A-load's (GATHER) or the TMA one's; with p.wait_done
+ * (the chained down GEMM) by programmatic dependent launch, so that its blocks may start while
+ * the kernel before it (which triggers its dependents as it starts) still runs. */
 template <typename T, int EPI, bool OVERLAP, bool NARROW, bool GATHER>
 static void launch_one(int num_sms, cudaStream_t s, const CUtensorMap &map_a, const CUtensorMap &map_b,
                        const gemm_params &p) {
-    if constexpr (GATHER)
-        grouped_gemm_gather_kernel<T, EPI, OVERLAP, NARROW><<<num_sms, THREADS, GATHER_SMEM_BYTES, s>>>(
-            map_a, map_b, p);
-    else
-        grouped_gemm_kernel<T, EPI, OVERLAP, NARROW><<<num_sms, THREADS, ring<T, NARROW>::smem_bytes, s>>>(map_a, map_b,
-                                                                                                          p);
+    void (*kernel)(const CUtensorMap, const CUtensorMap, gemm_params) = grouped_gemm_kernel<T, EPI, OVERLAP, NARROW>;
+    int smem = ring<T, NARROW>::smem_bytes;
+    if constexpr (GATHER) kernel = grouped_gemm_gather_kernel<T, EPI, OVERLAP, NARROW>, smem = GATHER_SMEM_BYTES;
+    if (!p.wait_done) {
+        kernel<<<num_sms, THREADS, smem, s>>>(map_a, map_b, p);
+        return;
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)num_sms);
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = (size_t)smem;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, p); /* its error is the launch's: MOEX_CUDA_LAUNCHED */
 }
 
 /* The kernel of one (dtype, epilogue, A-load): narrow tiles, the overlapped epilogue or the plain
@@ -187,6 +201,12 @@ typedef struct gemm_plan {
     bool fp8, narrow, overlap, gather;
 } gemm_plan;
 
+/* Column tiles of N outputs, tiles of tile_n weight rows (gated gate/up: half of them are features). */
+static int64_t column_tiles(gemm_epilogue epi, int64_t N, int tile_n) {
+    const int per = epi == EPI_GATE_UP_CONCAT || epi == EPI_GATE_UP_INTERLEAVED ? tile_n / 2 : tile_n;
+    return (N + per - 1) / per;
+}
+
 static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool with_maps) {
     memset(pl, 0, sizeof *pl);
     const int fp8 = g->dt == MOEX_E4M3;
@@ -208,6 +228,10 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
                          "gate/up GEMM of block_k 128 only");
     if (g->row_scale && (fp8 || g->epi != EPI_DOWN))
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: row scales are the bf16/f16 down epilogue's");
+    if ((g->tickets || g->done || g->wait_done) && (fp8 || !narrow))
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: tile counters and chaining are the bf16/f16 narrow kernels'");
+    if (g->wait_done && (gather || g->wait_per_mtile <= 0 || g->wait_per_mtile > INT32_MAX))
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: a chained GEMM loads A by TMA and needs its count a tile");
     pl->fp8 = fp8, pl->narrow = narrow, pl->gather = gather;
     /* the overlapped epilogue (float only) takes the common cases only (no biases; SiLU for
      * gate/up) and stages every warp's rows, so it pays for experts of a tile or more on average */
@@ -229,8 +253,7 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
     p.N = g->N;
     p.rows_per_expert = g->rows_per_expert;
     p.up_offset = g->up_offset;
-    p.n_tiles = g->epi == EPI_GATE_UP_CONCAT || g->epi == EPI_GATE_UP_INTERLEAVED ? (g->N + tile_n / 2 - 1) / (tile_n / 2)
-                                                                                   : (g->N + tile_n - 1) / tile_n;
+    p.n_tiles = column_tiles(g->epi, g->N, tile_n);
     p.e_begin = g->e_begin;
     p.e_end = g->e_end;
     p.offsets = g->offsets;
@@ -241,6 +264,7 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
     p.L = g->L;
     if (gather) p.gather = g->a, p.gather_ld = g->a_ld, p.a_index = g->a_index;
     p.row_scale = g->row_scale;
+    p.tickets = g->tickets, p.done = g->done, p.wait_done = g->wait_done, p.wait_per_mtile = (int)g->wait_per_mtile;
     if (fp8) {
         p.a_scale = g->a_scales;
         p.a_sld = (g->K + g->q.bk - 1) / g->q.bk;
@@ -267,6 +291,22 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
     else
         launch_epi<__half>(g->epi, pl.narrow, pl.overlap, pl.gather, num_sms, s, pl.map_a, pl.map_b, pl.p);
     return MOEX_CUDA_LAUNCHED("grouped GEMM kernel");
+}
+
+moex_status grouped_gemm_run_chained(const grouped_gemm_args *up, const grouped_gemm_args *down, int *counters,
+                                     int num_sms, cudaStream_t s) {
+    if (up->dt == MOEX_E4M3 || down->epi != EPI_DOWN || up->epi != EPI_GATE_UP_CONCAT || !up->narrow || !down->narrow ||
+        up->L.E != down->L.E)
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: chaining takes a bf16/f16 gate/up GEMM of narrow tiles and "
+                         "its down GEMM");
+    const int64_t E = up->L.E;
+    grouped_gemm_args u = *up, d = *down;
+    u.tickets = counters + E, u.done = counters;
+    d.tickets = counters + E + 1, d.wait_done = counters;
+    /* the gate/up GEMM's column tiles x the warps that store a part of each (one warpgroup a narrow tile) */
+    d.wait_per_mtile = column_tiles(up->epi, up->N, BN) * 4;
+    moex_status st = grouped_gemm_run(&u, num_sms, s);
+    return st ? st : grouped_gemm_run(&d, num_sms, s);
 }
 
 moex_status grouped_gemm_spec(const grouped_gemm_args *g, gemm_rtc_spec *spec) {

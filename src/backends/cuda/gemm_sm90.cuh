@@ -52,6 +52,15 @@ typedef struct grouped_gemm_args {
                                   into c_scales, with act_quant_e4m3's rounding */
     float *c_scales;
     quant_view q;              /* e4m3: the weights' block scales */
+    /* bf16/f16 narrow tiles only (grouped_gemm_run_chained sets them; NULL otherwise): */
+    int *tickets;              /* NULL (block b takes tiles b, b + grid, ...), or a counter, zero before the launch,
+                                  from which each block takes its next tile once it has its first (b): a block whose
+                                  tiles went fast takes more */
+    int *done;                 /* NULL, or [E] counters: each consumer warp adds 1 to its tile's expert once it has
+                                  stored its part of the tile (4 a narrow tile: its warpgroup's warps) */
+    const int *wait_done;      /* NULL, or the earlier GEMM's `done`: A's rows of expert e are loaded only once
+                                  wait_done[e] reaches its row tiles x wait_per_mtile (the down GEMM reading h) */
+    int64_t wait_per_mtile;
 } grouped_gemm_args;
 
 /* ---- size policy: when this kernel family runs --------------------------------------------- */
@@ -111,6 +120,9 @@ static inline int grouped_gemm_fp8_h_in_epilogue(int narrow, gemm_epilogue gate_
     return narrow && gate_up_epi == EPI_GATE_UP_CONCAT && bk == 128;
 }
 
+/* The counters grouped_gemm_run_chained takes for E experts: done[E], then the two GEMMs' tickets. */
+static inline int64_t grouped_gemm_chain_ints(int64_t E) { return E + 2; }
+
 #ifndef __CUDACC_RTC__
 /* 1 if the tensor-core path can take a layer with these matrices (strides,
  * alignment, dtype); otherwise 0 and a reason. */
@@ -121,6 +133,17 @@ moex_status grouped_gemm_init(void);
 
 /* Queue the GEMM on s with a persistent grid of num_sms blocks. */
 moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s);
+
+/* The gate/up GEMM then the down GEMM of one forward (bf16/f16, concatenated gate/up, narrow tiles:
+ * grouped_gemm_narrow_pays; both of the library's kernels, the same routing tiles), chained: the
+ * down GEMM is launched to start on each SM the gate/up GEMM
+ * leaves (programmatic dependent launch) and loads an expert's rows of h once the gate/up GEMM's
+ * consumers have stored them all (per-expert counters), and both GEMMs hand their tiles out from
+ * a counter, so that the blocks that start early take more. Without it each GEMM's last tiles
+ * leave SMs idle and the down GEMM's first copies wait for the whole gate/up GEMM.
+ * counters: grouped_gemm_chain_ints(E) ints, zero (routing_build clears them). */
+moex_status grouped_gemm_run_chained(const grouped_gemm_args *up, const grouped_gemm_args *down, int *counters,
+                                     int num_sms, cudaStream_t s);
 
 /* The kernel of the family grouped_gemm_run launches for g, as the template arguments of a
  * specialisation compiled at run time (gemm_rtc.h; K compiled in). */

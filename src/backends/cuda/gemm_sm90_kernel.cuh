@@ -27,8 +27,8 @@ constexpr int SROW = 72, EPI_OFFSET = STAGES * STAGE_BYTES + 128;
 constexpr int EPI_BYTES = 8 * 16 * SROW * 2;
 constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 128 + EPI_BYTES;
 /* the gathered A-load's source rows of the producer's current and previous tile (2 x BM ints),
- * after the staging area */
-constexpr int GATHER_OFFSET = EPI_OFFSET + EPI_BYTES, GATHER_SMEM_BYTES = SMEM_BYTES + 2 * BM * 4;
+ * after the staging area, then the block's next tile (one int, padded to 16 bytes) */
+constexpr int GATHER_OFFSET = EPI_OFFSET + EPI_BYTES, GATHER_SMEM_BYTES = SMEM_BYTES + 2 * BM * 4 + 16;
 static_assert(2 * STAGES * 8 <= 128, "barriers");
 /* setmaxnreg: 128 producer + 256 consumer threads share the pool of a block compiled for
  * 168 registers; asking for more than the pool makes setmaxnreg.inc wait forever. The consumers
@@ -62,6 +62,11 @@ struct gemm_params {
     uint8_t *cq;
     float *cs;
     int64_t cs_ld;
+    /* chained kernels (grouped_gemm_args): the tile counter, the per-expert counters this GEMM adds
+     * to, and those it waits for before loading an expert's rows of A */
+    int *tickets, *done;
+    const int *wait_done;
+    int wait_per_mtile;
 };
 
 /* FP8 tiles: 128 weight rows (gate/up: 64 features, their gate and up rows) */
@@ -298,9 +303,23 @@ __device__ __forceinline__ void stage_chunk(const float (&dh)[64], int c, uint32
 /* ---- tiles ---------------------------------------------------------------------- */
 
 struct tile {
-    int e, a_row, n; /* 32-bit: a row is a tensor map coordinate, which is 32-bit */
+    int e, a_row, n; /* 32-bit: a row is a tensor map coordinate, which is 32-bit; e < 0: no tile (stop_tile) */
     int rows; /* valid rows of A in this tile */
+    int last; /* 1: the block's last tile (set in the slot of its last k-block) */
 };
+
+/* The slot the producer writes after a block's last tile (chained kernels): the warpgroup whose
+ * turn comes next in the ping-pong finds it instead of a tile and stops. */
+__device__ __forceinline__ tile stop_tile() {
+    tile t = {-1, 0, 0, 0, 1};
+    return t;
+}
+
+/* The tile a block takes after tile t: from the counter (p.tickets: chained kernels), the grid's
+ * tiles being the blocks' first, or t + grid. Not past total: the caller stops there. */
+__device__ __forceinline__ int64_t next_tile(const gemm_params &p, int64_t t) {
+    return p.tickets ? (int64_t)gridDim.x + atomicAdd(p.tickets, 1) : t + gridDim.x;
+}
 
 /* Tile t of the list (row tiles of TM rows): experts in order, row tiles fastest within an expert. */
 template <int TM> __device__ __forceinline__ tile find_tile(const gemm_params &p, int64_t t) {
@@ -330,6 +349,7 @@ template <int TM> __device__ __forceinline__ tile find_tile(const gemm_params &p
     r.a_row = (int)(p.offsets[lo] + m * TM);
     const int64_t left = p.ends[lo] - r.a_row;
     r.rows = (int)(left < TM ? left : TM);
+    r.last = 0;
     return r;
 }
 
@@ -343,14 +363,48 @@ static_assert(2 * STAGES * 8 + 16 * STAGES <= 128 && 2 * FP8_STAGES * 8 + 16 * F
 __device__ __forceinline__ uint32_t tile_slot(uint32_t full_addr, int stage) { return full_addr + 64 + stage * 16; }
 __device__ __forceinline__ void put_tile(uint32_t slot, const tile &tl) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(slot), "r"((uint32_t)tl.e), "r"((uint32_t)tl.a_row),
-                 "r"((uint32_t)tl.n), "r"((uint32_t)tl.rows)
+                 "r"((uint32_t)tl.n), "r"((uint32_t)tl.rows | (uint32_t)tl.last << 16)
                  : "memory");
 }
 __device__ __forceinline__ tile get_tile(uint32_t slot) {
     const uint4 v = lds16(slot);
     tile tl;
-    tl.e = (int)v.x, tl.a_row = (int)v.y, tl.n = (int)v.z, tl.rows = (int)v.w;
+    tl.e = (int)v.x, tl.a_row = (int)v.y, tl.n = (int)v.z, tl.rows = (int)(v.w & 0xFFFFu), tl.last = (int)(v.w >> 16);
     return tl;
+}
+
+/* ---- chained GEMMs (grouped_gemm_run_chained) ---------------------------------------- */
+
+/* The kernels that take part: the float ones of narrow tiles (experts of few rows, where each
+ * GEMM's start and last tiles are a large share of its time). They take their tiles from the
+ * counter (next_tile), end on the stop slot and count each finished tile (signal_tile_done);
+ * the others take tiles b, b + grid, ... and know their end from the tile count (measured: the
+ * chain's machinery cost the wide tiles 2-4%, dev/notes/cuda-notes.md). */
+template <typename T, bool NARROW> __host__ __device__ constexpr bool chained() { return NARROW && !is_fp8<T>(); }
+
+/* A consumer warp has stored its part of a tile of expert e: lane 0 adds 1 to done[e] with
+ * release semantics (after the warp's barrier, so the other lanes' stores come first). Predicated,
+ * not branched: no path around the wgmmas that some warps take (C7518). done NULL: nothing. */
+__device__ __forceinline__ void signal_tile_done(int *done, int e, int lane) {
+    __syncwarp();
+    const uint32_t go = done != nullptr && lane == 0;
+    int *at = (int *)((uintptr_t)done + (uintptr_t)(int64_t)e * 4);
+    asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %1, 0;\n @q red.release.gpu.global.add.s32 [%0], 1;\n}\n"
+                 ::"l"(at), "r"(go)
+                 : "memory");
+}
+
+/* Wait until every row of expert e that A holds is stored (p.wait_done: the earlier GEMM's
+ * counters), then order those generic-proxy stores before this thread's TMA (async-proxy) reads. */
+__device__ __forceinline__ void wait_rows_done(const gemm_params &p, int e) {
+    const int need = (p.mtile_off[e + 1] - p.mtile_off[e]) * p.wait_per_mtile;
+    for (;;) {
+        int v;
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p.wait_done + e) : "memory");
+        if (v >= need) break;
+        __nanosleep(128);
+    }
+    asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
 /* ---- the epilogue ------------------------------------------------------------------ */
@@ -432,7 +486,11 @@ __device__ __forceinline__ void epilogue_half(const float (&dh)[64], int half, c
 /* Thread 0 of warpgroup 0 issues the TMA copies of every k-block of the block's tiles into the
  * ring. Per stage: the tile's A rows (k_block<T>() inputs, 128 bytes a row), then the weight
  * rows: gate/up concatenated as [gate 0-63, up 0-63 | gate 64-127, up 64-127] of the tile (FP8
- * wide tiles: [gate 0-63, up 0-63]), otherwise tile_n (BN; FP8 wide: FP8_BN) consecutive rows. */
+ * wide tiles: [gate 0-63, up 0-63]), otherwise tile_n (BN; FP8 wide: FP8_BN) consecutive rows.
+ * chained<T, NARROW>() kernels: the block's next tile is asked for (next_tile) as a tile starts
+ * and needed only at its last k-block, whose slot says whether it was the block's last; after
+ * it, the ring gets the stop slot; with p.wait_done, an expert's A rows are waited for before
+ * its first copy. */
 template <typename T, int EPI, bool NARROW>
 __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensorMap &map_b, const gemm_params &p,
                                         unsigned char *smem, uint64_t *full, uint64_t *empty, int64_t total,
@@ -441,13 +499,20 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
     constexpr int KB = k_block<T>(), TILE_N = tile_n<T, NARROW>(), B_LOAD = TILE_N * 128;
     /* gate/up boxes (rows each, boxes a stage): [gate, up] pairs of the tile's features */
     constexpr int GU_BOX = BN / 4, GU_BOXES = TILE_N / GU_BOX;
-    int stage = 0, phase = 0;
-    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-        const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
+    constexpr bool CHAINED = chained<T, NARROW>();
+    int stage = 0, phase = 0, waited = -1;
+    for (int64_t t = blockIdx.x; t < total;) {
+        const int64_t next = CHAINED ? next_tile(p, t) : t + gridDim.x;
+        tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
+        if (CHAINED && p.wait_done && tl.e != waited) {
+            wait_rows_done(p, tl.e);
+            waited = tl.e;
+        }
         const int64_t b_row = tl.e * p.rows_per_expert;
         for (int kb = 0; kb < k_blocks; kb++) {
             mbar_wait(&empty[stage], phase ^ 1);
             unsigned char *a = smem + stage * ring<T, NARROW>::stage_bytes, *b = a + A_BYTES;
+            if (CHAINED && kb == k_blocks - 1) tl.last = next >= total;
             put_tile(tile_slot(smem_addr(full), stage), tl);
             mbar_expect_tx(&full[stage], (NARROW ? NARROW_ROWS * 128 : A_BYTES) + B_LOAD);
             tma_load(a, &map_a, &full[stage], kb * KB, (int)tl.a_row);
@@ -460,6 +525,12 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
             }
             if (++stage == ring<T, NARROW>::stages) stage = 0, phase ^= 1;
         }
+        t = next;
+    }
+    if constexpr (CHAINED) {
+        mbar_wait(&empty[stage], phase ^ 1);
+        put_tile(tile_slot(smem_addr(full), stage), stop_tile());
+        mbar_arrive(&full[stage]);
     }
 }
 
@@ -476,7 +547,9 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
  * alternating, with one barrier of the warpgroup a tile: a buffer is rewritten only after every
  * thread has passed the barrier of the tile that followed its last use). Measured against two
  * other arrangements (dev/notes/sonicmoe-notes.md): one warp a stage, each waiting for its
- * copies, and two copying warps with a relay thread; fewer copying threads were slower. */
+ * copies, and two copying warps with a relay thread; fewer copying threads were slower. NARROW
+ * (chained<T, NARROW>()): thread 0 asks for the block's next tile (next_tile) and passes it to
+ * the others through shared memory at the tile's end; after the last, the stop slot (produce's). */
 template <typename T, int EPI, bool NARROW>
 __device__ __forceinline__ void produce_gathered(const CUtensorMap &map_b, const gemm_params &p, unsigned char *smem,
                                                  uint64_t *full, uint64_t *empty, int64_t total, int k_blocks,
@@ -488,8 +561,10 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap &map_b, const
     const uint32_t swz = (uint32_t)((piece ^ (r0 % 8)) * 16); /* (r0 + 16 j) % 8 == r0 % 8 */
     const T *src = (const T *)p.gather;
     int stage = 0, phase = 0, buf = 0;
-    for (int64_t t = blockIdx.x; t < total; t += gridDim.x, buf ^= 1) {
-        const tile tl = find_tile<ROWS>(p, t);
+    const uint32_t next_at = smem_addr(smem + GATHER_OFFSET) + 2 * (BM * 4);
+    for (int64_t t = blockIdx.x; t < total; buf ^= 1) {
+        const int64_t next = !NARROW ? t + gridDim.x : tid == 0 ? next_tile(p, t) : 0;
+        tile tl = find_tile<ROWS>(p, t);
         const int64_t b_row = tl.e * p.rows_per_expert;
         /* the source row of each of the tile's rows, -1 past its last */
         const uint32_t rows = smem_addr(smem + GATHER_OFFSET) + buf * (BM * 4);
@@ -499,6 +574,7 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap &map_b, const
             mbar_wait(&empty[stage], phase ^ 1);
             unsigned char *a = smem + stage * ring<T, NARROW>::stage_bytes, *b = a + A_BYTES;
             if (tid == 0) {
+                if (NARROW && kb == k_blocks - 1) tl.last = next >= total;
                 put_tile(tile_slot(smem_addr(full), stage), tl);
                 mbar_expect_tx(&full[stage], TILE_N * 128);
                 if (EPI == EPI_GATE_UP_CONCAT) {
@@ -520,6 +596,23 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap &map_b, const
             cp_async_arrive(&full[stage]);
             if (++stage == ring<T, NARROW>::stages) stage = 0, phase ^= 1;
         }
+        if constexpr (NARROW) {
+            /* every thread has read next_at since thread 0 last wrote it: they did before the
+             * rows' barrier of this tile */
+            if (tid == 0) sts4(next_at, (uint32_t)next);
+            asm volatile("bar.sync 1, 128;" ::: "memory");
+            t = (int64_t)(int)lds4(next_at);
+        } else {
+            t = next;
+        }
+    }
+    if constexpr (NARROW) { /* the stop slot: the barrier's 129 arrivals (thread 0 twice) */
+        mbar_wait(&empty[stage], phase ^ 1);
+        if (tid == 0) {
+            put_tile(tile_slot(smem_addr(full), stage), stop_tile());
+            mbar_arrive(&full[stage]);
+        }
+        mbar_arrive(&full[stage]);
     }
 }
 
@@ -565,13 +658,20 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
     float acc0[64], acc1[64];
     tile done = {}; /* the previous tile: its second half waits for its epilogue */
     bool pending = false;
-    /* NARROW: every other tile of the block, all its rows; otherwise every tile, 64 of its rows */
-    const int64_t t_step = NARROW ? 2 * (int64_t)gridDim.x : gridDim.x;
     const int row0 = NARROW ? 0 : (wg - 1) * 64;
+    const int lane = tid % 32;
     if (NARROW && wg == 2) ring_skip(stage, phase, k_blocks, STAGES);
-    for (int64_t t = blockIdx.x + (NARROW ? (int64_t)(wg - 1) * gridDim.x : 0); t < total; t += t_step) {
-        /* the block's previous tile (none before its first) has finished its k-loop */
-        if (NARROW && t != blockIdx.x) turn_wait(wg == 2 ? 2 : 3);
+    /* NARROW (chained<T, NARROW>()): every other tile of the block (it has one:
+     * grouped_gemm_body), all its rows, until a slot says it was the block's last or the stop
+     * slot comes; otherwise tiles b, b + grid, ... below total, 64 of their rows each */
+    for (int64_t t = NARROW ? 0 : blockIdx.x; NARROW || t < total; t += NARROW ? 1 : gridDim.x) {
+        if (NARROW && !(wg == 1 && t == 0)) {
+            /* the block's previous tile has finished its k-loop; then this warpgroup's next
+             * stage holds its next tile or the stop slot */
+            turn_wait(wg == 2 ? 2 : 3);
+            wait_full<GATHER>(&full[stage], phase);
+            if (get_tile(tile_slot(smem_addr(full), stage)).e < 0) break;
+        }
         const unsigned char *a_base = smem + row0 * 128, *b_base = smem + A_BYTES;
         int prev = -1; /* the stage to release once the next group of wgmmas is issued */
         int kb = 0;
@@ -633,7 +733,7 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
             prev = stage;
             if (++stage == STAGES) stage = 0, phase ^= 1;
         }
-        if (NARROW && t + gridDim.x < total) turn_pass(wg == 1 ? 2 : 3); /* the block's next tile may start */
+        if (NARROW) turn_pass(wg == 1 ? 2 : 3); /* the block's next tile (or the stop slot) may be taken */
         wgmma_wait<0>();
         fence_acc(acc0);
         fence_acc(acc1);
@@ -645,7 +745,9 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
             pending = true;
         } else {
             epilogue_half<T, EPI, OVERLAP>(acc1, 1, tl, p, smem, wg, tid, row0);
+            if (NARROW) signal_tile_done(p.done, tl.e, lane);
         }
+        if (NARROW && tl.last) break;
     }
     if (OVERLAP && pending) epilogue_half<T, EPI, OVERLAP>(acc1, 1, done, p, smem, wg, tid, row0);
 }
@@ -877,6 +979,9 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase
 template <typename T, int EPI, bool OVERLAP, bool NARROW, long long SHAPE_K = 0, bool GATHER = false>
 __device__ __forceinline__ void grouped_gemm_body(const CUtensorMap &map_a, const CUtensorMap &map_b,
                                                   const gemm_params &p) {
+    /* a GEMM launched after this one with programmatic dependent launch (the chained down GEMM)
+     * may take each SM this kernel leaves; it waits for its inputs itself (wait_rows_done) */
+    if constexpr (chained<T, NARROW>()) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     typedef ring<T, NARROW> R;
@@ -893,6 +998,7 @@ __device__ __forceinline__ void grouped_gemm_body(const CUtensorMap &map_a, cons
     }
     __syncthreads();
     const int64_t total = (int64_t)(p.mtile_off[p.e_end] - p.mtile_off[p.e_begin]) * p.n_tiles;
+    if ((int64_t)blockIdx.x >= total) return; /* every role below expects a first tile */
     const int64_t K = SHAPE_K ? (int64_t)SHAPE_K : p.K;
     const int k_blocks = (int)((K + k_block<T>() - 1) / k_block<T>());
     if (wg == 0) {

@@ -9,7 +9,7 @@
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 size_t routing_bytes(int64_t E, int64_t P) {
-    return 4 * align256((size_t)E * 4) + 2 * align256((size_t)(E + 1) * 4) + 2 * align256((size_t)P * 4) +
+    return 4 * align256((size_t)E * 4) + 2 * align256((size_t)(E + 1) * 4) + 3 * align256((size_t)P * 4) +
            align256((size_t)routing_sched_ints(E) * 4);
 }
 
@@ -22,6 +22,7 @@ routing_dev routing_carve(void *ws, int64_t E, int64_t P) {
     r.mtile_off = (int *)p, p += align256((size_t)(E + 1) * 4);
     r.pair_slot = (int *)p, p += align256((size_t)P * 4);
     r.slot_token = (int *)p, p += align256((size_t)P * 4);
+    r.slot_w = (float *)p, p += align256((size_t)P * 4);
     r.hit = (int *)p, p += align256((size_t)E * 4);
     r.ends = (int *)p, p += align256((size_t)E * 4);
     r.sched = (int *)p;
@@ -89,9 +90,10 @@ __device__ __forceinline__ int slot_base(routing_layout layout, int64_t e, int64
  * first slot and end in the layout; with hit, the list of experts with rows (tile_rows then
  * covers any expert: one tile each). offsets[E]: the slots the layout spans. */
 __global__ void scan_kernel(const int *counts, int64_t E, int tile_rows, routing_layout layout, int64_t cap,
-                            int *offsets, int *ends, int *mtile_off, int *cursor, int *hit) {
+                            int *offsets, int *ends, int *mtile_off, int *cursor, int *hit, int *sched) {
     __shared__ int wsum[64];
     const int tid = threadIdx.x, nt = blockDim.x;
+    for (int64_t e = tid; e < routing_sched_clear(E, hit != NULL); e += nt) sched[e] = 0;
     const int64_t per = (E + nt - 1) / nt, lo = tid * per, hi = lo + per < E ? lo + per : E;
     int rows = 0, tiles = 0;
     for (int64_t e = lo; e < hi; e++) {
@@ -220,8 +222,7 @@ __global__ void __launch_bounds__(SMALL_THREADS)
         id[i] = p < P ? load_id(ids, ids64, ld, p / kk, p % kk) : -1;
     }
     for (int64_t e = tid; e < E; e += nt) hist[e] = 0;
-    if (sched)
-        for (int64_t e = tid; e < routing_sched_ints(E); e += nt) sched[e] = 0;
+    for (int64_t e = tid; e < routing_sched_clear(E, hit != NULL); e += nt) sched[e] = 0;
     __syncthreads();
     int rank[PAIRS_PER_THREAD], ex[PAIRS_PER_THREAD];
 #pragma unroll
@@ -285,7 +286,7 @@ moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int6
                           int64_t E, int tile_rows, int hits, routing_layout layout, int64_t cap, int *flags,
                           cudaStream_t s) {
     const int64_t P = T * k;
-    int *hit = hits ? r.hit : NULL, *sched = hits ? r.sched : NULL;
+    int *hit = hits ? r.hit : NULL;
     /* slots past P (padded and masked layouts) have no token entry: those forwards do not read it */
     int *slot_token = layout == ROUTING_PACKED ? r.slot_token : NULL;
     if (hits && layout != ROUTING_PACKED) return moex_fail(MOEX_ERR_INTERNAL, "routing: hits take the packed layout");
@@ -294,11 +295,10 @@ moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int6
         const size_t small_smem = ((size_t)E + 64) * sizeof(int);
         routing_small_kernel<<<1, SMALL_THREADS, small_smem, s>>>(ids, ids64, ids_ld, T, k, E, tile_rows, layout, cap,
                                                                  r.counts, r.offsets, r.ends, r.mtile_off, r.pair_slot,
-                                                                 slot_token, hit, sched, flags);
+                                                                 slot_token, hit, r.sched, flags);
         return MOEX_CUDA_LAUNCHED("routing kernel");
     }
     moex_status st = moex_cuda_status(cudaMemsetAsync(r.counts, 0, (size_t)E * sizeof(int), s), "routing: clear");
-    if (!st && sched) st = moex_cuda_status(cudaMemsetAsync(sched, 0, (size_t)routing_sched_ints(E) * sizeof(int), s), "routing: clear");
     if (st) return st;
     const size_t smem = (size_t)E * 2 * sizeof(int);
     const int64_t chunks = (P + 256 * PAIRS_PER_THREAD - 1) / (256 * PAIRS_PER_THREAD);
@@ -307,7 +307,8 @@ moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int6
         count_block_kernel<<<(unsigned)chunks, 256, smem / 2, s>>>(ids, ids64, ids_ld, T, k, E, r.counts, flags);
     else
         count_kernel<<<grid_for(P, 256), 256, 0, s>>>(ids, ids64, ids_ld, T, k, E, r.counts, flags);
-    scan_kernel<<<1, 1024, 0, s>>>(r.counts, E, tile_rows, layout, cap, r.offsets, r.ends, r.mtile_off, r.cursor, hit);
+    scan_kernel<<<1, 1024, 0, s>>>(r.counts, E, tile_rows, layout, cap, r.offsets, r.ends, r.mtile_off, r.cursor, hit,
+                                   r.sched);
     if (blocked)
         scatter_block_kernel<<<(unsigned)chunks, 256, smem, s>>>(ids, ids64, ids_ld, T, k, E, r.offsets, r.cursor,
                                                                  r.pair_slot, slot_token);

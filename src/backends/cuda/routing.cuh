@@ -16,17 +16,23 @@ typedef struct routing_dev {
     int *ends;       /* [E]   end of each expert's slots: offsets[e] + counts[e] */
     int *mtile_off;  /* [E+1] prefix of ceil(counts/tile_rows) */
     int *pair_slot;  /* [P]   slot of pair p = t*k+j, or -1 for a sentinel */
-    int *slot_token; /* [P]   token of each slot (sonicmoe's forward overwrites it with each slot's
-                               routing weight once its gate/up GEMM has read it) */
+    int *slot_token; /* [P]   token of each slot */
+    float *slot_w;   /* [P]   routing_slot_weights: each slot's routing weight (sonicmoe) */
     int *hit;        /* [E]   routing_build with hits: the experts with rows, in expert order */
-    int *sched;      /* [routing_sched_ints(E)] routing_build with hits: zeroed for the one-launch
-                               streamed forward (gemv.cuh's gemv_mma_experts) */
+    int *sched;      /* [routing_sched_ints(E)] counters routing_build zeroes (routing_sched_clear):
+                               the one-launch streamed forward's (gemv.cuh's gemv_mma_experts) with
+                               hits, the chained grouped GEMMs' (grouped_gemm_chain_ints) without */
 } routing_dev;
 
 /* The streamed forward's schedule: done[E], its item counter and xdone (4 ints), then the
  * counters of its gate/up items split along K (at most ROUTING_SCHED_SPLIT: gemv.cuh). */
 #define ROUTING_SCHED_SPLIT 4096
 __host__ __device__ static inline int64_t routing_sched_ints(int64_t E) { return E + 4 + ROUTING_SCHED_SPLIT; }
+/* The ints routing_build zeroes: all of them with hits, E + 4 without (at least the chained GEMMs'
+ * grouped_gemm_chain_ints(E)). */
+__host__ __device__ static inline int64_t routing_sched_clear(int64_t E, int hits) {
+    return hits ? routing_sched_ints(E) : E + 4;
+}
 
 /* Where each expert's slots (rows of the gathered activations) begin:
  *   PACKED  right after the previous expert's (grouped_mm): P slots in all;
@@ -45,8 +51,8 @@ routing_dev routing_carve(void *ws, int64_t E, int64_t P);
  * slot_token, the slots placed by layout (cap: the masked layout's capacity an expert).
  * Bad ids (outside [-1, E]) set MOEX_CUDA_FLAG_BAD_ID in *flags and count as sentinels.
  * hits = 1 (for gemv_mma_experts): tiles are whole experts, so mtile_off[e] is the number of
- * experts before e that have rows and mtile_off[E] the number of them, hit[] lists them, and
- * sched is zeroed. */
+ * experts before e that have rows and mtile_off[E] the number of them, and hit[] lists them.
+ * sched's first routing_sched_clear(E, hits) ints are zeroed. */
 moex_status routing_build(const routing_dev &r, const void *ids, int ids64, int64_t ids_ld, int64_t T, int64_t k,
                           int64_t E, int tile_rows, int hits, routing_layout layout, int64_t cap, int *flags,
                           cudaStream_t s);
