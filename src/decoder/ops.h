@@ -119,6 +119,10 @@ struct moex_decoder_ops {
     /* moex_mla_values: lat [T, heads, kv_lora_rank] -> out [T, heads, vd] */
     moex_status (*mla_values)(const moex_decoder_env *e, const moex_linear_w *kv_b, int64_t heads, int64_t nope,
                               int64_t vd, const float *lat, int64_t T, float *out);
+    /* 1 when the table's products by w (linear, mla_absorb, mla_values) round their input to bf16
+     * themselves, exactly as round_bf16 does (the CUDA table converts it to w's bf16): a step in bf16
+     * compute may then leave out its own rounding of a buffer only those products read */
+    int (*rounds_input_bf16)(const moex_decoder_env *e, const moex_linear_w *w);
 };
 
 extern const moex_decoder_ops moex_decoder_ops_cpu;

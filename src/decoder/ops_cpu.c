@@ -178,6 +178,12 @@ static moex_status cpu_mla_values(const moex_decoder_env *e, const moex_linear_w
     return moex_mla_values(kv_b, heads, nope, vd, lat, T, out, e->threads);
 }
 
+/* The CPU's products read their f32 inputs as they are. */
+static int cpu_rounds_input_bf16(const moex_decoder_env *e, const moex_linear_w *w) {
+    (void)e, (void)w;
+    return 0;
+}
+
 static moex_status cpu_scale(const moex_decoder_env *e, float *x, int64_t n, float s) {
     (void)e;
     for (int64_t i = 0; i < n; i++) x[i] *= s;
@@ -218,4 +224,5 @@ const moex_decoder_ops moex_decoder_ops_cpu = {
     cpu_latent_attention,
     cpu_mla_absorb,
     cpu_mla_values,
+    cpu_rounds_input_bf16,
 };

@@ -167,6 +167,13 @@ static moex_status cu_mla_values(const moex_decoder_env *e, const moex_linear_w 
     return moex_cuda_mla_values((const moex_cuda_blas *)e->blas, kv_b, heads, nope, vd, lat, T, out, e->x16, e->stream);
 }
 
+/* bf16 weights: the products convert their f32 input to bf16 first (round to nearest even, as
+ * round_bf16), so a bf16 value is what they multiply either way. */
+static int cu_rounds_input_bf16(const moex_decoder_env *e, const moex_linear_w *w) {
+    (void)e;
+    return w && w->dtype == MOEX_BF16;
+}
+
 const moex_decoder_ops moex_decoder_ops_cuda = {
     "cuda",
     cu_copy_in,
@@ -195,6 +202,7 @@ const moex_decoder_ops moex_decoder_ops_cuda = {
     cu_latent_attention,
     cu_mla_absorb,
     cu_mla_values,
+    cu_rounds_input_bf16,
 };
 
 #else

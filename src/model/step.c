@@ -18,6 +18,14 @@ static moex_status R(const moex_model *m, float *x, int64_t n) {
     return m->opt.dtype == MOEX_BF16 ? e->ops->round_bf16(e, x, n) : MOEX_OK;
 }
 
+// R for a buffer that only products by w read: left out where they round their input themselves
+// (the same values: rounds_input_bf16), which saves a pass over it (DeepSeek-V3's attended latents
+// are [T, heads, kv_lora_rank]).
+static moex_status R_before(const moex_model *m, const moex_linear_w *w, float *x, int64_t n) {
+    const moex_decoder_env *e = &m->run.env;
+    return e->ops->rounds_input_bf16(e, w) ? MOEX_OK : R(m, x, n);
+}
+
 size_t model_mla_scratch(const moex_config *c, int64_t T, float *base, model_mla_bufs *b) {
     const int64_t nh = c->num_attention_heads, qd = c->qk_nope_head_dim + c->qk_rope_head_dim;
     const int64_t kvl = c->kv_lora_rank, rope = c->qk_rope_head_dim, lw = kvl + rope;
@@ -55,7 +63,10 @@ static moex_status mla_attention(moex_model *m, const model_layer_w *ly, int64_t
     } else {
         st = op->linear(e, &ly->q, r->h, T, b.q);
     }
-    if (!st) st = R(m, b.q, T * nh * qd);
+    /* q's nope part is read by mla_absorb only: rounded there where it rounds its input (then only
+     * the rope part is rounded here, after its copy below) */
+    const int absorb_rounds = op->rounds_input_bf16(e, &ly->kv_b);
+    if (!st && !absorb_rounds) st = R(m, b.q, T * nh * qd);
     if (!st) st = op->linear(e, &ly->kv_a, r->h, T, b.kva);
     if (!st) st = R(m, b.kva, T * lw);
     if (!st) st = op->copy_rows(e, b.c, kvl, b.kva, lw, T, kvl);
@@ -64,6 +75,7 @@ static moex_status mla_attention(moex_model *m, const model_layer_w *ly, int64_t
     if (!st) st = R(m, b.c, T * kvl);
     /* the rotary parts: q's last rope values of each head, and the one shared k_rot */
     if (!st) st = op->copy_rows(e, b.qr, rope, b.q + nope, qd, T * nh, rope);
+    if (!st && absorb_rounds) st = R(m, b.qr, T * nh * rope);
     if (!st && c->rope_interleave) {
         st = op->rope_apply_interleaved(e, b.qr, T, nh, rope, r->cos, r->sin);
         if (!st) st = op->rope_apply_interleaved(e, b.kr, T, 1, rope, r->cos, r->sin);
@@ -82,7 +94,7 @@ static moex_status mla_attention(moex_model *m, const model_layer_w *ly, int64_t
     /* softmax(q k^T * qk_head_dim^-0.5 * mscale^2) over the latent rows, then kv_b's value rows */
     const float scale = (float)(pow((double)qd, -0.5) * (double)m->q_scale);
     if (!st) st = op->latent_attention(e, L, r->seqs, r->host_seqs, nseq, T, nh, b.ql, b.kva, kvl, scale, b.ol);
-    if (!st) st = R(m, b.ol, T * nh * kvl);
+    if (!st) st = R_before(m, &ly->kv_b, b.ol, T * nh * kvl);
     if (!st) st = op->mla_values(e, &ly->kv_b, nh, nope, vd, b.ol, T, r->attn);
     return st;
 }
@@ -127,7 +139,7 @@ static moex_status attention_block(moex_model *m, const model_layer_w *ly, int64
     moex_status st = op->rmsnorm(e, r->x, T, H, ly->in_norm.data, ly->in_norm.dtype, c->rms_norm_eps, r->h);
     if (!st) st = R(m, r->h, T * H);
     if (!st) st = c->kv_lora_rank ? mla_attention(m, ly, L, nseq, T) : gqa_attention(m, ly, L, nseq, T);
-    if (!st) st = R(m, r->attn, T * width);
+    if (!st) st = R_before(m, &ly->o, r->attn, T * width);
     if (!st) st = op->linear(e, &ly->o, r->attn, T, r->tmp);
     if (!st) st = R(m, r->tmp, T * H);
     if (!st) st = op->add(e, r->x, r->tmp, r->x, T * H);
