@@ -98,4 +98,22 @@ __device__ __forceinline__ int64_t load_id(const void *ids, int is64, int64_t ld
     return is64 ? ((const int64_t *)ids)[t * ld + j] : (int64_t)((const int32_t *)ids)[t * ld + j];
 }
 
+/* ---- launches ------------------------------------------------------------------ */
+
+#ifndef __CUDACC_RTC__ /* host code: not in the kernels compiled at run time */
+#include <cuda_runtime.h>
+/* Launch configuration of a programmatic dependent of the previous kernel on stream s: its
+ * blocks may start once that kernel's blocks have run griddepcontrol.launch_dependents or exited
+ * (what they may read before then is the kernel's own business: griddepcontrol.wait, or a wait
+ * of its own). attr must outlive the launch. */
+static inline cudaLaunchConfig_t dependent_launch(dim3 grid, dim3 block, cudaStream_t s, cudaLaunchAttribute *attr) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.stream = s;
+    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr->val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    return cfg;
+}
+#endif
+
 #endif

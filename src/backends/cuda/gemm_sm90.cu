@@ -140,16 +140,9 @@ static void launch_one(int num_sms, cudaStream_t s, const CUtensorMap &map_a, co
         kernel<<<num_sms, THREADS, smem, s>>>(map_a, map_b, p);
         return;
     }
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)num_sms);
-    cfg.blockDim = dim3(THREADS);
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = dependent_launch(dim3((unsigned)num_sms), dim3(THREADS), s, &attr);
     cfg.dynamicSmemBytes = (size_t)smem;
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
     (void)cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, p); /* its error is the launch's: MOEX_CUDA_LAUNCHED */
 }
 

@@ -120,9 +120,6 @@ static inline int grouped_gemm_fp8_h_in_epilogue(int narrow, gemm_epilogue gate_
     return narrow && gate_up_epi == EPI_GATE_UP_CONCAT && bk == 128;
 }
 
-/* The counters grouped_gemm_run_chained takes for E experts: done[E], then the two GEMMs' tickets. */
-static inline int64_t grouped_gemm_chain_ints(int64_t E) { return E + 2; }
-
 #ifndef __CUDACC_RTC__
 /* 1 if the tensor-core path can take a layer with these matrices (strides,
  * alignment, dtype); otherwise 0 and a reason. */
@@ -141,7 +138,7 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
  * consumers have stored them all (per-expert counters), and both GEMMs hand their tiles out from
  * a counter, so that the blocks that start early take more. Without it each GEMM's last tiles
  * leave SMs idle and the down GEMM's first copies wait for the whole gate/up GEMM.
- * counters: grouped_gemm_chain_ints(E) ints, zero (routing_build clears them). */
+ * counters: E + 2 ints, zero (routing_build clears them): done[E], then the two GEMMs' tickets. */
 moex_status grouped_gemm_run_chained(const grouped_gemm_args *up, const grouped_gemm_args *down, int *counters,
                                      int num_sms, cudaStream_t s);
 

@@ -80,18 +80,6 @@ __device__ __forceinline__ void store_gate_up_pair(const layer_view &L, float *h
                                       au1 + bias_at(L.up_bias, L.bdt, e, n + 1));
 }
 
-/* Launch configuration of a programmatic dependent of the previous kernel on stream s: its
- * blocks may start once that kernel's blocks have run griddepcontrol.launch_dependents, and
- * must run griddepcontrol.wait before reading its results. attr must outlive the launch. */
-static inline cudaLaunchConfig_t dependent_launch(dim3 grid, dim3 block, cudaStream_t s, cudaLaunchAttribute *attr) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid, cfg.blockDim = block, cfg.stream = s;
-    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr->val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr, cfg.numAttrs = 1;
-    return cfg;
-}
-
 /* h[row, n] (f32, [*, I]) = act(gate . x + bias, up . x + bias) for every row of every group. */
 moex_status gemv_gate_up(const layer_view &L, const gemv_groups &G, const void *x, moex_dtype xdt, int64_t x_ld,
                          float *h, cudaStream_t s);

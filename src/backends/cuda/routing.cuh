@@ -21,15 +21,15 @@ typedef struct routing_dev {
     int *hit;        /* [E]   routing_build with hits: the experts with rows, in expert order */
     int *sched;      /* [routing_sched_ints(E)] counters routing_build zeroes (routing_sched_clear):
                                the one-launch streamed forward's (gemv.cuh's gemv_mma_experts) with
-                               hits, the chained grouped GEMMs' (grouped_gemm_chain_ints) without */
+                               hits, the chained grouped GEMMs' (E + 2: gemm_sm90.cuh) without */
 } routing_dev;
 
 /* The streamed forward's schedule: done[E], its item counter and xdone (4 ints), then the
  * counters of its gate/up items split along K (at most ROUTING_SCHED_SPLIT: gemv.cuh). */
 #define ROUTING_SCHED_SPLIT 4096
 __host__ __device__ static inline int64_t routing_sched_ints(int64_t E) { return E + 4 + ROUTING_SCHED_SPLIT; }
-/* The ints routing_build zeroes: all of them with hits, E + 4 without (at least the chained GEMMs'
- * grouped_gemm_chain_ints(E)). */
+/* The ints routing_build zeroes: all of them with hits, E + 4 without (at least the
+ * E + 2 counters of grouped_gemm_run_chained). */
 __host__ __device__ static inline int64_t routing_sched_clear(int64_t E, int hits) {
     return hits ? routing_sched_ints(E) : E + 4;
 }
