@@ -14,6 +14,8 @@ template <typename XT, bool FP4>
 __global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_kernel(const XT *x, int64_t x_ld, int64_t rows, int64_t K,
                                                                   int64_t bk, uint8_t *q, float *s, float *f,
                                                                   const int *row_of) {
+    pdl_launch_dependents();
+    pdl_wait(); /* launched after_prev: x is the previous kernel's output */
     const int lane = threadIdx.x & 31;
     const int64_t nkb = (K + bk - 1) / bk;
     for (int64_t i = blockIdx.x * (int64_t)AQ_WARPS + (threadIdx.x >> 5); i < rows; i += (int64_t)gridDim.x * AQ_WARPS) {
@@ -31,6 +33,8 @@ template <typename XT, bool FP4>
 __global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_chunk_kernel(const XT *x, int64_t x_ld, int64_t rows,
                                                                         int64_t K, int64_t bk, uint8_t *q, float *s,
                                                                         float *f, const int *row_of) {
+    pdl_launch_dependents();
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const int64_t nvec = K / 8, chunks = (nvec + 31) / 32, nkb = (K + bk - 1) / bk;
     for (int64_t w = blockIdx.x * (int64_t)AQ_WARPS + (threadIdx.x >> 5); w < rows * chunks;
@@ -55,49 +59,47 @@ static bool chunks_apply(const void *x, moex_dtype xdt, int64_t x_ld, int64_t K,
            (x_ld * es) % 16 == 0 && ((uintptr_t)q & 7) == 0;
 }
 
+/* One launch over rows, chunked where chunks_apply: the two kernels take the same arguments. */
+template <typename XT, bool FP4>
+static cudaError_t launch_rows(bool chunks, const cudaLaunchConfig_t &cfg, const void *x, int64_t x_ld, int64_t rows,
+                               int64_t K, int64_t bk, uint8_t *q, float *s, float *f, const int *row_of) {
+    return cudaLaunchKernelEx(&cfg, chunks ? act_quant_chunk_kernel<XT, FP4> : act_quant_kernel<XT, FP4>,
+                              (const XT *)x, x_ld, rows, K, bk, q, s, f, row_of);
+}
+
 template <bool FP4>
 static moex_status act_quant_rows(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int64_t bk,
-                                  uint8_t *q, float *s, float *f, const int *row_of, cudaStream_t st) {
+                                  uint8_t *q, float *s, float *f, const int *row_of, int after_prev, cudaStream_t st) {
     if (rows <= 0) return MOEX_OK;
-    if (chunks_apply(x, xdt, x_ld, K, bk, q)) {
-        const int64_t warps = rows * ((K / 8 + 31) / 32), blocks = (warps + AQ_WARPS - 1) / AQ_WARPS;
-        const dim3 grid((unsigned)(blocks < 65535 ? blocks : 65535)), block(AQ_WARPS * 32);
-        if (xdt == MOEX_BF16)
-            act_quant_chunk_kernel<__nv_bfloat16, FP4><<<grid, block, 0, st>>>((const __nv_bfloat16 *)x, x_ld, rows, K,
-                                                                               bk, q, s, f, row_of);
-        else if (xdt == MOEX_F16)
-            act_quant_chunk_kernel<__half, FP4><<<grid, block, 0, st>>>((const __half *)x, x_ld, rows, K, bk, q, s, f,
-                                                                        row_of);
-        else
-            act_quant_chunk_kernel<float, FP4><<<grid, block, 0, st>>>((const float *)x, x_ld, rows, K, bk, q, s, f,
-                                                                       row_of);
-        return MOEX_CUDA_LAUNCHED("activation quantization kernel");
-    }
-    const int64_t blocks = (rows + AQ_WARPS - 1) / AQ_WARPS;
-    const dim3 grid((unsigned)(blocks < 65535 ? blocks : 65535)), block(AQ_WARPS * 32);
+    const bool chunks = chunks_apply(x, xdt, x_ld, K, bk, q);
+    /* chunks: a warp a chunk of 256 inputs; else a warp a row */
+    const int64_t warps = chunks ? rows * ((K / 8 + 31) / 32) : rows, blocks = (warps + AQ_WARPS - 1) / AQ_WARPS;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg =
+        launch_after(dim3((unsigned)(blocks < 65535 ? blocks : 65535)), dim3(AQ_WARPS * 32), st, after_prev, &attr);
+    cudaError_t err;
     if (xdt == MOEX_BF16)
-        act_quant_kernel<__nv_bfloat16, FP4><<<grid, block, 0, st>>>((const __nv_bfloat16 *)x, x_ld, rows, K, bk, q, s, f,
-                                                                  row_of);
+        err = launch_rows<__nv_bfloat16, FP4>(chunks, cfg, x, x_ld, rows, K, bk, q, s, f, row_of);
     else if (xdt == MOEX_F16)
-        act_quant_kernel<__half, FP4><<<grid, block, 0, st>>>((const __half *)x, x_ld, rows, K, bk, q, s, f, row_of);
+        err = launch_rows<__half, FP4>(chunks, cfg, x, x_ld, rows, K, bk, q, s, f, row_of);
     else
-        act_quant_kernel<float, FP4><<<grid, block, 0, st>>>((const float *)x, x_ld, rows, K, bk, q, s, f, row_of);
-    return MOEX_CUDA_LAUNCHED("activation quantization kernel");
+        err = launch_rows<float, FP4>(chunks, cfg, x, x_ld, rows, K, bk, q, s, f, row_of);
+    return moex_cuda_status(err, "activation quantization kernel");
 }
 
 moex_status act_quant_e4m3(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int64_t bk,
-                           uint8_t *q, float *s, float *f, cudaStream_t st) {
-    return act_quant_rows<false>(x, xdt, x_ld, rows, K, bk, q, s, f, NULL, st);
+                           uint8_t *q, float *s, float *f, int after_prev, cudaStream_t st) {
+    return act_quant_rows<false>(x, xdt, x_ld, rows, K, bk, q, s, f, NULL, after_prev, st);
 }
 
 moex_status act_quant_slots_e4m3(const int *pair_slot, int64_t P, const void *x, moex_dtype xdt, int64_t x_ld,
                                  int64_t K, int64_t bk, uint8_t *q, float *s, cudaStream_t st) {
-    return act_quant_rows<false>(x, xdt, x_ld, P, K, bk, q, s, NULL, pair_slot, st);
+    return act_quant_rows<false>(x, xdt, x_ld, P, K, bk, q, s, NULL, pair_slot, 0, st);
 }
 
 moex_status act_quant_e2m1(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int8_t *q, float *s,
-                           cudaStream_t st) {
-    return act_quant_rows<true>(x, xdt, x_ld, rows, K, ACT_E2M1_BLOCK, (uint8_t *)q, s, NULL, NULL, st);
+                           int after_prev, cudaStream_t st) {
+    return act_quant_rows<true>(x, xdt, x_ld, rows, K, ACT_E2M1_BLOCK, (uint8_t *)q, s, NULL, NULL, after_prev, st);
 }
 
 /* One warp a token: its row quantized into each of its pairs' slots (the k copies read the

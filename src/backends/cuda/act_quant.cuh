@@ -183,19 +183,22 @@ __device__ __forceinline__ void quant_row_e4m3(const XT *x, int64_t K, int64_t b
 
 /* rows rows of x (dtype xdt, row stride x_ld elements, K inputs) quantized per bk: codes into
  * q [rows, K] (or NULL), scales into s [rows, ceil(K/bk)] (or NULL), code * scale into f
- * [rows, K] f32 (or NULL; f may be x when x is f32 with x_ld = K). One warp a row. */
+ * [rows, K] f32 (or NULL; f may be x when x is f32 with x_ld = K). One warp a row (or a chunk).
+ * after_prev: launched as a programmatic dependent of the stream's previous kernel
+ * (dependent_launch), whose output x may be: the blocks start as that kernel ends and wait for
+ * it (griddepcontrol.wait) before reading; the kernels let their own dependents start at once. */
 moex_status act_quant_e4m3(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int64_t bk,
-                           uint8_t *q, float *s, float *f, cudaStream_t st);
+                           uint8_t *q, float *s, float *f, int after_prev, cudaStream_t st);
 
-/* FP4's rounding of rows rows of x (K inputs, blocks of 32): int8 codes 2 e2m1 into q [rows, K],
- * the blocks' scales into s [rows, K/32]. One warp a row. */
 /* act_quant_e4m3 (codes and scales only) of the rows pair_slot[p] of x, p < P, a sentinel's -1
  * skipped: the padded and masked layouts, whose other rows hold nothing. */
 moex_status act_quant_slots_e4m3(const int *pair_slot, int64_t P, const void *x, moex_dtype xdt, int64_t x_ld,
                                  int64_t K, int64_t bk, uint8_t *q, float *s, cudaStream_t st);
 
+/* FP4's rounding of rows rows of x (K inputs, blocks of 32): int8 codes 2 e2m1 into q [rows, K],
+ * the blocks' scales into s [rows, K/32]. One warp a row (or a chunk); after_prev as above. */
 moex_status act_quant_e2m1(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int8_t *q, float *s,
-                           cudaStream_t st);
+                           int after_prev, cudaStream_t st);
 
 /* The same rounding, gathered in expert order (the FP8 grouped GEMM's A): token t's row of x
  * quantized into row pair_slot[t*k+j] of q [P, K] and s [P, ceil(K/bk)] for every pair that is

@@ -98,6 +98,14 @@ __device__ __forceinline__ int64_t load_id(const void *ids, int is64, int64_t ld
     return is64 ? ((const int64_t *)ids)[t * ld + j] : (int64_t)((const int32_t *)ids)[t * ld + j];
 }
 
+/* ---- programmatic dependent launches (dependent_launch below) ------------------------ */
+
+/* Lets the stream's next kernel, if it is a programmatic dependent, place its blocks now. */
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+/* Waits until the kernel this one depends on has finished and its writes are visible (at once
+ * when this kernel was launched plainly). Nothing of that kernel's output is read before it. */
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 /* ---- launches ------------------------------------------------------------------ */
 
 #ifndef __CUDACC_RTC__ /* host code: not in the kernels compiled at run time */
@@ -112,6 +120,13 @@ static inline cudaLaunchConfig_t dependent_launch(dim3 grid, dim3 block, cudaStr
     attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr->val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr, cfg.numAttrs = 1;
+    return cfg;
+}
+/* dependent_launch's configuration when after_prev, else a plain launch's. */
+static inline cudaLaunchConfig_t launch_after(dim3 grid, dim3 block, cudaStream_t s, int after_prev,
+                                              cudaLaunchAttribute *attr) {
+    cudaLaunchConfig_t cfg = dependent_launch(grid, block, s, attr);
+    if (!after_prev) cfg.attrs = NULL, cfg.numAttrs = 0;
     return cfg;
 }
 #endif

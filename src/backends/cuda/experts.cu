@@ -503,16 +503,18 @@ static moex_status fwd_begin(const moex_forward_args *a, fwd *out) {
     return MOEX_OK;
 }
 
-/* batched_mm, FP8: x quantized (f32 code * scale), gate/up per pair, h quantized in place, down. */
+/* batched_mm, FP8: x quantized (f32 code * scale), gate/up per pair, h quantized in place, down;
+ * each kernel after the first a programmatic dependent of the one before (its blocks start as
+ * that one ends: at one token the four launches' gaps are a large part of the time). */
 static moex_status batched_fp8_forward(fwd *f) {
     const moex_forward_args *a = f->a;
     const layer_view &L = f->s->L;
     const quant_view &Q = f->s->Q;
     const quant_ws w = quant_carve(CUDA_BATCHED_MM, a->layer, f->T, f->P, (char *)a->workspace);
     moex_status st = act_quant_e4m3(a->hidden->data, a->hidden->dtype, a->hidden->strides[0], f->T, L.H, Q.bk, NULL,
-                                    NULL, w.xf, f->stream);
+                                    NULL, w.xf, 0, f->stream);
     if (!st) st = gemv_gate_up_fp8(L, Q, f->G, w.xf, w.h, f->stream);
-    if (!st) st = act_quant_e4m3(w.h, MOEX_F32, L.I, f->P, L.I, Q.bk, NULL, NULL, w.h, f->stream);
+    if (!st) st = act_quant_e4m3(w.h, MOEX_F32, L.I, f->P, L.I, Q.bk, NULL, NULL, w.h, 1, f->stream);
     if (st) return st;
     return gemv_down_pairs_fp8(L, Q, f->G, w.h, a->weights->data, a->weights->dtype, a->weights->strides[0],
                                a->out->data, a->out->dtype, a->out->strides[0], f->stream);
@@ -534,14 +536,14 @@ static moex_status fp4_forward(fwd *f, const routing_dev *r, char *ws) {
         f->G.hit = r->hit, f->G.n_hit = r->mtile_off + f->E;
         f->G.e_begin = 0, f->G.count = f->E < f->P ? f->E : f->P;
     }
-    moex_status st = act_quant_e2m1(a->hidden->data, a->hidden->dtype, a->hidden->strides[0], f->T, L.H, xq, w.xs,
+    moex_status st = act_quant_e2m1(a->hidden->data, a->hidden->dtype, a->hidden->strides[0], f->T, L.H, xq, w.xs, 0,
                                     f->stream);
     if (st) return st;
     if (r && gemv_fp4_mma_pays(f->P, f->E)) {
         st = gemv_mma_experts_fp4(L, Q, f->G, xq, w.xs, w.h, hq, w.hs, w.y, f->P, f->stream);
     } else {
         st = gemv_gate_up_fp4(L, Q, f->G, xq, w.xs, w.h, f->stream);
-        if (!st) st = act_quant_e2m1(w.h, MOEX_F32, L.I, f->P, L.I, hq, w.hs, f->stream);
+        if (!st) st = act_quant_e2m1(w.h, MOEX_F32, L.I, f->P, L.I, hq, w.hs, 0, f->stream);
         if (st) return st;
         if (!r)
             return gemv_down_pairs_fp4(L, Q, f->G, hq, w.hs, a->weights->data, a->weights->dtype, a->weights->strides[0],

@@ -149,12 +149,13 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view
                                                                        const XT *x, int64_t x_ld, float *h) {
     constexpr bool QUANT = sizeof(WT) == 1;
     constexpr int VW = QUANT ? 16 : 8; /* inputs a lane loads at once: 16 bytes of weights */
-    asm volatile("griddepcontrol.launch_dependents;");
+    pdl_launch_dependents();
     const int lane = threadIdx.x & 31;
     const int64_t n = 2 * (blockIdx.x * (int64_t)WARPS + (threadIdx.x >> 5));
     if (n >= L.I) return;
     const int two = n + 1 < L.I;
     const int64_t K = L.H;
+    bool waited = !QUANT; /* FP8 (launched after the quantization of x): not yet */
     for (int64_t p = blockIdx.y; p < G.count; p += gridDim.y) {
         int64_t lo, hi;
         const int64_t e = group_rows(G, L.E, p, &lo, &hi);
@@ -170,6 +171,20 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view
                 su[f] = scale_row(Q, Q.up, e, n + f * two);
                 if (L.gated) sg[f] = scale_row(Q, Q.gate, e, n + f * two);
             }
+        if (!waited) { /* the first two steps' weights into L2 while x is quantized, then wait for x */
+            for (int64_t kk = lane * VW; kk < K && kk < 64 * VW; kk += 32 * VW) {
+                const uint8_t *bu = (const uint8_t *)(wu + kk), *bg = (const uint8_t *)(wg + kk);
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(bu));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(bu + us));
+                if (L.gated) {
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(bg));
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(bg + gs));
+                }
+            }
+            pdl_wait();
+            waited = true;
+        }
+#pragma unroll(QUANT ? 2 : 1) /* FP8: two steps' weights in flight (bf16's 16 bytes a lane: one) */
         for (int64_t kk = lane * VW; kk < K; kk += 32 * VW) {
             if (QUANT) { /* 16 codes a row, in one block (bk a multiple of 16), scaled once */
                 const uint8_t *bu = (const uint8_t *)(wu + kk), *bg = (const uint8_t *)(wg + kk);
@@ -211,16 +226,18 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view
 
 /* ---- down, batched: fused weighted sum over the token's pairs ------------------- */
 
-/* Block: NF consecutive features of one token; warp w takes pairs j = j0 + w. The
- * pair results meet in shared memory and are summed in j order (deterministic). */
-enum { NF = 4 };
+/* Block: pairs_nf<WT>() consecutive features of one token; warp w takes pairs j = j0 + w. The
+ * pair results meet in shared memory and are summed in j order (deterministic). FP8 takes 8
+ * features a block: each warp reads its pair's h row (f32) once for all of them, so that h's
+ * traffic through L2 is a quarter of the weights' bytes, not as much as them. */
+template <typename WT> __host__ __device__ constexpr int pairs_nf() { return sizeof(WT) == 1 ? 8 : 4; }
 
 template <typename WT, bool VEC>
-__global__ void __launch_bounds__(WARPS * 32, 4) down_pairs_kernel(layer_view L, quant_view Q, gemv_groups G, const float *h,
-                                                                    const void *w, moex_dtype wdt, int64_t w_ld,
-                                                                    void *out, moex_dtype odt, int64_t out_ld) {
+__global__ void __launch_bounds__(WARPS * 32, sizeof(WT) == 1 ? 3 : 4)
+    down_pairs_kernel(layer_view L, quant_view Q, gemv_groups G, const float *h, const void *w, moex_dtype wdt,
+                      int64_t w_ld, void *out, moex_dtype odt, int64_t out_ld) {
     constexpr bool QUANT = sizeof(WT) == 1; /* FP8 codes (vector path only), h the quantized inputs */
-    constexpr int VW = QUANT ? 16 : 8;
+    constexpr int VW = QUANT ? 16 : 8, NF = pairs_nf<WT>();
     __shared__ float part[WARPS][NF];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t n0 = blockIdx.x * (int64_t)NF, K = L.I;
@@ -236,14 +253,20 @@ __global__ void __launch_bounds__(WARPS * 32, 4) down_pairs_kernel(layer_view L,
             if (!waited) { /* pull the first weights into L2, then wait for h (programmatic dependency) */
                 if (ok && VEC)
                     for (int f = 0; f < nf; f++)
-                        for (int64_t kk = lane * 8; kk < K; kk += 256)
-                            asm volatile("prefetch.global.L2 [%0];" ::"l"(wd + f * L.down.n_stride + kk));
-                asm volatile("griddepcontrol.wait;" ::: "memory");
+                        for (int64_t b = lane * 128; b < K * (int64_t)sizeof(WT); b += 32 * 128)
+                            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)(wd + f * L.down.n_stride) + b));
+                pdl_wait();
                 waited = true;
             }
-            float p[NF] = {0, 0, 0, 0};
+            float p[NF];
+#pragma unroll
+            for (int f = 0; f < NF; f++) p[f] = 0.0f;
             if (ok) {
                 const float *hr = h + (t * G.k + j) * K;
+                uint32_t sr[QUANT ? NF : 1]; /* FP8: the features' scale rows */
+                if (QUANT)
+#pragma unroll
+                    for (int f = 0; f < NF; f++) sr[f] = scale_row(Q, Q.down, e, n0 + (f < nf ? f : 0));
                 if (VEC) {
 #pragma unroll 2
                     for (int64_t kk = lane * VW; kk < K; kk += 32 * VW) {
@@ -255,8 +278,7 @@ __global__ void __launch_bounds__(WARPS * 32, 4) down_pairs_kernel(layer_view L,
                             if (f >= nf) break;
                             if (QUANT) {
                                 const uint4 r = ldg16((const uint8_t *)(wd + f * L.down.n_stride + kk));
-                                p[f] += scale_load(Q.sdt, Q.down.base,
-                                                   scale_row(Q, Q.down, e, n0 + f) + (uint32_t)kk / (uint32_t)Q.bk) *
+                                p[f] += scale_load(Q.sdt, Q.down.base, sr[f] + (uint32_t)kk / (uint32_t)Q.bk) *
                                         dot16_e4m3(r, fh);
                             } else {
                                 float fw[8];
@@ -273,11 +295,14 @@ __global__ void __launch_bounds__(WARPS * 32, 4) down_pairs_kernel(layer_view L,
 #pragma unroll
                 for (int f = 0; f < NF; f++) p[f] = warp_sum(p[f]);
             }
+            float mine = 0.0f; /* lane f < NF: feature n0 + f (registers are not indexed by lane) */
+#pragma unroll
+            for (int f = 0; f < NF; f++)
+                if (lane == f) mine = p[f];
             if (lane < NF)
-                part[warp][lane] = ok && lane < nf
-                                       ? load_elem(w, wdt, t * w_ld + j) * (p[lane == 0 ? 0 : lane == 1 ? 1 : lane == 2 ? 2 : 3] +
-                                                                            bias_at(L.down_bias, L.bdt, e, n0 + lane))
-                                       : 0.0f;
+                part[warp][lane] =
+                    ok && lane < nf ? load_elem(w, wdt, t * w_ld + j) * (mine + bias_at(L.down_bias, L.bdt, e, n0 + lane))
+                                    : 0.0f;
             __syncthreads();
             if (threadIdx.x < nf)
                 for (int q = 0; q < WARPS; q++) acc += part[q][threadIdx.x];
@@ -285,7 +310,7 @@ __global__ void __launch_bounds__(WARPS * 32, 4) down_pairs_kernel(layer_view L,
         }
         if (threadIdx.x < nf) store_elem(out, odt, t * out_ld + n0 + threadIdx.x, acc);
     }
-    if (!waited) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (!waited) pdl_wait();
 }
 
 /* ---- down, per expert: y rows in slot order ------------------------------------- */
@@ -453,7 +478,8 @@ moex_status gemv_down_pairs(const layer_view &L, const gemv_groups &G, const flo
     /* launched as a programmatic dependent of the gate/up kernel: its blocks start early,
      * pull their weights into L2 and wait (griddepcontrol.wait) for h */
     cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = dependent_launch(dim3((unsigned)((L.H + NF - 1) / NF), (unsigned)(G.T < 65535 ? G.T : 65535)),
+    constexpr int nf = pairs_nf<float>(); /* the same for every float weight type */
+    const cudaLaunchConfig_t cfg = dependent_launch(dim3((unsigned)((L.H + nf - 1) / nf), (unsigned)(G.T < 65535 ? G.T : 65535)),
                                                     dim3(WARPS * 32), s, &attr);
     cudaError_t err;
 #define DOWN_PAIRS(WT)                                                                                               \
@@ -491,16 +517,24 @@ moex_status gemv_gate_up_fp8(const layer_view &L, const quant_view &Q, const gem
                              cudaStream_t s) {
     if (!G.pairs || !gemv_quant_usable(L, Q))
         return moex_fail(MOEX_ERR_INTERNAL, "gate/up kernel: FP8 weights take pairs and vector loads");
-    gate_up_pairs_kernel<uint8_t, float><<<grid_of((L.I + 1) / 2, G.count), WARPS * 32, 0, s>>>(L, Q, G, x, L.H, h);
-    return MOEX_CUDA_LAUNCHED("gate/up kernel (fp8)");
+    /* a programmatic dependent of the quantization of x: its first weights load as that ends */
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = dependent_launch(grid_of((L.I + 1) / 2, G.count), dim3(WARPS * 32), s, &attr);
+    return moex_cuda_status(cudaLaunchKernelEx(&cfg, gate_up_pairs_kernel<uint8_t, float>, L, Q, G, x, L.H, h),
+                            "gate/up kernel (fp8)");
 }
 
 moex_status gemv_down_pairs_fp8(const layer_view &L, const quant_view &Q, const gemv_groups &G, const float *h,
                                 const void *w, moex_dtype wdt, int64_t w_ld, void *out, moex_dtype odt, int64_t out_ld,
                                 cudaStream_t s) {
     if (!gemv_quant_usable(L, Q)) return moex_fail(MOEX_ERR_INTERNAL, "down kernel: FP8 weights need vector loads");
-    /* a plain launch: the quantization of h runs between the two kernels */
-    const dim3 grid((unsigned)((L.H + NF - 1) / NF), (unsigned)(G.T < 65535 ? G.T : 65535));
-    down_pairs_kernel<uint8_t, true><<<grid, WARPS * 32, 0, s>>>(L, Q, G, h, w, wdt, w_ld, out, odt, out_ld);
-    return MOEX_CUDA_LAUNCHED("down kernel (pairs, fp8)");
+    /* a programmatic dependent of the quantization of h (itself one of the gate/up kernel): as
+     * for bf16, the blocks pull their first weights into L2 and wait for h */
+    cudaLaunchAttribute attr;
+    constexpr int nf = pairs_nf<uint8_t>();
+    const cudaLaunchConfig_t cfg = dependent_launch(dim3((unsigned)((L.H + nf - 1) / nf), (unsigned)(G.T < 65535 ? G.T : 65535)),
+                                                    dim3(WARPS * 32), s, &attr);
+    return moex_cuda_status(cudaLaunchKernelEx(&cfg, down_pairs_kernel<uint8_t, true>, L, Q, G, h, w, wdt, w_ld, out, odt,
+                                               out_ld),
+                            "down kernel (pairs, fp8)");
 }

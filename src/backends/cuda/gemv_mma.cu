@@ -123,10 +123,10 @@ template <typename T> struct geom {
 /* The input-row copies of one lane for NT tiles of 8 rows. */
 #define XCOPIES(T, NT) (8 * (NT) / geom<T>::RPI)
 
-template <typename T, int MATS, int NT>
-__device__ __forceinline__ void issue_stage(const T *const (&w)[MATS], int64_t ns, const int (&nvalid)[MATS],
-                                            const T *const (&xs)[XCOPIES(T, NT)], int64_t k0, int64_t kt, T *buf,
-                                            int lane) {
+/* The weight rows' part of a stage (issue_stage). */
+template <typename T, int MATS>
+__device__ __forceinline__ void issue_stage_weights(const T *const (&w)[MATS], int64_t ns, const int (&nvalid)[MATS],
+                                                    int64_t k0, int64_t kt, T *buf, int lane) {
     constexpr int KT = geom<T>::KT, V = geom<T>::V, CPR = geom<T>::CPR, RPI = geom<T>::RPI;
     const int c = lane % CPR;
     if (V * c >= kt) return;
@@ -137,12 +137,35 @@ __device__ __forceinline__ void issue_stage(const T *const (&w)[MATS], int64_t n
             const int r = i * RPI + lane / CPR, src_r = r < nvalid[m] ? r : nvalid[m] - 1;
             cp16(buf + (m * 16 + r) * KT + V * swz(r, c), w[m] + src_r * ns + k0 + V * c);
         }
+}
+
+/* The input rows' part of a stage (issue_stage). */
+template <typename T, int MATS, int NT>
+__device__ __forceinline__ void issue_stage_inputs(const T *const (&xs)[XCOPIES(T, NT)], int64_t k0, int64_t kt, T *buf,
+                                                   int lane) {
+    constexpr int KT = geom<T>::KT, V = geom<T>::V, CPR = geom<T>::CPR, RPI = geom<T>::RPI;
+    const int c = lane % CPR;
+    if (V * c >= kt) return;
     T *X = buf + MATS * 16 * KT;
 #pragma unroll
     for (int i = 0; i < XCOPIES(T, NT); i++) {
         const int r = i * RPI + lane / CPR;
         cp16(X + r * KT + V * swz(r, c), xs[i] + k0 + V * c);
     }
+}
+
+template <typename T, int MATS, int NT>
+__device__ __forceinline__ void issue_stage(const T *const (&w)[MATS], int64_t ns, const int (&nvalid)[MATS],
+                                            const T *const (&xs)[XCOPIES(T, NT)], int64_t k0, int64_t kt, T *buf,
+                                            int lane) {
+    issue_stage_weights<T, MATS>(w, ns, nvalid, k0, kt, buf, lane);
+    issue_stage_inputs<T, MATS, NT>(xs, k0, kt, buf, lane);
+}
+
+__device__ __forceinline__ int ld_acquire(const int *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
 }
 
 /* The input rows this lane copies: row i * RPI + lane / CPR of the tile, for i < XCOPIES
@@ -182,11 +205,14 @@ __device__ __forceinline__ void load_scales(block_scales<MATS, NT> &b, const lan
 /* c[m][j] += rows of matrix m . input tile j over all K, with both the weights and the input
  * rows (xs: copy_row's rows) brought by the stages. The k mapping is the header's. FP8: the
  * sums of each bk-input block go through part[] and are scaled into c at the block's end, the
- * next block's scales already loaded. */
+ * next block's scales already loaded. ready (or NULL): the input rows (and their scales) exist
+ * once *ready reaches need (written in this launch): the first stages' weights are copied
+ * before the wait, the inputs after it. */
 template <typename T, int NT, int MATS, int STAGES>
 __device__ __forceinline__ void stream_rows(const T *const (&w)[MATS], int64_t ns, const int (&nvalid)[MATS], int64_t K,
                                             const T *const (&xs)[XCOPIES(T, NT)], float (&c)[MATS][NT][4], T *ring,
-                                            int lane, const quant_view &q, const lane_scales<MATS, NT> &ls) {
+                                            int lane, const quant_view &q, const lane_scales<MATS, NT> &ls,
+                                            const int *ready, int64_t need) {
     constexpr int KT = geom<T>::KT, V = geom<T>::V, STAGE = (MATS * 16 + XROWS) * KT, QUANT = fmt<T>::QUANT;
     const int g = lane >> 2, t = lane & 3;
     const int64_t nst = (K + KT - 1) / KT;
@@ -207,13 +233,26 @@ __device__ __forceinline__ void stream_rows(const T *const (&w)[MATS], int64_t n
             for (int j = 0; j < (QUANT ? NT : 1); j++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) part[m][j][i] = 0.0f;
-        load_scales(bs, ls, q.sdt, 0);
     }
+    if (ready) { /* the weights of the first stages, then the inputs once they exist (cp.async groups
+                    complete in order: group p holds input stage p, the first one every weight stage too) */
 #pragma unroll
-    for (int p = 0; p < STAGES - 1; p++) {
-        if (p < nst) issue_stage<T, MATS, NT>(w, ns, nvalid, xs, p * KT, K - p * KT, ring + p * STAGE, lane);
-        cp_commit();
+        for (int p = 0; p < STAGES - 1; p++)
+            if (p < nst) issue_stage_weights<T, MATS>(w, ns, nvalid, p * KT, K - p * KT, ring + p * STAGE, lane);
+        while (ld_acquire(ready) < need) __nanosleep(64);
+#pragma unroll
+        for (int p = 0; p < STAGES - 1; p++) {
+            if (p < nst) issue_stage_inputs<T, MATS, NT>(xs, p * KT, K - p * KT, ring + p * STAGE, lane);
+            cp_commit();
+        }
+    } else {
+#pragma unroll
+        for (int p = 0; p < STAGES - 1; p++) {
+            if (p < nst) issue_stage<T, MATS, NT>(w, ns, nvalid, xs, p * KT, K - p * KT, ring + p * STAGE, lane);
+            cp_commit();
+        }
     }
+    if (QUANT) load_scales(bs, ls, q.sdt, 0);
     for (int64_t st = 0; st < nst; st++) {
         const int64_t p = st + STAGES - 1;
         if (p < nst) issue_stage<T, MATS, NT>(w, ns, nvalid, xs, p * KT, K - p * KT, ring + (p % STAGES) * STAGE, lane);
@@ -268,7 +307,7 @@ template <typename T, int NT, int MATS, int STAGES>
 __device__ __forceinline__ void gate_up_pass(const layer_view &L, const quant_view &Q, const gemv_groups &G, const T *x, int64_t x_ld,
                                              const float *xsc, typename fmt<T>::HT *h, int64_t e, int64_t n0,
                                              int64_t r0, int nr, const T *const (&w)[MATS], T *ring, int lane,
-                                             int64_t k0, int64_t kn, float *part) {
+                                             int64_t k0, int64_t kn, float *part, const int *ready, int64_t need) {
     const int g = lane >> 2, t = lane & 3;
     const T *xs[XCOPIES(T, NT)];
 #pragma unroll
@@ -296,7 +335,7 @@ __device__ __forceinline__ void gate_up_pass(const layer_view &L, const quant_vi
     int nvalid[MATS];
 #pragma unroll
     for (int m = 0; m < MATS; m++) nvalid[m] = L.I - n0 < 16 ? (int)(L.I - n0) : 16;
-    stream_rows<T, NT, MATS, STAGES>(w, L.up.n_stride, nvalid, kn, xs, c, ring, lane, Q, ls);
+    stream_rows<T, NT, MATS, STAGES>(w, L.up.n_stride, nvalid, kn, xs, c, ring, lane, Q, ls, ready, need);
     /* c[.][j][0], [1]: feature n0+g, rows 2t, 2t+1 of tile j; [2], [3]: feature n0+g+8. Matrix 0 is
      * the gate of a gated layer, the last one the up projection. */
 #pragma unroll
@@ -329,11 +368,13 @@ __device__ __forceinline__ void gate_up_pass(const layer_view &L, const quant_vi
 }
 
 /* One warp item of gate/up: features n0 .. n0+15 of expert e for all its rows, in passes of up
- * to XROWS rows, over inputs k0 .. k0+kn (all of them unless split; part: gate_up_pass's). */
+ * to XROWS rows, over inputs k0 .. k0+kn (all of them unless split; part: gate_up_pass's;
+ * ready, need: stream_rows'). */
 template <typename T, int MATS, int STAGES>
 __device__ __forceinline__ void gate_up_item(const layer_view &L, const quant_view &Q, const gemv_groups &G, const T *x, int64_t x_ld,
                                              const float *xsc, typename fmt<T>::HT *h, int64_t e, int64_t n0, T *ring,
-                                             int lane, int64_t k0, int64_t kn, float *part) {
+                                             int lane, int64_t k0, int64_t kn, float *part, const int *ready,
+                                             int64_t need) {
     const int64_t lo = G.offsets[e], hi = G.offsets[e + 1];
     const T *wu = (const T *)proj_base(L.up, e, sizeof(T)) + n0 * L.up.n_stride + k0;
     const T *w[MATS];
@@ -342,9 +383,12 @@ __device__ __forceinline__ void gate_up_item(const layer_view &L, const quant_vi
     for (int64_t r0 = lo; r0 < hi; r0 += PASS_ROWS(T)) {
         const int nr = hi - r0 < PASS_ROWS(T) ? (int)(hi - r0) : PASS_ROWS(T);
         if (PASS_ROWS(T) == 8 || nr <= 8)
-            gate_up_pass<T, 1, MATS, STAGES>(L, Q, G, x, x_ld, xsc, h, e, n0, r0, nr, w, ring, lane, k0, kn, part);
+            gate_up_pass<T, 1, MATS, STAGES>(L, Q, G, x, x_ld, xsc, h, e, n0, r0, nr, w, ring, lane, k0, kn, part, ready,
+                                             need);
         else
-            gate_up_pass<T, 2, MATS, STAGES>(L, Q, G, x, x_ld, xsc, h, e, n0, r0, nr, w, ring, lane, k0, kn, part);
+            gate_up_pass<T, 2, MATS, STAGES>(L, Q, G, x, x_ld, xsc, h, e, n0, r0, nr, w, ring, lane, k0, kn, part, ready,
+                                             need);
+        ready = NULL; /* the inputs exist from the second pass on */
     }
 }
 
@@ -410,7 +454,7 @@ __device__ __forceinline__ void down_pass(const layer_view &L, const quant_view 
     int nvalid[DOWN_TILES];
 #pragma unroll
     for (int m = 0; m < DOWN_TILES; m++) nvalid[m] = (int)tile_rows(L.H, n0 + 16 * m > L.H - 1 ? n0 : n0 + 16 * m);
-    stream_rows<T, NT, DOWN_TILES, STAGES>(w, L.down.n_stride, nvalid, L.I, xs, c, ring, lane, Q, ls);
+    stream_rows<T, NT, DOWN_TILES, STAGES>(w, L.down.n_stride, nvalid, L.I, xs, c, ring, lane, Q, ls, NULL, 0);
 #pragma unroll
     for (int m = 0; m < DOWN_TILES; m++)
 #pragma unroll
@@ -448,18 +492,46 @@ __device__ __forceinline__ void down_item(const layer_view &L, const quant_view 
 
 /* ---- FP8: the activations, quantized inside the launch ---------------------------------- */
 
-/* Input row t of x (dtype xdt) -> xq, xs. */
-__device__ __forceinline__ void quant_x_row(const layer_view &L, const quant_view &Q, const mma_io &io, int64_t t,
-                                            int lane) {
-    const int64_t nkb = (L.H + Q.bk - 1) / Q.bk;
+/* The quantization items of each input row: chunks of 256 inputs (a vector of 8 a lane, one load:
+ * the gate/up items wait for all of them) where the rows allow it (16-byte aligned rows, bk / 8 a
+ * power of two up to 32, so a chunk holds whole blocks), else 1 (the row). */
+__device__ __forceinline__ int64_t x_chunks(const layer_view &L, const quant_view &Q, const mma_io &io) {
+    const int64_t vpb = Q.bk / 8, es = io.xdt == MOEX_F32 ? 4 : 2;
+    const bool vec = Q.bk % 8 == 0 && vpb <= 32 && (vpb & (vpb - 1)) == 0 && ((uintptr_t)io.x & 15) == 0 &&
+                     (io.x_ld * es) % 16 == 0;
+    return vec ? (L.H / 8 + 31) / 32 : 1;
+}
+
+/* Item i of x's quantization (chunk i % chunks of row i / chunks, or the row) -> xq, xs, with
+ * act_quant_e4m3's rounding. */
+template <typename XT>
+__device__ __forceinline__ void quant_x_item(const layer_view &L, const quant_view &Q, const mma_io &io, int64_t i,
+                                             int64_t chunks, int lane) {
+    const int64_t t = i / chunks, nkb = (L.H + Q.bk - 1) / Q.bk;
+    const XT *x = (const XT *)io.x + t * io.x_ld;
     uint8_t *q = io.xq + t * L.H;
     float *s = io.xs + t * nkb;
+    if (chunks == 1) {
+        quant_row_e4m3(x, L.H, Q.bk, q, s, (float *)NULL, lane);
+        return;
+    }
+    const int64_t v = (i % chunks) * 32 + lane;
+    const bool in = v < L.H / 8;
+    float a[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) a[j] = 0.0f;
+    if (in) load8_cg(x + 8 * v, a);
+    quant_vec8<false>(a, in, (int)(Q.bk / 8), v, q, s, (float *)NULL, lane);
+}
+
+__device__ __forceinline__ void quant_x(const layer_view &L, const quant_view &Q, const mma_io &io, int64_t i,
+                                        int64_t chunks, int lane) {
     if (io.xdt == MOEX_BF16)
-        quant_row_e4m3((const __nv_bfloat16 *)io.x + t * io.x_ld, L.H, Q.bk, q, s, (float *)NULL, lane);
+        quant_x_item<__nv_bfloat16>(L, Q, io, i, chunks, lane);
     else if (io.xdt == MOEX_F16)
-        quant_row_e4m3((const __half *)io.x + t * io.x_ld, L.H, Q.bk, q, s, (float *)NULL, lane);
+        quant_x_item<__half>(L, Q, io, i, chunks, lane);
     else
-        quant_row_e4m3((const float *)io.x + t * io.x_ld, L.H, Q.bk, q, s, (float *)NULL, lane);
+        quant_x_item<float>(L, Q, io, i, chunks, lane);
 }
 
 /* The h rows of expert e (f32, written by every gate/up item of e) -> hq, hs. */
@@ -473,13 +545,13 @@ __device__ __forceinline__ void quant_h_rows(const layer_view &L, const quant_vi
 /* ---- the forward in one launch ----------------------------------------------------------
  *
  * Work items, handed out in order by one counter (sched): FP8 first quantizes the T input rows
- * (an item each), then gate/up items (hit expert j, 16 features f) for j = 0 .. n_hit-1, f = 0 ..
+ * (x_chunks items a row), then gate/up items (hit expert j, 16 features f) for j = 0 .. n_hit-1, f = 0 ..
  * ceil(I/16)-1 (split along K into ksplit parts, consecutive items, when there are fewer of
  * them than warps: split_parts; the last part of an item to finish makes its h and counts it),
  * then down items (j, 32 features of H: DOWN_TILES tiles of 16) in the same order. A warp takes the next
  * item when it finishes one, so every SM keeps streaming weights until the last item, with no
- * kernel boundary between the projections. A gate/up item (FP8) waits until xdone counts the
- * T rows; a down item of expert e waits until done[e] (sched[e]) counts all ceil(I/16) gate/up
+ * kernel boundary between the projections. A gate/up item (FP8) copies its first stages'
+ * weights, then waits until xdone counts the quantization items; a down item of expert e waits until done[e] (sched[e]) counts all ceil(I/16) gate/up
  * items of e (FP8: and one more, which the warp of the last of them adds once it has quantized
  * e's h rows). Every item waited for was handed out before the waiting one, to a warp that is
  * running and waits only for earlier items, so every wait ends (and in practice is over: the
@@ -501,12 +573,6 @@ __device__ __forceinline__ int split_parts(bool allowed, int64_t groups, int64_t
         if (busy >= 0.875) return p;
     }
     return best;
-}
-
-__device__ __forceinline__ int ld_acquire(const int *p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
 }
 
 /* The configuration: stages of 128 bytes a row, fmt<T>::WARPS warps a block sharing
@@ -532,7 +598,8 @@ __global__ void __launch_bounds__(fmt<T>::WARPS * 32, 1)
     T *ring = (T *)(smem + (threadIdx.x >> 5) * RING);
     const int lane = threadIdx.x & 31;
     const int64_t fg_gu = (L.I + MFEAT - 1) / MFEAT, fg_dn = (L.H + DOWN_TILES * MFEAT - 1) / (DOWN_TILES * MFEAT);
-    const int64_t n_x = QUANT ? G.T : 0, hits = *n_hit, groups = hits * fg_gu, P = G.T * G.k;
+    const int64_t xch = QUANT ? x_chunks(L, io.q, io) : 1, n_x = QUANT ? G.T * xch : 0;
+    const int64_t hits = *n_hit, groups = hits * fg_gu, P = G.T * G.k;
     /* split gate/up items (gemv.cuh): parts of kchunk inputs (whole 128-byte stages) */
     const int ksplit = QUANT ? 1 : split_parts(io.part != NULL, groups, (int64_t)gridDim.x * (blockDim.x >> 5), L.H);
     const int64_t kchunk = ksplit > 1 ? ((L.H + ksplit - 1) / ksplit + geom<T>::KT - 1) / geom<T>::KT * geom<T>::KT : L.H;
@@ -552,7 +619,7 @@ __global__ void __launch_bounds__(fmt<T>::WARPS * 32, 1)
         item = __shfl_sync(0xffffffffu, item, 0);
         if (item >= (unsigned long long)total) return;
         if (QUANT && item < (unsigned long long)n_x) {
-            quant_x_row(L, io.q, io, (int64_t)item, lane);
+            quant_x(L, io.q, io, (int64_t)item, xch, lane);
             __threadfence();
             __syncwarp();
             if (lane == 0) atomicAdd(xdone, 1);
@@ -563,12 +630,14 @@ __global__ void __launch_bounds__(fmt<T>::WARPS * 32, 1)
             const int64_t e = hit[grp / fg_gu], n0 = MFEAT * (grp % fg_gu);
             const int64_t k0 = part_i * kchunk, kn = L.H - k0 < kchunk ? L.H - k0 : kchunk;
             float *part = ksplit > 1 ? io.part + part_i * P * (L.gated ? 2 : 1) * L.I : NULL;
-            if (QUANT)
-                while (ld_acquire(xdone) < n_x) __nanosleep(64);
+            /* FP8: the first stages' weights are copied while x is quantized (stream_rows' wait) */
+            const int *ready = QUANT ? xdone : NULL;
             if (L.gated)
-                gate_up_item<T, 2, ST2>(L, io.q, G, xin, xin_ld, io.xs, (HT *)io.h, e, n0, ring, lane, k0, kn, part);
+                gate_up_item<T, 2, ST2>(L, io.q, G, xin, xin_ld, io.xs, (HT *)io.h, e, n0, ring, lane, k0, kn, part,
+                                        ready, n_x);
             else
-                gate_up_item<T, 1, ST1>(L, io.q, G, xin, xin_ld, io.xs, (HT *)io.h, e, n0, ring, lane, k0, kn, part);
+                gate_up_item<T, 1, ST1>(L, io.q, G, xin, xin_ld, io.xs, (HT *)io.h, e, n0, ring, lane, k0, kn, part,
+                                        ready, n_x);
             __threadfence(); /* this lane's h (or part) stores before the count (a grid reduction's pattern) */
             __syncwarp();
             if (ksplit > 1) { /* the last part to finish makes h */
