@@ -109,10 +109,11 @@ struct moex_decoder_ops {
     /* moex_attention_forward_latent with the environment's latent cache (deepseek_v3): kv [total, width]
      * appended, q [total, heads, width] -> out [total, heads, value_dim]. host_seqs: the descriptors in
      * host memory when the host knows them (a step not captured in a graph), else NULL; the CUDA table
-     * takes its GEMM path with them for prefills */
+     * takes its GEMM path with them for prefills. Where latent_rounds_q says so, q is rounded to bf16
+     * by the op (possibly in place: q is the step's scratch) */
     moex_status (*latent_attention)(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs,
                                     const moex_attn_seq *host_seqs, int64_t nseq, int64_t total, int64_t heads,
-                                    const float *q, const float *kv, int64_t value_dim, float scale, float *out);
+                                    float *q, const float *kv, int64_t value_dim, float scale, float *out);
     /* moex_mla_absorb: q [T, heads, q_stride] -> out [T, heads, out_stride] (the first kv_lora_rank) */
     moex_status (*mla_absorb)(const moex_decoder_env *e, const moex_linear_w *kv_b, int64_t heads, int64_t nope,
                               int64_t vd, const float *q, int64_t q_stride, int64_t T, float *out, int64_t out_stride);
@@ -123,6 +124,10 @@ struct moex_decoder_ops {
      * themselves, exactly as round_bf16 does (the CUDA table converts it to w's bf16): a step in bf16
      * compute may then leave out its own rounding of a buffer only those products read */
     int (*rounds_input_bf16)(const moex_decoder_env *e, const moex_linear_w *w);
+    /* 1 when latent_attention rounds q to bf16 itself, as round_bf16 does (the CUDA table in bf16
+     * compute: its kernel as it reads q, its GEMM paths by their conversion or in place), so the
+     * step leaves out its own rounding of the absorbed queries */
+    int (*latent_rounds_q)(const moex_decoder_env *e);
 };
 
 extern const moex_decoder_ops moex_decoder_ops_cpu;

@@ -161,7 +161,7 @@ static moex_status cpu_copy_rows(const moex_decoder_env *e, float *dst, int64_t 
 
 static moex_status cpu_latent_attention(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs,
                                         const moex_attn_seq *host_seqs, int64_t nseq, int64_t total, int64_t heads,
-                                        const float *q, const float *kv, int64_t value_dim, float scale, float *out) {
+                                        float *q, const float *kv, int64_t value_dim, float scale, float *out) {
     (void)host_seqs, (void)total; /* seqs are host memory on the CPU; they give the total */
     return moex_attention_forward_latent((moex_kv_cache *)e->kv, layer, seqs, nseq, heads, q, kv, value_dim, scale, out,
                                          e->threads);
@@ -181,6 +181,11 @@ static moex_status cpu_mla_values(const moex_decoder_env *e, const moex_linear_w
 /* The CPU's products read their f32 inputs as they are. */
 static int cpu_rounds_input_bf16(const moex_decoder_env *e, const moex_linear_w *w) {
     (void)e, (void)w;
+    return 0;
+}
+
+static int cpu_latent_rounds_q(const moex_decoder_env *e) {
+    (void)e;
     return 0;
 }
 
@@ -225,4 +230,5 @@ const moex_decoder_ops moex_decoder_ops_cpu = {
     cpu_mla_absorb,
     cpu_mla_values,
     cpu_rounds_input_bf16,
+    cpu_latent_rounds_q,
 };

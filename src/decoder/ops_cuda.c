@@ -146,13 +146,13 @@ static moex_status cu_rope_apply_interleaved(const moex_decoder_env *e, float *x
 
 static moex_status cu_latent_attention(const moex_decoder_env *e, int64_t layer, const moex_attn_seq *seqs,
                                        const moex_attn_seq *host_seqs, int64_t nseq, int64_t total, int64_t heads,
-                                       const float *q, const float *kv, int64_t value_dim, float scale, float *out) {
+                                       float *q, const float *kv, int64_t value_dim, float scale, float *out) {
     if (attention_gemm_pays(e, host_seqs, nseq))
         return moex_cuda_attention_latent_gemm((const moex_cuda_blas *)e->blas, (const moex_cuda_kv_cache *)e->kv,
                                                layer, seqs, host_seqs, nseq, total, heads, q, kv, value_dim, scale,
                                                out, e->bf16_inputs, e->scores, e->scores_floats, e->flags, e->stream);
     return moex_cuda_attention_latent((const moex_cuda_kv_cache *)e->kv, layer, seqs, nseq, total, heads, q, kv,
-                                      value_dim, scale, out, e->flags, e->stream);
+                                      value_dim, scale, out, e->bf16_inputs, e->flags, e->stream);
 }
 
 static moex_status cu_mla_absorb(const moex_decoder_env *e, const moex_linear_w *kv_b, int64_t heads, int64_t nope,
@@ -169,6 +169,10 @@ static moex_status cu_mla_values(const moex_decoder_env *e, const moex_linear_w 
 
 /* bf16 weights: the products convert their f32 input to bf16 first (round to nearest even, as
  * round_bf16), so a bf16 value is what they multiply either way. */
+/* bf16 compute: both latent paths round q (moex_cuda_attention_latent's round_q, the GEMM's
+ * bf16_inputs). */
+static int cu_latent_rounds_q(const moex_decoder_env *e) { return e->bf16_inputs; }
+
 static int cu_rounds_input_bf16(const moex_decoder_env *e, const moex_linear_w *w) {
     (void)e;
     return w && w->dtype == MOEX_BF16;
@@ -203,6 +207,7 @@ const moex_decoder_ops moex_decoder_ops_cuda = {
     cu_mla_absorb,
     cu_mla_values,
     cu_rounds_input_bf16,
+    cu_latent_rounds_q,
 };
 
 #else

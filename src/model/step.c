@@ -90,7 +90,7 @@ static moex_status mla_attention(moex_model *m, const model_layer_w *ly, int64_t
     if (!st) st = op->copy_rows(e, b.kva + kvl, lw, b.kr, rope, T, rope);
     if (!st) st = op->mla_absorb(e, &ly->kv_b, nh, nope, vd, b.q, qd, T, b.ql, lw);
     if (!st) st = op->copy_rows(e, b.ql + kvl, lw, b.qr, rope, T * nh, rope);
-    if (!st) st = R(m, b.ql, T * nh * lw);
+    if (!st && !op->latent_rounds_q(e)) st = R(m, b.ql, T * nh * lw); /* else the attention rounds q */
     /* softmax(q k^T * qk_head_dim^-0.5 * mscale^2) over the latent rows, then kv_b's value rows */
     const float scale = (float)(pow((double)qd, -0.5) * (double)m->q_scale);
     if (!st) st = op->latent_attention(e, L, r->seqs, r->host_seqs, nseq, T, nh, b.ql, b.kva, kvl, scale, b.ol);

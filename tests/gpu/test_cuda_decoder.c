@@ -693,8 +693,8 @@ static void latent_case(const moex_cuda_blas *blas, int64_t heads, int64_t w, in
         up(dq, q, sizeof(float) * (size_t)(total * heads * w)), up(dkv, kv, sizeof(float) * (size_t)(total * w));
         up(dseqs, calls[c], sizeof calls[c]);
         moex_status cs = moex_attention_forward_latent(cpu, 1, calls[c], 2, heads, q, kv, vd, scale, oc, 2);
-        moex_status gs = moex_cuda_attention_latent(&gpu, 1, dseqs, 2, total, heads, dq, dkv, vd, scale, dout, g_flags,
-                                                    g_stream);
+        moex_status gs = moex_cuda_attention_latent(&gpu, 1, dseqs, 2, total, heads, dq, dkv, vd, scale, dout, 0,
+                                                    g_flags, g_stream);
         g_checks++;
         if (cs || gs) {
             fail_at(__FILE__, __LINE__, "latent attention %s: %s", names[c], moex_last_error());
@@ -790,7 +790,7 @@ static void latent_long(const moex_cuda_blas *blas) {
     const moex_attn_seq pre = {0, L, 0};
     moex_attn_seq *dseq = dup_to_dev(&pre, sizeof pre);
     moex_status cs = moex_attention_forward_latent(cpu, 0, &pre, 1, heads, q, kv, vd, 0.2f, oc, 2);
-    moex_status gs = moex_cuda_attention_latent(&gpu, 0, dseq, 1, L, heads, dq, dkv, vd, 0.2f, dout, g_flags, g_stream);
+    moex_status gs = moex_cuda_attention_latent(&gpu, 0, dseq, 1, L, heads, dq, dkv, vd, 0.2f, dout, 0, g_flags, g_stream);
     g_checks++;
     if (cs || gs) {
         fail_at(__FILE__, __LINE__, "latent attention of 600 positions: %s", moex_last_error());
@@ -824,6 +824,67 @@ static void latent_long(const moex_cuda_blas *blas) {
     dfree(dq), dfree(dkv), dfree(dout), dfree(dseq);
 }
 
+/* q left in f32 and rounded to bf16 by the attention itself (a step in bf16 compute leaves it so):
+ * the kernel path (round_q), the bf16 GEMM path and the f32 GEMM path (a scratch too small for the
+ * bf16 one: q rounded in place) against the CPU on the rounded q. 40 positions, 4 heads. */
+static void latent_rounds_q(const moex_cuda_blas *blas) {
+    const int64_t heads = 4, w = 72, vd = 64, L = 40;
+    const size_t qn = (size_t)(L * heads * w), kn = (size_t)(L * w), on = (size_t)(L * heads * vd);
+    float *q = malloc(sizeof(float) * qn), *qr = malloc(sizeof(float) * qn), *kv = malloc(sizeof(float) * kn);
+    float *oc = malloc(sizeof(float) * on), *og = malloc(sizeof(float) * on);
+    fill(q, (int64_t)qn, -1.5f, 1.5f), fill(kv, (int64_t)kn, -1.5f, 1.5f);
+    round_bf16_host(kv, (int64_t)kn); /* the cached rows are bf16 values, q is not */
+    memcpy(qr, q, sizeof(float) * qn);
+    round_bf16_host(qr, (int64_t)qn);
+    moex_kv_cache *cpu = NULL;
+    const moex_attn_seq pre = {0, L, 0};
+    if (moex_kv_cache_create_latent(1, 1, L + 1, w, &cpu) != MOEX_OK ||
+        moex_attention_forward_latent(cpu, 0, &pre, 1, heads, qr, kv, vd, 0.2f, oc, 2) != MOEX_OK) {
+        fail_at(__FILE__, __LINE__, "latent attention on the CPU: %s", moex_last_error());
+        moex_kv_cache_free(cpu);
+        free(q), free(qr), free(kv), free(oc), free(og);
+        return;
+    }
+    moex_kv_cache_free(cpu);
+    float *dq = dmalloc(sizeof(float) * qn), *dkv = dup_to_dev(kv, sizeof(float) * kn), *dout = dmalloc(sizeof(float) * on);
+    moex_attn_seq *dseq = dup_to_dev(&pre, sizeof pre);
+    /* bf16 path: the rows three times in bf16 and a chunk of 8 tokens; f32 path: 3 tokens a chunk */
+    const size_t big = (size_t)(3 * (L + 1) * w + heads * (5 * (L + 1) + w) * 8), small = (size_t)(heads * (L + 1) * 3);
+    float *dscores = dmalloc(sizeof(float) * big);
+    const char *names[3] = {"kernel, round_q", "GEMM in bf16", "GEMM in f32 (the scratch too small for bf16)"};
+    for (int path = 0; path < 3; path++) {
+        moex_cuda_kv_cache gpu;
+        memset(&gpu, 0, sizeof gpu);
+        up(dq, q, sizeof(float) * qn);
+        moex_status gs = moex_cuda_kv_cache_create_latent(g_gpu, 1, 1, L + 1, w, &gpu);
+        if (!gs)
+            gs = path == 0 ? moex_cuda_attention_latent(&gpu, 0, dseq, 1, L, heads, dq, dkv, vd, 0.2f, dout, 1, g_flags,
+                                                        g_stream)
+                           : moex_cuda_attention_latent_gemm(blas, &gpu, 0, dseq, &pre, 1, L, heads, dq, dkv, vd, 0.2f,
+                                                             dout, 1, dscores, path == 1 ? big : small, g_flags,
+                                                             g_stream);
+        g_checks++;
+        char what[160];
+        snprintf(what, sizeof what, "latent attention of unrounded q, %s", names[path]);
+        if (gs) {
+            fail_at(__FILE__, __LINE__, "%s: %s", what, moex_last_error());
+        } else {
+            CHECK(sync_flags() == 0, "%s: status word set", what);
+            down(og, dout, sizeof(float) * on);
+            close_f32(what, og, oc, (int64_t)on, 1e-5, 2e-6);
+            if (path == 2) { /* the f32 path rounds q where it lies */
+                float *qg = malloc(sizeof(float) * qn);
+                down(qg, dq, sizeof(float) * qn);
+                close_f32("latent attention's f32 GEMM path: q rounded in place", qg, qr, (int64_t)qn, 0, 0);
+                free(qg);
+            }
+        }
+        moex_cuda_kv_cache_free(&gpu);
+    }
+    free(q), free(qr), free(kv), free(oc), free(og);
+    dfree(dq), dfree(dkv), dfree(dout), dfree(dseq), dfree(dscores);
+}
+
 static void test_latent_attention(void) {
     moex_cuda_blas blas;
     MUST(moex_cuda_blas_create(g_gpu, 0, &blas));
@@ -832,6 +893,7 @@ static void test_latent_attention(void) {
         latent_case(&blas, 3, 200, 160, 0.07f, bf16); /* more than one pass of output features */
         latent_case(&blas, 64, 576, 512, 0.05f, bf16); /* DeepSeek-V3's width and values */
     }
+    latent_rounds_q(&blas);
     if (!g_quick) latent_long(&blas);
     moex_cuda_blas_free(&blas);
 }

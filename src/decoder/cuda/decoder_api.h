@@ -131,19 +131,23 @@ moex_status moex_cuda_attention(const moex_cuda_kv_cache *cache, int64_t layer, 
  * moex_attention_forward_latent on the device, over a latent cache: kv rows appended as k above,
  * then s_j = dot(q, kv_j) * scale over the width, the same softmax, out = sum_j w_j kv_j[0 ..
  * value_dim). Descriptors are checked and flagged as above. out must not overlap q or kv.
+ * round_q: q's values are rounded to bf16 (to nearest even, as moex_cuda_round_bf16) as they are
+ * read (a step in bf16 compute leaves that rounding to the attention).
  */
 // q: [total, heads, width], kv: [total, width] -> out: [total, heads, value_dim]
 moex_status moex_cuda_attention_latent(const moex_cuda_kv_cache *cache, int64_t layer, const moex_attn_seq *seqs,
                                        int64_t nseq, int64_t total, int64_t heads, const float *q, const float *kv,
-                                       int64_t value_dim, float scale, float *out, int *flags, void *stream);
+                                       int64_t value_dim, float scale, float *out, int round_q, int *flags,
+                                       void *stream);
 
 /**
  * The same for a step whose descriptors the host knows (a prefill, not captured in a graph), over
  * cuBLAS (decoder_attention_gemm.cu): the rows appended and committed as above, then per sequence, in
  * chunks of query rows, scores = q kv^T * scale (f32 GEMM, pedantic), the causal softmax in place,
  * out = scores kv[:, 0 .. value_dim). host_seqs: the host copy of seqs (what the GEMMs' sizes come
- * from; checked against the cache's bounds). bf16_inputs: q and every cached row are bf16 values held
- * in f32 (a step in bf16 compute); the GEMMs then run on the tensor cores in bf16 with f32
+ * from; checked against the cache's bounds). bf16_inputs: every cached row is a bf16 value held in
+ * f32 (a step in bf16 compute) and q is rounded to bf16 here (as round_q above; the f32 path below
+ * rounds q's rows in place, so q is written); the GEMMs then run on the tensor cores in bf16 with f32
  * accumulation (the same products; the probabilities as three bf16 parts that sum to them) for each
  * sequence whose chunk of one query token fits the scratch (about heads x (2.5 L + W / 2) floats a
  * token and 1.5 L x W for the sequence's rows in bf16, three times; L its positions, W the row
@@ -154,7 +158,7 @@ moex_status moex_cuda_attention_latent(const moex_cuda_kv_cache *cache, int64_t 
  */
 moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *blas, const moex_cuda_kv_cache *cache,
                                             int64_t layer, const moex_attn_seq *seqs, const moex_attn_seq *host_seqs,
-                                            int64_t nseq, int64_t total, int64_t heads, const float *q,
+                                            int64_t nseq, int64_t total, int64_t heads, float *q,
                                             const float *kv, int64_t value_dim, float scale, float *out,
                                             int bf16_inputs, float *scores, size_t scores_floats, int *flags,
                                             void *stream);

@@ -142,6 +142,7 @@ typedef struct attend_params {
     float scale;
     int64_t dv, window;
     const float *sinks;
+    int round_q; /* q rounded to bf16 as it is read (moex_cuda_attention_latent) */
 } attend_params;
 
 /* One block per (stacked row, query head): blockIdx.x = row (grid-stride), blockIdx.y = head.
@@ -173,7 +174,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
                 s_len = seqs[i].past + t + 1;
             }
         }
-        for (int64_t i = threadIdx.x; i < d; i += blockDim.x) qs[i] = q[(r * heads + h) * d + i]; /* out may be q */
+        for (int64_t i = threadIdx.x; i < d; i += blockDim.x) { /* out may be q */
+            const float v = q[(r * heads + h) * d + i];
+            qs[i] = ap.round_q ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+        }
         __syncthreads();
         const int64_t seq = s_seq, L = s_len;
         if (seq < 0) {
@@ -447,7 +451,7 @@ extern "C" moex_status moex_cuda_attention(const moex_cuda_kv_cache *cache, int6
     const int64_t d = cache->head_dim;
     attend_params ap;
     ap.scale = (float)pow((double)d, -0.5); /* head_dim ** -0.5 */
-    ap.dv = d, ap.window = window, ap.sinks = sinks;
+    ap.dv = d, ap.window = window, ap.sinks = sinks, ap.round_q = 0;
     return launch(fn, cache, layer, seqs, nseq, total, heads, q, k, v, out, ap, flags, (cudaStream_t)stream);
 }
 
@@ -471,11 +475,11 @@ moex_status latent_check(const char *fn, const moex_cuda_kv_cache *cache, int64_
 extern "C" moex_status moex_cuda_attention_latent(const moex_cuda_kv_cache *cache, int64_t layer,
                                                   const moex_attn_seq *seqs, int64_t nseq, int64_t total, int64_t heads,
                                                   const float *q, const float *kv, int64_t value_dim, float scale,
-                                                  float *out, int *flags, void *stream) {
+                                                  float *out, int round_q, int *flags, void *stream) {
     const char *fn = "cuda latent attention";
     moex_status st = latent_check(fn, cache, layer, seqs, nseq, total, heads, q, kv, value_dim, scale, out);
     if (st || nseq == 0 || total == 0) return st;
     attend_params ap;
-    ap.scale = scale, ap.dv = value_dim, ap.window = 0, ap.sinks = NULL;
+    ap.scale = scale, ap.dv = value_dim, ap.window = 0, ap.sinks = NULL, ap.round_q = round_q;
     return launch(fn, cache, layer, seqs, nseq, total, heads, q, kv, NULL, out, ap, flags, (cudaStream_t)stream);
 }

@@ -271,7 +271,7 @@ static moex_status latent_seq_bf16(cublasHandle_t hd, cudaStream_t s, const moex
 extern "C" moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *blas, const moex_cuda_kv_cache *cache,
                                                        int64_t layer, const moex_attn_seq *seqs,
                                                        const moex_attn_seq *host_seqs, int64_t nseq, int64_t total,
-                                                       int64_t heads, const float *q, const float *kv,
+                                                       int64_t heads, float *q, const float *kv,
                                                        int64_t value_dim, float scale, float *out, int bf16_inputs,
                                                        float *scores, size_t scores_floats, int *flags, void *stream) {
     const char *fn = "cuda latent attention (GEMM)";
@@ -295,12 +295,15 @@ extern "C" moex_status moex_cuda_attention_latent_gemm(const moex_cuda_blas *bla
         const moex_attn_seq *h = &host_seqs[i];
         if (h->tokens == 0) continue; /* nothing to attend */
         const float *keys = cache->k + (size_t)((layer * B + h->seq) * S) * (size_t)W; /* [past + tokens, W] */
-        const float *qs = q + (size_t)(row * heads) * (size_t)W;
+        float *qs = q + (size_t)(row * heads) * (size_t)W;
         float *os = out + (size_t)(row * heads) * (size_t)value_dim;
-        /* the bf16 path where the scratch holds a token's chunk of it, else the f32 one */
+        /* the bf16 path where the scratch holds a token's chunk of it (it converts q to bf16), else
+         * the f32 one (bf16_inputs: q's rows rounded first, in place) */
         const int64_t tc16 = bf16_inputs ? latent16_chunk_tokens(scores_floats, heads, h->past + h->tokens, W) : 0;
-        st = tc16 > 0 ? latent_seq_bf16(hd, s, h, heads, keys, W, qs, value_dim, scale, os, scores, tc16)
-                      : latent_seq_f32(hd, s, h, heads, keys, W, qs, value_dim, scale, os, scores, scores_floats);
+        if (tc16 == 0 && bf16_inputs) st = moex_cuda_round_bf16(qs, h->tokens * heads * W, s);
+        if (!st)
+            st = tc16 > 0 ? latent_seq_bf16(hd, s, h, heads, keys, W, qs, value_dim, scale, os, scores, tc16)
+                          : latent_seq_f32(hd, s, h, heads, keys, W, qs, value_dim, scale, os, scores, scores_floats);
         row += h->tokens;
     }
     return st;
