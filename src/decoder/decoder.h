@@ -387,6 +387,10 @@ moex_sampling moex_sampling_default(void);
 // logits: [V] -> *token
 moex_status moex_sample_greedy(const float *logits, int64_t V, int64_t *token);
 
+// logits: [V] -> the index of the first maximum, or -1 - i for the first NaN at i (no checks: the
+// greedy sampler's and the CPU decoder table's argmax)
+int64_t moex_argmax_row(const float *x, int64_t V);
+
 /**
  * The distribution a sample is drawn from, in the order of transformers'
  * warpers (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper), f32:

@@ -133,16 +133,7 @@ static moex_status cpu_gather_last_rows(const moex_decoder_env *e, const float *
 static moex_status cpu_argmax(const moex_decoder_env *e, const float *logits, int64_t rows, int64_t V, int64_t *tokens) {
     (void)e;
     for (int64_t r = 0; r < rows; r++) {
-        const float *x = logits + r * V;
-        int64_t best = 0;
-        for (int64_t i = 0; i < V; i++) {
-            if (x[i] != x[i]) {
-                best = -1 - i;
-                break;
-            }
-            if (x[i] > x[best]) best = i;
-        }
-        tokens[r] = best;
+        tokens[r] = moex_argmax_row(logits + r * V, V);
     }
     return MOEX_OK;
 }

@@ -46,7 +46,7 @@ moex_sampling moex_sampling_default(void) {
 /* ---- greedy ------------------------------------------------------------------ */
 
 // logits: [V] -> index of the first maximum, or -1 - i for the first NaN at i
-static int64_t argmax(const float *x, int64_t V) {
+int64_t moex_argmax_row(const float *x, int64_t V) {
     int64_t best = 0;
     for (int64_t i = 0; i < V; i++) {
         if (x[i] != x[i]) return -1 - i;
@@ -60,7 +60,7 @@ moex_status moex_sample_greedy(const float *logits, int64_t V, int64_t *token) {
     if (V < 1) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sample_greedy: V = %lld must be >= 1", (long long)V);
     if (!logits || !token)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sample_greedy: %s is NULL", !logits ? "logits" : "token");
-    const int64_t best = argmax(logits, V);
+    const int64_t best = moex_argmax_row(logits, V);
     if (best < 0)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sample_greedy: logits[%lld] is NaN", (long long)(-1 - best));
     *token = best;
@@ -144,7 +144,7 @@ static float kth_largest(const float *s, int64_t V, int64_t k, float *heap) {
 static moex_status compute_probs(const float *logits, int64_t V, const moex_sampling *p, float *probs, float *s) {
     const char *fn = "sampling";
     if (p->temperature == 0.0) {
-        const int64_t best = argmax(logits, V);
+        const int64_t best = moex_argmax_row(logits, V);
         for (int64_t i = 0; i < V; i++) probs[i] = i == best ? 1.0f : 0.0f;
         return MOEX_OK;
     }
@@ -226,7 +226,7 @@ moex_status moex_sample(const float *logits, int64_t V, const moex_sampling *par
     if (st) return st;
     if (!token) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sample: token is NULL");
     if (params->temperature == 0.0) {
-        *token = argmax(logits, V);
+        *token = moex_argmax_row(logits, V);
         return MOEX_OK;
     }
     if (!rng) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "sample: rng is NULL");
