@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(WARPS * 32, sizeof(WT) == 1 ? 3 : 4)
             if (ok) {
                 const float *hr = h + (t * G.k + j) * K;
                 uint32_t sr[QUANT ? NF : 1]; /* FP8: the features' scale rows */
-                if (QUANT)
+                if constexpr (QUANT)
 #pragma unroll
                     for (int f = 0; f < NF; f++) sr[f] = scale_row(Q, Q.down, e, n0 + (f < nf ? f : 0));
                 if (VEC) {
@@ -272,11 +272,11 @@ __global__ void __launch_bounds__(WARPS * 32, sizeof(WT) == 1 ? 3 : 4)
                     for (int64_t kk = lane * VW; kk < K; kk += 32 * VW) {
                         float fh[VW];
                         load8(hr + kk, fh);
-                        if (QUANT) load8(hr + kk + 8, fh + 8);
+                        if constexpr (QUANT) load8(hr + kk + 8, fh + 8);
 #pragma unroll
                         for (int f = 0; f < NF; f++) {
                             if (f >= nf) break;
-                            if (QUANT) {
+                            if constexpr (QUANT) {
                                 const uint4 r = ldg16((const uint8_t *)(wd + f * L.down.n_stride + kk));
                                 p[f] += scale_load(Q.sdt, Q.down.base, sr[f] + (uint32_t)kk / (uint32_t)Q.bk) *
                                         dot16_e4m3(r, fh);
