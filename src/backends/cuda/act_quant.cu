@@ -98,8 +98,8 @@ moex_status act_quant_slots_e4m3(const int *pair_slot, int64_t P, const void *x,
 }
 
 moex_status act_quant_e2m1(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int8_t *q, float *s,
-                           int after_prev, cudaStream_t st) {
-    return act_quant_rows<true>(x, xdt, x_ld, rows, K, ACT_E2M1_BLOCK, (uint8_t *)q, s, NULL, NULL, after_prev, st);
+                           cudaStream_t st) {
+    return act_quant_rows<true>(x, xdt, x_ld, rows, K, ACT_E2M1_BLOCK, (uint8_t *)q, s, NULL, NULL, 0, st);
 }
 
 /* One warp a token: its row quantized into each of its pairs' slots (the k copies read the

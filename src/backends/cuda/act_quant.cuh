@@ -196,9 +196,9 @@ moex_status act_quant_slots_e4m3(const int *pair_slot, int64_t P, const void *x,
                                  int64_t K, int64_t bk, uint8_t *q, float *s, cudaStream_t st);
 
 /* FP4's rounding of rows rows of x (K inputs, blocks of 32): int8 codes 2 e2m1 into q [rows, K],
- * the blocks' scales into s [rows, K/32]. One warp a row (or a chunk); after_prev as above. */
+ * the blocks' scales into s [rows, K/32]. One warp a row (or a chunk); a plain launch. */
 moex_status act_quant_e2m1(const void *x, moex_dtype xdt, int64_t x_ld, int64_t rows, int64_t K, int8_t *q, float *s,
-                           int after_prev, cudaStream_t st);
+                           cudaStream_t st);
 
 /* The same rounding, gathered in expert order (the FP8 grouped GEMM's A): token t's row of x
  * quantized into row pair_slot[t*k+j] of q [P, K] and s [P, ceil(K/bk)] for every pair that is

@@ -536,14 +536,14 @@ static moex_status fp4_forward(fwd *f, const routing_dev *r, char *ws) {
         f->G.hit = r->hit, f->G.n_hit = r->mtile_off + f->E;
         f->G.e_begin = 0, f->G.count = f->E < f->P ? f->E : f->P;
     }
-    moex_status st = act_quant_e2m1(a->hidden->data, a->hidden->dtype, a->hidden->strides[0], f->T, L.H, xq, w.xs, 0,
+    moex_status st = act_quant_e2m1(a->hidden->data, a->hidden->dtype, a->hidden->strides[0], f->T, L.H, xq, w.xs,
                                     f->stream);
     if (st) return st;
     if (r && gemv_fp4_mma_pays(f->P, f->E)) {
         st = gemv_mma_experts_fp4(L, Q, f->G, xq, w.xs, w.h, hq, w.hs, w.y, f->P, f->stream);
     } else {
         st = gemv_gate_up_fp4(L, Q, f->G, xq, w.xs, w.h, f->stream);
-        if (!st) st = act_quant_e2m1(w.h, MOEX_F32, L.I, f->P, L.I, hq, w.hs, 0, f->stream);
+        if (!st) st = act_quant_e2m1(w.h, MOEX_F32, L.I, f->P, L.I, hq, w.hs, f->stream);
         if (st) return st;
         if (!r)
             return gemv_down_pairs_fp4(L, Q, f->G, hq, w.hs, a->weights->data, a->weights->dtype, a->weights->strides[0],

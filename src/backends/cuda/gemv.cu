@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view
                 su[f] = scale_row(Q, Q.up, e, n + f * two);
                 if (L.gated) sg[f] = scale_row(Q, Q.gate, e, n + f * two);
             }
-        if (!waited) { /* the first two steps' weights into L2 while x is quantized, then wait for x */
+        if (QUANT && !waited) { /* the first two steps' weights into L2 while x is quantized, then wait for x */
             for (int64_t kk = lane * VW; kk < K && kk < 64 * VW; kk += 32 * VW) {
                 const uint8_t *bu = (const uint8_t *)(wu + kk), *bg = (const uint8_t *)(wg + kk);
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(bu));

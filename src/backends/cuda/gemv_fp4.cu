@@ -524,7 +524,7 @@ moex_status gemv_mma_experts_fp4(const layer_view &L, const quant_view &Q, const
     else
         fp4_mma_kernel<1, 0><<<gu_grid, block, 0, s>>>(L, Q, G, xq, xs, h);
     moex_status st = MOEX_CUDA_LAUNCHED("gate/up kernel (fp4, mma)");
-    if (!st) st = act_quant_e2m1(h, MOEX_F32, L.I, P, L.I, hq, hs, 0, s);
+    if (!st) st = act_quant_e2m1(h, MOEX_F32, L.I, P, L.I, hq, hs, s);
     if (st) return st;
     fp4_mma_kernel<2, 1><<<dn_grid, block, 0, s>>>(L, Q, G, hq, hs, y);
     return MOEX_CUDA_LAUNCHED("down kernel (fp4, mma)");
