@@ -39,24 +39,16 @@ __global__ void __launch_bounds__(AQ_WARPS * 32) act_quant_chunk_kernel(const XT
     const int64_t nvec = K / 8, chunks = (nvec + 31) / 32, nkb = (K + bk - 1) / bk;
     for (int64_t w = blockIdx.x * (int64_t)AQ_WARPS + (threadIdx.x >> 5); w < rows * chunks;
          w += (int64_t)gridDim.x * AQ_WARPS) {
-        const int64_t r = row_at(row_of, w / chunks), v = (w % chunks) * 32 + lane;
+        const int64_t r = row_at(row_of, w / chunks);
         if (r < 0) continue;
-        const bool in = v < nvec;
-        float a[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) a[i] = 0.0f;
-        if (in) load8_cg(x + r * x_ld + 8 * v, a);
-        quant_vec8<FP4>(a, in, (int)(bk / 8), v, q ? q + r * K : NULL, s ? s + r * nkb : NULL, f ? f + r * K : NULL,
-                        lane);
+        quant_chunk<XT, FP4>(x + r * x_ld, K, bk, w % chunks, q ? q + r * K : NULL, s ? s + r * nkb : NULL,
+                             f ? f + r * K : NULL, lane);
     }
 }
 
-/* The chunk kernels' size predicate: 16-byte aligned rows of x, K a multiple of 8, bk / 8 a power
- * of two up to 32 (a chunk of 32 vectors holds whole blocks), 8-byte aligned q. */
+/* The chunk kernels' size predicate: quant_chunks_apply's rows and 8-byte aligned q. */
 static bool chunks_apply(const void *x, moex_dtype xdt, int64_t x_ld, int64_t K, int64_t bk, const uint8_t *q) {
-    const int64_t es = xdt == MOEX_F32 ? 4 : 2, vpb = bk / 8;
-    return K % 8 == 0 && bk % 8 == 0 && vpb >= 1 && vpb <= 32 && (vpb & (vpb - 1)) == 0 && ((uintptr_t)x & 15) == 0 &&
-           (x_ld * es) % 16 == 0 && ((uintptr_t)q & 7) == 0;
+    return quant_chunks_apply(x, xdt == MOEX_F32 ? 4 : 2, x_ld, K, bk) && ((uintptr_t)q & 7) == 0;
 }
 
 /* One launch over rows, chunked where chunks_apply: the two kernels take the same arguments. */

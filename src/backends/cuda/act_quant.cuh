@@ -175,6 +175,29 @@ __device__ __forceinline__ void quant_row(const XT *x, int64_t K, int64_t bk, ui
     }
 }
 
+/* Rows that quantize in chunks of 256 inputs, a vector of 8 a lane (quant_chunk): 16-byte aligned
+ * x with rows x_ld elements of es bytes apart, K a multiple of 8, bk / 8 a power of two up to 32
+ * (a chunk of 32 vectors holds whole blocks). */
+__host__ __device__ inline bool quant_chunks_apply(const void *x, int64_t es, int64_t x_ld, int64_t K, int64_t bk) {
+    const int64_t vpb = bk / 8;
+    return K % 8 == 0 && bk % 8 == 0 && vpb >= 1 && vpb <= 32 && (vpb & (vpb - 1)) == 0 && ((uintptr_t)x & 15) == 0 &&
+           (x_ld * es) % 16 == 0;
+}
+
+/* Chunk c of one row x[0 .. K) (quant_chunks_apply's rows): lane l quantizes vector 32 c + l
+ * into q, s and f as quant_row does (lanes past the row store nothing). */
+template <typename XT, bool FP4>
+__device__ __forceinline__ void quant_chunk(const XT *x, int64_t K, int64_t bk, int64_t c, uint8_t *q, float *s,
+                                            float *f, int lane) {
+    const int64_t v = c * 32 + lane;
+    const bool in = v < K / 8;
+    float a[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) a[i] = 0.0f;
+    if (in) load8_cg(x + 8 * v, a);
+    quant_vec8<FP4>(a, in, (int)(bk / 8), v, q, s, f, lane);
+}
+
 template <typename XT>
 __device__ __forceinline__ void quant_row_e4m3(const XT *x, int64_t K, int64_t bk, uint8_t *q, float *s, float *f,
                                                int lane) {

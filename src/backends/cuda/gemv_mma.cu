@@ -492,13 +492,10 @@ __device__ __forceinline__ void down_item(const layer_view &L, const quant_view 
 
 /* ---- FP8: the activations, quantized inside the launch ---------------------------------- */
 
-/* The quantization items of each input row: chunks of 256 inputs (a vector of 8 a lane, one load:
- * the gate/up items wait for all of them) where the rows allow it (16-byte aligned rows, bk / 8 a
- * power of two up to 32, so a chunk holds whole blocks), else 1 (the row). */
+/* The quantization items of each input row: chunks of 256 inputs (quant_chunk: one load a lane;
+ * the gate/up items wait for all of them) where the rows allow it, else 1 (the row). */
 __device__ __forceinline__ int64_t x_chunks(const layer_view &L, const quant_view &Q, const mma_io &io) {
-    const int64_t vpb = Q.bk / 8, es = io.xdt == MOEX_F32 ? 4 : 2;
-    const bool vec = Q.bk % 8 == 0 && vpb <= 32 && (vpb & (vpb - 1)) == 0 && ((uintptr_t)io.x & 15) == 0 &&
-                     (io.x_ld * es) % 16 == 0;
+    const bool vec = quant_chunks_apply(io.x, io.xdt == MOEX_F32 ? 4 : 2, io.x_ld, L.H, Q.bk);
     return vec ? (L.H / 8 + 31) / 32 : 1;
 }
 
@@ -511,17 +508,10 @@ __device__ __forceinline__ void quant_x_item(const layer_view &L, const quant_vi
     const XT *x = (const XT *)io.x + t * io.x_ld;
     uint8_t *q = io.xq + t * L.H;
     float *s = io.xs + t * nkb;
-    if (chunks == 1) {
+    if (chunks == 1)
         quant_row_e4m3(x, L.H, Q.bk, q, s, (float *)NULL, lane);
-        return;
-    }
-    const int64_t v = (i % chunks) * 32 + lane;
-    const bool in = v < L.H / 8;
-    float a[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) a[j] = 0.0f;
-    if (in) load8_cg(x + 8 * v, a);
-    quant_vec8<false>(a, in, (int)(Q.bk / 8), v, q, s, (float *)NULL, lane);
+    else
+        quant_chunk<XT, false>(x, L.H, Q.bk, i % chunks, q, s, (float *)NULL, lane);
 }
 
 __device__ __forceinline__ void quant_x(const layer_view &L, const quant_view &Q, const mma_io &io, int64_t i,
