@@ -75,6 +75,22 @@ __device__ __forceinline__ uint32_t scale_row(const quant_view &q, const scale_v
 __device__ __forceinline__ float scale_load(moex_dtype sdt, const void *base, uint32_t i) {
     return sdt == MOEX_UE8M0 ? ue8m0_value(__ldg((const uint8_t *)base + i)) : __ldg((const float *)base + i);
 }
+/* Scales row[j] + col of a grid, j < N, the dtype tested once: all N loads are issued before any
+ * is used (a test per load puts a branch between them, and each then waits for the one before). */
+template <int N>
+__device__ __forceinline__ void scale_loads(moex_dtype sdt, const void *base, const uint32_t (&row)[N], uint32_t col,
+                                            float (&v)[N]) {
+    if (sdt == MOEX_UE8M0) {
+        uint8_t b[N];
+#pragma unroll
+        for (int j = 0; j < N; j++) b[j] = __ldg((const uint8_t *)base + row[j] + col);
+#pragma unroll
+        for (int j = 0; j < N; j++) v[j] = ue8m0_value(b[j]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; j++) v[j] = __ldg((const float *)base + row[j] + col);
+    }
+}
 
 /* The activation of SPEC "The computation", in f32: act(g) * u (gated) or act(u), with
  * linear/activation.h's formulas (those of the CPU backends, rounded op by op as they are). */

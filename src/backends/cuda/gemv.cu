@@ -232,8 +232,12 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view
  * traffic through L2 is a quarter of the weights' bytes, not as much as them. */
 template <typename WT> __host__ __device__ constexpr int pairs_nf() { return sizeof(WT) == 1 ? 8 : 4; }
 
+/* Blocks an SM holds: as many as the registers of a lane's pairs_nf rows of weights in flight allow
+ * (FP8 8 rows of 16 bytes, f32 4 of 32, bf16/f16 4 of 16) without spilling. */
+template <typename WT> __host__ __device__ constexpr int pairs_blocks() { return sizeof(WT) == 1 ? 2 : sizeof(WT) == 4 ? 3 : 4; }
+
 template <typename WT, bool VEC>
-__global__ void __launch_bounds__(WARPS * 32, sizeof(WT) == 1 ? 3 : 4)
+__global__ void __launch_bounds__(WARPS * 32, pairs_blocks<WT>())
     down_pairs_kernel(layer_view L, quant_view Q, gemv_groups G, const float *h, const void *w, moex_dtype wdt,
                       int64_t w_ld, void *out, moex_dtype odt, int64_t out_ld) {
     constexpr bool QUANT = sizeof(WT) == 1; /* FP8 codes (vector path only), h the quantized inputs */
@@ -268,24 +272,33 @@ __global__ void __launch_bounds__(WARPS * 32, sizeof(WT) == 1 ? 3 : 4)
 #pragma unroll
                     for (int f = 0; f < NF; f++) sr[f] = scale_row(Q, Q.down, e, n0 + (f < nf ? f : 0));
                 if (VEC) {
-#pragma unroll 2
+                    /* every feature's weights are loaded before any is used, with no branch between
+                     * the loads (one would make each wait for the one before): features past nf
+                     * read feature 0's row again, and their sums are never stored (NF rows' loads in
+                     * flight a lane: the loop is not unrolled) */
+#pragma unroll 1
                     for (int64_t kk = lane * VW; kk < K; kk += 32 * VW) {
                         float fh[VW];
-                        load8(hr + kk, fh);
-                        if constexpr (QUANT) load8(hr + kk + 8, fh + 8);
+                        if constexpr (QUANT) {
+                            uint4 r[NF];
 #pragma unroll
-                        for (int f = 0; f < NF; f++) {
-                            if (f >= nf) break;
-                            if constexpr (QUANT) {
-                                const uint4 r = ldg16((const uint8_t *)(wd + f * L.down.n_stride + kk));
-                                p[f] += scale_load(Q.sdt, Q.down.base, sr[f] + (uint32_t)kk / (uint32_t)Q.bk) *
-                                        dot16_e4m3(r, fh);
-                            } else {
-                                float fw[8];
-                                load8(wd + f * L.down.n_stride + kk, fw);
+                            for (int f = 0; f < NF; f++)
+                                r[f] = ldg16((const uint8_t *)(wd + (f < nf ? f : 0) * L.down.n_stride + kk));
+                            float sc[NF];
+                            scale_loads<NF>(Q.sdt, Q.down.base, sr, (uint32_t)kk / (uint32_t)Q.bk, sc);
+                            load8(hr + kk, fh);
+                            load8(hr + kk + 8, fh + 8);
 #pragma unroll
-                                for (int i = 0; i < 8; i++) p[f] += fw[i] * fh[i];
-                            }
+                            for (int f = 0; f < NF; f++) p[f] += sc[f] * dot16_e4m3(r[f], fh);
+                        } else {
+                            float fw[NF][8];
+#pragma unroll
+                            for (int f = 0; f < NF; f++) load8(wd + (f < nf ? f : 0) * L.down.n_stride + kk, fw[f]);
+                            load8(hr + kk, fh);
+#pragma unroll
+                            for (int f = 0; f < NF; f++)
+#pragma unroll
+                                for (int i = 0; i < 8; i++) p[f] += fw[f][i] * fh[i];
                         }
                     }
                 } else if (!QUANT) {
