@@ -584,12 +584,13 @@ static moex_status run_gemm(const cuda_state *s, const grouped_gemm_args *g, int
  * narrow), over buffers of `rows` rows (the span of the routing's layout: P packed): bf16/f16,
  * the hidden rows gathered in expert order (converted to the weights' dtype), the gate/up GEMM
  * with the activation, the down GEMM (per_expert: both once per expert, eager), the reduction;
- * FP8, x quantized into its pairs' rows, the gate/up GEMM (h in f32), h quantized on its pairs'
- * rows, the down GEMM (y in f32), the reduction. compiled: run_gemm's. fused (sonicmoe; bf16/f16,
+ * FP8, x quantized into its pairs' rows, the gate/up GEMM (h in f32, then quantized on its pairs'
+ * rows; narrow tiles: quantized in its epilogue), the down GEMM (y in f32), the reduction (FP8
+ * layers run once for all experts, eager too). compiled: run_gemm's. fused (sonicmoe; bf16/f16,
  * packed routing, hidden in the weights' dtype): no gather, the gate/up GEMM reads its rows of
  * the hidden states by slot_token; the down GEMM multiplies each row by its pair's routing
- * weight, so the reduction sums (sonic_bytes' buffers). bf16/f16 narrow tiles with the library's
- * kernels and one launch each (not eager's per-expert ones): the two GEMMs chained
+ * weight, so the reduction sums (sonic_bytes' buffers). Narrow tiles with the library's kernels
+ * and one launch each (not eager's bf16/f16 per-expert ones): the two GEMMs chained
  * (grouped_gemm_run_chained, its counters in the routing's sched). */
 static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t rows, int narrow, int per_expert,
                              int compiled, int fused) {
@@ -621,12 +622,16 @@ static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t row
         const bool h_in_epilogue = grouped_gemm_fp8_h_in_epilogue(narrow, s->epi, Q.bk);
         if (h_in_epilogue) up.c_codes = w.hq, up.c_scales = w.hs;
         if ((st = act_quant_gather_e4m3(r.pair_slot, f->T, f->k, a->hidden->data, a->hidden->dtype,
-                                        a->hidden->strides[0], L.H, Q.bk, w.xq, w.xs, f->stream)) ||
-            (st = run_gemm(s, &up, compiled, f->stream)) ||
-            (!h_in_epilogue &&
-             (st = act_quant_slots_e4m3(r.pair_slot, f->P, w.h, MOEX_F32, L.I, L.I, Q.bk, w.hq, w.hs, f->stream))) ||
-            (st = run_gemm(s, &down, compiled, f->stream)))
+                                        a->hidden->strides[0], L.H, Q.bk, w.xq, w.xs, f->stream)))
             return st;
+        if (!compiled && h_in_epilogue) { /* narrow tiles: the two GEMMs chained, as bf16's below */
+            if ((st = grouped_gemm_run_chained(&up, &down, r.sched, s->num_sms, f->stream))) return st;
+        } else if ((st = run_gemm(s, &up, compiled, f->stream)) ||
+                   (!h_in_epilogue && (st = act_quant_slots_e4m3(r.pair_slot, f->P, w.h, MOEX_F32, L.I, L.I, Q.bk,
+                                                                 w.hq, w.hs, f->stream))) ||
+                   (st = run_gemm(s, &down, compiled, f->stream))) {
+            return st;
+        }
         y = w.y, ydt = MOEX_F32;
     } else {
         const size_t es = esize(L.wdt);

@@ -221,8 +221,10 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
                          "gate/up GEMM of block_k 128 only");
     if (g->row_scale && (fp8 || g->epi != EPI_DOWN))
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: row scales are the bf16/f16 down epilogue's");
-    if ((g->tickets || g->done || g->wait_done) && (fp8 || !narrow))
-        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: tile counters and chaining are the bf16/f16 narrow kernels'");
+    if ((g->tickets || g->done || g->wait_done) && !narrow)
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: tile counters and chaining are the narrow kernels'");
+    if (fp8 && g->done && !g->c_codes)
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: a chained FP8 gate/up GEMM quantizes h in its epilogue");
     if (g->wait_done && (gather || g->wait_per_mtile <= 0 || g->wait_per_mtile > INT32_MAX))
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: a chained GEMM loads A by TMA and needs its count a tile");
     pl->fp8 = fp8, pl->narrow = narrow, pl->gather = gather;
@@ -288,16 +290,17 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
 
 moex_status grouped_gemm_run_chained(const grouped_gemm_args *up, const grouped_gemm_args *down, int *counters,
                                      int num_sms, cudaStream_t s) {
-    if (up->dt == MOEX_E4M3 || down->epi != EPI_DOWN || up->epi != EPI_GATE_UP_CONCAT || !up->narrow || !down->narrow ||
-        up->L.E != down->L.E)
-        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: chaining takes a bf16/f16 gate/up GEMM of narrow tiles and "
-                         "its down GEMM");
+    if (down->epi != EPI_DOWN || up->epi != EPI_GATE_UP_CONCAT || !up->narrow || !down->narrow || up->L.E != down->L.E ||
+        up->dt != down->dt || (up->dt == MOEX_E4M3 && !up->c_codes))
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: chaining takes a gate/up GEMM of narrow tiles (FP8: h "
+                         "quantized in its epilogue) and its down GEMM");
     const int64_t E = up->L.E;
     grouped_gemm_args u = *up, d = *down;
     u.tickets = counters + E, u.done = counters;
     d.tickets = counters + E + 1, d.wait_done = counters;
-    /* the gate/up GEMM's column tiles x the warps that store a part of each (one warpgroup a narrow tile) */
-    d.wait_per_mtile = column_tiles(up->epi, up->N, BN) * 4;
+    /* the gate/up GEMM's column tiles x the warps that store a part of each: one warpgroup a float
+     * narrow tile (ping-pong), both an FP8 one (each half its weight rows) */
+    d.wait_per_mtile = column_tiles(up->epi, up->N, BN) * (up->dt == MOEX_E4M3 ? 8 : 4);
     moex_status st = grouped_gemm_run(&u, num_sms, s);
     return st ? st : grouped_gemm_run(&d, num_sms, s);
 }

@@ -52,12 +52,13 @@ typedef struct grouped_gemm_args {
                                   into c_scales, with act_quant_e4m3's rounding */
     float *c_scales;
     quant_view q;              /* e4m3: the weights' block scales */
-    /* bf16/f16 narrow tiles only (grouped_gemm_run_chained sets them; NULL otherwise): */
+    /* narrow tiles only (grouped_gemm_run_chained sets them; NULL otherwise): */
     int *tickets;              /* NULL (block b takes tiles b, b + grid, ...), or a counter, zero before the launch,
                                   from which each block takes its next tile once it has its first (b): a block whose
                                   tiles went fast takes more */
     int *done;                 /* NULL, or [E] counters: each consumer warp adds 1 to its tile's expert once it has
-                                  stored its part of the tile (4 a narrow tile: its warpgroup's warps) */
+                                  stored its part of the tile (4 a float narrow tile: its warpgroup's warps; 8 an
+                                  FP8 one: both warpgroups') */
     const int *wait_done;      /* NULL, or the earlier GEMM's `done`: A's rows of expert e are loaded only once
                                   wait_done[e] reaches its row tiles x wait_per_mtile (the down GEMM reading h) */
     int64_t wait_per_mtile;
@@ -131,8 +132,9 @@ moex_status grouped_gemm_init(void);
 /* Queue the GEMM on s with a persistent grid of num_sms blocks. */
 moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s);
 
-/* The gate/up GEMM then the down GEMM of one forward (bf16/f16, concatenated gate/up, narrow tiles:
- * grouped_gemm_narrow_pays; both of the library's kernels, the same routing tiles), chained: the
+/* The gate/up GEMM then the down GEMM of one forward (concatenated gate/up, narrow tiles:
+ * grouped_gemm_narrow_pays; FP8 with h quantized in the gate/up epilogue; both of the library's
+ * kernels, the same routing tiles), chained: the
  * down GEMM is launched to start on each SM the gate/up GEMM
  * leaves (programmatic dependent launch) and loads an expert's rows of h once the gate/up GEMM's
  * consumers have stored them all (per-expert counters), and both GEMMs hand their tiles out from

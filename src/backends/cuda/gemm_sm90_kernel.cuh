@@ -86,6 +86,10 @@ constexpr int FP8_SCALES = 132;
 /* FP8 narrow tiles: after the scale slots, the rows' amax of h that the two consumer warpgroups
  * exchange (epilogue_fp8_h_quant): 2 tiles (by parity) x 2 warpgroups x 64 rows, f32 */
 constexpr int FP8_AMAX_BYTES = 2 * 2 * 64 * 4;
+/* FP8 narrow tiles: after the amax exchange, the ring through which the producer thread hands the
+ * scale warp the index of each tile it takes (produce_scales; -1 after the block's last): TILE_RING
+ * mbarriers of one arrival, then TILE_RING ints */
+constexpr int TILE_RING = 8, TILE_RING_BYTES = TILE_RING * (8 + 4);
 /* FP8 narrow tiles (64 rows) take BN weight rows, as the float tiles do: a stage of 8 KiB of A
  * and 32 KiB of weights (the weights carry the time when experts have few rows) */
 template <typename T, bool NARROW> __host__ __device__ constexpr int tile_n() { return is_fp8<T>() && !NARROW ? FP8_BN : BN; }
@@ -93,18 +97,24 @@ template <typename T, bool NARROW = false> struct ring {
     static constexpr int stages = is_fp8<T>() ? FP8_STAGES : STAGES;
     static constexpr int stage_bytes = is_fp8<T>() && !NARROW ? A_BYTES + B_BYTES / 2 : STAGE_BYTES;
     static constexpr int smem_bytes = is_fp8<T>() ? stages * stage_bytes + 1024 + 128 + stages * FP8_SCALES * 4 +
-                                                        (NARROW ? FP8_AMAX_BYTES : 0)
+                                                        (NARROW ? FP8_AMAX_BYTES + TILE_RING_BYTES : 0)
                                                   : SMEM_BYTES;
 };
+/* The FP8 tile ring's first barrier (its ints follow the TILE_RING barriers), from the stages' full
+ * barriers' shared address: past their 128 bytes, the scale slots and the amax exchange. */
+__host__ __device__ constexpr uint32_t fp8_tile_ring(uint32_t full, int stages) {
+    return full + 128 + stages * FP8_SCALES * 4 + FP8_AMAX_BYTES;
+}
 static_assert(2 * ring<uint8_t>::stages * 8 <= 128, "FP8 barriers");
 
 /* ---- PTX wrappers ------------------------------------------------------------ */
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-__device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+__device__ __forceinline__ void mbar_init_at(uint32_t addr, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(addr), "r"(count));
 }
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int count) { mbar_init_at(smem_addr(bar), count); }
 
 __device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
@@ -375,12 +385,15 @@ __device__ __forceinline__ tile get_tile(uint32_t slot) {
 
 /* ---- chained GEMMs (grouped_gemm_run_chained) ---------------------------------------- */
 
-/* The kernels that take part: the float ones of narrow tiles (experts of few rows, where each
- * GEMM's start and last tiles are a large share of its time). They take their tiles from the
- * counter (next_tile), end on the stop slot and count each finished tile (signal_tile_done);
- * the others take tiles b, b + grid, ... and know their end from the tile count (measured: the
- * chain's machinery cost the wide tiles 2-4%, dev/notes/cuda-notes.md). */
-template <typename T, bool NARROW> __host__ __device__ constexpr bool chained() { return NARROW && !is_fp8<T>(); }
+/* The kernels that take part: those of narrow tiles (experts of few rows, where each GEMM's start
+ * and last tiles are a large share of its time), float and FP8. They take their tiles from the
+ * counter (next_tile), learn their end from the last tile's slot and count each finished tile
+ * (signal_tile_done); the others take tiles b, b + grid, ... and know their end from the tile
+ * count (measured: the chain's machinery cost the wide tiles 2-4%, dev/notes/cuda-notes.md). */
+template <typename T, bool NARROW> __host__ __device__ constexpr bool chained() { return NARROW; }
+/* The float narrow kernels' ping-pong: the warpgroup whose turn comes after a block's last tile
+ * learns the end from a stop slot (the FP8 warpgroups both take every tile: the last bit does). */
+template <typename T, bool NARROW> __host__ __device__ constexpr bool stop_slot() { return NARROW && !is_fp8<T>(); }
 
 /* A consumer warp has stored its part of a tile of expert e: lane 0 adds 1 to done[e] with
  * release semantics (after the warp's barrier, so the other lanes' stores come first). Predicated,
@@ -406,6 +419,24 @@ __device__ __forceinline__ void wait_rows_done(const gemm_params &p, int e) {
     }
     asm volatile("fence.proxy.async.global;" ::: "memory");
 }
+
+/* The FP8 tile ring (fp8_tile_ring at ring): the producer thread writes the index of the block's
+ * j-th tile (or -1 after its last) into entry j % TILE_RING and arrives on the entry's barrier
+ * (release); the scale warp waits for that phase (acquire) and reads it. The producer is never a
+ * lap ahead: it writes entry j + TILE_RING only after waiting for the stage of tile j + TILE_RING
+ * - 1's last k-block to be free, which needs the scale warp's arrival on a k-block at most
+ * ring<uint8_t, true>::stages (4) before it, of tile j + 3 or later, so it has read entry j. */
+__device__ __forceinline__ void hand_tile(uint32_t ring, int j, int t) {
+    const int i = j % TILE_RING;
+    sts4(ring + TILE_RING * 8 + i * 4, (uint32_t)t);
+    mbar_arrive_at(ring + i * 8);
+}
+__device__ __forceinline__ int take_tile(uint32_t ring, int j) {
+    const int i = j % TILE_RING;
+    mbar_wait_at(ring + i * 8, (j / TILE_RING) & 1);
+    return (int)lds4(ring + TILE_RING * 8 + i * 4);
+}
+static_assert(TILE_RING > FP8_STAGES, "the tile ring must be longer than the stages' ring");
 
 /* ---- the epilogue ------------------------------------------------------------------ */
 
@@ -489,8 +520,8 @@ __device__ __forceinline__ void epilogue_half(const float (&dh)[64], int half, c
  * wide tiles: [gate 0-63, up 0-63]), otherwise tile_n (BN; FP8 wide: FP8_BN) consecutive rows.
  * chained<T, NARROW>() kernels: the block's next tile is asked for (next_tile) as a tile starts
  * and needed only at its last k-block, whose slot says whether it was the block's last; after
- * it, the ring gets the stop slot; with p.wait_done, an expert's A rows are waited for before
- * its first copy. */
+ * it, the float ring gets the stop slot; with p.wait_done, an expert's A rows are waited for
+ * before its first copy. FP8 narrow tiles: each tile is handed to the scale warp (hand_tile). */
 template <typename T, int EPI, bool NARROW>
 __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensorMap &map_b, const gemm_params &p,
                                         unsigned char *smem, uint64_t *full, uint64_t *empty, int64_t total,
@@ -499,8 +530,9 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
     constexpr int KB = k_block<T>(), TILE_N = tile_n<T, NARROW>(), B_LOAD = TILE_N * 128;
     /* gate/up boxes (rows each, boxes a stage): [gate, up] pairs of the tile's features */
     constexpr int GU_BOX = BN / 4, GU_BOXES = TILE_N / GU_BOX;
-    constexpr bool CHAINED = chained<T, NARROW>();
-    int stage = 0, phase = 0, waited = -1;
+    constexpr bool CHAINED = chained<T, NARROW>(), HAND = FP8 && NARROW;
+    const uint32_t tile_ring = HAND ? fp8_tile_ring(smem_addr(full), ring<T, NARROW>::stages) : 0;
+    int stage = 0, phase = 0, waited = -1, j = 0;
     for (int64_t t = blockIdx.x; t < total;) {
         const int64_t next = CHAINED ? next_tile(p, t) : t + gridDim.x;
         tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
@@ -508,6 +540,9 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
             wait_rows_done(p, tl.e);
             waited = tl.e;
         }
+        /* the scale warp's tile, after the wait: its reads of A's row scales are ordered after the
+         * rows' stores through this thread's acquire and the ring's release and acquire */
+        if constexpr (HAND) hand_tile(tile_ring, j++, (int)t);
         const int64_t b_row = tl.e * p.rows_per_expert;
         for (int kb = 0; kb < k_blocks; kb++) {
             mbar_wait(&empty[stage], phase ^ 1);
@@ -527,7 +562,8 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
         }
         t = next;
     }
-    if constexpr (CHAINED) {
+    if constexpr (HAND) hand_tile(tile_ring, j, -1);
+    if constexpr (stop_slot<T, NARROW>()) {
         mbar_wait(&empty[stage], phase ^ 1);
         put_tile(tile_slot(smem_addr(full), stage), stop_tile());
         mbar_arrive(&full[stage]);
@@ -874,7 +910,11 @@ __device__ __forceinline__ uint32_t fp8_weight_scale_row(const gemm_params &p, c
  * stage's scale slot (FP8_SCALES floats), in step with the copies: lane l the row scales of rows
  * 4l .. 4l+3 of the tile (0 past its rows), lane j < CHUNKS the block scale of chunk j of the
  * weight rows as f32. Each lane arrives on the stage's full barrier after its
- * stores, so the consumers read them with the tile's bytes, from shared memory. */
+ * stores, so the consumers read them with the tile's bytes, from shared memory. Wide tiles:
+ * tiles b, b + grid, ... as the producer; NARROW: the producer's, from the tile ring (hand_tile),
+ * which with p.wait_done (the chained down GEMM) hands a tile over once its rows are stored; narrow
+ * tiles read the row scales through L2 (with p.wait_done they are written during the kernel: not
+ * through the read-only path). */
 template <int EPI, bool NARROW>
 __device__ __forceinline__ void produce_scales(const gemm_params &p, uint32_t scales, uint32_t full, uint32_t empty,
                                                int64_t total, int k_blocks, int lane) {
@@ -882,8 +922,11 @@ __device__ __forceinline__ void produce_scales(const gemm_params &p, uint32_t sc
     constexpr int CHUNKS = tile_n<uint8_t, NARROW>() / 64;
     const quant_view &Q = p.Q;
     const void *wbase = EPI == EPI_DOWN ? Q.down.base : lane % 2 ? Q.up.base : Q.gate.base;
+    const uint32_t tile_ring = fp8_tile_ring(full, R::stages);
     int stage = 0, phase = 0;
-    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+    for (int64_t j = 0, t = blockIdx.x;; j++, t += gridDim.x) {
+        if (NARROW) t = take_tile(tile_ring, (int)j);
+        if (NARROW ? t < 0 : t >= total) break;
         const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
         const uint32_t wrow = lane < CHUNKS ? fp8_weight_scale_row<EPI, NARROW>(p, tl, lane) : 0;
         const float *sa = p.a_scale + (tl.a_row + 4 * lane) * p.a_sld;
@@ -891,12 +934,13 @@ __device__ __forceinline__ void produce_scales(const gemm_params &p, uint32_t sc
         for (int kb = 0; kb < k_blocks; kb++) {
             float v[4];
 #pragma unroll
-            for (int j = 0; j < 4; j++) v[j] = 4 * lane + j < tl.rows ? __ldg(sa + j * p.a_sld + sk) : 0.0f;
+            for (int i = 0; i < 4; i++)
+                v[i] = 4 * lane + i >= tl.rows ? 0.0f : NARROW ? __ldcg(sa + i * p.a_sld + sk) : __ldg(sa + i * p.a_sld + sk);
             const float w = lane < CHUNKS ? scale_load(Q.sdt, wbase, wrow + sk) : 0.0f;
             mbar_wait_at(empty + 8 * stage, phase ^ 1);
             const uint32_t slot = scales + stage * (FP8_SCALES * 4);
 #pragma unroll
-            for (int j = 0; j < 4; j++) sts_f32(slot + (4 * lane + j) * 4, v[j]);
+            for (int i = 0; i < 4; i++) sts_f32(slot + (4 * lane + i) * 4, v[i]);
             if (lane < CHUNKS) sts_f32(slot + (128 + lane) * 4, w);
             mbar_arrive_at(full + 8 * stage);
             if (++stage == R::stages) stage = 0, phase ^= 1;
@@ -933,7 +977,9 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase
     tile tl = {};
     /* NARROW: the amax exchange of epilogue_fp8_h_quant, after the scale slots */
     const uint32_t xa = scales + R::stages * (FP8_SCALES * 4);
-    for (int64_t t = blockIdx.x; t < total; t += gridDim.x, parity ^= 1) {
+    /* wide tiles: b, b + grid, ... below total; NARROW (chained<uint8_t, NARROW>()): the producer's,
+     * until the last k-block's slot says the tile was the block's last */
+    for (int64_t t = blockIdx.x; NARROW || t < total; t += gridDim.x, parity ^= 1) {
 #pragma unroll
         for (int i = 0; i < ACC; i++) acc[i] = 0.0f;
         for (int kb = 0; kb < k_blocks; kb++) {
@@ -965,6 +1011,10 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase
             epilogue_fp8_h_quant(acc, tl, p, wg, tid, xa + parity * (FP8_AMAX_BYTES / 2));
         else
             epilogue_fp8<EPI, NARROW>(acc, tl, p, wg, tid);
+        if (NARROW) { /* both warpgroups store a part of every tile: 8 warps count it */
+            signal_tile_done(p.done, tl.e, lane);
+            if (tl.last) break;
+        }
     }
 }
 
@@ -994,6 +1044,8 @@ __device__ __forceinline__ void grouped_gemm_body(const CUtensorMap &map_a, cons
             mbar_init(&full[s], is_fp8<T>() ? 33 : GATHER ? 129 : 1);
             mbar_init(&empty[s], is_fp8<T>() || !NARROW ? CONSUMERS : 1); /* float NARROW: one warpgroup a tile */
         }
+        if constexpr (is_fp8<T>() && NARROW) /* the tile ring: the producer's arrival an entry */
+            for (int i = 0; i < TILE_RING; i++) mbar_init_at(fp8_tile_ring(smem_addr(full), R::stages) + i * 8, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
