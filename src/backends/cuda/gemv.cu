@@ -184,23 +184,46 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view
             pdl_wait();
             waited = true;
         }
-#pragma unroll(QUANT ? 2 : 1) /* FP8: two steps' weights in flight (bf16's 16 bytes a lane: one) */
-        for (int64_t kk = lane * VW; kk < K; kk += 32 * VW) {
-            if (QUANT) { /* 16 codes a row, in one block (bk a multiple of 16), scaled once */
-                const uint8_t *bu = (const uint8_t *)(wu + kk), *bg = (const uint8_t *)(wg + kk);
-                const uint4 ru0 = ldg16(bu), ru1 = ldg16(bu + us), rg0 = L.gated ? ldg16(bg) : ru0,
-                            rg1 = L.gated ? ldg16(bg + gs) : ru1;
+        if constexpr (QUANT) {
+            /* two steps of 16 codes a row a pass (a row's 16 in one block: bk a multiple of 16, scaled
+             * once): the 8 rows' loads and their scales are issued before any is used, with no branch
+             * between them (gate rows are the up rows when ungated, a second step past K the first
+             * again: their sums are never used) */
+            const uint8_t *bu = (const uint8_t *)wu, *bg = (const uint8_t *)wg;
+            const int64_t gs2 = L.gated ? gs : us;
+            const void *gbase = L.gated ? Q.gate.base : Q.up.base;
+            const uint32_t gr[2] = {L.gated ? sg[0] : su[0], L.gated ? sg[1] : su[1]};
+#pragma unroll 1
+            for (int64_t kk = lane * VW; kk < K; kk += 64 * VW) {
+                const bool two_steps = kk + 32 * VW < K;
+                const int64_t k2 = two_steps ? kk + 32 * VW : kk;
+                const uint4 a0 = ldg16(bu + kk), a1 = ldg16(bu + us + kk), a2 = ldg16(bg + kk), a3 = ldg16(bg + gs2 + kk);
+                const uint4 b0 = ldg16(bu + k2), b1 = ldg16(bu + us + k2), b2 = ldg16(bg + k2), b3 = ldg16(bg + gs2 + k2);
+                float sa_u[2], sa_g[2], sb_u[2], sb_g[2];
+                const uint32_t ka = (uint32_t)kk / (uint32_t)Q.bk, kb2 = (uint32_t)k2 / (uint32_t)Q.bk;
+                scale_loads<2>(Q.sdt, Q.up.base, su, ka, sa_u);
+                scale_loads<2>(Q.sdt, gbase, gr, ka, sa_g);
+                scale_loads<2>(Q.sdt, Q.up.base, su, kb2, sb_u);
+                scale_loads<2>(Q.sdt, gbase, gr, kb2, sb_g);
                 float fx[16];
                 load8(xr + kk, fx);
                 load8(xr + kk + 8, fx + 8);
-                const uint32_t kb = (uint32_t)kk / (uint32_t)Q.bk;
-                au0 += scale_load(Q.sdt, Q.up.base, su[0] + kb) * dot16_e4m3(ru0, fx);
-                au1 += scale_load(Q.sdt, Q.up.base, su[1] + kb) * dot16_e4m3(ru1, fx);
-                if (L.gated) {
-                    ag0 += scale_load(Q.sdt, Q.gate.base, sg[0] + kb) * dot16_e4m3(rg0, fx);
-                    ag1 += scale_load(Q.sdt, Q.gate.base, sg[1] + kb) * dot16_e4m3(rg1, fx);
+                au0 += sa_u[0] * dot16_e4m3(a0, fx);
+                au1 += sa_u[1] * dot16_e4m3(a1, fx);
+                ag0 += sa_g[0] * dot16_e4m3(a2, fx);
+                ag1 += sa_g[1] * dot16_e4m3(a3, fx);
+                if (two_steps) {
+                    load8(xr + k2, fx);
+                    load8(xr + k2 + 8, fx + 8);
+                    au0 += sb_u[0] * dot16_e4m3(b0, fx);
+                    au1 += sb_u[1] * dot16_e4m3(b1, fx);
+                    ag0 += sb_g[0] * dot16_e4m3(b2, fx);
+                    ag1 += sb_g[1] * dot16_e4m3(b3, fx);
                 }
-            } else {
+            }
+        } else {
+#pragma unroll 1
+            for (int64_t kk = lane * VW; kk < K; kk += 32 * VW) {
                 float u0[8], u1[8], g0[8], g1[8], fx[8];
                 load8(wu + kk, u0);
                 load8(wu + us + kk, u1);

@@ -105,18 +105,35 @@ __global__ void __launch_bounds__(F4_WARPS * 32, 3) fp4_gate_up_pairs_kernel(lay
             if (L.gated) sg[f] = scale_row(Q, Q.gate, e, n + f * two);
         }
         float au0 = 0, au1 = 0, ag0 = 0, ag1 = 0;
-#pragma unroll 4
-        for (int64_t kk = lane * 32; kk < K; kk += 32 * 32) { /* a lane's 32 inputs: one block */
-            const uint4 ru0 = ldw(wu + kk / 2), ru1 = ldw(wu + us + kk / 2);
-            const uint4 rg0 = L.gated ? ldw(wg + kk / 2) : ru0, rg1 = L.gated ? ldw(wg + gs + kk / 2) : ru1;
-            const uint32_t kb = (uint32_t)(kk / 32);
-            const in32 x = load_in32(xr + kk);
-            const float sx = __ldg(xsr + kb);
-            au0 += block_value(dot32(ru0, x), scale_load(Q.sdt, Q.up.base, su[0] + kb), sx);
-            au1 += block_value(dot32(ru1, x), scale_load(Q.sdt, Q.up.base, su[1] + kb), sx);
-            if (L.gated) {
-                ag0 += block_value(dot32(rg0, x), scale_load(Q.sdt, Q.gate.base, sg[0] + kb), sx);
-                ag1 += block_value(dot32(rg1, x), scale_load(Q.sdt, Q.gate.base, sg[1] + kb), sx);
+        /* two blocks of 32 inputs a lane a pass: the 8 rows' loads and their scales are issued
+         * before any is used, with no branch between them (gate rows are the up rows when ungated,
+         * a second block past K the first again: their sums are never used) */
+        const int64_t gs2 = L.gated ? gs : us;
+        const void *gbase = L.gated ? Q.gate.base : Q.up.base;
+        const uint32_t gr[2] = {L.gated ? sg[0] : su[0], L.gated ? sg[1] : su[1]};
+#pragma unroll 1
+        for (int64_t kk = lane * 32; kk < K; kk += 64 * 32) {
+            const bool two_blocks = kk + 32 * 32 < K;
+            const int64_t k2 = two_blocks ? kk + 32 * 32 : kk;
+            const uint4 a0 = ldw(wu + kk / 2), a1 = ldw(wu + us + kk / 2), a2 = ldw(wg + kk / 2), a3 = ldw(wg + gs2 + kk / 2);
+            const uint4 b0 = ldw(wu + k2 / 2), b1 = ldw(wu + us + k2 / 2), b2 = ldw(wg + k2 / 2), b3 = ldw(wg + gs2 + k2 / 2);
+            const uint32_t ka = (uint32_t)(kk / 32), kb2 = (uint32_t)(k2 / 32);
+            float sa_u[2], sa_g[2], sb_u[2], sb_g[2];
+            scale_loads<2>(Q.sdt, Q.up.base, su, ka, sa_u);
+            scale_loads<2>(Q.sdt, gbase, gr, ka, sa_g);
+            scale_loads<2>(Q.sdt, Q.up.base, su, kb2, sb_u);
+            scale_loads<2>(Q.sdt, gbase, gr, kb2, sb_g);
+            const in32 x = load_in32(xr + kk), y = load_in32(xr + k2);
+            const float sx = __ldg(xsr + ka), sy = __ldg(xsr + kb2);
+            au0 += block_value(dot32(a0, x), sa_u[0], sx);
+            au1 += block_value(dot32(a1, x), sa_u[1], sx);
+            ag0 += block_value(dot32(a2, x), sa_g[0], sx);
+            ag1 += block_value(dot32(a3, x), sa_g[1], sx);
+            if (two_blocks) {
+                au0 += block_value(dot32(b0, y), sb_u[0], sy);
+                au1 += block_value(dot32(b1, y), sb_u[1], sy);
+                ag0 += block_value(dot32(b2, y), sb_g[0], sy);
+                ag1 += block_value(dot32(b3, y), sb_g[1], sy);
             }
         }
         store_gate_up_pair(L, h, p, e, n, two, ag0, ag1, au0, au1, lane);
@@ -125,7 +142,7 @@ __global__ void __launch_bounds__(F4_WARPS * 32, 3) fp4_gate_up_pairs_kernel(lay
 
 /* Block: F4_PAIR_NF consecutive features of one token; warp w takes pairs j = j0 + w; the pairs'
  * results meet in shared memory and are summed in j order (deterministic). */
-__global__ void __launch_bounds__(F4_WARPS * 32, 3) fp4_down_pairs_kernel(layer_view L, quant_view Q, gemv_groups G,
+__global__ void __launch_bounds__(F4_WARPS * 32, 2) fp4_down_pairs_kernel(layer_view L, quant_view Q, gemv_groups G,
                                                                         const int8_t *hq, const float *hs, const void *w,
                                                                         moex_dtype wdt, int64_t w_ld, void *out,
                                                                         moex_dtype odt, int64_t out_ld) {
@@ -154,11 +171,12 @@ __global__ void __launch_bounds__(F4_WARPS * 32, 3) fp4_down_pairs_kernel(layer_
                     uint4 wv[F4_PAIR_NF];
 #pragma unroll
                     for (int f = 0; f < F4_PAIR_NF; f++) wv[f] = ldw(wd + (f < nf ? f : 0) * L.down.n_stride + kk / 2);
+                    float sw[F4_PAIR_NF]; /* all loads issued before any is used (features past nf: unstored) */
+                    scale_loads<F4_PAIR_NF>(Q.sdt, Q.down.base, sd, kb, sw);
                     const in32 x = load_in32(hr + kk);
                     const float sx = __ldg(hsr + kb);
 #pragma unroll
-                    for (int f = 0; f < F4_PAIR_NF; f++)
-                        if (f < nf) p[f] += block_value(dot32(wv[f], x), scale_load(Q.sdt, Q.down.base, sd[f] + kb), sx);
+                    for (int f = 0; f < F4_PAIR_NF; f++) p[f] += block_value(dot32(wv[f], x), sw[f], sx);
                 }
 #pragma unroll
                 for (int f = 0; f < F4_PAIR_NF; f++) p[f] = warp_sum(p[f]);
