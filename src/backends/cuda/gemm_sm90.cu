@@ -20,11 +20,11 @@
  * FP8 (T = uint8_t: e4m3 codes of A and B, C in f32): the same bytes. A k-block is 128 inputs
  * (128 bytes, one scale block), multiplied by 4 wgmmas of k32 into a block accumulator that is
  * then added to the total times row scale x weight scale (the promotion); the scales come from
- * shared memory, staged there per stage by a second producer warp. Tiles of 128 rows x 128 weight
- * rows (gate/up: 64 gate + 64 up), each warpgroup 64 rows; narrow tiles of 64 rows x 256 weight
- * rows, each warpgroup all of them by half the weight rows. No staged epilogue and, for the wide
- * tiles, a ring of 32 KiB stages, so L1 keeps the rest of the SM's memory (narrow tiles: 48 KiB
- * stages); no overlapped variant.
+ * shared memory, staged there per stage by a second producer warp. Tiles of 128 rows x 256 weight
+ * rows (gate/up: 128 gate + 128 up), each warpgroup 64 rows by the weight rows in two halves of
+ * 128 (one block accumulator, promoted after each half); narrow tiles of 64 rows x 256 weight
+ * rows, each warpgroup all of them by half the weight rows. No staged epilogue; no overlapped
+ * variant.
  */
 #include "backends/cuda/gemm_sm90_kernel.cuh"
 #include "backends/cuda/gemm_rtc.h"
@@ -235,8 +235,8 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
     pl->overlap = !fp8 && !narrow && plain &&
                   (g->epi == EPI_DOWN || (g->epi == EPI_GATE_UP_CONCAT && L.act == MOEX_ACT_SILU)) &&
                   g->pairs >= (int64_t)BM * (g->e_end - g->e_begin);
-    /* weight rows a tile: gate/up boxes of 64 (four; FP8 wide tiles two); down one box of the tile's rows */
-    const int tile_n = fp8 && !narrow ? FP8_BN : BN;
+    /* weight rows a tile (BN): gate/up boxes of 64 (four); down one box of the tile's rows */
+    const int tile_n = BN;
     const int b_box = g->epi != EPI_GATE_UP_CONCAT ? tile_n : BN / 4;
     if (with_maps) {
         moex_status st = gather ? MOEX_OK : make_map(&pl->map_a, g->a, g->a_rows, g->K, narrow ? NARROW_ROWS : BM, g->dt, "A");

@@ -69,18 +69,18 @@ struct gemm_params {
     int wait_per_mtile;
 };
 
-/* FP8 tiles: 128 weight rows (gate/up: 64 features, their gate and up rows) */
-constexpr int FP8_BN = BN / 2, FP8_BK = 128;
+/* FP8 tiles take BN weight rows as the float ones do (gate/up: 128 features, their gate and up
+ * rows), in k-blocks of 128 inputs (one scale block) */
+constexpr int FP8_BK = 128;
 template <typename T> __host__ __device__ constexpr bool is_fp8() { return sizeof(T) == 1; }
 template <typename T> __host__ __device__ constexpr int k_block() { return is_fp8<T>() ? FP8_BK : BK; }
 
-/* The ring of a format. FP8 wide stages hold 32 KiB (A 128 x 128 bytes, B 128 x 128) and the
- * FP8 kernels stage no epilogue, so the wide kernels' shared memory is 131 KiB and the rest of
- * the SM's 256 KiB stays L1 (measured faster than the float ring's 211 KiB and than six stages,
- * when the consumers still read their scales through L1: dev/notes/cuda-notes.md). */
+/* The ring of a format. FP8 stages hold the float ones' 48 KiB (wide: A 128 x 128 bytes and
+ * B 256 x 128; narrow: A 64 x 128 and B 256 x 128), but the FP8 kernels stage no epilogue; their
+ * scales come from a slot a stage (below), not through L1. */
 constexpr int FP8_STAGES = 4;
 /* FP8: each stage's scales, after the barriers: the tile's 128 row scales of the k-block, then
- * the block scales of its chunks of 64 weight rows (f32; 2 a wide tile, 4 a narrow one), padded
+ * the block scales of its chunks of 64 weight rows (f32; 4 a tile), padded
  * to 16 bytes */
 constexpr int FP8_SCALES = 132;
 /* FP8 narrow tiles: after the scale slots, the rows' amax of h that the two consumer warpgroups
@@ -90,12 +90,9 @@ constexpr int FP8_AMAX_BYTES = 2 * 2 * 64 * 4;
  * scale warp the index of each tile it takes (produce_scales; -1 after the block's last): TILE_RING
  * mbarriers of one arrival, then TILE_RING ints */
 constexpr int TILE_RING = 8, TILE_RING_BYTES = TILE_RING * (8 + 4);
-/* FP8 narrow tiles (64 rows) take BN weight rows, as the float tiles do: a stage of 8 KiB of A
- * and 32 KiB of weights (the weights carry the time when experts have few rows) */
-template <typename T, bool NARROW> __host__ __device__ constexpr int tile_n() { return is_fp8<T>() && !NARROW ? FP8_BN : BN; }
 template <typename T, bool NARROW = false> struct ring {
     static constexpr int stages = is_fp8<T>() ? FP8_STAGES : STAGES;
-    static constexpr int stage_bytes = is_fp8<T>() && !NARROW ? A_BYTES + B_BYTES / 2 : STAGE_BYTES;
+    static constexpr int stage_bytes = STAGE_BYTES;
     static constexpr int smem_bytes = is_fp8<T>() ? stages * stage_bytes + 1024 + 128 + stages * FP8_SCALES * 4 +
                                                         (NARROW ? FP8_AMAX_BYTES + TILE_RING_BYTES : 0)
                                                   : SMEM_BYTES;
@@ -516,8 +513,8 @@ __device__ __forceinline__ void epilogue_half(const float (&dh)[64], int half, c
 
 /* Thread 0 of warpgroup 0 issues the TMA copies of every k-block of the block's tiles into the
  * ring. Per stage: the tile's A rows (k_block<T>() inputs, 128 bytes a row), then the weight
- * rows: gate/up concatenated as [gate 0-63, up 0-63 | gate 64-127, up 64-127] of the tile (FP8
- * wide tiles: [gate 0-63, up 0-63]), otherwise tile_n (BN; FP8 wide: FP8_BN) consecutive rows.
+ * rows: gate/up concatenated as [gate 0-63, up 0-63 | gate 64-127, up 64-127] of the tile,
+ * otherwise BN consecutive rows.
  * chained<T, NARROW>() kernels: the block's next tile is asked for (next_tile) as a tile starts
  * and needed only at its last k-block, whose slot says whether it was the block's last; after
  * it, the float ring gets the stop slot; with p.wait_done, an expert's A rows are waited for
@@ -527,7 +524,7 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
                                         unsigned char *smem, uint64_t *full, uint64_t *empty, int64_t total,
                                         int k_blocks) {
     constexpr bool FP8 = is_fp8<T>();
-    constexpr int KB = k_block<T>(), TILE_N = tile_n<T, NARROW>(), B_LOAD = TILE_N * 128;
+    constexpr int KB = k_block<T>(), TILE_N = BN, B_LOAD = TILE_N * 128;
     /* gate/up boxes (rows each, boxes a stage): [gate, up] pairs of the tile's features */
     constexpr int GU_BOX = BN / 4, GU_BOXES = TILE_N / GU_BOX;
     constexpr bool CHAINED = chained<T, NARROW>(), HAND = FP8 && NARROW;
@@ -591,7 +588,7 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap &map_b, const
                                                  uint64_t *full, uint64_t *empty, int64_t total, int k_blocks,
                                                  int64_t K, int tid) {
     static_assert(!is_fp8<T>(), "the gathered A-load takes 16-bit A");
-    constexpr int ROWS = NARROW ? NARROW_ROWS : BM, PASSES = ROWS / 16, TILE_N = tile_n<T, NARROW>();
+    constexpr int ROWS = NARROW ? NARROW_ROWS : BM, PASSES = ROWS / 16, TILE_N = BN;
     constexpr int GU_BOX = BN / 4, GU_BOXES = TILE_N / GU_BOX;
     const int piece = tid % 8, r0 = tid / 8;
     const uint32_t swz = (uint32_t)((piece ^ (r0 % 8)) * 16); /* (r0 + 16 j) % 8 == r0 % 8 */
@@ -799,13 +796,17 @@ __device__ __forceinline__ float fp8_gate_up_value(const layer_view &L, bool sil
 
 /* The FP8 epilogue: the thread's two rows (lane/4 and +8 of its warp's 16) of the warpgroup's
  * rows of tile tl, from the promoted totals, straight to C in f32 (pairs of columns, 8 bytes;
- * the 4 lanes of a row write 32 contiguous bytes): gate column 8i + c0 (+1) with its up column
- * in acc[4(i+8) ..], 64 outputs, or 128 down outputs. Wide tiles: the warpgroup's 64 of 128
- * rows by the tile's 128 weight rows; NARROW: all 64 rows by half wg-1 of its 256. */
+ * the 4 lanes of a row write 32 contiguous bytes). acc is one or two halves of 64 values (an
+ * m64n128 accumulator each: column 8i + c0 (+1) of the half at 4i (+1), its second row's at
+ * 4i + 2 (+3)); a half of gate/up holds 64 gate columns then their 64 up columns, so feature
+ * group i (8 features) has its gate values at fp8_gate_at(i) and its up values 32 later. Wide
+ * tiles: the warpgroup's 64 of 128 rows by the tile's 256 weight rows (two halves: 128
+ * features, or 256 down outputs); NARROW: all 64 rows by half wg-1 of its 256 (one half). */
+__host__ __device__ constexpr int fp8_gate_at(int i) { return 64 * (i / 8) + 4 * (i % 8); }
 template <int EPI, bool NARROW, int ACC>
 __device__ __forceinline__ void epilogue_fp8(const float (&acc)[ACC], const tile &tl, const gemm_params &p, int wg,
                                              int tid) {
-    constexpr int TILE_N = tile_n<uint8_t, NARROW>();
+    constexpr int TILE_N = BN;
     const int warp = tid / 32, lane = tid % 32, c0 = 2 * (lane % 4);
     const int row_base = (NARROW ? 0 : (wg - 1) * 64) + warp * 16;
     if (row_base >= tl.rows) return;
@@ -824,14 +825,15 @@ __device__ __forceinline__ void epilogue_fp8(const float (&acc)[ACC], const tile
         for (int i = 0; i < COLS; i++) {
             const int64_t n = n_tile + 8 * i + c0;
             if (n >= p.N) continue;
-            float v0 = acc[4 * i + 2 * h], v1 = acc[4 * i + 2 * h + 1];
+            const int at = EPI == EPI_DOWN ? 4 * i : fp8_gate_at(i);
+            float v0 = acc[at + 2 * h], v1 = acc[at + 2 * h + 1];
             if (EPI == EPI_DOWN) {
                 if (!plain) {
                     v0 = epilogue_value(L, EPI_DOWN, tl.e, n, 0.0f, v0);
                     v1 = epilogue_value(L, EPI_DOWN, tl.e, n + 1, 0.0f, v1);
                 }
             } else {
-                const float u0 = acc[4 * (i + COLS) + 2 * h], u1 = acc[4 * (i + COLS) + 2 * h + 1];
+                const float u0 = acc[at + 32 + 2 * h], u1 = acc[at + 32 + 2 * h + 1];
                 v0 = fp8_gate_up_value(L, silu, tl.e, n, v0, u0);
                 v1 = fp8_gate_up_value(L, silu, tl.e, n + 1, v1, u1);
             }
@@ -893,12 +895,12 @@ __device__ __forceinline__ void epilogue_fp8_h_quant(const float (&acc)[64], con
     }
 }
 
-/* The weight scale row of chunk j of an FP8 tile (64 weight rows each, tile_n / 64 of them):
+/* The weight scale row of chunk j of an FP8 tile (64 weight rows each, BN / 64 of them):
  * gate (j even) or up rows of features (j / 2) * 64 .. +64 of the tile, or down rows j * 64 ..
  * +64; a chunk past N takes the tile's first (its columns are never stored). */
 template <int EPI, bool NARROW>
 __device__ __forceinline__ uint32_t fp8_weight_scale_row(const gemm_params &p, const tile &tl, int j) {
-    constexpr int TILE_N = tile_n<uint8_t, NARROW>();
+    constexpr int TILE_N = BN;
     const quant_view &Q = p.Q;
     const int64_t n0 = EPI == EPI_DOWN ? tl.n * TILE_N : tl.n * (TILE_N / 2);
     int64_t n = n0 + (EPI == EPI_DOWN ? j : j / 2) * 64;
@@ -919,7 +921,7 @@ template <int EPI, bool NARROW>
 __device__ __forceinline__ void produce_scales(const gemm_params &p, uint32_t scales, uint32_t full, uint32_t empty,
                                                int64_t total, int k_blocks, int lane) {
     typedef ring<uint8_t, NARROW> R;
-    constexpr int CHUNKS = tile_n<uint8_t, NARROW>() / 64;
+    constexpr int CHUNKS = BN / 64;
     const quant_view &Q = p.Q;
     const void *wbase = EPI == EPI_DOWN ? Q.down.base : lane % 2 ? Q.up.base : Q.gate.base;
     const uint32_t tile_ring = fp8_tile_ring(full, R::stages);
@@ -949,31 +951,35 @@ __device__ __forceinline__ void produce_scales(const gemm_params &p, uint32_t sc
     }
 }
 
-/* FP8 tiles, one k-block (4 wgmmas of k32) at a time into blk, waited for, the stage released,
- * then added into acc times the scales: each thread's two rows have their row scales (A's,
- * scale kb / kstep of the row), and each chunk of 64 weight rows (gate or up rows of 64
- * features, or 64 down rows) its block scale (bn a multiple of 64 with 64-aligned chunk
- * starts, so a chunk is one block: grouped_gemm_fp8_usable), all read from the stage's scale
- * slot (produce_scales). While one warpgroup promotes, the other's wgmmas run. The loop is
- * kept short (the consumers issue its instructions between their wgmmas): barrier addresses and
- * matrix descriptors computed once, stepped by constant offsets. Each warpgroup multiplies 64
- * rows by 128 weight rows (m64n128k32; chunks: columns i < 8 and i >= 8). Wide tiles: warpgroup wg
- * rows (wg-1)*64 .. +64 by the tile's 128 weight rows. NARROW (tiles of NARROW_ROWS rows): both
- * all 64 rows, warpgroup wg by half wg-1 of the tile's 256 weight rows (chunks 2(wg-1), +1). */
+/* FP8 tiles, one k-block at a time: for each half of 128 weight rows the warpgroup takes, 4
+ * wgmmas m64n128k32 into blk, waited for, then added into that half of acc times the scales: each
+ * thread's two rows have their row scales (A's, scale kb / kstep of the row), and each chunk of
+ * 64 weight rows (gate or up rows of 64 features, or 64 down rows) its block scale (bn a
+ * multiple of 64 with 64-aligned chunk starts, so a chunk is one block: grouped_gemm_fp8_usable),
+ * all read from the stage's scale slot (produce_scales); the stage is released after the last
+ * half's wgmmas. While one warpgroup promotes, the other's wgmmas run. The loop is kept short (the
+ * consumers issue its instructions between their wgmmas): barrier addresses and matrix
+ * descriptors computed once, stepped by constant offsets. Wide tiles: warpgroup wg rows
+ * (wg-1)*64 .. +64 by the tile's 256 weight rows, two halves (chunks 2h, 2h+1 of half h; 128
+ * total registers and 64 of blk, where an m64n256 block would need 256). NARROW (tiles of
+ * NARROW_ROWS rows): both all 64 rows, warpgroup wg by half wg-1 of the tile's 256 weight rows
+ * (chunks 2(wg-1), +1). In a half, columns i < 8 are its first chunk's. */
 template <int EPI, bool NARROW>
 __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase, uint32_t full, uint32_t empty,
                                             uint32_t scales, int64_t total, int k_blocks, int wg, int tid) {
     typedef ring<uint8_t, NARROW> R;
-    constexpr int ACC = 64, SPLIT = ACC / 8; /* column groups i < SPLIT: the first chunk */
+    constexpr int HALVES = NARROW ? 1 : 2, ACC = 64 * HALVES, SPLIT = 8;
+    constexpr uint32_t HALF_STEP = 128 * 128 / 16; /* a half's weight rows in descriptor units */
     const int warp = tid / 32, lane = tid % 32;
     const int r0 = (NARROW ? 0 : (wg - 1) * 64) + warp * 16 + lane / 4; /* the thread's rows r0, r0 + 8 */
     const int a_off = NARROW ? 0 : (wg - 1) * (64 * 128), b_off = NARROW ? (wg - 1) * (128 * 128) : 0;
     const uint32_t a_lo = smem_desc_lo(sbase + a_off), b_lo = smem_desc_lo(sbase + A_BYTES + b_off);
-    /* the scale slot's words this thread reads: its rows, then the chunks' block scales */
+    /* the scale slot's words this thread reads: its rows, then the chunks' block scales (half h:
+     * s_w + 8h and + 4) */
     const uint32_t s_r0 = scales + r0 * 4, s_r1 = s_r0 + 32;
-    const uint32_t s_wa = scales + (128 + (NARROW ? 2 * (wg - 1) : 0)) * 4, s_wb = s_wa + 4;
+    const uint32_t s_w = scales + (128 + (NARROW ? 2 * (wg - 1) : 0)) * 4;
     int stage = 0, phase = 0, parity = 0;
-    float acc[ACC], blk[ACC];
+    float acc[ACC], blk[64];
     tile tl = {};
     /* NARROW: the amax exchange of epilogue_fp8_h_quant, after the scale slots */
     const uint32_t xa = scales + R::stages * (FP8_SCALES * 4);
@@ -985,32 +991,42 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase
         for (int kb = 0; kb < k_blocks; kb++) {
             mbar_wait_at(full + 8 * stage, phase);
             const uint32_t so = stage * (FP8_SCALES * 4), step = stage * (R::stage_bytes / 16);
-            const float ra0 = lds_f32(s_r0 + so), ra1 = lds_f32(s_r1 + so), wa = lds_f32(s_wa + so),
-                        wb = lds_f32(s_wb + so);
+            const float ra0 = lds_f32(s_r0 + so), ra1 = lds_f32(s_r1 + so);
             if (kb == k_blocks - 1) tl = get_tile(tile_slot(full, stage)); /* for the epilogue, while held */
-            wgmma_fence();
 #pragma unroll
-            for (int s = 0; s < FP8_BK / 32; s++)
-                wgmma_128(blk, desc_of(a_lo + step + 2 * s), desc_of(b_lo + step + 2 * s), s > 0, (uint8_t *)nullptr);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_acc(blk);
-            if (tid == 0) mbar_arrive_at(empty + 8 * stage);
-            if (++stage == R::stages) stage = 0, phase ^= 1;
-            const float s00 = ra0 * wa, s01 = ra0 * wb, s10 = ra1 * wa, s11 = ra1 * wb;
+            for (int h = 0; h < HALVES; h++) {
+                const float wa = lds_f32(s_w + 8 * h + so), wb = lds_f32(s_w + 8 * h + 4 + so);
+                wgmma_fence();
 #pragma unroll
-            for (int i = 0; i < ACC / 4; i++) {
-                const float sh0 = i < SPLIT ? s00 : s01, sh1 = i < SPLIT ? s10 : s11;
-                acc[4 * i] = fmaf(blk[4 * i], sh0, acc[4 * i]);
-                acc[4 * i + 1] = fmaf(blk[4 * i + 1], sh0, acc[4 * i + 1]);
-                acc[4 * i + 2] = fmaf(blk[4 * i + 2], sh1, acc[4 * i + 2]);
-                acc[4 * i + 3] = fmaf(blk[4 * i + 3], sh1, acc[4 * i + 3]);
+                for (int s = 0; s < FP8_BK / 32; s++)
+                    wgmma_128(blk, desc_of(a_lo + step + 2 * s), desc_of(b_lo + h * HALF_STEP + step + 2 * s), s > 0,
+                              (uint8_t *)nullptr);
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_acc(blk);
+                if (h == HALVES - 1) {
+                    if (tid == 0) mbar_arrive_at(empty + 8 * stage);
+                    if (++stage == R::stages) stage = 0, phase ^= 1;
+                }
+                const float s00 = ra0 * wa, s01 = ra0 * wb, s10 = ra1 * wa, s11 = ra1 * wb;
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                    const float sh0 = i < SPLIT ? s00 : s01, sh1 = i < SPLIT ? s10 : s11;
+                    float *a = acc + 64 * h + 4 * i;
+                    a[0] = fmaf(blk[4 * i], sh0, a[0]);
+                    a[1] = fmaf(blk[4 * i + 1], sh0, a[1]);
+                    a[2] = fmaf(blk[4 * i + 2], sh1, a[2]);
+                    a[3] = fmaf(blk[4 * i + 3], sh1, a[3]);
+                }
             }
         }
-        if (EPI == EPI_GATE_UP_CONCAT && NARROW && p.cq)
-            epilogue_fp8_h_quant(acc, tl, p, wg, tid, xa + parity * (FP8_AMAX_BYTES / 2));
-        else
-            epilogue_fp8<EPI, NARROW>(acc, tl, p, wg, tid);
+        bool quantized = false;
+        if constexpr (EPI == EPI_GATE_UP_CONCAT && NARROW)
+            if (p.cq) {
+                epilogue_fp8_h_quant(acc, tl, p, wg, tid, xa + parity * (FP8_AMAX_BYTES / 2));
+                quantized = true;
+            }
+        if (!quantized) epilogue_fp8<EPI, NARROW>(acc, tl, p, wg, tid);
         if (NARROW) { /* both warpgroups store a part of every tile: 8 warps count it */
             signal_tile_done(p.done, tl.e, lane);
             if (tl.last) break;
