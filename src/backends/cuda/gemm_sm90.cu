@@ -216,8 +216,8 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
                    ((uintptr_t)g->a & 15) || (g->a_ld * 2) % 16 || g->K % 8))
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: the gathered A-load takes bf16/f16 gated gate/up GEMMs "
                          "over 16-byte aligned rows");
-    if (g->c_codes && (!fp8 || !g->c_scales || !grouped_gemm_fp8_h_in_epilogue(narrow, g->epi, g->q.bk)))
-        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: C is quantized in the epilogue by the FP8 narrow "
+    if (g->c_codes && (!fp8 || !g->c_scales || !grouped_gemm_fp8_h_quant_fits(g->epi, g->q.bk)))
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: C is quantized in the epilogue by the FP8 "
                          "gate/up GEMM of block_k 128 only");
     if (g->row_scale && (fp8 || g->epi != EPI_DOWN))
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: row scales are the bf16/f16 down epilogue's");

@@ -47,7 +47,7 @@ typedef struct grouped_gemm_args {
     int narrow;                /* tiles of GEMM_NARROW_ROWS rows (the routing's tile_rows): for experts of few
                                   rows; down and concatenated gate/up epilogues, A read with TMA */
     const float *a_scales;     /* e4m3: A's scales [a_rows, ceil(K / q.bk)] */
-    uint8_t *c_codes;          /* NULL, or (grouped_gemm_fp8_h_in_epilogue) C quantized in the epilogue, not
+    uint8_t *c_codes;          /* NULL, or (grouped_gemm_fp8_h_quant_fits) C quantized in the epilogue, not
                                   written in f32: e4m3 codes [a_rows, N] here, scales [a_rows, ceil(N / 128)]
                                   into c_scales, with act_quant_e4m3's rounding */
     float *c_scales;
@@ -114,11 +114,20 @@ static inline int grouped_gemm_fp8_usable(const quant_view &q, gemm_epilogue gat
     return 1;
 }
 
-/* The FP8 gate/up GEMM quantizes h for the down GEMM in its epilogue (grouped_gemm_args.c_codes)
- * with narrow tiles, whose 256 weight rows are 128 features: one scale block of h when block_k
- * is 128. Otherwise h is written in f32 and quantized by its own kernel (act_quant.cuh). */
-static inline int grouped_gemm_fp8_h_in_epilogue(int narrow, gemm_epilogue gate_up_epi, int64_t bk) {
-    return narrow && gate_up_epi == EPI_GATE_UP_CONCAT && bk == 128;
+/* The FP8 gate/up GEMM can quantize h for the down GEMM in its epilogue (grouped_gemm_args.c_codes):
+ * a tile's 256 weight rows are 128 features, one scale block of h when block_k is 128. */
+static inline int grouped_gemm_fp8_h_quant_fits(gemm_epilogue gate_up_epi, int64_t bk) {
+    return gate_up_epi == EPI_GATE_UP_CONCAT && bk == 128;
+}
+
+/* Where it does, by measurement: narrow tiles always (their GEMMs are then chained), wide tiles in
+ * the kernels compiled for the shape (deepgemm) only. Otherwise h is written in f32 and quantized
+ * by its own kernel (act_quant.cuh). On an H100 (dev/notes/cuda-notes.md, 2026-12-06) the wide
+ * epilogue's quantization took deepgemm to 0.87 / 0.97 of the time at deepseek-v3 4096 / 16384
+ * tokens and 0.99 / 0.97 at qwen3-30b-a3b, but grouped_mm's library kernels to 1.03 / 1.02 and
+ * 1.00 / 0.98: why the library kernels lose is not known. */
+static inline int grouped_gemm_fp8_h_in_epilogue(int narrow, int compiled, gemm_epilogue gate_up_epi, int64_t bk) {
+    return (narrow || compiled) && grouped_gemm_fp8_h_quant_fits(gate_up_epi, bk);
 }
 
 #ifndef __CUDACC_RTC__

@@ -843,7 +843,7 @@ __device__ __forceinline__ void epilogue_fp8(const float (&acc)[ACC], const tile
 }
 
 /* The FP8 narrow gate/up epilogue with p.cq: h quantized here for the down GEMM instead of written
- * in f32 (grouped_gemm_fp8_h_in_epilogue). A row's 128 features of the tile are one scale block:
+ * in f32 (grouped_gemm_fp8_h_quant_fits). A row's 128 features of the tile are one scale block:
  * warpgroup 1 holds the first 64 (acc's gate columns 8i + c0, +1 with their up columns in
  * acc[4(i+8) ..]), warpgroup 2 the others. Each thread takes the amax of its two rows' values
  * (columns below N), the 4 lanes of a row reduce it, and the two warpgroups' amax of each row meet
@@ -892,6 +892,46 @@ __device__ __forceinline__ void epilogue_fp8_h_quant(const float (&acc)[64], con
             *(uint16_t *)(crow + n) = e4m3x2(v[h][2 * i] / sc, v[h][2 * i + 1] / sc);
         }
         if (wg == 1 && lane % 4 == 0) p.cs[(int64_t)(tl.a_row + r) * p.cs_ld + tl.n] = sc;
+    }
+}
+
+/* The same for a wide tile, whose warpgroup holds all 128 features of its 64 rows (two halves:
+ * fp8_gate_at): a row's amax meets across the 4 lanes of the row alone, and each thread writes
+ * its own rows' codes; the activated values replace the gate values in acc. */
+__device__ __forceinline__ void epilogue_fp8_h_quant_wide(float (&acc)[128], const tile &tl, const gemm_params &p,
+                                                          int wg, int tid) {
+    const int warp = tid / 32, lane = tid % 32, c0 = 2 * (lane % 4);
+    const layer_view &L = p.L;
+    const bool silu = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base && L.act == MOEX_ACT_SILU;
+    const int64_t n_tile = (int64_t)tl.n * (BN / 2);
+    float amax[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const int at = fp8_gate_at(i) + 2 * h;
+            const int64_t n = n_tile + 8 * i + c0;
+            const bool in = n < p.N; /* N even: n + 1 < N too */
+            acc[at] = in ? fp8_gate_up_value(L, silu, tl.e, n, acc[at], acc[at + 32]) : 0.0f;
+            acc[at + 1] = in ? fp8_gate_up_value(L, silu, tl.e, n + 1, acc[at + 1], acc[at + 33]) : 0.0f;
+            amax[h] = fmaxf(amax[h], fmaxf(fabsf(acc[at]), fabsf(acc[at + 1])));
+        }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+        const int r = (wg - 1) * 64 + warp * 16 + lane / 4 + 8 * h;
+        const float sc = amax[h] > 0.0f ? amax[h] / 448.0f : 1.0f;
+        if (r >= tl.rows) continue;
+        uint8_t *crow = p.cq + (int64_t)(tl.a_row + r) * p.N;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const int at = fp8_gate_at(i) + 2 * h;
+            const int64_t n = n_tile + 8 * i + c0;
+            if (n >= p.N) continue;
+            *(uint16_t *)(crow + n) = e4m3x2(acc[at] / sc, acc[at + 1] / sc);
+        }
+        if (lane % 4 == 0) p.cs[(int64_t)(tl.a_row + r) * p.cs_ld + tl.n] = sc;
     }
 }
 
@@ -1021,9 +1061,12 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase
             }
         }
         bool quantized = false;
-        if constexpr (EPI == EPI_GATE_UP_CONCAT && NARROW)
+        if constexpr (EPI == EPI_GATE_UP_CONCAT)
             if (p.cq) {
-                epilogue_fp8_h_quant(acc, tl, p, wg, tid, xa + parity * (FP8_AMAX_BYTES / 2));
+                if constexpr (NARROW)
+                    epilogue_fp8_h_quant(acc, tl, p, wg, tid, xa + parity * (FP8_AMAX_BYTES / 2));
+                else
+                    epilogue_fp8_h_quant_wide(acc, tl, p, wg, tid);
                 quantized = true;
             }
         if (!quantized) epilogue_fp8<EPI, NARROW>(acc, tl, p, wg, tid);
