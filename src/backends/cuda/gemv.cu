@@ -140,6 +140,22 @@ __global__ void __launch_bounds__(WARPS * 32, MAXR == 1 ? 3 : 2) gate_up_kernel(
     }
 }
 
+/* One step of batched_mm's FP8 gate/up pairs: x's 16 inputs at xk (its quantized values) times the
+ * 16 codes of up rows n, n + 1 and gate rows n, n + 1 (u0, u1, g0, g1), each scaled by its block
+ * scale (su, sg), added into the four sums. */
+template <typename XT>
+__device__ __forceinline__ void fp8_pairs_step(const XT *xk, uint4 u0, uint4 u1, uint4 g0, uint4 g1,
+                                               const float (&su)[2], const float (&sg)[2], float &au0, float &au1,
+                                               float &ag0, float &ag1) {
+    float fx[16];
+    load8(xk, fx);
+    load8(xk + 8, fx + 8);
+    au0 += su[0] * dot16_e4m3(u0, fx);
+    au1 += su[1] * dot16_e4m3(u1, fx);
+    ag0 += sg[0] * dot16_e4m3(g0, fx);
+    ag1 += sg[1] * dot16_e4m3(g1, fx);
+}
+
 /* batched_mm's first half, vector path: a warp computes features n and n+1 of one pair,
  * four weight rows (gate and up of each) in flight for every load of x; blocks of 8 warps
  * cover 16 features, so one token's 8 pairs of qwen3-30b-a3b fill one wave of the GPU.
@@ -205,21 +221,8 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view
                 scale_loads<2>(Q.sdt, gbase, gr, ka, sa_g);
                 scale_loads<2>(Q.sdt, Q.up.base, su, kb2, sb_u);
                 scale_loads<2>(Q.sdt, gbase, gr, kb2, sb_g);
-                float fx[16];
-                load8(xr + kk, fx);
-                load8(xr + kk + 8, fx + 8);
-                au0 += sa_u[0] * dot16_e4m3(a0, fx);
-                au1 += sa_u[1] * dot16_e4m3(a1, fx);
-                ag0 += sa_g[0] * dot16_e4m3(a2, fx);
-                ag1 += sa_g[1] * dot16_e4m3(a3, fx);
-                if (two_steps) {
-                    load8(xr + k2, fx);
-                    load8(xr + k2 + 8, fx + 8);
-                    au0 += sb_u[0] * dot16_e4m3(b0, fx);
-                    au1 += sb_u[1] * dot16_e4m3(b1, fx);
-                    ag0 += sb_g[0] * dot16_e4m3(b2, fx);
-                    ag1 += sb_g[1] * dot16_e4m3(b3, fx);
-                }
+                fp8_pairs_step(xr + kk, a0, a1, a2, a3, sa_u, sa_g, au0, au1, ag0, ag1);
+                if (two_steps) fp8_pairs_step(xr + k2, b0, b1, b2, b3, sb_u, sb_g, au0, au1, ag0, ag1);
             }
         } else {
 #pragma unroll 1
