@@ -81,12 +81,24 @@ extern "C" void moex_cuda_free(int device, void *ptr) {
     if (moex_cuda_use(device) == MOEX_OK) cudaFree(ptr);
 }
 
+/* Waits for the legacy default stream: cudaMemset and cudaMemcpy run there, asynchronously to the
+ * host in some cases, and the library's streams are non-blocking, so nothing else orders them
+ * before a kernel that reads what they wrote. */
+static moex_status legacy_sync(const char *what) {
+    return moex_cuda_status(cudaStreamSynchronize(cudaStreamLegacy), what);
+}
+
 extern "C" moex_status moex_cuda_memcpy(void *dst, int dst_gpu, const void *src, int src_gpu, size_t bytes) {
     moex_status st = moex_cuda_use(dst_gpu >= 0 ? dst_gpu : src_gpu);
     if (st) return st;
     cudaMemcpyKind kind = dst_gpu >= 0 ? (src_gpu >= 0 ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                                        : cudaMemcpyDeviceToHost;
-    return moex_cuda_status(cudaMemcpy(dst, src, bytes, kind), "moex_memcpy");
+    st = moex_cuda_status(cudaMemcpy(dst, src, bytes, kind), "moex_memcpy");
+    /* cudaMemcpy returns before a device-to-device copy, or the last DMA of one from pageable host
+     * memory, has landed, and the legacy stream it runs on does not order the library's
+     * non-blocking streams: wait, so that a forward queued next reads the copied bytes */
+    if (!st) st = legacy_sync("moex_memcpy");
+    return st;
 }
 
 /* ---------------------------------------------------------------- streams */
@@ -113,7 +125,8 @@ extern "C" moex_status moex_cuda_flags_alloc(int device, int **flags) {
     void *p = NULL;
     moex_status st = moex_cuda_alloc(device, sizeof(int), &p);
     if (st) return st;
-    if ((st = moex_cuda_status(cudaMemset(p, 0, sizeof(int)), "cudaMemset"))) {
+    if ((st = moex_cuda_status(cudaMemset(p, 0, sizeof(int)), "cudaMemset")) ||
+        (st = legacy_sync("clearing the status word"))) {
         cudaFree(p);
         return st;
     }
@@ -129,7 +142,9 @@ extern "C" moex_status moex_cuda_synchronize(int device, void *stream, int *flag
     if ((st = moex_cuda_status(cudaMemcpy(&h, flags, sizeof h, cudaMemcpyDeviceToHost), "reading the status word")))
         return st;
     if (h == 0) return MOEX_OK;
-    if ((st = moex_cuda_status(cudaMemset(flags, 0, sizeof h), "clearing the status word"))) return st;
+    if ((st = moex_cuda_status(cudaMemset(flags, 0, sizeof h), "clearing the status word")) ||
+        (st = legacy_sync("clearing the status word")))
+        return st;
     if (h & MOEX_CUDA_FLAG_BAD_ID)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
                          "a forward queued on this context got an id outside [-1, num_experts]; those pairs were "

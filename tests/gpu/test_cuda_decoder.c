@@ -1498,7 +1498,8 @@ int main(int argc, char **argv) {
         return EXIT_SKIP;
     }
     if (cudaSetDevice(g_gpu) != cudaSuccess || cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaMalloc((void **)&g_flags, sizeof(int)) != cudaSuccess || cudaMemset(g_flags, 0, sizeof(int)) != cudaSuccess) {
+        cudaMalloc((void **)&g_flags, sizeof(int)) != cudaSuccess || cudaMemset(g_flags, 0, sizeof(int)) != cudaSuccess ||
+        cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess) { /* the zero in place before g_stream's kernels */
         fprintf(stderr, "test_cuda_decoder: setting up cuda:%d: %s\n", g_gpu, cudaGetErrorString(cudaGetLastError()));
         return 1;
     }

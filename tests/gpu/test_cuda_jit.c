@@ -59,12 +59,14 @@ static void check_axpb(const moex_jit_kernel *k, int n, int graph, const char *w
     for (int i = 0; i < n; i++) hx[i] = (float)(i % 97) * 0.25f - 7.0f;
     CHECK(cudaMalloc((void **)&x, sizeof(float) * n) == cudaSuccess && cudaMalloc((void **)&y, sizeof(float) * n) == cudaSuccess,
           "%s: cudaMalloc", what);
-    cudaMemcpy(x, hx, sizeof(float) * n, cudaMemcpyHostToDevice);
-    cudaMemset(y, 0, sizeof(float) * n);
     void *args[] = {&y, &x, &n};
     const unsigned grid[3] = {(unsigned)(n + 127) / 128, 1, 1}, block[3] = {128, 1, 1};
     cudaStream_t s;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    /* on s itself: a non-blocking stream is not ordered after the legacy stream's copies and sets
+     * (with those, a busy GPU once ran the kernel before y's zeroing) */
+    cudaMemcpyAsync(x, hx, sizeof(float) * n, cudaMemcpyHostToDevice, s);
+    cudaMemsetAsync(y, 0, sizeof(float) * n, s);
     if (graph) {
         cudaGraph_t g = NULL;
         cudaGraphExec_t ge = NULL;
