@@ -2,9 +2,11 @@
  * fuzz_model.c — libFuzzer target for moex_model_load() and moex_generate()
  * with a fuzzed config.json and the real weights of a tiny fixture.
  *
- * Input: one control byte, then the bytes of config.json.
- *   bits 0-2  the fixture (FIXTURES[] below): its model.safetensors and
- *             generation_config.json are used as they are
+ * Input: one control byte, an optional page byte, then the bytes of config.json.
+ *   bits 0-2  the fixture (MDL_FIXTURES[] below, 0-7): its model.safetensors and
+ *             generation_config.json are used as they are; a second byte of 1-8
+ *             (never the start of a JSON text) picks fixture 7 + that byte
+ *             instead, and the config starts after it
  *   bit  3    compute in bf16 instead of f32
  *   bits 4-5  the experts option: "eager", "batched_mm", {"": "eager"}, NULL
  *   bit  6    dequantize = 1
@@ -46,11 +48,14 @@
 
 #include "moex.h"
 
-/* The fixtures an input can pick (control byte & 7). Keep the order: the
- * corpus' control bytes refer to it. */
-static const char *const MDL_FIXTURES[8] = {
+/* The fixtures an input can pick: control byte & 7, or 7 + its page byte.
+ * Keep the order: the corpus' control and page bytes refer to it. */
+enum { MDL_SLOTS = 16 };
+static const char *const MDL_FIXTURES[MDL_SLOTS] = {
     "qwen3_moe",       "qwen2_moe",     "mixtral",       "qwen3_vl_moe",
     "qwen3_moe-fp8",   "qwen3_moe-fused", "qwen2_moe-fused", "qwen3_vl_moe-per_expert",
+    "deepseek_v3",     "deepseek_v3-fp8", "deepseek_v3-q_proj", "deepseek_v3-yarn",
+    "gpt_oss",         "gpt_oss-mxfp4", "olmoe",         "glm4_moe",
 };
 static const char *const MDL_EXPERTS[4] = {"eager", "batched_mm", "{\"\": \"eager\"}", NULL};
 
@@ -62,7 +67,7 @@ static int mdl_verbose;          /* $MOEX_FUZZ_VERBOSE: say how each input ended
 static void mdl_remove_dir(const char *root) {
     static const char *const files[] = {"config.json", "model.safetensors", "generation_config.json"};
     char p[2 * PATH_MAX];
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < MDL_SLOTS; i++) {
         for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
             snprintf(p, sizeof p, "%s/%d/%s", root, i, files[k]);
             unlink(p);
@@ -142,7 +147,7 @@ static int mdl_setup(void) {
     }
     atexit(mdl_cleanup);
     char dir[PATH_MAX + 16], from[PATH_MAX + 128], to[PATH_MAX + 128];
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < MDL_SLOTS; i++) {
         snprintf(dir, sizeof dir, "%s/%d", mdl_root, i);
         if (mkdir(dir, 0700) != 0) {
             perror("fuzz_model: mkdir");
@@ -245,8 +250,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1 || mdl_setup() != 1) return 0;
     const uint8_t ctl = data[0];
-    const int slot = ctl & 7;
-    if (mdl_write_config(slot, data + 1, size - 1) != 0) return 0;
+    const int paged = size >= 2 && data[1] >= 1 && data[1] <= MDL_SLOTS - 8;
+    const int slot = paged ? 7 + data[1] : ctl & 7;
+    if (mdl_write_config(slot, data + 1 + paged, size - 1 - (size_t)paged) != 0) return 0;
     moex_model_options mo = moex_model_default_options();
     mo.dtype = (ctl & 8) ? MOEX_BF16 : MOEX_F32;
     mo.experts = MDL_EXPERTS[(ctl >> 4) & 3];
