@@ -32,6 +32,8 @@
  *     MOEX_DEEPGEMM_ASSUME_CC); its kernels' disk cache seen from a second run of this program
  *     (entries written, then read, an entry cut short rebuilt): MOEX_CACHE_DIR is a fresh
  *     directory of this run unless set
+ *   - sonicmoe's pair kernel (both projections in one block, h in shared memory): E of one and
+ *     two waves of the device's SMs, a hot expert (the chained GEMMs after it run instead)
  *
  * NMSE bounds (SPEC "Numerical agreement"): f32 1e-10, f16 1e-6, bf16 1e-4.
  *
@@ -53,6 +55,8 @@
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cuda_runtime_api.h>
 
 #include "gpu_harness.h"
 #include "moex.h"
@@ -1311,6 +1315,38 @@ static void deepgemm_case(const gcase *c, int bitwise) {
     grun_free(&r);
 }
 
+/* sonicmoe's pair kernel (both projections of a narrow row tile in one block, h in shared memory,
+ * the rows gathered by index: grouped_gemm_pair_pays): SiLU, concatenated gate/up without biases,
+ * about 20 rows an expert, E one whole wave of the device's SMs (a block one row tile) or two
+ * (several a block; with H = 512 and I = 640 an item has 5 gate/up and 2 down tiles, so the
+ * warpgroups' turns swap from one item to the next), sentinels, I = 768 (the largest h that fits).
+ * A hot expert of several row tiles: with E a whole wave its extra tiles exceed the blocks, so the
+ * chained GEMMs launched after the pair kernel run instead (the choice made on the GPU); with E 8
+ * short of two waves the pair kernel takes them. Every backend against the float64 reference and
+ * twice bitwise; bf16 also grouped_mm (the chained GEMMs) against deepgemm bit for bit. */
+static void test_pair(void) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g_dev.index) != cudaSuccess || sms <= 0) {
+        fail_at(__FILE__, __LINE__, "cudaDeviceGetAttribute(multiprocessor count) of cuda:%d failed", g_dev.index);
+        return;
+    }
+    /* E = waves x SMs - short */
+    static const struct { int64_t waves, short_, k, H, I; moex_dtype dt; int64_t hot; double sent; int rows; } C[] = {
+        {1, 0, 8, 512, 256, MOEX_BF16, 0, 0.0, 1},   {1, 0, 8, 512, 768, MOEX_BF16, 200, 0.0, 0},
+        {2, 0, 8, 512, 640, MOEX_BF16, 0, 0.03, 1},  {1, 0, 6, 768, 384, MOEX_F16, 300, 0.0, 0},
+        {2, 0, 4, 1024, 256, MOEX_F16, 0, 0.05, 1},  {2, 8, 8, 512, 384, MOEX_BF16, 200, 0.0, 0},
+    };
+    for (int i = 0; i < (int)(sizeof C / sizeof C[0]); i++) {
+        if (g_quick && i != 2) continue;
+        const int64_t E = C[i].waves * sms - C[i].short_, T = 20 * E / C[i].k;
+        gcase c = gcase_make(T, E, C[i].k, C[i].H, C[i].I, C[i].dt, 13500u + (uint64_t)i);
+        c.w_dt = C[i].dt;
+        c.hot_rows = C[i].hot, c.sentinel_prob = C[i].sent, c.sentinel_rows = C[i].rows;
+        run_case(&c, 1);
+        if (C[i].dt == MOEX_BF16) deepgemm_case(&c, 1);
+    }
+}
+
 static void test_deepgemm(void) {
     if (!backend_listed_in("deepgemm")) {
         fail_at(__FILE__, __LINE__, "deepgemm does not take cuda:%d", g_dev.index);
@@ -1721,6 +1757,7 @@ int main(int argc, char **argv) {
         {"deepgemm_cache", test_deepgemm_cache, 0},
         {"deepgemm_cache_child", test_deepgemm_cache_child, 1},
         {"sonicmoe", test_sonicmoe, 0},
+        {"pair", test_pair, 0},
     };
     /* MOEX_GPU_TEST_ONLY=fp4,graph_replay: run only the tests named (a comma-separated list) */
     const char *only = getenv("MOEX_GPU_TEST_ONLY");

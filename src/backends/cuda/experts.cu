@@ -591,7 +591,8 @@ static moex_status run_gemm(const cuda_state *s, const grouped_gemm_args *g, int
  * the hidden states by slot_token; the down GEMM multiplies each row by its pair's routing
  * weight, so the reduction sums (sonic_bytes' buffers). Narrow tiles with the library's kernels
  * and one launch each (not eager's bf16/f16 per-expert ones): the two GEMMs chained
- * (grouped_gemm_run_chained, its counters in the routing's sched). */
+ * (grouped_gemm_run_chained, its counters in the routing's sched), or for sonicmoe in one kernel
+ * (grouped_gemm_run_pair) where grouped_gemm_pair_pays. */
 static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t rows, int narrow, int per_expert,
                              int compiled, int fused) {
     const moex_forward_args *a = f->a;
@@ -651,7 +652,11 @@ static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t row
         }
         if (st) return st;
         if (!compiled && !per_expert && narrow) {
-            st = grouped_gemm_run_chained(&up, &down, r.sched, s->num_sms, f->stream);
+            /* sonicmoe: both projections in one launch where h fits in shared memory */
+            if (grouped_gemm_pair_pays(narrow, fused, s->epi, L, f->P, s->num_sms))
+                st = grouped_gemm_run_pair(&up, &down, r.sched, s->num_sms, f->stream);
+            else
+                st = grouped_gemm_run_chained(&up, &down, r.sched, s->num_sms, f->stream);
             if (st) return st;
         }
         for (int64_t e = 0; (compiled || per_expert || !narrow) && e < (per_expert ? f->E : 1); e++) {

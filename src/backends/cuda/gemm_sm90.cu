@@ -25,8 +25,12 @@
  * 128 (one block accumulator, promoted after each half); narrow tiles of 64 rows x 256 weight
  * rows, each warpgroup all of them by half the weight rows. No staged epilogue; no overlapped
  * variant.
+ *
+ * The pair kernel (gemm_sm90_pair_kernel.cuh, grouped_gemm_run_pair) composes the same pieces
+ * into both projections of a row tile in one block, h kept in shared memory (sonicmoe).
  */
 #include "backends/cuda/gemm_sm90_kernel.cuh"
+#include "backends/cuda/gemm_sm90_pair_kernel.cuh"
 #include "backends/cuda/gemm_rtc.h"
 #include "gpu/jit_load.h"
 #include "gpu/cuda_check.h"
@@ -115,6 +119,11 @@ template <typename T> static cudaError_t allow_smem_all(void) {
     return err;
 }
 
+template <typename T> static cudaError_t allow_pair_smem(void) {
+    return cudaFuncSetAttribute(grouped_gemm_pair_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                PAIR_SMEM_BYTES);
+}
+
 moex_status grouped_gemm_init(void) {
     pthread_once(&encode_once, find_encode);
     if (encode_status != cudaSuccess) return moex_cuda_status(encode_status, "finding cuTensorMapEncodeTiled");
@@ -124,6 +133,8 @@ moex_status grouped_gemm_init(void) {
     if (!err) err = allow_smem<uint8_t, EPI_DOWN, false, true>();
     if (!err) err = allow_smem<uint8_t, EPI_GATE_UP_CONCAT, false>();
     if (!err) err = allow_smem<uint8_t, EPI_GATE_UP_CONCAT, false, true>();
+    if (!err) err = allow_pair_smem<__nv_bfloat16>();
+    if (!err) err = allow_pair_smem<__half>();
     return moex_cuda_status(err, "grouped GEMM shared memory size");
 }
 
@@ -221,6 +232,8 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
                          "gate/up GEMM of block_k 128 only");
     if (g->row_scale && (fp8 || g->epi != EPI_DOWN))
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: row scales are the bf16/f16 down epilogue's");
+    if (g->skip_tiles_at_most < 0 || g->skip_tiles_at_most > INT32_MAX)
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: skip_tiles_at_most out of range");
     if ((g->tickets || g->done || g->wait_done) && !narrow)
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: tile counters and chaining are the narrow kernels'");
     if (fp8 && g->done && !g->c_codes)
@@ -260,6 +273,7 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
     if (gather) p.gather = g->a, p.gather_ld = g->a_ld, p.a_index = g->a_index;
     p.row_scale = g->row_scale;
     p.tickets = g->tickets, p.done = g->done, p.wait_done = g->wait_done, p.wait_per_mtile = (int)g->wait_per_mtile;
+    p.skip_tiles_at_most = (int)g->skip_tiles_at_most;
     if (fp8) {
         p.a_scale = g->a_scales;
         p.a_sld = (g->K + g->q.bk - 1) / g->q.bk;
@@ -303,6 +317,43 @@ moex_status grouped_gemm_run_chained(const grouped_gemm_args *up, const grouped_
     d.wait_per_mtile = column_tiles(up->epi, up->N, BN) * (up->dt == MOEX_E4M3 ? 8 : 4);
     moex_status st = grouped_gemm_run(&u, num_sms, s);
     return st ? st : grouped_gemm_run(&d, num_sms, s);
+}
+
+moex_status grouped_gemm_run_pair(const grouped_gemm_args *up, const grouped_gemm_args *down, int *counters,
+                                  int num_sms, cudaStream_t s) {
+    const layer_view &L = up->L;
+    const int gathered = up->a_index != NULL;
+    if (!grouped_gemm_pair_pays(up->narrow && down->narrow, gathered, up->epi, L, up->pairs, num_sms) ||
+        down->epi != EPI_DOWN || up->dt != L.wdt || down->dt != L.wdt || up->K != L.H || up->N != L.I ||
+        down->K != L.I || down->N != L.H || up->rows_per_expert != 2 * L.I || up->up_offset != L.I ||
+        down->rows_per_expert != L.H || ((uintptr_t)up->a & 15) || (up->a_ld * 2) % 16)
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: the pair kernel takes the gate/up and down GEMMs of a "
+                         "layer grouped_gemm_pair_pays accepts, A gathered by index over 16-byte aligned rows");
+    if (!up->offsets || !up->ends || !up->mtile_off)
+        return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: the routing's offsets, ends and tile offsets are required");
+    CUtensorMap map_gu, map_dn;
+    moex_status st = make_map(&map_gu, up->b, L.E * 2 * L.I, L.H, BN / 4, L.wdt, "gate/up weights");
+    if (!st) st = make_map(&map_dn, down->b, L.E * L.H, L.I, BN, L.wdt, "down weights");
+    if (st) return st;
+    gemm_params p;
+    memset(&p, 0, sizeof p);
+    p.K = L.H, p.N = L.I;
+    p.rows_per_expert = 2 * L.I, p.up_offset = L.I, p.n_tiles = 1;
+    p.e_begin = up->e_begin, p.e_end = up->e_end;
+    p.offsets = up->offsets, p.ends = up->ends, p.mtile_off = up->mtile_off;
+    p.c = down->c, p.row_scale = down->row_scale;
+    p.epi = EPI_GATE_UP_CONCAT, p.L = L;
+    p.gather = up->a, p.gather_ld = up->a_ld, p.a_index = up->a_index;
+    const int64_t fits = grouped_gemm_pair_waves(L.E, num_sms) * num_sms;
+    p.pair_tiles_max = (int)fits;
+    if (L.wdt == MOEX_BF16)
+        grouped_gemm_pair_kernel<__nv_bfloat16><<<num_sms, THREADS, PAIR_SMEM_BYTES, s>>>(map_gu, map_dn, p);
+    else
+        grouped_gemm_pair_kernel<__half><<<num_sms, THREADS, PAIR_SMEM_BYTES, s>>>(map_gu, map_dn, p);
+    if ((st = MOEX_CUDA_LAUNCHED("pair GEMM kernel"))) return st;
+    grouped_gemm_args u = *up, d = *down; /* the chained GEMMs, for routings of more row tiles */
+    u.skip_tiles_at_most = d.skip_tiles_at_most = fits;
+    return grouped_gemm_run_chained(&u, &d, counters, num_sms, s);
 }
 
 moex_status grouped_gemm_spec(const grouped_gemm_args *g, gemm_rtc_spec *spec) {

@@ -62,6 +62,8 @@ typedef struct grouped_gemm_args {
     const int *wait_done;      /* NULL, or the earlier GEMM's `done`: A's rows of expert e are loaded only once
                                   wait_done[e] reaches its row tiles x wait_per_mtile (the down GEMM reading h) */
     int64_t wait_per_mtile;
+    int64_t skip_tiles_at_most; /* 0, or (grouped_gemm_run_pair) the GEMM does nothing when the routing has at most
+                                  this many row tiles */
 } grouped_gemm_args;
 
 /* ---- size policy: when this kernel family runs --------------------------------------------- */
@@ -130,6 +132,31 @@ static inline int grouped_gemm_fp8_h_in_epilogue(int narrow, int compiled, gemm_
     return (narrow || compiled) && grouped_gemm_fp8_h_quant_fits(gate_up_epi, bk);
 }
 
+/* Both projections of a narrow row tile in one block, h in shared memory (grouped_gemm_run_pair):
+ * for bf16/f16 SiLU experts with concatenated gate/up rows and no biases, narrow tiles (experts of
+ * at most GEMM_NARROW_AVG rows on average), an intermediate size that fits in shared memory beside
+ * the ring (at most GEMM_PAIR_MAX_I, a multiple of 128, at least two gate/up tiles) and a hidden
+ * size of at least two down tiles of 256. Each block streams whole experts' weights, so the items
+ * (about one an expert at these sizes) must fill the SMs' waves: E at least 0.9 of whole waves, and
+ * pairs at least E. Which runs is then decided on the GPU, from the routing: the pair kernel when
+ * the row tiles are at most the waves' blocks, else the chained GEMMs launched after it (an expert
+ * of more than 64 rows adds a tile, and a block's second tile would cost a whole expert's stream).
+ * Only with A gathered by index (sonicmoe). Measured on an H100 (dev/notes/cuda-notes.md,
+ * 2026-12-06): at qwen3-30b-a3b 64, 256 and 512 tokens sonicmoe took 0.978-0.980 of the chained
+ * GEMMs' time; at 8 tokens (pairs E / 2) 1.036; grouped_mm (its A a gathered copy read by TMA)
+ * 1.009 and 1.028 at 256 and 512 tokens, though 0.963 and 0.975 without the chained GEMMs after
+ * the pair kernel (so their two launches cost about 20 us: dev/variants/pair-kernel-tma-a.patch). */
+#define GEMM_PAIR_MAX_I 768
+static inline int64_t grouped_gemm_pair_waves(int64_t E, int num_sms) { return num_sms > 0 ? (E + num_sms - 1) / num_sms : 0; }
+static inline int grouped_gemm_pair_pays(int narrow, int gathered, gemm_epilogue gate_up_epi, const layer_view &L,
+                                         int64_t P, int num_sms) {
+    const int plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
+    const int64_t waves = grouped_gemm_pair_waves(L.E, num_sms);
+    return narrow && gathered && gate_up_epi == EPI_GATE_UP_CONCAT && plain && L.act == MOEX_ACT_SILU &&
+           (L.wdt == MOEX_BF16 || L.wdt == MOEX_F16) && L.I % 128 == 0 && L.I >= 256 && L.I <= GEMM_PAIR_MAX_I &&
+           L.H % 256 == 0 && L.H >= 512 && waves > 0 && 10 * L.E >= 9 * waves * num_sms && P >= L.E;
+}
+
 #ifndef __CUDACC_RTC__
 /* 1 if the tensor-core path can take a layer with these matrices (strides,
  * alignment, dtype); otherwise 0 and a reason. */
@@ -152,6 +179,15 @@ moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream
  * counters: E + 2 ints, zero (routing_build clears them): done[E], then the two GEMMs' tickets. */
 moex_status grouped_gemm_run_chained(const grouped_gemm_args *up, const grouped_gemm_args *down, int *counters,
                                      int num_sms, cudaStream_t s);
+
+/* The gate/up GEMM and the down GEMM of one forward in one launch (grouped_gemm_pair_pays; the
+ * same arguments as grouped_gemm_run_chained takes: narrow tiles, A gathered by a_index, y times
+ * row_scale, as sonicmoe asks): each block computes a row tile of an expert's h into shared memory,
+ * then its rows of y from there, when the routing's row tiles fill at most the launch's waves;
+ * otherwise the chained GEMMs launched after it run (each kernel reads the tile count, and the
+ * ones not needed return at once). counters: grouped_gemm_run_chained's. */
+moex_status grouped_gemm_run_pair(const grouped_gemm_args *up, const grouped_gemm_args *down, int *counters,
+                                  int num_sms, cudaStream_t s);
 
 /* The kernel of the family grouped_gemm_run launches for g, as the template arguments of a
  * specialisation compiled at run time (gemm_rtc.h; K compiled in). */

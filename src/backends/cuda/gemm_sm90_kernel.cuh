@@ -67,6 +67,12 @@ struct gemm_params {
     int *tickets, *done;
     const int *wait_done;
     int wait_per_mtile;
+    /* the chained GEMMs launched after the pair kernel (grouped_gemm_run_pair): 0, or this kernel
+     * does nothing when the row tiles are at most this many (the pair kernel took them) */
+    int skip_tiles_at_most;
+    /* the pair kernel: the most row tiles it takes (its launch's waves of blocks); with more it does
+     * nothing and the chained GEMMs after it run */
+    int pair_tiles_max;
 };
 
 /* FP8 tiles take BN weight rows as the float ones do (gate/up: 128 features, their gate and up
@@ -1091,6 +1097,7 @@ __device__ __forceinline__ void grouped_gemm_body(const CUtensorMap &map_a, cons
     /* a GEMM launched after this one with programmatic dependent launch (the chained down GEMM)
      * may take each SM this kernel leaves; it waits for its inputs itself (wait_rows_done) */
     if constexpr (chained<T, NARROW>()) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (p.skip_tiles_at_most && p.mtile_off[p.e_end] - p.mtile_off[p.e_begin] <= p.skip_tiles_at_most) return;
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     typedef ring<T, NARROW> R;
