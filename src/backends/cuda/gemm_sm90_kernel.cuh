@@ -276,6 +276,22 @@ __device__ __forceinline__ void stg16(void *p, uint4 v) {
  * layout the half holds 64 gate columns (i < 8) and the 64 up columns that go with them. */
 constexpr int HALF_N = BN / 2;
 
+/* One k-block of a float tile (BK inputs as k16 steps), issued and committed: acc0 (+)= A . B[0, 128)^T
+ * and acc1 (+)= A . B[128, 256)^T, from a (64 rows of A) and b (256 weight rows), both 128-byte
+ * swizzled; accumulate 0 starts both sums. */
+template <typename T>
+__device__ __forceinline__ void wgmma_k_block(float (&acc0)[64], float (&acc1)[64], const unsigned char *a,
+                                              const unsigned char *b, int accumulate) {
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < BK / 16; s++) {
+        wgmma_128(acc0, smem_desc(a + s * 32), smem_desc(b + s * 32), accumulate || s > 0, (T *)nullptr);
+        wgmma_128(acc1, smem_desc(a + s * 32), smem_desc(b + HALF_N * 128 + s * 32), accumulate || s > 0,
+                  (T *)nullptr);
+    }
+    wgmma_commit();
+}
+
 /* Staged epilogue, one chunk of 64 output columns of a warp's 16 rows (chunk c of the half;
  * the gate/up half has one): the final values of columns n0 + 8 ii + c0, +1 into the warp's
  * staging area at shared address stage_w (16 rows of SROW elements). FAST: SiLU(gate) * up
@@ -758,15 +774,7 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
         for (; kb < k_blocks; kb++) {
             wait_full<GATHER>(&full[stage], phase);
             if (kb == k_blocks - 1) tl = get_tile(tile_slot(smem_addr(full), stage));
-            const unsigned char *a = a_base + stage * STAGE_BYTES, *b = b_base + stage * STAGE_BYTES;
-            wgmma_fence();
-#pragma unroll
-            for (int s = 0; s < BK / 16; s++) {
-                wgmma_128(acc0, smem_desc(a + s * 32), smem_desc(b + s * 32), kb > 0 || s > 0, (T *)nullptr);
-                wgmma_128(acc1, smem_desc(a + s * 32), smem_desc(b + HALF_N * 128 + s * 32), kb > 0 || s > 0,
-                          (T *)nullptr);
-            }
-            wgmma_commit();
+            wgmma_k_block<T>(acc0, acc1, a_base + stage * STAGE_BYTES, b_base + stage * STAGE_BYTES, kb > 0);
             wgmma_wait<1>();
             if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
             prev = stage;

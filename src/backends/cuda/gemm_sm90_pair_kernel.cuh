@@ -193,16 +193,9 @@ __device__ __forceinline__ void consume_pair(const gemm_params &p, unsigned char
             for (int kb = 0; kb < kbs; kb++) {
                 wait_full<true>(&full[stage], phase); /* and the cp.async rows' proxy fence */
                 if (kb == kbs - 1) tl = get_tile(tile_slot(smem_addr(full), stage));
-                const unsigned char *st = smem + stage * PAIR_STAGE_BYTES, *b = st + PAIR_A_BYTES;
-                const unsigned char *a = gu ? st : smem + PAIR_H_OFFSET + kb * PAIR_A_BYTES;
-                wgmma_fence();
-#pragma unroll
-                for (int s = 0; s < BK / 16; s++) {
-                    wgmma_128(acc0, smem_desc(a + s * 32), smem_desc(b + s * 32), kb > 0 || s > 0, (T *)nullptr);
-                    wgmma_128(acc1, smem_desc(a + s * 32), smem_desc(b + HALF_N * 128 + s * 32), kb > 0 || s > 0,
-                              (T *)nullptr);
-                }
-                wgmma_commit();
+                const unsigned char *st = smem + stage * PAIR_STAGE_BYTES;
+                wgmma_k_block<T>(acc0, acc1, gu ? st : smem + PAIR_H_OFFSET + kb * PAIR_A_BYTES, st + PAIR_A_BYTES,
+                                 kb > 0);
                 /* each stage is freed as soon as its wgmmas are done: with 3 stages, holding one
                  * in flight while waiting for the next would leave the producer one stage ahead
                  * (the stream, not the tensor cores, sets the pace here) */
