@@ -16,7 +16,8 @@
 # Environment: AB_ROUNDS (2), AB_RUNS (--runs, 10), AB_SHAPES ("qwen3-30b-a3b deepseek-v3"),
 # AB_QWEN_TOKENS (1,64,16384), AB_DEEPSEEK_TOKENS (64,16384), AB_BACKENDS (batched_mm,grouped_mm),
 # AB_DTYPES (bf16; a list such as bf16,fp8 runs each binary once per dtype, in one moex bench),
-# AB_GRAPH (moex bench's --graph: both, on or off; both), AB_OLD_LABEL and AB_NEW_LABEL (what
+# AB_GRAPH (moex bench's --graph: both, on or off; both), AB_SKEW (moex bench's --skew: uneven
+# routings; none), AB_OLD_LABEL and AB_NEW_LABEL (what
 # the CSV calls the two trees, e.g. their commits), AB_TREES_DIR (where patched copies go; a
 # temporary folder), AB_BUILD_ONLY (1: build every tree and stop), AB_TEST_TREES (tags whose
 # tests/gpu/test_cuda_backends runs after the build, before the rounds, into OUT_DIR/tests.txt;
@@ -143,7 +144,7 @@ done
 
 bench() { # binary shape tokens csv (a hung tree is killed after AB_BENCH_TIMEOUT_S and reported)
   timeout --kill-after=10 "${AB_BENCH_TIMEOUT_S:-240}" "$1" bench --device cuda --shape "$2" --tokens "$3" --dtype "$DTYPES" --backends "$BACKENDS" --graph "${AB_GRAPH:-both}" \
-    --backend-max-tokens batched_mm=512 --runs "$RUNS" --reference off --csv "$4" >/dev/null
+    --backend-max-tokens batched_mm=512 --runs "$RUNS" --reference off ${AB_SKEW:+--skew "$AB_SKEW"} --csv "$4" >/dev/null
 }
 n=${#TAGS[@]}
 slowest=0

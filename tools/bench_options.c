@@ -67,6 +67,10 @@ void bench_print_usage(FILE *f)
           "  --plot FILE.svg   also write an SVG plot of time against tokens (a file\n"
           "                    other than the CSV's)\n"
           "  --seed S          seed of the weights and routings (default 1)\n"
+          "  --skew S          uneven routing: each token's expert logits get S times a\n"
+          "                    popularity drawn once per expert (N(0,1), from the seed),\n"
+          "                    so that some experts get many more rows than others, as\n"
+          "                    trained routers do; 0 (default) to 8\n"
           "  --cache MODE      flushed (default): the last-level cache (L2 on cuda) is\n"
           "                    flushed before every timed forward and every run has its\n"
           "                    own routing; warm: no flush, and every run repeats the\n"
@@ -327,6 +331,15 @@ static int parse_seed(const char *s, bench_opts *o)
     return 0;
 }
 
+static int parse_skew(const char *s, bench_opts *o)
+{
+    float v = 0.0f;
+    if (cli_parse_float(s, &v) != CLI_NUM_OK || !(v >= 0.0f && v <= 8.0f))
+        return bench_usage_error("--skew: \"%s\" is not a number from 0 to 8", s);
+    o->skew = v;
+    return 0;
+}
+
 /* The directory part of path ("." for a bare name). */
 static void dir_of(const char *path, char *dir, size_t size)
 {
@@ -473,6 +486,8 @@ static int apply_option(const char *name, const char *v, bench_opts *o, const ch
         return parse_device(v, o);
     if (strcmp(name, "--seed") == 0)
         return parse_seed(v, o);
+    if (strcmp(name, "--skew") == 0)
+        return parse_skew(v, o);
     if (strcmp(name, "--graph") == 0)
         return parse_graph(v, o);
     if (strcmp(name, "--reference") == 0)
@@ -518,7 +533,7 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
                                         "--device",  "--max-experts", "--threads",  "--runs",
                                         "--csv",     "--plot",        "--seed",
                                         "--graph",   "--backend-max-tokens", "--reference",
-                                        "--cache"};
+                                        "--cache",   "--skew"};
     enum { NUM_NAMES = sizeof names / sizeof names[0] };
     int given[NUM_NAMES] = {0};
     const char *backends = DEFAULT_BACKENDS;

@@ -52,6 +52,7 @@ typedef struct bench_opts {
     int runs;
     out_file csv, plot;
     uint64_t seed;
+    float skew;                        /* --skew: routing logits + skew x each expert's popularity */
     int graph;                         /* GRAPH_DEFAULT, GRAPH_OFF, GRAPH_ON or GRAPH_BOTH */
     int reference;                     /* 1: eager runs as the err reference when not timed */
     int warm;                          /* --cache warm: no cache flush, one routing for every run */

@@ -106,6 +106,8 @@ static int write_csv(FILE *f, const bench_state *st)
 {
     const bench_opts *o = st->o;
     st->runner->csv_comments(f, st);
+    if (o->skew > 0.0f)
+        fprintf(f, "# routing skew=%g (--skew: each expert's logits + skew x its popularity)\n", (double)o->skew);
     for (const bench_state *s = st->next; s; s = s->next) /* the later passes' own ceilings and load */
         fprintf(f, "# pass dtype=%s ceiling gemm_gflops=%.2f read_gbps=%.2f other_cpu_share=%.3f\n",
                 bench_weight_label(s->o), s->gemm_gflops, s->read_gbps, s->other_share);

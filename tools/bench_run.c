@@ -203,11 +203,30 @@ static int run_views(const bench_state *st, const workload *w, int r, int slot, 
                         wt, out);
 }
 
-/* Routing r: random logits -> softmax top-k (renormalised) -> ids, weights; experts hit. */
+/* --skew: each expert's popularity, N(0,1) from its own stream of the seed (the same for every
+ * routing, token count and backend), times skew, added to every token's logit of that expert. */
+static int skew_logits(const bench_state *st, float *logits, int64_t T)
+{
+    const int64_t E = st->experts;
+    float *pop = NULL;
+    if (bench_alloc((void **)&pop, (double)E * 4.0, "routings"))
+        return EXIT_RUNTIME;
+    bench_fill_normal_f32(pop, (size_t)E, st->o->skew, bench_stream_seed(st->o->seed, 7, 0, 0));
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t e = 0; e < E; e++)
+            logits[t * E + e] += pop[e];
+    free(pop);
+    return 0;
+}
+
+/* Routing r: random logits (+ --skew's popularity) -> softmax top-k (renormalised) -> ids, weights;
+ * experts hit. */
 static int make_routing(const bench_state *st, workload *w, int r, float *logits, char *seen)
 {
     int64_t T = w->tokens, E = st->experts, k = st->top_k;
     bench_fill_normal_f32(logits, (size_t)(T * E), 1.0f, bench_stream_seed(st->o->seed, 5, (uint64_t)T, (uint64_t)r));
+    if (st->o->skew > 0.0f && skew_logits(st, logits, T))
+        return EXIT_RUNTIME;
     moex_router_desc rd;
     moex_status s = moex_router_desc_init(&rd);
     if (s != MOEX_OK)
@@ -662,6 +681,9 @@ int bench_run(bench_state *st)
     int rc, n = o->ntokens * bench_nvariants(st);
     cpu_sample start = bench_sample_cpu();
     run->banner(st);
+    if (o->skew > 0.0f)
+        printf("routing: uneven, --skew %g (each expert's logits + %g x its popularity)\n", (double)o->skew,
+               (double)o->skew);
     if ((rc = bench_stdout_failed()) || (rc = run->ceilings(st)) || (rc = bench_stdout_failed()) ||
         (rc = build_layer(st)) || (rc = run->contexts(st)))
         return rc;

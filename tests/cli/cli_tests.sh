@@ -187,6 +187,10 @@ numbers_bench)
     refused 2 'moex bench: --runs: "99999999999999999999" is too large \(at most 100000\)' "${t[@]}" --runs 99999999999999999999
     refused 2 'moex bench: --seed: " 1" is not an unsigned 64-bit integer' "${t[@]}" --seed " 1"
     refused 2 'moex bench: --seed: "18446744073709551616" is too large' "${t[@]}" --seed 18446744073709551616
+    refused 2 'moex bench: --skew: "-1" is not a number from 0 to 8' "${t[@]}" --skew -1
+    refused 2 'moex bench: --skew: "8.5" is not a number from 0 to 8' "${t[@]}" --skew 8.5
+    refused 2 'moex bench: --skew: "nan" is not a number from 0 to 8' "${t[@]}" --skew nan
+    refused 2 'moex bench: --skew: " 1" is not a number from 0 to 8' "${t[@]}" --skew " 1"
     c=("${t[@]}" --device cuda)
     refused 2 'moex bench: --backend-max-tokens: "eager=5," has an empty item' "${c[@]}" --backend-max-tokens eager=5,
     refused 2 'moex bench: --backend-max-tokens: " 5" is not a positive integer' "${c[@]}" --backend-max-tokens "eager= 5"
