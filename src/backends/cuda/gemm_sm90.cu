@@ -27,7 +27,8 @@
  * variant.
  *
  * The pair kernel (gemm_sm90_pair_kernel.cuh, grouped_gemm_run_pair) composes the same pieces
- * into both projections of a row tile in one block, h kept in shared memory (sonicmoe).
+ * into both projections of a row tile in one block, h kept in shared memory (sonicmoe, and
+ * grouped_mm reading the hidden states in place).
  */
 #include "backends/cuda/gemm_sm90_kernel.cuh"
 #include "backends/cuda/gemm_sm90_pair_kernel.cuh"

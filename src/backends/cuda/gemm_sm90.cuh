@@ -141,11 +141,13 @@ static inline int grouped_gemm_fp8_h_in_epilogue(int narrow, int compiled, gemm_
  * pairs at least E. Which runs is then decided on the GPU, from the routing: the pair kernel when
  * the row tiles are at most the waves' blocks, else the chained GEMMs launched after it (an expert
  * of more than 64 rows adds a tile, and a block's second tile would cost a whole expert's stream).
- * Only with A gathered by index (sonicmoe). Measured on an H100 (dev/notes/cuda-notes.md,
+ * Only with A gathered by index: sonicmoe, and grouped_mm when the hidden states are in the
+ * weights' dtype (read in place, no gathered copy). Measured on an H100 (dev/notes/cuda-notes.md,
  * 2026-12-06): at qwen3-30b-a3b 64, 256 and 512 tokens sonicmoe took 0.978-0.980 of the chained
- * GEMMs' time; at 8 tokens (pairs E / 2) 1.036; grouped_mm (its A a gathered copy read by TMA)
- * 1.009 and 1.028 at 256 and 512 tokens, though 0.963 and 0.975 without the chained GEMMs after
- * the pair kernel (so their two launches cost about 20 us: dev/variants/pair-kernel-tma-a.patch). */
+ * GEMMs' time; at 8 tokens (pairs E / 2) 1.036; grouped_mm in place 0.975 and 0.970 at 256 and 512
+ * tokens (with the chained GEMMs as the pair kernel's programmatic dependents, which cost sonicmoe
+ * 0.4-1.1%); grouped_mm reading its gathered copy by TMA 1.009 and 1.028, 1.020 and 1.040 with the
+ * dependents (dev/variants/pair-kernel-tma-a.patch). */
 #define GEMM_PAIR_MAX_I 768
 static inline int64_t grouped_gemm_pair_waves(int64_t E, int num_sms) { return num_sms > 0 ? (E + num_sms - 1) / num_sms : 0; }
 static inline int grouped_gemm_pair_pays(int narrow, int gathered, gemm_epilogue gate_up_epi, const layer_view &L,
@@ -182,7 +184,7 @@ moex_status grouped_gemm_run_chained(const grouped_gemm_args *up, const grouped_
 
 /* The gate/up GEMM and the down GEMM of one forward in one launch (grouped_gemm_pair_pays; the
  * same arguments as grouped_gemm_run_chained takes: narrow tiles, A gathered by a_index, y times
- * row_scale, as sonicmoe asks): each block computes a row tile of an expert's h into shared memory,
+ * row_scale as sonicmoe asks or not as grouped_mm does): each block computes a row tile of an expert's h into shared memory,
  * then its rows of y from there, when the routing's row tiles fill at most the launch's waves;
  * otherwise the chained GEMMs launched after it run (each kernel reads the tile count, and the
  * ones not needed return at once). counters: grouped_gemm_run_chained's. */
