@@ -641,29 +641,27 @@ static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t row
         up.dt = down.dt = L.wdt;
         up.a = xa, up.c = hb;
         down.a = hb, down.c = yb;
-        /* grouped_mm where the pair kernel pays and the hidden states can be read where they are (the
-         * weights' dtype, 16-byte aligned rows): its rows gathered by index inside the kernel as
-         * sonicmoe's are, no gathered copy (the same values: bit for bit the chained GEMMs'); y is
-         * not weighted, the reduction applies the routing weights as before */
+        /* both projections in one launch where h fits in shared memory, A gathered by index: sonicmoe,
+         * and grouped_mm where the hidden states can be read where they are (the weights' dtype,
+         * 16-byte aligned rows; no gathered copy, the same values: bit for bit its chained GEMMs'),
+         * its y not weighted (the reduction applies the routing weights as before) */
         const moex_tensor *x = a->hidden;
-        const int in_place = !fused && !compiled && !per_expert && narrow && x->dtype == L.wdt &&
-                             ((uintptr_t)x->data & 15) == 0 && (x->strides[0] * 2) % 16 == 0 &&
-                             grouped_gemm_pair_pays(narrow, 1, s->epi, L, f->P, s->num_sms);
-        if (in_place) {
-            up.a = x->data, up.a_rows = f->T, up.a_ld = x->strides[0], up.a_index = r.slot_token;
-        } else if (fused) {
-            up.a = a->hidden->data, up.a_rows = f->T, up.a_ld = a->hidden->strides[0], up.a_index = r.slot_token;
+        const int pair = !compiled && !per_expert && narrow &&
+                         grouped_gemm_pair_pays(narrow, 1, s->epi, L, f->P, s->num_sms);
+        const int in_place = pair && !fused && x->dtype == L.wdt && ((uintptr_t)x->data & 15) == 0 &&
+                             (x->strides[0] * 2) % 16 == 0;
+        if (fused || in_place) up.a = x->data, up.a_rows = f->T, up.a_ld = x->strides[0], up.a_index = r.slot_token;
+        if (fused) {
             down.row_scale = r.slot_w;
             st = routing_slot_weights(r.pair_slot, a->weights->data, a->weights->dtype, a->weights->strides[0], f->T,
                                       f->k, r.slot_w, f->stream);
-        } else {
+        } else if (!in_place) {
             st = routing_gather(r, f->T, f->k, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], xa, L.wdt, L.H,
                                 f->stream);
         }
         if (st) return st;
         if (!compiled && !per_expert && narrow) {
-            /* both projections in one launch where h fits in shared memory (A gathered by index) */
-            if (grouped_gemm_pair_pays(narrow, fused || in_place, s->epi, L, f->P, s->num_sms))
+            if (pair && (fused || in_place))
                 st = grouped_gemm_run_pair(&up, &down, r.sched, s->num_sms, f->stream);
             else
                 st = grouped_gemm_run_chained(&up, &down, r.sched, s->num_sms, f->stream);

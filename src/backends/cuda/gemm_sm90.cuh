@@ -184,8 +184,8 @@ moex_status grouped_gemm_run_chained(const grouped_gemm_args *up, const grouped_
 
 /* The gate/up GEMM and the down GEMM of one forward in one launch (grouped_gemm_pair_pays; the
  * same arguments as grouped_gemm_run_chained takes: narrow tiles, A gathered by a_index, y times
- * row_scale as sonicmoe asks or not as grouped_mm does): each block computes a row tile of an expert's h into shared memory,
- * then its rows of y from there, when the routing's row tiles fill at most the launch's waves;
+ * row_scale as sonicmoe asks, or not as grouped_mm does): each block computes a row tile of an
+ * expert's h into shared memory, then its rows of y from there, when the routing's row tiles fill at most the launch's waves;
  * otherwise the chained GEMMs launched after it run (each kernel reads the tile count, and the
  * ones not needed return at once). counters: grouped_gemm_run_chained's. */
 moex_status grouped_gemm_run_pair(const grouped_gemm_args *up, const grouped_gemm_args *down, int *counters,
