@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -333,8 +334,9 @@ def main():
                   transformers=dict(prefill=tf_pre, decode=tf_dec), moex=mx, moex_graph=mxg, moex_memory=memory,
                   moex_wall_s=wall, greedy_tokens_agree=agree, transformers_tokens=tf_tokens, moex_tokens=mx_tokens,
                   last_prompt_logits=logit_check)
-    if "kv cache" in memory:  # MiB over max_seq = prompt + new positions of one sequence
-        kv = float(memory.split("kv cache")[1].split("MiB")[0]) * 1048576.0
+    kv_bytes = re.search(r"kv cache [0-9.]+ MiB \(([0-9]+) bytes\)", memory)
+    if kv_bytes:  # bytes over max_seq = prompt + new positions of one sequence
+        kv = float(kv_bytes.group(1))
         report["moex_kv_cache_bytes_per_token"] = kv / (prompt_len + new)
     print("%s, bf16, experts %s, %d-token prompt + %d new tokens (tokens/s):" %
           (a.shape, report["experts"], prompt_len, new))

@@ -383,9 +383,9 @@ static int fail(const char *what) {
 
 // Device memory of a model on CUDA, each byte counted once.
 static void print_gpu_memory(const moex_model_info *in) {
-    printf("gpu memory:  weights %.1f MiB, kv cache %.1f MiB, workspace %.1f MiB (total %.1f MiB)\n",
+    printf("gpu memory:  weights %.1f MiB, kv cache %.1f MiB (%lld bytes), workspace %.1f MiB (total %.1f MiB)\n",
            (double)in->gpu_weight_bytes / 1048576.0, (double)in->gpu_kv_cache_bytes / 1048576.0,
-           (double)in->gpu_workspace_bytes / 1048576.0,
+           (long long)in->gpu_kv_cache_bytes, (double)in->gpu_workspace_bytes / 1048576.0,
            (double)(in->gpu_weight_bytes + in->gpu_kv_cache_bytes + in->gpu_workspace_bytes) / 1048576.0);
 }
 

@@ -227,6 +227,37 @@ __device__ __noinline__ float epilogue_value(const layer_view &L, gemm_epilogue 
     return activate(L, g + bias_at(L.gate_bias, L.bdt, e, n), u + bias_at(L.up_bias, L.bdt, e, n));
 }
 
+/* The biases of NV output columns of expert e, column j = n0 + STEP (j / PAIR) + j % PAIR (0 at
+ * and past N, or without biases): the dtype tested once and every load issued before any is
+ * used (bias_at per value, between the values' arithmetic, waits for each load in turn). */
+template <int NV, int STEP, int PAIR>
+__device__ __forceinline__ void bias_loads(const bias_view &b, moex_dtype dt, int64_t e, int64_t n0, int64_t N,
+                                           float (&v)[NV]) {
+    if (!b.base) {
+#pragma unroll
+        for (int j = 0; j < NV; j++) v[j] = 0.0f;
+        return;
+    }
+    const int64_t first = e * b.expert_stride + b.offset;
+    if (dt == MOEX_F32) {
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            const int64_t n = n0 + STEP * (j / PAIR) + j % PAIR;
+            v[j] = n < N ? __ldg((const float *)b.base + first + n * b.n_stride) : 0.0f;
+        }
+        return;
+    }
+    unsigned short x[NV]; /* bf16 or f16 bits */
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int64_t n = n0 + STEP * (j / PAIR) + j % PAIR;
+        x[j] = n < N ? __ldg((const unsigned short *)b.base + first + n * b.n_stride) : (unsigned short)0;
+    }
+#pragma unroll
+    for (int j = 0; j < NV; j++)
+        v[j] = dt == MOEX_BF16 ? __bfloat162float(__ushort_as_bfloat16(x[j])) : __half2float(__ushort_as_half(x[j]));
+}
+
 /* Two values as one 32-bit pair of T. */
 __device__ __forceinline__ uint32_t pack_pair(float a, float b, __nv_bfloat16 *) {
     __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
@@ -296,12 +327,20 @@ __device__ __forceinline__ void wgmma_k_block(float (&acc0)[64], float (&acc1)[6
  * the gate/up half has one): the final values of columns n0 + 8 ii + c0, +1 into the warp's
  * staging area at shared address stage_w (16 rows of SROW elements). FAST: SiLU(gate) * up
  * without biases (gate/up), or the plain sum (down), as straight-line code; otherwise the
- * per-value call, for columns below N only (the biases end there; the rest is never stored).
+ * biases (all loaded first) and the layer's activation, for columns below N only (the biases
+ * end there; the rest is never stored).
  * Down values are then multiplied by their row's factor rs[h] (1 without row scales: exact). */
 template <typename T, int EPI, bool FAST>
 __device__ __forceinline__ void stage_chunk(const float (&dh)[64], int c, uint32_t stage_w, const layer_view &L,
                                             int64_t e, int64_t n0, int64_t N, int lane, const float (&rs)[2]) {
     const int c0 = 2 * (lane % 4);
+    /* the slow path's biases of the thread's 16 columns n0 + 8 ii + c0, +1: gate (bg) and up or
+     * down (bu), loaded before the values' arithmetic */
+    float bg[16], bu[16];
+    if (!FAST) {
+        if (EPI == EPI_GATE_UP_CONCAT) bias_loads<16, 8, 2>(L.gate_bias, L.bdt, e, n0 + c0, N, bg);
+        bias_loads<16, 8, 2>(EPI == EPI_DOWN ? L.down_bias : L.up_bias, L.bdt, e, n0 + c0, N, bu);
+    }
 #pragma unroll
     for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -315,13 +354,13 @@ __device__ __forceinline__ void stage_chunk(const float (&dh)[64], int c, uint32
                     v0 = __fdividef(v0, 1.0f + __expf(-v0)) * u0;
                     v1 = __fdividef(v1, 1.0f + __expf(-v1)) * u1;
                 } else if (n < N) { /* N even: n + 1 < N too */
-                    v0 = epilogue_value(L, (gemm_epilogue)EPI, e, n, v0, u0);
-                    v1 = epilogue_value(L, (gemm_epilogue)EPI, e, n + 1, v1, u1);
+                    v0 = activate(L, v0 + bg[2 * ii], u0 + bu[2 * ii]);
+                    v1 = activate(L, v1 + bg[2 * ii + 1], u1 + bu[2 * ii + 1]);
                 }
             } else {
                 if (!FAST && n < N) {
-                    v0 = epilogue_value(L, (gemm_epilogue)EPI, e, n, 0.0f, v0);
-                    v1 = epilogue_value(L, (gemm_epilogue)EPI, e, n + 1, 0.0f, v1);
+                    v0 += bu[2 * ii], v1 += bu[2 * ii + 1];
+                    if (EPI == EPI_UP_ONLY) v0 = activate(L, 0.0f, v0), v1 = activate(L, 0.0f, v1);
                 }
                 v0 *= rs[h], v1 *= rs[h];
             }
@@ -477,16 +516,21 @@ __device__ __forceinline__ void epilogue_half(const float (&dh)[64], int half, c
     const bool plain = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base;
     const bool silu = plain && L.act == MOEX_ACT_SILU;
     if (EPI == EPI_GATE_UP_INTERLEAVED) { /* columns 2f (gate) and 2f+1 (up): one value per pair */
+        /* the biases of the thread's 16 output columns n_first + 4 i, loaded before the arithmetic */
+        const int64_t n_first = tl.n * (BN / 2) + half * (HALF_N / 2) + lane % 4;
+        float bg[16], bu[16];
+        bias_loads<16, 4, 1>(L.gate_bias, L.bdt, tl.e, n_first, p.N, bg);
+        bias_loads<16, 4, 1>(L.up_bias, L.bdt, tl.e, n_first, p.N, bu);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int r = row_base + lane / 4 + 8 * h;
             T *crow = (T *)p.c + (tl.a_row + r) * p.N;
 #pragma unroll
             for (int i = 0; i < 16; i++) {
-                const int64_t n = tl.n * (BN / 2) + half * (HALF_N / 2) + 4 * i + lane % 4;
+                const int64_t n = n_first + 4 * i;
                 const float g = dh[4 * i + 2 * h], u = dh[4 * i + 2 * h + 1];
                 const float v = silu       ? __fdividef(g, 1.0f + __expf(-g)) * u
-                                : n < p.N ? epilogue_value(L, (gemm_epilogue)EPI, tl.e, n, g, u)
+                                : n < p.N ? activate(L, g + bg[i], u + bu[i])
                                            : 0.0f; /* past the biases' end; never stored */
                 if (r < tl.rows && n < p.N) store_one(crow + n, v);
             }
