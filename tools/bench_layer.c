@@ -83,13 +83,14 @@ int bench_layer_build(const bench_layer_spec *spec, bench_layer *l)
             d->block_k = 32;
         }
     } else if (gptoss) {
+        const int tr = spec->gptoss_transposed;
         d->interleaved = 1;
-        d->transposed = 1;
+        d->transposed = tr;
         d->activation = MOEX_ACT_GPTOSS_CLAMP;
         d->alpha = 1.702f;
         d->limit = 7.0f;
-        if ((rc = weight_view(&d->gate_up, l->host[LAYER_GATE_UP], dt, E, H, 2 * I)) ||
-            (rc = weight_view(&d->down, l->host[LAYER_DOWN], dt, E, I, H)) ||
+        if ((rc = weight_view(&d->gate_up, l->host[LAYER_GATE_UP], dt, E, tr ? H : 2 * I, tr ? 2 * I : H)) ||
+            (rc = weight_view(&d->down, l->host[LAYER_DOWN], dt, E, tr ? I : H, tr ? H : I)) ||
             (rc = weight_view(&d->gate_up_bias, l->host[LAYER_GATE_UP_BIAS], dt, E, 2 * I, 0)) ||
             (rc = weight_view(&d->down_bias, l->host[LAYER_DOWN_BIAS], dt, E, H, 0)))
             return rc;

@@ -16,7 +16,9 @@ typedef struct bench_layer_spec {
     moex_dtype dtype;          /* of the weights (and biases) before any quantization */
     int quantized;             /* 1: weights quantized to qformat; biases stay in dtype */
     moex_quant_format qformat;
-    int gptoss;                /* GPT-OSS layout: transposed, interleaved, biases, clamped activation */
+    int gptoss;                /* GPT-OSS layout: interleaved, biases, clamped activation */
+    int gptoss_transposed;     /* float GPT-OSS weights [E, in, out] as checkpoints store them (the CPU, whose
+                                  model loader keeps them so); 0: [E, out, in], as it uploads them to a GPU */
     uint64_t seed;
     int threads;               /* host threads that make the weights */
 } bench_layer_spec;

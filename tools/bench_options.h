@@ -23,7 +23,8 @@ enum { BENCH_PATH_MAX = 4096 };
 typedef struct bench_shape {
     const char *name;
     int64_t hidden, intermediate, experts, top_k;
-    int gptoss; /* GPT-OSS layout: transposed, interleaved, biases, clamped activation */
+    int gptoss; /* GPT-OSS layout: interleaved, biases, clamped activation; float weights transposed
+                   ([E, in, out]) on the CPU, [E, out, in] on a GPU, as its model loader keeps them */
 } bench_shape;
 
 /* A file that --csv or --plot asks for. */

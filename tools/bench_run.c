@@ -122,8 +122,11 @@ double bench_workload_bytes(const bench_state *st, int64_t T)
 static int build_layer(bench_state *st)
 {
     const bench_opts *o = st->o;
+    /* gpt-oss's float weights in the layout its model runs in on this device: as stored on the
+     * CPU, transposed to [E, out, in] at upload on a GPU */
+    const int on_gpu = st->runner->upload;
     bench_layer_spec spec = {st->experts, st->hidden, st->intermediate, st->top_k, o->dtype,
-                             o->quantized, o->qformat, o->shape->gptoss, o->seed, st->threads};
+                             o->quantized, o->qformat, o->shape->gptoss, !on_gpu, o->seed, st->threads};
     fprintf(stderr, "moex bench: generating %lld experts of random %s weights (%.0f MiB) ...\n",
             (long long)st->experts, bench_weight_label(o), st->experts * st->bytes_per_expert / 1048576.0);
     if (bench_layer_build(&spec, &st->layer))

@@ -108,7 +108,9 @@ typedef struct moex_model_info {
     /* A model loaded on CUDA: device memory it holds, by use (0 on the cpu). Each byte is counted once
      * (a tied lm_head shares the embedding's upload). */
     size_t gpu_weight_bytes;    /**< every weight a step reads, experts included, in the compute dtype */
-    size_t gpu_kv_cache_bytes;  /**< the KV cache: 2 * layers * max_batch * kv_heads * max_seq * head_dim f32 */
+    size_t gpu_kv_cache_bytes;  /**< the KV cache: 2 * layers * max_batch * kv_heads * max_seq * head_dim f32;
+                                     deepseek_v3's latent one layers * max_batch * max_seq *
+                                     (kv_lora_rank + qk_rope_head_dim) f32 */
     size_t gpu_workspace_bytes; /**< activations scratch, the cuBLAS workspace and the experts context's workspace */
     /** The family's features as loaded, one line: attention (heads, kv heads, head_dim, q/k norm per head or
      *  over whole rows, biases), rope, router, shared expert, dense layers, e.g. "attention: 4 heads, 2 kv heads,
