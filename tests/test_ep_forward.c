@@ -12,7 +12,8 @@
  *     the others naming it, nothing written anywhere; the group works again after;
  *   - groups made by hand: bad sizes, ranks and transports refused; a transport of the caller's
  *     carries a one-rank group; its failures reported (without a message of its own, or with a
- *     value that is not a moex_status); a group on a CUDA device refused.
+ *     value that is not a moex_status).
+ * Groups of CUDA contexts: tests/gpu/test_cuda_ep.c.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -444,15 +445,6 @@ static void test_groups_by_hand(void **state) {
     moex_ep_group_free(g);
     assert_int_equal(released, 1);
 
-    /* a group on a GPU */
-    assert_int_equal(moex_ep_local_groups(2, gs), MOEX_OK);
-    o.device = (moex_device){MOEX_DEVICE_CUDA, 0};
-    o.ep_group = gs[0];
-    ctx = NULL;
-    assert_int_not_equal(moex_context_create(&o, &ctx), MOEX_OK);
-    assert_null(ctx);
-    moex_ep_group_free(gs[0]);
-    moex_ep_group_free(gs[1]);
     moex_layer_free(layer);
     free_rank_data(&rd);
     ref_layer_destroy(&L);

@@ -230,7 +230,9 @@ moex_status moex_ep_group_create(int size, int rank, const moex_ep_transport *tr
  * `size` ranks of one group in this process (ranks[r] is rank r), exchanging
  * through host memory: each rank's forwards must be called from a thread of
  * its own, as collectives are (a rank waits in the exchange until every rank
- * has reached it). Host (CPU) contexts only. Free each with moex_ep_group_free().
+ * has reached it). CPU contexts, or CUDA contexts all on one GPU (each on a
+ * stream slot of its own), whose ranks exchange rows through device memory
+ * (see moex_experts_forward). Free each with moex_ep_group_free().
  */
 moex_status moex_ep_local_groups(int size, moex_ep_group **ranks);
 
@@ -253,9 +255,11 @@ typedef struct moex_context_options {
                                the context): each layer prepared in the context holds this
                                rank's share of the experts (num_experts = experts per rank),
                                and forwards take the group's expert ids (see
-                               moex_experts_forward). CPU contexts. Give every rank's
+                               moex_experts_forward). CPU contexts with any group; CUDA
+                               contexts with one of moex_ep_local_groups(). Give every rank's
                                context the same max_tokens: a rank sent more rows than its
-                               workspace holds fails the forward on every rank. */
+                               workspace holds fails the forward on every rank (on a GPU,
+                               different max_tokens fail every forward). */
 } moex_context_options;
 
 /** Defaults: CPU, all cores, max_tokens 1024, stream slot 0, no expert-parallel group. */
@@ -377,7 +381,9 @@ moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backe
  * returns its own error and the others MOEX_ERR_INVALID_ARGUMENT naming the
  * rank that refused; nothing is written on any rank. The workspace holds the
  * rows this rank receives (at most R x max_tokens x top_k) and what the backend
- * needs for them.
+ * needs for them. On CUDA contexts such a forward is queued on the context's
+ * stream like any other (its ranks meet on the host twice, not waiting for the
+ * GPU), but cannot be captured in a graph.
  */
 moex_status moex_experts_forward(moex_context *ctx, const moex_layer *layer,
                                  const char *backend, const moex_tensor *hidden,

@@ -19,6 +19,7 @@
  *   acc [H] f32 | recv_local [N] i32 | ones [N] f32 | recv [N, H] activation dtype |
  *   x [N, H] f32 (recv itself for f32 activations) | y [N, H] f32 | then the backend's own
  *   workspace for N rows of top_k 1. */
+#include "backends/cuda/ep_forward_cuda.h"
 #include "backends/ep_exchange.h"
 #include "experts/dispatch.h"
 #include "experts/ep_group.h"
@@ -55,7 +56,10 @@ static ep_scratch scratch_of(void *base, int R) {
 
 size_t moex_ep_scratch_bytes(int ranks) {
     const size_t R = (size_t)ranks;
-    return ((size_t)H_COUNTS + R) * (1 + R) * sizeof(int64_t) + 4 * R * sizeof(size_t) + (4 * R + 2) * sizeof(int64_t);
+    const size_t host = ((size_t)H_COUNTS + R) * (1 + R) * sizeof(int64_t) + 4 * R * sizeof(size_t) +
+                        (4 * R + 2) * sizeof(int64_t);
+    const size_t posts = R * MOEX_EP_CUDA_POST_BYTES; /* a CUDA context's all-gathers */
+    return host > posts ? host : posts;
 }
 
 int64_t moex_ep_max_rows(int ranks, int64_t max_tokens, int64_t top_k) {
@@ -106,9 +110,13 @@ static ep_ws carve(char *base, int64_t P, int64_t N, int64_t H, int64_t esz) {
     return w;
 }
 
-size_t moex_ep_exchange_bytes(const moex_experts_desc *share, int64_t max_tokens, int ranks) {
+size_t moex_ep_exchange_bytes(const moex_experts_desc *share, int64_t max_tokens, int ranks, moex_device_kind where) {
     const int64_t N = moex_ep_max_rows(ranks, max_tokens, share->top_k);
     if (N < 0) return SIZE_MAX;
+#if MOEX_HAVE_CUDA
+    if (where == MOEX_DEVICE_CUDA) return moex_ep_cuda_exchange_bytes(share, max_tokens, ranks);
+#endif
+    if (where != MOEX_DEVICE_CPU) return SIZE_MAX;
     return carve(NULL, max_tokens * share->top_k, N, share->hidden, 4).used; /* f32 activations: the most */
 }
 
@@ -226,6 +234,10 @@ static void combine(const moex_experts_desc *d, const ep_ws *w, const moex_tenso
 moex_status moex_ep_forward(moex_context *ctx, const moex_layer *layer, const moex_backend *b, const moex_prepared *p,
                             const moex_tensor *hidden, const moex_tensor *ids, const moex_tensor *weights,
                             moex_tensor *out, moex_status checked) {
+#if MOEX_HAVE_CUDA
+    if (ctx->options.device.kind == MOEX_DEVICE_CUDA)
+        return moex_ep_cuda_forward(ctx, layer, b, p, hidden, ids, weights, out, checked);
+#endif
     moex_ep_group *g = ctx->options.ep_group;
     const int R = g->size, me = g->rank, n = H_COUNTS + R;
     const moex_experts_desc *d = &layer->desc;
@@ -235,7 +247,7 @@ moex_status moex_ep_forward(moex_context *ctx, const moex_layer *layer, const mo
     const int64_t P_max = ctx->options.max_tokens * k;
     const int64_t N_max = checked ? 0 : moex_ep_max_rows(R, ctx->options.max_tokens, k);
     const ep_ws w = carve(checked ? NULL : ctx->workspace, P_max, N_max, H, esz);
-    const size_t mine_bytes = checked ? 0 : moex_ep_exchange_bytes(d, ctx->options.max_tokens, R);
+    const size_t mine_bytes = checked ? 0 : moex_ep_exchange_bytes(d, ctx->options.max_tokens, R, MOEX_DEVICE_CPU);
 
     /* 1. headers, and the decision every rank makes alike */
     const moex_status planned = plan(ctx, d, hidden, ids, &s, &w, checked);

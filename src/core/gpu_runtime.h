@@ -26,6 +26,9 @@ moex_status moex_cuda_graph_begin(int device, void *stream);
 moex_status moex_cuda_graph_end(int device, void *stream, void **exec);
 moex_status moex_cuda_graph_launch(int device, void *exec, void *stream);
 void moex_cuda_graph_free(void *exec);
+/* An event that orders one stream's work after another's (timing off), and its release. */
+moex_status moex_cuda_event_create(int device, void **event);
+void moex_cuda_event_free(int device, void *event);
 
 /* Bits of the status word, one per kind of value the host could not check without a sync. */
 #define MOEX_CUDA_FLAG_BAD_ID MOEX_CUDA_STATUS_BAD_ID /* an expert id not in [-1, E] (moex.h): its pair is skipped */

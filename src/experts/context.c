@@ -32,9 +32,10 @@ moex_status moex_context_create(const moex_context_options *options, moex_contex
     if (st) return st;
     if (!info.available)
         return moex_fail(MOEX_ERR_UNSUPPORTED, "device %s is not available: %s", info.name, info.reason);
-    if (o.ep_group && o.device.kind != MOEX_DEVICE_CPU)
-        return moex_fail(MOEX_ERR_UNSUPPORTED, "an expert-parallel group on %s: this version of moex exchanges rows "
-                         "between ranks in host memory, for CPU contexts only", info.name);
+    if (o.ep_group && o.device.kind == MOEX_DEVICE_CUDA && !o.ep_group->hub)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "an expert-parallel group on %s: a GPU's ranks exchange rows through "
+                         "device memory of one process, so its group must come from moex_ep_local_groups (a "
+                         "transport of the caller's carries CPU contexts only)", info.name);
     if (o.num_threads == 0) o.num_threads = info.cpu_cores > 0 ? info.cpu_cores : moex_cpu_cores();
     moex_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_context_create: out of memory");
@@ -48,8 +49,9 @@ moex_status moex_context_create(const moex_context_options *options, moex_contex
     if (o.device.kind == MOEX_DEVICE_CUDA) {
         st = moex_cuda_stream(o.device.index, o.stream_slot, &ctx->stream);
         if (!st) st = moex_cuda_flags_alloc(o.device.index, &ctx->device_flags);
+        for (int i = 0; i < 2 && !st && o.ep_group; i++) st = moex_cuda_event_create(o.device.index, &ctx->ep_events[i]);
         if (st) {
-            free(ctx);
+            moex_context_free(ctx);
             return st;
         }
     }
@@ -78,6 +80,9 @@ void moex_context_free(moex_context *ctx) {
     free(ctx->ep_scratch);
     workspace_free(ctx, ctx->workspace);
     if (ctx->device_flags) moex_device_free(ctx->options.device, ctx->device_flags);
+#if MOEX_HAVE_CUDA
+    for (int i = 0; i < 2; i++) moex_cuda_event_free(ctx->options.device.index, ctx->ep_events[i]);
+#endif
     free(ctx);
 }
 
@@ -165,7 +170,8 @@ moex_status moex_prepare(moex_context *ctx, moex_layer *layer, const char *backe
     if (ctx->options.ep_group) {
         const int ranks = ctx->options.ep_group->size;
         tokens = moex_ep_max_rows(ranks, ctx->options.max_tokens, layer->desc.top_k);
-        exchange = tokens < 0 ? SIZE_MAX : moex_ep_exchange_bytes(&layer->desc, ctx->options.max_tokens, ranks);
+        exchange = tokens < 0 ? SIZE_MAX
+                   : moex_ep_exchange_bytes(&layer->desc, ctx->options.max_tokens, ranks, ctx->options.device.kind);
         if (exchange == SIZE_MAX)
             return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
                              "expert parallelism: a rank may receive %d ranks x max_tokens = %lld x top_k = %lld rows, "

@@ -6,6 +6,10 @@
 
 #include "experts/experts_internal.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* The weight formats a table row takes, as bits. */
 typedef enum moex_weight_format {
     MOEX_FORMAT_FLOAT = 1, /* f32, f16, bf16 */
@@ -38,16 +42,22 @@ size_t moex_ep_scratch_bytes(int ranks);
  * more than 2^31 - 1. */
 int64_t moex_ep_max_rows(int ranks, int64_t max_tokens, int64_t top_k);
 
-/* Workspace bytes of the exchange itself (64-byte multiple; the backend's own workspace for
- * moex_ep_max_rows rows comes after it), or SIZE_MAX when too large. */
-size_t moex_ep_exchange_bytes(const moex_experts_desc *share, int64_t max_tokens, int ranks);
+/* Workspace bytes of the exchange itself on a device of kind `where` (64-byte multiple on the
+ * CPU, 256 on a GPU; the backend's own workspace for moex_ep_max_rows rows comes after it), or
+ * SIZE_MAX when too large or no exchange runs there. */
+size_t moex_ep_exchange_bytes(const moex_experts_desc *share, int64_t max_tokens, int ranks, moex_device_kind where);
 
-/* One forward of this rank (see moex_experts_forward): `checked` is what the front end's checks
- * of this rank's arguments found (MOEX_OK or a failure with its message), p the prepared entry
- * (NULL if none; then checked is a failure). Every rank takes part in the exchange of statuses
- * whatever it found, so that every rank returns. */
+/* One forward of this rank (see moex_experts_forward; a CUDA context's goes on in
+ * backends/cuda/ep_forward_cuda.h): `checked` is what the front end's checks of this rank's
+ * arguments found (MOEX_OK or a failure with its message), p the prepared entry (NULL if none;
+ * then checked is a failure). Every rank takes part in the exchange of statuses whatever it
+ * found, so that every rank returns. */
 moex_status moex_ep_forward(moex_context *ctx, const moex_layer *layer, const moex_backend *b, const moex_prepared *p,
                             const moex_tensor *hidden, const moex_tensor *ids, const moex_tensor *weights,
                             moex_tensor *out, moex_status checked);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

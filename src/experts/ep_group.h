@@ -5,6 +5,10 @@
 
 #include "core/internal.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct ep_hub; /* ep_group.c: the ranks of moex_ep_local_groups() */
 
 struct moex_ep_group {
@@ -21,5 +25,9 @@ moex_status moex_ep_all_to_all(moex_ep_group *g, const void *send, const size_t 
 /* Every rank's `bytes` bytes at `mine`, into all[r * bytes] for each rank r (itself included):
  * one all-to-all. Collective, as the forwards are. */
 moex_status moex_ep_all_gather(moex_ep_group *g, const void *mine, size_t bytes, void *all);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

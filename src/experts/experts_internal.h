@@ -37,6 +37,7 @@ struct moex_context {
     int *device_flags;
     int capturing;
     void *ep_scratch; /* contexts with an expert-parallel group: moex_ep_scratch_bytes of host memory */
+    void *ep_events[2]; /* CUDA contexts with a group: this rank's "rows posted" and "results posted" events */
 };
 
 /* A copy of layer with top_k 1 and an id of its own: what an expert-parallel rank's backend

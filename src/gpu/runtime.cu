@@ -191,3 +191,18 @@ extern "C" moex_status moex_cuda_graph_launch(int device, void *exec, void *stre
 extern "C" void moex_cuda_graph_free(void *exec) {
     if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
 }
+
+/* ---------------------------------------------------------------- events */
+
+extern "C" moex_status moex_cuda_event_create(int device, void **event) {
+    moex_status st = moex_cuda_use(device);
+    if (st) return st;
+    cudaEvent_t e = NULL;
+    if ((st = moex_cuda_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"))) return st;
+    *event = e;
+    return MOEX_OK;
+}
+
+extern "C" void moex_cuda_event_free(int device, void *event) {
+    if (event && moex_cuda_use(device) == MOEX_OK) cudaEventDestroy((cudaEvent_t)event);
+}

@@ -1,0 +1,271 @@
+/* ep_forward_cuda.cu — one forward of a rank of an expert-parallel group on a CUDA device (see
+ * ep_forward_cuda.h), for ranks in one process on one GPU. R ranks, each with its share of E experts
+ * (E/R a rank), P = T k pairs a rank, blocks of cap = max_tokens x top_k rows (the most pairs
+ * one rank can send anywhere), N = R cap rows a rank may receive. On the rank's stream:
+ *
+ *   1. the plan (ep_plan.h: count [R], row_of [P], local [R cap]) and the rows to send,
+ *      send [R cap, H] (block q: the rows for rank q, in pair order), gathered from hidden by
+ *      row_of; event "rows posted";
+ *   2. host all-gather of every rank's post (status, sizes, buffers, event): every rank decides
+ *      alike whether the forward goes on (statuses, layer sizes, capacities);
+ *   3. from each rank r, after its "rows posted": block me of its local ids (cap ints, the
+ *      sentinel E/R past its count) into recv_local block r, and its count[me] rows of block
+ *      me of send into recv block r (moex_ep_dev_copy_blocks: the count read on the device);
+ *   4. this rank's backend on its share over the N rows received (top_k 1, weight 1; rows past
+ *      each block's count carry the sentinel and are skipped) into y [N, H]; event "results
+ *      posted";
+ *   5. host all-gather of the backends' statuses (all fail if one did) and the events;
+ *   6. from each rank q, after its "results posted": its y block me, count[q] rows, into this
+ *      rank's y_back block q (the space of send, which every rank has read by then: each read
+ *      comes before that rank's "results posted");
+ *   7. out[t] = sum over j of w[t, j] y_back[row_of[t k + j]] in j order, in f32
+ *      (routing_reduce), stored in out's dtype.
+ *
+ * Reuse across forwards: a rank records "rows posted" again only after the second all-gather
+ * of the forward before, by which every rank has queued its waits on the first record; the
+ * same holds for "results posted" and the first all-gather. Buffers a rank writes in the next
+ * forward (send, y, its plan) are read by the others only before their "results posted" or
+ * after this rank's own waits on them, so stream order keeps every read before the rewrite.
+ *
+ * Workspace (the context's, device; 256-byte pieces): plan | send/y_back [N, H] | recv [N, H]
+ * (activation dtype, sized for f32) | recv_local [N] i32 | ones [N] f32 | y [N, H] | the
+ * backend's own workspace. */
+#include "backends/cuda/ep_forward_cuda.h"
+#include "backends/cuda/ep_plan.h"
+#include "backends/cuda/routing.cuh"
+#include "core/gpu_runtime.h"
+#include "experts/ep_group.h"
+#include "gpu/cuda_check.h"
+
+#include <string.h>
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* What a rank posts in each all-gather. */
+typedef struct ep_post {
+    int64_t status, capacity, experts, hidden, top_k, dtype; /* capacity: cap, the rows of a block */
+    int64_t device;                                          /* the GPU's index */
+    const int32_t *count, *local;                            /* the plan's [R] and [R cap] */
+    const char *send, *y;                                    /* [N, H] each */
+    void *event;                                             /* cudaEvent_t: "rows posted", then "results posted" */
+} ep_post;
+static_assert(sizeof(ep_post) <= MOEX_EP_CUDA_POST_BYTES, "a post must fit its share of ep_scratch");
+
+typedef struct ep_dev_ws {
+    moex_ep_dev_plan plan;
+    char *send, *recv, *y; /* send doubles as y_back */
+    int32_t *recv_local;
+    float *ones;
+    size_t used; /* bytes, or SIZE_MAX: too large */
+} ep_dev_ws;
+
+/* The pieces for R ranks, P pairs, blocks of cap rows of H values of esz bytes, at base (NULL:
+ * sizes only). */
+static ep_dev_ws carve(char *base, int R, int64_t P, int64_t cap, int64_t H, int64_t esz) {
+    ep_dev_ws w;
+    memset(&w, 0, sizeof w);
+    int64_t N, NH, bytes;
+    if (!moex_mul_ok(cap, R, &N) || !moex_mul_ok(N, H, &NH) || !moex_mul_ok(NH, esz, &bytes) ||
+        (uint64_t)bytes > SIZE_MAX / 8) {
+        w.used = SIZE_MAX;
+        return w;
+    }
+    const size_t rows = align256((size_t)bytes), ints = align256((size_t)N * 4);
+    size_t at = align256(moex_ep_dev_plan_bytes(R, P, cap));
+    if (base) w.plan = moex_ep_dev_plan_carve(base, R, P, cap);
+    char *b = base;
+    w.send = b ? b + at : NULL, at += rows;
+    w.recv = b ? b + at : NULL, at += rows;
+    w.recv_local = b ? (int32_t *)(b + at) : NULL, at += ints;
+    w.ones = b ? (float *)(b + at) : NULL, at += ints;
+    w.y = b ? b + at : NULL, at += rows;
+    w.used = at;
+    return w;
+}
+
+size_t moex_ep_cuda_exchange_bytes(const moex_experts_desc *share, int64_t max_tokens, int ranks) {
+    const int64_t N = moex_ep_max_rows(ranks, max_tokens, share->top_k);
+    if (N < 0) return SIZE_MAX;
+    return carve(NULL, ranks, max_tokens * share->top_k, max_tokens * share->top_k, share->hidden, 4).used;
+}
+
+__global__ void ones_kernel(float *v, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        v[i] = 1.0f;
+}
+
+/* The all-gather of posts, into the context's scratch: all[r] is rank r's. */
+static moex_status gather_posts(moex_ep_group *g, const ep_post *mine, ep_post *all) {
+    return moex_ep_all_gather(g, mine, sizeof *mine, all);
+}
+
+/* The decision after the first all-gather, the same on every rank. */
+static moex_status decide(const moex_ep_group *g, const ep_post *all, moex_status mine) {
+    const int R = g->size;
+    if (mine) return mine;
+    for (int r = 0; r < R; r++)
+        if (all[r].status)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert parallelism: rank %d of %d refused this forward (%s); "
+                             "nothing was written", r, R, moex_status_str((moex_status)all[r].status));
+    for (int r = 1; r < R; r++) {
+        const ep_post *h = &all[r], *h0 = &all[0];
+        if (h->experts != h0->experts || h->hidden != h0->hidden || h->top_k != h0->top_k || h->dtype != h0->dtype)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                             "expert parallelism: rank %d's forward has %lld experts, hidden %lld, top_k %lld and %s "
+                             "activations, rank 0's %lld, %lld, %lld and %s: every rank must run the same layer",
+                             r, (long long)h->experts, (long long)h->hidden, (long long)h->top_k,
+                             moex_dtype_name((moex_dtype)h->dtype), (long long)h0->experts, (long long)h0->hidden,
+                             (long long)h0->top_k, moex_dtype_name((moex_dtype)h0->dtype));
+        if (h->device != h0->device)
+            return moex_fail(MOEX_ERR_UNSUPPORTED,
+                             "expert parallelism: rank %d's context is on cuda:%lld, rank 0's on cuda:%lld: this version "
+                             "of moex runs a group's ranks on one GPU", r, (long long)h->device, (long long)h0->device);
+        if (h->capacity != h0->capacity)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                             "expert parallelism: rank %d's blocks hold %lld rows (max_tokens x top_k), rank 0's %lld: "
+                             "on a GPU every rank's context needs the same max_tokens", r, (long long)h->capacity,
+                             (long long)h0->capacity);
+    }
+    return MOEX_OK;
+}
+
+/* Steps 1 (this rank's plan and rows) when its checks passed; the post either way. */
+static moex_status post_rows(moex_context *ctx, const moex_experts_desc *d, const moex_tensor *hidden,
+                             const moex_tensor *ids, const ep_dev_ws *w, int64_t cap, cudaStream_t s, ep_post *post) {
+    const moex_ep_group *g = ctx->options.ep_group;
+    const int64_t T = hidden->shape[0], k = d->top_k;
+    moex_status st = moex_ep_dev_plan_build(ids->data, ids->dtype == MOEX_I64, ids->strides[0], T, k,
+                                            d->num_experts * g->size, g->size, cap, &w->plan, ctx->device_flags, s);
+    if (!st && T > 0) {
+        routing_dev r;
+        memset(&r, 0, sizeof r);
+        r.pair_slot = w->plan.row_of;
+        st = routing_gather(r, T, k, hidden->data, hidden->dtype, hidden->strides[0], w->send, hidden->dtype,
+                            d->hidden, s);
+    }
+    if (!st) st = moex_cuda_status(cudaEventRecord((cudaEvent_t)ctx->ep_events[0], s), "cudaEventRecord");
+    post->status = st;
+    post->capacity = cap;
+    post->experts = d->num_experts;
+    post->hidden = d->hidden;
+    post->top_k = k;
+    post->dtype = hidden->dtype;
+    post->device = ctx->options.device.index;
+    post->count = w->plan.count;
+    post->local = w->plan.local;
+    post->send = w->send;
+    post->y = w->y;
+    post->event = ctx->ep_events[0];
+    return st;
+}
+
+/* Step 3: every rank's rows for this one, after its "rows posted". */
+static moex_status receive(const ep_post *all, int R, int me, const ep_dev_ws *w, int64_t cap, int64_t row_bytes,
+                           cudaStream_t s) {
+    moex_status st = MOEX_OK;
+    for (int r = 0; r < R && !st; r++) {
+        st = moex_cuda_status(cudaStreamWaitEvent(s, (cudaEvent_t)all[r].event, 0), "cudaStreamWaitEvent");
+        if (!st)
+            st = moex_cuda_status(cudaMemcpyAsync(w->recv_local + r * cap, all[r].local + me * cap,
+                                                  (size_t)cap * sizeof(int32_t), cudaMemcpyDefault, s),
+                                  "copying a rank's local expert ids");
+        if (!st)
+            st = moex_ep_dev_copy_blocks(all[r].count + me, 1, cap, all[r].send + me * cap * row_bytes, 0,
+                                         w->recv + r * cap * row_bytes, 0, row_bytes, s);
+    }
+    return st;
+}
+
+/* Step 4: the backend over the N rows received, into y; then "results posted". */
+static moex_status run_local(moex_context *ctx, const moex_backend *b, const moex_prepared *p, const ep_dev_ws *w,
+                             int64_t N, int64_t H, moex_dtype dt, size_t exchange, cudaStream_t s) {
+    ones_kernel<<<(unsigned)((N + 255) / 256 < 1024 ? (N + 255) / 256 : 1024), 256, 0, s>>>(w->ones, N);
+    moex_status st = MOEX_CUDA_LAUNCHED("filling the rows' weights");
+    moex_tensor tx, ti, tw, ty;
+    const int64_t xs[2] = {N, H}, is[2] = {N, 1};
+    if (!st) st = moex_tensor_init(&tx, w->recv, dt, 2, xs);
+    if (!st) st = moex_tensor_init(&ti, w->recv_local, MOEX_I32, 2, is);
+    if (!st) st = moex_tensor_init(&tw, w->ones, MOEX_F32, 2, is);
+    if (!st) st = moex_tensor_init(&ty, w->y, dt, 2, xs);
+    for (int i = 0; i < 4 && !st; i++) {
+        moex_tensor *t = i == 0 ? &tx : i == 1 ? &ti : i == 2 ? &tw : &ty;
+        t->device = ctx->options.device;
+    }
+    if (!st) {
+        moex_forward_args a;
+        memset(&a, 0, sizeof a);
+        a.ctx = ctx, a.layer = &p->ep_rows->desc, a.state = p->state, a.hidden = &tx, a.ids = &ti, a.weights = &tw;
+        a.out = &ty, a.tokens = N, a.num_threads = 0;
+        a.workspace = (char *)ctx->workspace + exchange, a.workspace_bytes = ctx->workspace_bytes - exchange;
+        st = moex_backend_call_forward(b, &a);
+    }
+    if (!st) st = moex_cuda_status(cudaEventRecord((cudaEvent_t)ctx->ep_events[1], s), "cudaEventRecord");
+    return st;
+}
+
+/* Step 5: every backend's status; MOEX_OK when all went on. */
+static moex_status agree(moex_ep_group *g, const ep_post *all, moex_status mine) {
+    if (mine) return mine;
+    for (int r = 0; r < g->size; r++)
+        if (all[r].status)
+            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert parallelism: rank %d of %d failed in its backend on the "
+                             "rows it received (%s); nothing was written", r, g->size,
+                             moex_status_str((moex_status)all[r].status));
+    return MOEX_OK;
+}
+
+/* Step 6: this rank's results back from every rank, after its "results posted", into y_back. */
+static moex_status take_back(const ep_post *all, int R, int me, const ep_dev_ws *w, int64_t cap, int64_t row_bytes,
+                             cudaStream_t s) {
+    moex_status st = MOEX_OK;
+    for (int q = 0; q < R && !st; q++) {
+        st = moex_cuda_status(cudaStreamWaitEvent(s, (cudaEvent_t)all[q].event, 0), "cudaStreamWaitEvent");
+        if (!st)
+            st = moex_ep_dev_copy_blocks(w->plan.count + q, 1, cap, all[q].y + me * cap * row_bytes, 0,
+                                         w->send + q * cap * row_bytes, 0, row_bytes, s);
+    }
+    return st;
+}
+
+extern "C" moex_status moex_ep_cuda_forward(moex_context *ctx, const moex_layer *layer, const moex_backend *b,
+                                            const moex_prepared *p, const moex_tensor *hidden, const moex_tensor *ids,
+                                            const moex_tensor *weights, moex_tensor *out, moex_status checked) {
+    moex_ep_group *g = ctx->options.ep_group;
+    const int R = g->size, me = g->rank;
+    const moex_experts_desc *d = &layer->desc;
+    ep_post *all = (ep_post *)ctx->ep_scratch, mine;
+    memset(&mine, 0, sizeof mine);
+    const int64_t k = d->top_k, H = d->hidden, cap = ctx->options.max_tokens * k;
+    if (!checked && ctx->capturing)
+        checked = moex_fail(MOEX_ERR_UNSUPPORTED, "expert parallelism on a GPU: a forward cannot be captured in a "
+                            "graph (its ranks meet on the host twice a forward)");
+    if (!checked) checked = moex_cuda_use(ctx->options.device.index);
+    const cudaStream_t s = (cudaStream_t)ctx->stream;
+    const int64_t esz = checked ? 4 : (int64_t)moex_dtype_size(hidden->dtype), row_bytes = H * esz;
+    const size_t exchange = moex_ep_cuda_exchange_bytes(d, ctx->options.max_tokens, R);
+    const ep_dev_ws w = carve(checked ? NULL : (char *)ctx->workspace, R, cap, cap, H, esz);
+
+    /* 1 and 2: this rank's rows, the posts, and the decision every rank makes alike */
+    moex_status st = checked;
+    mine.status = checked;
+    if (!st) st = post_rows(ctx, d, hidden, ids, &w, cap, s, &mine);
+    moex_status gathered = gather_posts(g, &mine, all);
+    if (gathered || (gathered = decide(g, all, st))) return gathered;
+
+    /* 3 and 4: the rows for this rank, and its backend on them */
+    const int64_t N = (int64_t)R * cap;
+    moex_status local = receive(all, R, me, &w, cap, row_bytes, s);
+    if (!local) local = run_local(ctx, b, p, &w, N, H, hidden->dtype, exchange, s);
+
+    /* 5, 6 and 7: the statuses and events, the results back, the combine */
+    memset(&mine, 0, sizeof mine);
+    mine.status = local;
+    mine.y = w.y;
+    mine.event = ctx->ep_events[1];
+    if ((st = gather_posts(g, &mine, all)) || (st = agree(g, all, local))) return st;
+    if ((st = take_back(all, R, me, &w, cap, row_bytes, s))) return st;
+    const int64_t T = hidden->shape[0];
+    if (T == 0) return MOEX_OK;
+    return routing_reduce(w.plan.row_of, w.send, hidden->dtype, H, weights->data, weights->dtype, weights->strides[0],
+                          T, k, out->data, out->dtype, out->strides[0], s);
+}

@@ -1,0 +1,343 @@
+/*
+ * test_cuda_ep_forward — expert-parallel forwards of CUDA contexts through the public API: R ranks
+ * of one group (moex_ep_local_groups), a thread each, every rank's context on the same GPU (its
+ * own stream slot) with its share of a layer's experts (weights uploaded once, shares offset
+ * into them), each rank forwarding its own tokens with the group's ids:
+ *   - eager, batched_mm and grouped_mm, f32 (SiLU, odd sizes) and bf16 (interleaved gate/up,
+ *     biases, the clamped activation), groups of 1 to 4 ranks, a rank with no tokens, i32 and
+ *     i64 ids, sentinels: each rank's out against the float64 reference of the whole layer and
+ *     against the same backend's forward of the whole layer in a context of its own (f32 NMSE
+ *     <= 1e-10; bf16 <= 1e-4: the rows' results are rounded to bf16 before the combine, one
+ *     rounding more than on one GPU), and bitwise the same when run again;
+ *   - a rank whose tokens exceed its context's max_tokens: every rank fails, that one with its
+ *     own message, the others naming it, and no out written; the group works again after;
+ *   - contexts of different max_tokens refused by every rank; a bad id reported by
+ *     moex_context_synchronize on the rank that sent it.
+ *   test_cuda_ep_forward [--quick] [--device N]     (exit 77: no usable GPU)
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ep_ranks.h"
+#include "gpu_harness.h"
+#include "moex.h"
+#include "reference.h"
+
+#define EXIT_SKIP 77
+enum { MAXR = 4 };
+
+static int g_gpu;
+
+static moex_device gpu(void) { return (moex_device){MOEX_DEVICE_CUDA, g_gpu}; }
+
+static void *upload(const void *host, size_t bytes) {
+    void *p = NULL;
+    if (moex_device_alloc(gpu(), bytes ? bytes : 1, &p) != MOEX_OK) {
+        fprintf(stderr, "moex_device_alloc(%zu): %s\n", bytes, moex_last_error());
+        exit(1);
+    }
+    if (bytes && moex_memcpy(p, gpu(), host, (moex_device){MOEX_DEVICE_CPU, 0}, bytes) != MOEX_OK) {
+        fprintf(stderr, "moex_memcpy: %s\n", moex_last_error());
+        exit(1);
+    }
+    return p;
+}
+
+static void download(void *host, const void *dev, size_t bytes) {
+    if (bytes && moex_memcpy(host, (moex_device){MOEX_DEVICE_CPU, 0}, dev, gpu(), bytes) != MOEX_OK) {
+        fprintf(stderr, "moex_memcpy: %s\n", moex_last_error());
+        exit(1);
+    }
+}
+
+static size_t tensor_bytes(const moex_tensor *t) {
+    size_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
+    return n * moex_dtype_size(t->dtype);
+}
+
+/* The layer's description over device copies of its stacked weights (dev[4]: the copies). */
+static moex_experts_desc device_desc(const moex_experts_desc *host, void *dev[4]) {
+    moex_experts_desc d = *host;
+    moex_tensor *views[4] = {&d.gate_up, &d.down, &d.gate_up_bias, &d.down_bias};
+    for (int i = 0; i < 4; i++) {
+        dev[i] = NULL;
+        if (!views[i]->data) continue;
+        dev[i] = upload(views[i]->data, tensor_bytes(views[i]));
+        views[i]->data = dev[i];
+        views[i]->device = gpu();
+    }
+    return d;
+}
+
+/* A rank's tokens: host copies (for the reference) and device ones. */
+typedef struct rank_data {
+    int64_t T;
+    moex_dtype dt, id_dt;
+    void *x, *ids, *w;          /* host */
+    void *dx, *dids, *dw, *dout; /* device */
+} rank_data;
+
+static moex_tensor dev_2d(void *p, moex_dtype dt, int64_t rows, int64_t cols) {
+    moex_tensor t = ref_tensor_2d(p, dt, rows, cols, cols);
+    t.device = gpu();
+    return t;
+}
+
+static void make_rank_data(rank_data *rd, ref_rng *rng, int64_t T, int64_t H, int64_t k, int64_t E, moex_dtype dt,
+                           moex_dtype id_dt) {
+    const size_t esz = moex_dtype_size(dt), isz = moex_dtype_size(id_dt);
+    rd->T = T, rd->dt = dt, rd->id_dt = id_dt;
+    rd->x = calloc((size_t)(T * H + 1), esz);
+    rd->ids = calloc((size_t)(T * k + 1), isz);
+    rd->w = calloc((size_t)(T * k + 1), sizeof(float));
+    ref_fill_random(rd->x, dt, T * H, 1.0, rng);
+    ref_random_routing(rng, T, E, k, id_dt, rd->ids, MOEX_F32, rd->w, 0.15);
+    rd->dx = upload(rd->x, (size_t)(T * H) * esz);
+    rd->dids = upload(rd->ids, (size_t)(T * k) * isz);
+    rd->dw = upload(rd->w, (size_t)(T * k) * sizeof(float));
+    void *marks = malloc((size_t)(T * H + 1) * esz);
+    memset(marks, 0x7E, (size_t)(T * H + 1) * esz);
+    rd->dout = upload(marks, (size_t)(T * H) * esz);
+    free(marks);
+}
+
+static void free_rank_data(rank_data *rd) {
+    free(rd->x), free(rd->ids), free(rd->w);
+    moex_device_free(gpu(), rd->dx), moex_device_free(gpu(), rd->dids), moex_device_free(gpu(), rd->dw);
+    moex_device_free(gpu(), rd->dout);
+}
+
+static void job_views(ep_rank_job *j, const rank_data *rd, int64_t H, int64_t k) {
+    j->hidden = dev_2d(rd->dx, rd->dt, rd->T, H);
+    j->ids = dev_2d(rd->dids, rd->id_dt, rd->T, k);
+    j->weights = dev_2d(rd->dw, MOEX_F32, rd->T, k);
+    j->out = dev_2d(rd->dout, rd->dt, rd->T, H);
+}
+
+/* The whole layer (device views) on one GPU context of its own: out [T, H] on the host. */
+static void *one_gpu(const moex_experts_desc *d, const char *backend, const rank_data *rd) {
+    const size_t esz = moex_dtype_size(rd->dt), bytes = (size_t)(rd->T * d->hidden) * esz;
+    void *out = calloc(bytes + 1, 1);
+    if (!rd->T) return out;
+    moex_layer *layer = NULL;
+    moex_context *ctx = NULL;
+    moex_context_options o = moex_context_default_options();
+    o.device = gpu();
+    o.max_tokens = rd->T;
+    void *dout = upload(out, bytes);
+    ep_rank_job j;
+    memset(&j, 0, sizeof j);
+    job_views(&j, rd, d->hidden, d->top_k);
+    j.out = dev_2d(dout, rd->dt, rd->T, d->hidden);
+    if (moex_layer_create(d, &layer) || moex_context_create(&o, &ctx) || moex_prepare(ctx, layer, backend) ||
+        moex_experts_forward(ctx, layer, backend, &j.hidden, &j.ids, &j.weights, &j.out) ||
+        moex_context_synchronize(ctx))
+        fail_at(__FILE__, __LINE__, "%s on one GPU: %s", backend, moex_last_error());
+    download(out, dout, bytes);
+    moex_device_free(gpu(), dout);
+    moex_context_free(ctx);
+    moex_layer_free(layer);
+    return out;
+}
+
+/* R contexts on the GPU, rank r's over its share of dev (device views), max_tokens mt[r]. */
+static void open_ranks(ep_rank_job *jobs, moex_ep_group **g, int R, const moex_experts_desc *dev, const int64_t *mt,
+                       const char *backend) {
+    const int64_t per = dev->num_experts / R;
+    if (moex_ep_local_groups(R, g) != MOEX_OK) {
+        fprintf(stderr, "moex_ep_local_groups: %s\n", moex_last_error());
+        exit(1);
+    }
+    for (int r = 0; r < R; r++) {
+        memset(&jobs[r], 0, sizeof jobs[r]);
+        moex_experts_desc s = ref_layer_share(dev, r * per, per);
+        moex_context_options o = moex_context_default_options();
+        o.device = gpu();
+        o.stream_slot = r;
+        o.max_tokens = mt[r];
+        o.ep_group = g[r];
+        jobs[r].backend = backend;
+        if (moex_layer_create(&s, &jobs[r].layer) || moex_context_create(&o, &jobs[r].ctx) ||
+            moex_prepare(jobs[r].ctx, jobs[r].layer, backend)) {
+            fprintf(stderr, "rank %d of %d (%s): %s\n", r, R, backend, moex_last_error());
+            exit(1);
+        }
+    }
+}
+
+static void close_ranks(ep_rank_job *jobs, moex_ep_group **g, int R) {
+    for (int r = 0; r < R; r++) {
+        moex_context_free(jobs[r].ctx);
+        moex_layer_free(jobs[r].layer);
+        moex_ep_group_free(g[r]);
+    }
+}
+
+/* Every rank's forward, then its context synchronised: statuses into jobs[r].st / msg. */
+static void run_and_sync(ep_rank_job *jobs, int R) {
+    ep_run_ranks(jobs, R);
+    for (int r = 0; r < R; r++)
+        if (!jobs[r].st && (jobs[r].st = moex_context_synchronize(jobs[r].ctx)))
+            snprintf(jobs[r].msg, sizeof jobs[r].msg, "%s", moex_last_error());
+}
+
+static void check_group(const ref_layer *L, const moex_experts_desc *dev, int R, const char *backend, moex_dtype id_dt,
+                        const int64_t *tokens, uint64_t seed, const char *what) {
+    const moex_experts_desc *full = &L->desc;
+    const int64_t E = full->num_experts, H = full->hidden, k = full->top_k;
+    const moex_dtype dt = full->gate_up.dtype;
+    const double bound = dt == MOEX_F32 ? 1e-10 : 1e-4;
+    ref_rng rng;
+    ref_rng_seed(&rng, seed);
+    ep_rank_job jobs[MAXR];
+    moex_ep_group *g[MAXR];
+    rank_data rd[MAXR];
+    int64_t mt[MAXR], max_t = 1;
+    for (int r = 0; r < R; r++) max_t = tokens[r] > max_t ? tokens[r] : max_t;
+    for (int r = 0; r < R; r++) mt[r] = max_t;
+    open_ranks(jobs, g, R, dev, mt, backend);
+    for (int r = 0; r < R; r++) {
+        make_rank_data(&rd[r], &rng, tokens[r], H, k, E, dt, id_dt);
+        job_views(&jobs[r], &rd[r], H, k);
+    }
+    run_and_sync(jobs, R);
+    void *first[MAXR];
+    for (int r = 0; r < R; r++) {
+        const int64_t T = rd[r].T;
+        const size_t bytes = (size_t)(T * H) * moex_dtype_size(dt);
+        first[r] = calloc(bytes + 1, 1);
+        CHECK(!jobs[r].st, "%s rank %d: %s", what, r, jobs[r].msg);
+        if (jobs[r].st) continue;
+        download(first[r], rd[r].dout, bytes);
+        double *ref = calloc((size_t)(T * H + 1), sizeof(double)), *one_d = calloc((size_t)(T * H + 1), sizeof(double));
+        const moex_tensor hx = ref_tensor_2d(rd[r].x, dt, T, H, H), hi = ref_tensor_2d(rd[r].ids, id_dt, T, k, k),
+                          hw = ref_tensor_2d(rd[r].w, MOEX_F32, T, k, k);
+        if (T) ref_experts_forward(full, &hx, &hi, &hw, ref);
+        ref_round_all(ref, T * H, dt);
+        void *one = one_gpu(dev, backend, &rd[r]);
+        for (int64_t i = 0; i < T * H; i++) one_d[i] = ref_load(one, dt, i);
+        const double e_ref = ref_nmse(first[r], dt, T, H, H, ref), e_one = ref_nmse(first[r], dt, T, H, H, one_d);
+        CHECK(e_ref <= bound, "%s rank %d: NMSE against the float64 reference %.3g > %.0e", what, r, e_ref, bound);
+        CHECK(e_one <= bound, "%s rank %d: NMSE against one GPU's %s %.3g > %.0e", what, r, backend, e_one, bound);
+        free(ref), free(one), free(one_d);
+    }
+    run_and_sync(jobs, R); /* again: bitwise the same */
+    for (int r = 0; r < R; r++) {
+        const size_t bytes = (size_t)(rd[r].T * H) * moex_dtype_size(dt);
+        void *again = calloc(bytes + 1, 1);
+        if (!jobs[r].st) download(again, rd[r].dout, bytes);
+        CHECK(!jobs[r].st && !memcmp(first[r], again, bytes), "%s rank %d: the second run differs (%s)", what, r,
+              jobs[r].msg);
+        free(again), free(first[r]);
+        free_rank_data(&rd[r]);
+    }
+    close_ranks(jobs, g, R);
+}
+
+static void test_matches_one_gpu(void) {
+    static const char *const BACKENDS[] = {"eager", "batched_mm", "grouped_mm"};
+    static const int64_t TOKENS[MAXR] = {7, 0, 13, 5};
+    /* E H I k gated interleaved transposed bias act alpha limit dtype */
+    const ref_layer_spec specs[] = {
+        {12, 40, 24, 3, 1, 0, 0, 0, MOEX_ACT_SILU, 1.702f, 7.0f, MOEX_F32},
+        {12, 64, 48, 3, 1, 1, 0, 1, MOEX_ACT_GPTOSS_CLAMP, 1.702f, 7.0f, MOEX_BF16},
+    };
+    for (int sp = 0; sp < 2; sp++) {
+        ref_layer L;
+        ref_layer_build(&L, &specs[sp], 191 + (uint64_t)sp);
+        void *dev[4];
+        const moex_experts_desc d = device_desc(&L.desc, dev);
+        for (int R = 1; R <= MAXR; R++)
+            for (int b = 0; b < 3; b++) {
+                if (g_quick && R == 3) continue;
+                char what[96];
+                const moex_dtype id_dt = (R + b) % 2 ? MOEX_I64 : MOEX_I32;
+                snprintf(what, sizeof what, "%s R=%d %s %s ids", BACKENDS[b], R, moex_dtype_name(specs[sp].dtype),
+                         moex_dtype_name(id_dt));
+                check_group(&L, &d, R, BACKENDS[b], id_dt, TOKENS, 700u + (uint64_t)(R * 7 + b), what);
+            }
+        for (int i = 0; i < 4; i++) moex_device_free(gpu(), dev[i]);
+        ref_layer_destroy(&L);
+    }
+}
+
+/* Refusals in a group of two over one f32 layer's halves. */
+static void test_refusals(void) {
+    const ref_layer_spec spec = {8, 32, 16, 2, 1, 0, 0, 0, MOEX_ACT_SILU, 1.702f, 7.0f, MOEX_F32};
+    ref_layer L;
+    ref_layer_build(&L, &spec, 77);
+    void *dev[4];
+    const moex_experts_desc d = device_desc(&L.desc, dev);
+    const int64_t H = 32, k = 2;
+    ref_rng rng;
+    ref_rng_seed(&rng, 5);
+    ep_rank_job jobs[2];
+    moex_ep_group *g[2];
+    rank_data rd[2];
+
+    /* rank 1's tokens exceed its max_tokens: both fail, nothing written */
+    const int64_t mt[2] = {6, 6}, T[2] = {5, 9};
+    open_ranks(jobs, g, 2, &d, mt, "grouped_mm");
+    for (int r = 0; r < 2; r++) {
+        make_rank_data(&rd[r], &rng, T[r], H, k, 8, MOEX_F32, MOEX_I32);
+        job_views(&jobs[r], &rd[r], H, k);
+    }
+    run_and_sync(jobs, 2);
+    CHECK(jobs[1].st == MOEX_ERR_WORKSPACE && strstr(jobs[1].msg, "max_tokens"), "too many tokens: rank 1 got %d (%s)",
+          (int)jobs[1].st, jobs[1].msg);
+    CHECK(jobs[0].st && strstr(jobs[0].msg, "rank 1 of 2"), "too many tokens: rank 0 got %d (%s)", (int)jobs[0].st,
+          jobs[0].msg);
+    for (int r = 0; r < 2; r++) {
+        const size_t bytes = (size_t)(T[r] * H) * 4;
+        unsigned char *got = malloc(bytes);
+        download(got, rd[r].dout, bytes);
+        size_t written = 0;
+        for (size_t i = 0; i < bytes; i++) written += got[i] != 0x7E;
+        CHECK(written == 0, "too many tokens: rank %d's out has %zu bytes written", r, written);
+        free(got);
+    }
+    /* the group works again: rank 1 with its first 6 tokens */
+    jobs[1].hidden.shape[0] = jobs[1].ids.shape[0] = jobs[1].weights.shape[0] = jobs[1].out.shape[0] = 6;
+    run_and_sync(jobs, 2);
+    CHECK(!jobs[0].st && !jobs[1].st, "after a refusal: %s / %s", jobs[0].msg, jobs[1].msg);
+
+    /* a bad id on rank 0: its synchronize reports it */
+    int32_t bad = 8 * 2 + 5;
+    moex_memcpy(rd[0].dids, gpu(), &bad, (moex_device){MOEX_DEVICE_CPU, 0}, sizeof bad);
+    run_and_sync(jobs, 2);
+    CHECK(jobs[0].st == MOEX_ERR_INVALID_ARGUMENT && strstr(jobs[0].msg, "outside"), "bad id: rank 0 got %d (%s)",
+          (int)jobs[0].st, jobs[0].msg);
+    CHECK(!jobs[1].st, "bad id on rank 0: rank 1 got %s", jobs[1].msg);
+    close_ranks(jobs, g, 2);
+
+    /* contexts of different max_tokens: every rank refuses */
+    const int64_t mt2[2] = {6, 7};
+    open_ranks(jobs, g, 2, &d, mt2, "eager");
+    for (int r = 0; r < 2; r++) job_views(&jobs[r], &rd[r], H, k);
+    jobs[1].hidden.shape[0] = jobs[1].ids.shape[0] = jobs[1].weights.shape[0] = jobs[1].out.shape[0] = 6;
+    run_and_sync(jobs, 2);
+    for (int r = 0; r < 2; r++)
+        CHECK(jobs[r].st == MOEX_ERR_INVALID_ARGUMENT && strstr(jobs[r].msg, "same max_tokens"),
+              "different max_tokens: rank %d got %d (%s)", r, (int)jobs[r].st, jobs[r].msg);
+    close_ranks(jobs, g, 2);
+    for (int r = 0; r < 2; r++) free_rank_data(&rd[r]);
+    for (int i = 0; i < 4; i++) moex_device_free(gpu(), dev[i]);
+    ref_layer_destroy(&L);
+}
+
+int main(int argc, char **argv) {
+    if (gpu_test_args("test_cuda_ep_forward", argc, argv, &g_quick, &g_gpu)) return 2;
+    moex_device_info info;
+    if (moex_device_query(gpu(), &info) != MOEX_OK || !info.available) {
+        printf("SKIP: cuda:%d is not usable: %s\n", g_gpu, info.reason);
+        return EXIT_SKIP;
+    }
+    test_matches_one_gpu();
+    test_refusals();
+    printf("test_cuda_ep_forward: %d checks, %d failed\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
+}
