@@ -36,6 +36,7 @@ moex_status moex_context_create(const moex_context_options *options, moex_contex
         return moex_fail(MOEX_ERR_UNSUPPORTED, "an expert-parallel group on %s: a GPU's ranks exchange rows through "
                          "device memory of one process, so its group must come from moex_ep_local_groups (a "
                          "transport of the caller's carries CPU contexts only)", info.name);
+    if (o.ep_group && (st = moex_ep_group_bind(o.ep_group, o.device))) return st;
     if (o.num_threads == 0) o.num_threads = info.cpu_cores > 0 ? info.cpu_cores : moex_cpu_cores();
     moex_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_context_create: out of memory");

@@ -19,6 +19,8 @@ typedef struct ep_hub {
     int size, arrived, handles; /* handles: groups not yet freed */
     unsigned long generation;
     int mismatch; /* set in an exchange where a receiver's sizes disagreed with its sender's */
+    int bound;        /* a context has joined: every context's device is `device` */
+    moex_device device;
     ep_post post[];
 } ep_hub;
 
@@ -33,7 +35,7 @@ moex_status moex_ep_group_create(int size, int rank, const moex_ep_transport *tr
     if (!transport || !transport->all_to_all)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_ep_group_create: the transport %s",
                          transport ? "has no all_to_all function" : "is NULL");
-    moex_ep_group *g = calloc(1, sizeof *g);
+    moex_ep_group *g = calloc(1, sizeof *g + 3 * (size_t)size * sizeof g->gather[0]);
     if (!g) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "moex_ep_group_create: out of memory");
     g->size = size;
     g->rank = rank;
@@ -103,7 +105,7 @@ moex_status moex_ep_local_groups(int size, moex_ep_group **ranks) {
     h->size = size;
     moex_ep_group *made[MOEX_EP_MAX_RANKS];
     for (int r = 0; r < size; r++) {
-        made[r] = calloc(1, sizeof *made[r]);
+        made[r] = calloc(1, sizeof *made[r] + 3 * (size_t)size * sizeof made[r]->gather[0]);
         if (!made[r]) {
             for (int i = 0; i < r; i++) free(made[i]);
             pthread_cond_destroy(&h->cv);
@@ -156,11 +158,24 @@ moex_status moex_ep_all_to_all(moex_ep_group *g, const void *send, const size_t 
 
 moex_status moex_ep_all_gather(moex_ep_group *g, const void *mine, size_t bytes, void *all) {
     const int n = g->size;
-    size_t *a = malloc(3 * (size_t)n * sizeof *a);
-    if (!a) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "expert parallelism: out of memory for an all-gather");
-    size_t *zero = a, *each = a + n, *at = a + 2 * n;
+    size_t *zero = g->gather, *each = zero + n, *at = zero + 2 * n; /* nothing allocated: a rank that
+                                                                     could not would miss the barrier */
     for (int r = 0; r < n; r++) zero[r] = 0, each[r] = bytes, at[r] = (size_t)r * bytes;
-    const moex_status st = moex_ep_all_to_all(g, mine, zero, each, all, at, each);
-    free(a);
-    return st;
+    return moex_ep_all_to_all(g, mine, zero, each, all, at, each);
+}
+
+moex_status moex_ep_group_bind(moex_ep_group *g, moex_device device) {
+    ep_hub *h = g->hub;
+    if (!h) return MOEX_OK;
+    pthread_mutex_lock(&h->mu);
+    const int first = !h->bound;
+    if (first) h->bound = 1, h->device = device;
+    const moex_device had = h->device;
+    pthread_mutex_unlock(&h->mu);
+    if (first || (had.kind == device.kind && (had.kind == MOEX_DEVICE_CPU || had.index == device.index)))
+        return MOEX_OK;
+    char a[32], b[32];
+    return moex_fail(MOEX_ERR_UNSUPPORTED, "expert parallelism: a context on %s joins a group of moex_ep_local_groups "
+                     "whose contexts are on %s: a local group's ranks share one device (their rows go through its "
+                     "memory)", moex_device_str(device, a, sizeof a), moex_device_str(had, b, sizeof b));
 }

@@ -15,7 +15,12 @@ struct moex_ep_group {
     int size, rank;
     moex_ep_transport transport;
     struct ep_hub *hub; /* local groups only (their transport's user is the group itself) */
+    size_t gather[];    /* 3 x size: an all-gather's offsets and sizes (this handle's own) */
 };
+
+/* The device of a context joining the group: a local group's contexts must all be on one device
+ * (the first context's); MOEX_ERR_UNSUPPORTED naming both otherwise. Other groups: MOEX_OK. */
+moex_status moex_ep_group_bind(moex_ep_group *g, moex_device device);
 
 /* The group's all-to-all, its result checked: a failure always has a message, and a value that is
  * not a moex_status becomes MOEX_ERR_INTERNAL. */

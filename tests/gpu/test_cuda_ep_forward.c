@@ -11,8 +11,9 @@
  *     rounding more than on one GPU), and bitwise the same when run again;
  *   - a rank whose tokens exceed its context's max_tokens: every rank fails, that one with its
  *     own message, the others naming it, and no out written; the group works again after;
- *   - contexts of different max_tokens refused by every rank; a bad id reported by
- *     moex_context_synchronize on the rank that sent it.
+ *   - contexts of different max_tokens refused by every rank; a CPU context refused in a group
+ *     whose contexts are on the GPU; a bad id reported by moex_context_synchronize on the rank
+ *     that sent it.
  *   test_cuda_ep_forward [--quick] [--device N]     (exit 77: no usable GPU)
  */
 #include <math.h>
@@ -87,6 +88,18 @@ static moex_tensor dev_2d(void *p, moex_dtype dt, int64_t rows, int64_t cols) {
     return t;
 }
 
+/* out's device rows refilled with the 0x7E bytes no forward writes. */
+static void mark_out(const rank_data *rd, int64_t H) {
+    const size_t bytes = (size_t)(rd->T * H) * moex_dtype_size(rd->dt);
+    void *marks = malloc(bytes + 1);
+    memset(marks, 0x7E, bytes + 1);
+    if (bytes && moex_memcpy(rd->dout, gpu(), marks, (moex_device){MOEX_DEVICE_CPU, 0}, bytes) != MOEX_OK) {
+        fprintf(stderr, "moex_memcpy: %s\n", moex_last_error());
+        exit(1);
+    }
+    free(marks);
+}
+
 static void make_rank_data(rank_data *rd, ref_rng *rng, int64_t T, int64_t H, int64_t k, int64_t E, moex_dtype dt,
                            moex_dtype id_dt) {
     const size_t esz = moex_dtype_size(dt), isz = moex_dtype_size(id_dt);
@@ -99,10 +112,8 @@ static void make_rank_data(rank_data *rd, ref_rng *rng, int64_t T, int64_t H, in
     rd->dx = upload(rd->x, (size_t)(T * H) * esz);
     rd->dids = upload(rd->ids, (size_t)(T * k) * isz);
     rd->dw = upload(rd->w, (size_t)(T * k) * sizeof(float));
-    void *marks = malloc((size_t)(T * H + 1) * esz);
-    memset(marks, 0x7E, (size_t)(T * H + 1) * esz);
-    rd->dout = upload(marks, (size_t)(T * H) * esz);
-    free(marks);
+    rd->dout = upload(rd->x, (size_t)(T * H) * esz);
+    mark_out(rd, H);
 }
 
 static void free_rank_data(rank_data *rd) {
@@ -177,12 +188,17 @@ static void close_ranks(ep_rank_job *jobs, moex_ep_group **g, int R) {
     }
 }
 
-/* Every rank's forward, then its context synchronised: statuses into jobs[r].st / msg. */
+/* Every rank's forward, then its context synchronised (also after a refusal, so that nothing it
+ * queued is still running when out is read): statuses into jobs[r].st / msg. */
 static void run_and_sync(ep_rank_job *jobs, int R) {
     ep_run_ranks(jobs, R);
-    for (int r = 0; r < R; r++)
-        if (!jobs[r].st && (jobs[r].st = moex_context_synchronize(jobs[r].ctx)))
+    for (int r = 0; r < R; r++) {
+        const moex_status st = moex_context_synchronize(jobs[r].ctx);
+        if (!jobs[r].st && st) {
+            jobs[r].st = st;
             snprintf(jobs[r].msg, sizeof jobs[r].msg, "%s", moex_last_error());
+        }
+    }
 }
 
 static void check_group(const ref_layer *L, const moex_experts_desc *dev, int R, const char *backend, moex_dtype id_dt,
@@ -225,7 +241,8 @@ static void check_group(const ref_layer *L, const moex_experts_desc *dev, int R,
         CHECK(e_one <= bound, "%s rank %d: NMSE against one GPU's %s %.3g > %.0e", what, r, backend, e_one, bound);
         free(ref), free(one), free(one_d);
     }
-    run_and_sync(jobs, R); /* again: bitwise the same */
+    for (int r = 0; r < R; r++) mark_out(&rd[r], H); /* again, over fresh marks: bitwise the same */
+    run_and_sync(jobs, R);
     for (int r = 0; r < R; r++) {
         const size_t bytes = (size_t)(rd[r].T * H) * moex_dtype_size(dt);
         void *again = calloc(bytes + 1, 1);
@@ -286,6 +303,13 @@ static void test_refusals(void) {
         make_rank_data(&rd[r], &rng, T[r], H, k, 8, MOEX_F32, MOEX_I32);
         job_views(&jobs[r], &rd[r], H, k);
     }
+    /* a CPU context cannot join a group whose contexts are on the GPU */
+    moex_context_options co = moex_context_default_options();
+    co.ep_group = g[0];
+    moex_context *cpu_ctx = NULL;
+    CHECK(moex_context_create(&co, &cpu_ctx) == MOEX_ERR_UNSUPPORTED && !cpu_ctx &&
+              strstr(moex_last_error(), "share one device"),
+          "a CPU context in a GPU group: %s", moex_last_error());
     run_and_sync(jobs, 2);
     CHECK(jobs[1].st == MOEX_ERR_WORKSPACE && strstr(jobs[1].msg, "max_tokens"), "too many tokens: rank 1 got %d (%s)",
           (int)jobs[1].st, jobs[1].msg);

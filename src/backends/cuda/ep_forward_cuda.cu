@@ -12,20 +12,21 @@
  *      sentinel E/R past its count) into recv_local block r, and its count[me] rows of block
  *      me of send into recv block r (moex_ep_dev_copy_blocks: the count read on the device);
  *   4. this rank's backend on its share over the N rows received (top_k 1, weight 1; rows past
- *      each block's count carry the sentinel and are skipped) into y [N, H]; event "results
- *      posted";
- *   5. host all-gather of the backends' statuses (all fail if one did) and the events;
- *   6. from each rank q, after its "results posted": its y block me, count[q] rows, into this
- *      rank's y_back block q (the space of send, which every rank has read by then: each read
- *      comes before that rank's "results posted");
- *   7. out[t] = sum over j of w[t, j] y_back[row_of[t k + j]] in j order, in f32
- *      (routing_reduce), stored in out's dtype.
+ *      each block's count carry the sentinel and are skipped) into y [N, H];
+ *   5. its results pushed back: y's block r, rank r's count[me] rows, into block me of rank r's
+ *      send buffer (which holds them as y_back from then on: the rows that were there went to
+ *      this rank alone, in step 3); event "results pushed";
+ *   6. host all-gather of the backends' statuses (all fail if one did) and the events;
+ *   7. after every rank's "results pushed": out[t] = sum over j of w[t, j] y_back[row_of[t k +
+ *      j]] in j order, in f32 (routing_reduce), stored in out's dtype.
  *
- * Reuse across forwards: a rank records "rows posted" again only after the second all-gather
- * of the forward before, by which every rank has queued its waits on the first record; the
- * same holds for "results posted" and the first all-gather. Buffers a rank writes in the next
- * forward (send, y, its plan) are read by the others only before their "results posted" or
- * after this rank's own waits on them, so stream order keeps every read before the rewrite.
+ * Order between ranks and forwards: every read of another rank's buffers (its plan and rows in
+ * step 3, its count in step 5) and every write into them (step 5) is queued on the reader's or
+ * writer's stream before its "results pushed"; each rank waits for all of those (step 7) before
+ * its next forward rewrites anything, so no layout (other layers, other sizes) can overlap a
+ * transfer still running. A rank records "rows posted" again only after the second all-gather,
+ * by which every rank has queued its waits on the first record, and "results pushed" again only
+ * after the next forward's first all-gather, by which every rank has queued its step-7 waits.
  *
  * Workspace (the context's, device; 256-byte pieces): plan | send/y_back [N, H] | recv [N, H]
  * (activation dtype, sized for f32) | recv_local [N] i32 | ones [N] f32 | y [N, H] | the
@@ -47,7 +48,7 @@ typedef struct ep_post {
     int64_t device;                                          /* the GPU's index */
     const int32_t *count, *local;                            /* the plan's [R] and [R cap] */
     const char *send, *y;                                    /* [N, H] each */
-    void *event;                                             /* cudaEvent_t: "rows posted", then "results posted" */
+    void *event;                                             /* cudaEvent_t: "rows posted", then "results pushed" */
 } ep_post;
 static_assert(sizeof(ep_post) <= MOEX_EP_CUDA_POST_BYTES, "a post must fit its share of ep_scratch");
 
@@ -159,9 +160,10 @@ static moex_status post_rows(moex_context *ctx, const moex_experts_desc *d, cons
     return st;
 }
 
-/* Step 3: every rank's rows for this one, after its "rows posted". */
-static moex_status receive(const ep_post *all, int R, int me, const ep_dev_ws *w, int64_t cap, int64_t row_bytes,
-                           cudaStream_t s) {
+/* Step 3: from each rank r, after its "rows posted", block me of its local ids and its count[me]
+ * rows of block me of its send buffer, into block r of this rank's. */
+static moex_status pull_rows(const ep_post *all, int R, int me, const ep_dev_ws *w, int64_t cap, int64_t row_bytes,
+                             cudaStream_t s) {
     moex_status st = MOEX_OK;
     for (int r = 0; r < R && !st; r++) {
         st = moex_cuda_status(cudaStreamWaitEvent(s, (cudaEvent_t)all[r].event, 0), "cudaStreamWaitEvent");
@@ -176,7 +178,21 @@ static moex_status receive(const ep_post *all, int R, int me, const ep_dev_ws *w
     return st;
 }
 
-/* Step 4: the backend over the N rows received, into y; then "results posted". */
+/* Step 5: y's block r (rank r's count[me] rows) into block me of rank r's send buffer, for each
+ * rank r; then "results pushed", recorded even after a failed copy, since the copies queued
+ * before it write into other ranks' memory and they wait for this event before reusing it. */
+static moex_status push_results(moex_context *ctx, const ep_post *all, int R, int me, const ep_dev_ws *w, int64_t cap,
+                                int64_t row_bytes, cudaStream_t s) {
+    moex_status st = MOEX_OK;
+    for (int r = 0; r < R && !st; r++)
+        st = moex_ep_dev_copy_blocks(all[r].count + me, 1, cap, w->y + r * cap * row_bytes, 0,
+                                     (char *)all[r].send + me * cap * row_bytes, 0, row_bytes, s);
+    const moex_status recorded =
+        moex_cuda_status(cudaEventRecord((cudaEvent_t)ctx->ep_events[1], s), "cudaEventRecord");
+    return st ? st : recorded;
+}
+
+/* Step 4: the backend over the N rows received, into y. */
 static moex_status run_local(moex_context *ctx, const moex_backend *b, const moex_prepared *p, const ep_dev_ws *w,
                              int64_t N, int64_t H, moex_dtype dt, size_t exchange, cudaStream_t s) {
     ones_kernel<<<(unsigned)((N + 255) / 256 < 1024 ? (N + 255) / 256 : 1024), 256, 0, s>>>(w->ones, N);
@@ -199,7 +215,6 @@ static moex_status run_local(moex_context *ctx, const moex_backend *b, const moe
         a.workspace = (char *)ctx->workspace + exchange, a.workspace_bytes = ctx->workspace_bytes - exchange;
         st = moex_backend_call_forward(b, &a);
     }
-    if (!st) st = moex_cuda_status(cudaEventRecord((cudaEvent_t)ctx->ep_events[1], s), "cudaEventRecord");
     return st;
 }
 
@@ -212,19 +227,6 @@ static moex_status agree(moex_ep_group *g, const ep_post *all, moex_status mine)
                              "rows it received (%s); nothing was written", r, g->size,
                              moex_status_str((moex_status)all[r].status));
     return MOEX_OK;
-}
-
-/* Step 6: this rank's results back from every rank, after its "results posted", into y_back. */
-static moex_status take_back(const ep_post *all, int R, int me, const ep_dev_ws *w, int64_t cap, int64_t row_bytes,
-                             cudaStream_t s) {
-    moex_status st = MOEX_OK;
-    for (int q = 0; q < R && !st; q++) {
-        st = moex_cuda_status(cudaStreamWaitEvent(s, (cudaEvent_t)all[q].event, 0), "cudaStreamWaitEvent");
-        if (!st)
-            st = moex_ep_dev_copy_blocks(w->plan.count + q, 1, cap, all[q].y + me * cap * row_bytes, 0,
-                                         w->send + q * cap * row_bytes, 0, row_bytes, s);
-    }
-    return st;
 }
 
 extern "C" moex_status moex_ep_cuda_forward(moex_context *ctx, const moex_layer *layer, const moex_backend *b,
@@ -252,18 +254,24 @@ extern "C" moex_status moex_ep_cuda_forward(moex_context *ctx, const moex_layer 
     moex_status gathered = gather_posts(g, &mine, all);
     if (gathered || (gathered = decide(g, all, st))) return gathered;
 
-    /* 3 and 4: the rows for this rank, and its backend on them */
+    /* 3, 4 and 5: the rows for this rank, its backend on them, the results back to their ranks */
     const int64_t N = (int64_t)R * cap;
-    moex_status local = receive(all, R, me, &w, cap, row_bytes, s);
+    moex_status local = pull_rows(all, R, me, &w, cap, row_bytes, s);
     if (!local) local = run_local(ctx, b, p, &w, N, H, hidden->dtype, exchange, s);
+    if (!local) local = push_results(ctx, all, R, me, &w, cap, row_bytes, s);
 
-    /* 5, 6 and 7: the statuses and events, the results back, the combine */
+    /* 6 and 7: the statuses and events; every rank's results here, the combine */
     memset(&mine, 0, sizeof mine);
     mine.status = local;
-    mine.y = w.y;
     mine.event = ctx->ep_events[1];
-    if ((st = gather_posts(g, &mine, all)) || (st = agree(g, all, local))) return st;
-    if ((st = take_back(all, R, me, &w, cap, row_bytes, s))) return st;
+    if ((st = gather_posts(g, &mine, all))) return st;
+    /* the waits whatever the statuses: the ranks that went on have written into this rank's send
+     * buffer, and the next forward must not rewrite it before they are done */
+    moex_status waited = MOEX_OK;
+    for (int r = 0; r < R; r++)
+        if (!waited)
+            waited = moex_cuda_status(cudaStreamWaitEvent(s, (cudaEvent_t)all[r].event, 0), "cudaStreamWaitEvent");
+    if ((st = agree(g, all, local)) || (st = waited)) return st;
     const int64_t T = hidden->shape[0];
     if (T == 0) return MOEX_OK;
     return routing_reduce(w.plan.row_of, w.send, hidden->dtype, H, weights->data, weights->dtype, weights->strides[0],
