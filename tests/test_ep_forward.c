@@ -321,6 +321,17 @@ static void test_refusals_reach_every_rank(void **state) {
         pair_expect(&pg, st, want, "layers differ");
         pair_close(&pg);
     }
+    { /* a NULL layer on rank 0: it still takes part, so rank 1 returns too */
+        const int64_t mt[2] = {6, 6}, T[2] = {2, 2};
+        pair_open(&pg, &L, mt, T, both);
+        moex_layer *kept = pg.jobs[0].layer;
+        pg.jobs[0].layer = NULL;
+        const moex_status st[2] = {MOEX_ERR_INVALID_ARGUMENT, MOEX_ERR_INVALID_ARGUMENT};
+        const char *const want[2] = {"layer is NULL", "rank 0 of 2 refused"};
+        pair_expect(&pg, st, want, "NULL layer");
+        pg.jobs[0].layer = kept;
+        pair_close(&pg);
+    }
     { /* an unknown backend name on rank 0 */
         const int64_t mt[2] = {6, 6}, T[2] = {2, 2};
         pair_open(&pg, &L, mt, T, both);

@@ -238,9 +238,10 @@ moex_status moex_ep_forward(moex_context *ctx, const moex_layer *layer, const mo
     if (ctx->options.device.kind == MOEX_DEVICE_CUDA)
         return moex_ep_cuda_forward(ctx, layer, b, p, hidden, ids, weights, out, checked);
 #endif
+    static const moex_experts_desc none; /* layer NULL: checked says so, and only sizes of 0 are read */
     moex_ep_group *g = ctx->options.ep_group;
     const int R = g->size, me = g->rank, n = H_COUNTS + R;
-    const moex_experts_desc *d = &layer->desc;
+    const moex_experts_desc *d = layer ? &layer->desc : &none;
     const ep_scratch s = scratch_of(ctx->ep_scratch, R);
     const int64_t T = checked ? 0 : hidden->shape[0], H = d->hidden, k = d->top_k;
     const int64_t esz = checked ? 4 : (int64_t)moex_dtype_size(hidden->dtype);

@@ -50,7 +50,7 @@ size_t moex_ep_exchange_bytes(const moex_experts_desc *share, int64_t max_tokens
 /* One forward of this rank (see moex_experts_forward; a CUDA context's goes on in
  * backends/cuda/ep_forward_cuda.h): `checked` is what the front end's checks of this rank's
  * arguments found (MOEX_OK or a failure with its message), p the prepared entry (NULL if none;
- * then checked is a failure). Every rank takes part in the exchange of statuses whatever it
+ * then checked is a failure; so is it when layer, or any argument but ctx, is NULL). Every rank takes part in the exchange of statuses whatever it
  * found, so that every rank returns. */
 moex_status moex_ep_forward(moex_context *ctx, const moex_layer *layer, const moex_backend *b, const moex_prepared *p,
                             const moex_tensor *hidden, const moex_tensor *ids, const moex_tensor *weights,

@@ -90,7 +90,7 @@ moex_status moex_experts_forward(moex_context *ctx, const moex_layer *layer, con
                                  moex_tensor *out) {
     const char *null_name = !ctx ? "ctx" : !layer ? "layer" : !backend ? "backend" : !hidden ? "hidden"
                           : !ids ? "ids" : !weights ? "weights" : !out ? "out" : NULL;
-    if (null_name && (!ctx || !ctx->options.ep_group || !layer))
+    if (null_name && (!ctx || !ctx->options.ep_group))
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "moex_experts_forward: %s is NULL", null_name);
     int index = -1;
     const moex_backend *b = backend ? moex_registry_find(backend, &index) : NULL;

@@ -232,9 +232,10 @@ static moex_status agree(moex_ep_group *g, const ep_post *all, moex_status mine)
 extern "C" moex_status moex_ep_cuda_forward(moex_context *ctx, const moex_layer *layer, const moex_backend *b,
                                             const moex_prepared *p, const moex_tensor *hidden, const moex_tensor *ids,
                                             const moex_tensor *weights, moex_tensor *out, moex_status checked) {
+    static const moex_experts_desc none = {}; /* layer NULL: checked says so, and only sizes of 0 are read */
     moex_ep_group *g = ctx->options.ep_group;
     const int R = g->size, me = g->rank;
-    const moex_experts_desc *d = &layer->desc;
+    const moex_experts_desc *d = layer ? &layer->desc : &none;
     ep_post *all = (ep_post *)ctx->ep_scratch, mine;
     memset(&mine, 0, sizeof mine);
     const int64_t k = d->top_k, H = d->hidden, cap = ctx->options.max_tokens * k;
