@@ -70,3 +70,17 @@ void moex_ep_combine(const float *y, int64_t H, const int32_t *row_of, const flo
         }
     }
 }
+
+moex_status moex_ep_rank_failed(int r, int R, int64_t code, const char *what) {
+    return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert parallelism: rank %d of %d %s (%s); nothing was written", r, R,
+                     what, moex_status_str((moex_status)code));
+}
+
+moex_status moex_ep_same_layer(int r, const int64_t *lay, const int64_t *lay0) {
+    if (!memcmp(lay, lay0, 4 * sizeof *lay)) return MOEX_OK;
+    return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                     "expert parallelism: rank %d's forward has %lld experts, hidden %lld, top_k %lld and %s "
+                     "activations, rank 0's %lld, %lld, %lld and %s: every rank must run the same layer",
+                     r, (long long)lay[0], (long long)lay[1], (long long)lay[2], moex_dtype_name((moex_dtype)lay[3]),
+                     (long long)lay0[0], (long long)lay0[1], (long long)lay0[2], moex_dtype_name((moex_dtype)lay0[3]));
+}

@@ -14,6 +14,10 @@
 
 #include "core/internal.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* E experts over a group of `ranks`: MOEX_OK, or MOEX_ERR_INVALID_ARGUMENT naming E and the group
  * size when ranks < 1 or E is not a multiple of it. */
 moex_status moex_ep_check(int64_t E, int ranks);
@@ -37,5 +41,17 @@ void moex_ep_gather_rows(const float *x, int64_t x_ld, int64_t H, int64_t k, con
  * in j order, f32 (the plan's row_of; sentinels add nothing); a token with no expert gets zeros. */
 void moex_ep_combine(const float *y, int64_t H, const int32_t *row_of, const float *w, int64_t T, int64_t k, float *out,
                      int64_t out_ld);
+
+/* What every rank of a forward returns when rank r of R reported status `code` (nonzero) at a
+ * step, `what` saying which ("refused this forward"): MOEX_ERR_INVALID_ARGUMENT naming the rank. */
+moex_status moex_ep_rank_failed(int r, int R, int64_t code, const char *what);
+
+/* Rank r's layer, lay = {experts, hidden, top_k, activation dtype}, against rank 0's lay0:
+ * MOEX_OK, or MOEX_ERR_INVALID_ARGUMENT naming both (every rank must run the same layer). */
+moex_status moex_ep_same_layer(int r, const int64_t *lay, const int64_t *lay0);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

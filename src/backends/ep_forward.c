@@ -152,9 +152,7 @@ static moex_status agree(moex_ep_group *g, const ep_scratch *s, moex_status mine
     if (st) return st;
     if (mine) return mine;
     for (int r = 0; r < g->size; r++)
-        if (s->hdr_recv[r])
-            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert parallelism: rank %d of %d failed %s (%s); nothing was "
-                             "written", r, g->size, what, moex_status_str((moex_status)s->hdr_recv[r]));
+        if (s->hdr_recv[r]) return moex_ep_rank_failed(r, g->size, s->hdr_recv[r], what);
     return MOEX_OK;
 }
 
@@ -163,23 +161,12 @@ static moex_status decide(const moex_ep_group *g, const ep_scratch *s, moex_stat
     const int R = g->size, n = H_COUNTS + R;
     const int64_t *h0 = s->hdr_recv;
     if (mine) return mine;
-    for (int r = 0; r < R; r++) {
-        const int64_t code = s->hdr_recv[r * n + H_STATUS];
-        if (code)
-            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert parallelism: rank %d of %d refused this forward (%s); "
-                             "nothing was written", r, R, moex_status_str((moex_status)code));
-    }
-    for (int r = 1; r < R; r++) {
-        const int64_t *h = s->hdr_recv + r * n;
-        if (h[H_EXPERTS] != h0[H_EXPERTS] || h[H_HIDDEN] != h0[H_HIDDEN] || h[H_TOP_K] != h0[H_TOP_K] ||
-            h[H_DTYPE] != h0[H_DTYPE])
-            return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
-                             "expert parallelism: rank %d's forward has %lld experts, hidden %lld, top_k %lld and %s "
-                             "activations, rank 0's %lld, %lld, %lld and %s: every rank must run the same layer",
-                             r, (long long)h[H_EXPERTS], (long long)h[H_HIDDEN], (long long)h[H_TOP_K],
-                             moex_dtype_name((moex_dtype)h[H_DTYPE]), (long long)h0[H_EXPERTS], (long long)h0[H_HIDDEN],
-                             (long long)h0[H_TOP_K], moex_dtype_name((moex_dtype)h0[H_DTYPE]));
-    }
+    for (int r = 0; r < R; r++)
+        if (s->hdr_recv[r * n + H_STATUS])
+            return moex_ep_rank_failed(r, R, s->hdr_recv[r * n + H_STATUS], "refused this forward");
+    moex_status st = MOEX_OK; /* H_EXPERTS .. H_DTYPE: the four fields moex_ep_same_layer compares */
+    for (int r = 1; r < R && !st; r++) st = moex_ep_same_layer(r, s->hdr_recv + r * n + H_EXPERTS, h0 + H_EXPERTS);
+    if (st) return st;
     for (int q = 0; q < R; q++) {
         int64_t rows = 0;
         for (int r = 0; r < R; r++) rows += s->hdr_recv[r * n + H_COUNTS + q];

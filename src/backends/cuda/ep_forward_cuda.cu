@@ -34,6 +34,7 @@
 #include "backends/cuda/ep_forward_cuda.h"
 #include "backends/cuda/ep_plan.h"
 #include "backends/cuda/routing.cuh"
+#include "backends/ep_exchange.h"
 #include "core/gpu_runtime.h"
 #include "experts/ep_group.h"
 #include "gpu/cuda_check.h"
@@ -44,8 +45,8 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 /* What a rank posts in each all-gather. */
 typedef struct ep_post {
-    int64_t status, capacity, experts, hidden, top_k, dtype; /* capacity: cap, the rows of a block */
-    int64_t device;                                          /* the GPU's index */
+    int64_t status, capacity; /* capacity: cap, the rows of a block */
+    int64_t layer[4];         /* experts, hidden, top_k, activation dtype (moex_ep_same_layer) */
     const int32_t *count, *local;                            /* the plan's [R] and [R cap] */
     const char *send, *y;                                    /* [N, H] each */
     void *event;                                             /* cudaEvent_t: "rows posted", then "results pushed" */
@@ -95,39 +96,23 @@ __global__ void ones_kernel(float *v, int64_t n) {
         v[i] = 1.0f;
 }
 
-/* The all-gather of posts, into the context's scratch: all[r] is rank r's. */
-static moex_status gather_posts(moex_ep_group *g, const ep_post *mine, ep_post *all) {
-    return moex_ep_all_gather(g, mine, sizeof *mine, all);
-}
-
-/* The decision after the first all-gather, the same on every rank. */
+/* The decision after the first all-gather, the same on every rank (a local group's contexts share
+ * one device: moex_ep_group_bind). */
 static moex_status decide(const moex_ep_group *g, const ep_post *all, moex_status mine) {
     const int R = g->size;
     if (mine) return mine;
     for (int r = 0; r < R; r++)
-        if (all[r].status)
-            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert parallelism: rank %d of %d refused this forward (%s); "
-                             "nothing was written", r, R, moex_status_str((moex_status)all[r].status));
-    for (int r = 1; r < R; r++) {
-        const ep_post *h = &all[r], *h0 = &all[0];
-        if (h->experts != h0->experts || h->hidden != h0->hidden || h->top_k != h0->top_k || h->dtype != h0->dtype)
-            return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
-                             "expert parallelism: rank %d's forward has %lld experts, hidden %lld, top_k %lld and %s "
-                             "activations, rank 0's %lld, %lld, %lld and %s: every rank must run the same layer",
-                             r, (long long)h->experts, (long long)h->hidden, (long long)h->top_k,
-                             moex_dtype_name((moex_dtype)h->dtype), (long long)h0->experts, (long long)h0->hidden,
-                             (long long)h0->top_k, moex_dtype_name((moex_dtype)h0->dtype));
-        if (h->device != h0->device)
-            return moex_fail(MOEX_ERR_UNSUPPORTED,
-                             "expert parallelism: rank %d's context is on cuda:%lld, rank 0's on cuda:%lld: this version "
-                             "of moex runs a group's ranks on one GPU", r, (long long)h->device, (long long)h0->device);
-        if (h->capacity != h0->capacity)
-            return moex_fail(MOEX_ERR_INVALID_ARGUMENT,
-                             "expert parallelism: rank %d's blocks hold %lld rows (max_tokens x top_k), rank 0's %lld: "
-                             "on a GPU every rank's context needs the same max_tokens", r, (long long)h->capacity,
-                             (long long)h0->capacity);
+        if (all[r].status) return moex_ep_rank_failed(r, R, all[r].status, "refused this forward");
+    moex_status st = MOEX_OK;
+    for (int r = 1; r < R && !st; r++) {
+        if ((st = moex_ep_same_layer(r, all[r].layer, all[0].layer))) break;
+        if (all[r].capacity != all[0].capacity)
+            st = moex_fail(MOEX_ERR_INVALID_ARGUMENT,
+                           "expert parallelism: rank %d's blocks hold %lld rows (max_tokens x top_k), rank 0's %lld: "
+                           "on a GPU every rank's context needs the same max_tokens", r, (long long)all[r].capacity,
+                           (long long)all[0].capacity);
     }
-    return MOEX_OK;
+    return st;
 }
 
 /* Steps 1 (this rank's plan and rows) when its checks passed; the post either way. */
@@ -147,11 +132,7 @@ static moex_status post_rows(moex_context *ctx, const moex_experts_desc *d, cons
     if (!st) st = moex_cuda_status(cudaEventRecord((cudaEvent_t)ctx->ep_events[0], s), "cudaEventRecord");
     post->status = st;
     post->capacity = cap;
-    post->experts = d->num_experts;
-    post->hidden = d->hidden;
-    post->top_k = k;
-    post->dtype = hidden->dtype;
-    post->device = ctx->options.device.index;
+    post->layer[0] = d->num_experts, post->layer[1] = d->hidden, post->layer[2] = k, post->layer[3] = hidden->dtype;
     post->count = w->plan.count;
     post->local = w->plan.local;
     post->send = w->send;
@@ -218,17 +199,6 @@ static moex_status run_local(moex_context *ctx, const moex_backend *b, const moe
     return st;
 }
 
-/* Step 5: every backend's status; MOEX_OK when all went on. */
-static moex_status agree(moex_ep_group *g, const ep_post *all, moex_status mine) {
-    if (mine) return mine;
-    for (int r = 0; r < g->size; r++)
-        if (all[r].status)
-            return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert parallelism: rank %d of %d failed in its backend on the "
-                             "rows it received (%s); nothing was written", r, g->size,
-                             moex_status_str((moex_status)all[r].status));
-    return MOEX_OK;
-}
-
 extern "C" moex_status moex_ep_cuda_forward(moex_context *ctx, const moex_layer *layer, const moex_backend *b,
                                             const moex_prepared *p, const moex_tensor *hidden, const moex_tensor *ids,
                                             const moex_tensor *weights, moex_tensor *out, moex_status checked) {
@@ -252,7 +222,7 @@ extern "C" moex_status moex_ep_cuda_forward(moex_context *ctx, const moex_layer 
     moex_status st = checked;
     mine.status = checked;
     if (!st) st = post_rows(ctx, d, hidden, ids, &w, cap, s, &mine);
-    moex_status gathered = gather_posts(g, &mine, all);
+    moex_status gathered = moex_ep_all_gather(g, &mine, sizeof mine, all);
     if (gathered || (gathered = decide(g, all, st))) return gathered;
 
     /* 3, 4 and 5: the rows for this rank, its backend on them, the results back to their ranks */
@@ -265,14 +235,17 @@ extern "C" moex_status moex_ep_cuda_forward(moex_context *ctx, const moex_layer 
     memset(&mine, 0, sizeof mine);
     mine.status = local;
     mine.event = ctx->ep_events[1];
-    if ((st = gather_posts(g, &mine, all))) return st;
+    if ((st = moex_ep_all_gather(g, &mine, sizeof mine, all))) return st;
     /* the waits whatever the statuses: the ranks that went on have written into this rank's send
      * buffer, and the next forward must not rewrite it before they are done */
     moex_status waited = MOEX_OK;
     for (int r = 0; r < R; r++)
         if (!waited)
             waited = moex_cuda_status(cudaStreamWaitEvent(s, (cudaEvent_t)all[r].event, 0), "cudaStreamWaitEvent");
-    if ((st = agree(g, all, local)) || (st = waited)) return st;
+    if (local) return local;
+    for (int r = 0; r < R; r++)
+        if (all[r].status) return moex_ep_rank_failed(r, R, all[r].status, "failed in its backend on the rows it received");
+    if (waited) return waited;
     const int64_t T = hidden->shape[0];
     if (T == 0) return MOEX_OK;
     return routing_reduce(w.plan.row_of, w.send, hidden->dtype, H, weights->data, weights->dtype, weights->strides[0],
