@@ -819,10 +819,11 @@ static gcase quant_case(int64_t T, int64_t H, int64_t I, moex_dtype dt, uint64_t
  * and I not multiples of 128 (partial blocks along both), 16 x 64 blocks, empty experts (T = 1 of
  * E = 16), every token on one expert, sentinel rows, each layout the GPU takes (concat,
  * interleaved, ungated; biases; GPT-OSS's clamped activation), bf16 and f32 hidden states.
- * The last five run grouped_mm's FP8 tensor-core GEMMs (I a multiple of 64, experts of 16 rows
- * or more on average; the last two, of 32 or fewer, its narrow tiles): partial k-blocks and
+ * The last six run grouped_mm's FP8 tensor-core GEMMs (I a multiple of 64, experts of 16 rows
+ * or more on average; the fourth and fifth, of 32 or fewer, its narrow tiles): partial k-blocks and
  * output tiles, 64-row blocks, block_k 256, biases, an expert of 400 rows (4 row tiles), one of
- * about 95 among experts of about 20 (two narrow tiles); then narrow tiles, several a block. */
+ * about 95 among experts of about 20 (two narrow tiles), a hidden size of 4160 (h quantized in
+ * the wide tiles' epilogue); then narrow tiles, several a block. */
 static void test_fp8(void) {
     typedef struct fp8_case {
         int64_t T, bn, bk;
@@ -840,6 +841,8 @@ static void test_fp8(void) {
         {300, 128, 128, 0, MOEX_ACT_SILU, MOEX_BF16, 0, 336, 192}, {520, 64, 128, 1, MOEX_ACT_GPTOSS_CLAMP, MOEX_F32, 0, 336, 192},
         {400, 128, 256, 0, MOEX_ACT_SILU, MOEX_BF16, 400, 512, 256}, {70, 128, 128, 1, MOEX_ACT_GELU, MOEX_BF16, 0, 336, 192},
         {100, 64, 128, 0, MOEX_ACT_SILU, MOEX_F32, 70, 336, 192},
+        /* a hidden size from GEMM_FP8_H_QUANT_MIN_K (a partial k-block): the wide tiles quantize h in their epilogue */
+        {300, 128, 128, 0, MOEX_ACT_SILU, MOEX_BF16, 0, 4160, 192},
     };
     const int n = (int)(sizeof CASES / sizeof CASES[0]);
     for (int i = 0; i < n; i++) {

@@ -585,7 +585,8 @@ static moex_status run_gemm(const cuda_state *s, const grouped_gemm_args *g, int
  * the hidden rows gathered in expert order (converted to the weights' dtype), the gate/up GEMM
  * with the activation, the down GEMM (per_expert: both once per expert, eager), the reduction;
  * FP8, x quantized into its pairs' rows, the gate/up GEMM (h in f32, then quantized on its pairs'
- * rows; narrow tiles, and deepgemm's compiled wide ones: quantized in its epilogue), the down GEMM (y in f32), the reduction (FP8
+ * rows; narrow tiles, deepgemm's compiled wide ones and long k-loops: quantized in its epilogue,
+ * grouped_gemm_fp8_h_in_epilogue), the down GEMM (y in f32), the reduction (FP8
  * layers run once for all experts, eager too). compiled: run_gemm's. fused (sonicmoe; bf16/f16,
  * packed routing, hidden in the weights' dtype): no gather, the gate/up GEMM reads its rows of
  * the hidden states by slot_token; the down GEMM multiplies each row by its pair's routing
@@ -620,7 +621,7 @@ static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t row
         up.a = w.xq, up.a_scales = w.xs, up.c = w.h;
         down.a = w.hq, down.a_scales = w.hs, down.c = w.y;
         /* h quantized by the gate/up GEMM's epilogue, or written in f32 and quantized after it */
-        const bool h_in_epilogue = grouped_gemm_fp8_h_in_epilogue(narrow, compiled, s->epi, Q.bk);
+        const bool h_in_epilogue = grouped_gemm_fp8_h_in_epilogue(narrow, compiled, s->epi, Q.bk, L.H);
         if (h_in_epilogue) up.c_codes = w.hq, up.c_scales = w.hs;
         if ((st = act_quant_gather_e4m3(r.pair_slot, f->T, f->k, a->hidden->data, a->hidden->dtype,
                                         a->hidden->strides[0], L.H, Q.bk, w.xq, w.xs, f->stream)))

@@ -123,13 +123,17 @@ static inline int grouped_gemm_fp8_h_quant_fits(gemm_epilogue gate_up_epi, int64
 }
 
 /* Where it does, by measurement: narrow tiles always (their GEMMs are then chained), wide tiles in
- * the kernels compiled for the shape (deepgemm) only. Otherwise h is written in f32 and quantized
- * by its own kernel (act_quant.cuh). On an H100 (dev/notes/cuda-notes.md, 2026-12-06) the wide
- * epilogue's quantization took deepgemm to 0.87 / 0.97 of the time at deepseek-v3 4096 / 16384
- * tokens and 0.99 / 0.97 at qwen3-30b-a3b, but grouped_mm's library kernels to 1.03 / 1.02 and
- * 1.00 / 0.98: why the library kernels lose is not known. */
-static inline int grouped_gemm_fp8_h_in_epilogue(int narrow, int compiled, gemm_epilogue gate_up_epi, int64_t bk) {
-    return (narrow || compiled) && grouped_gemm_fp8_h_quant_fits(gate_up_epi, bk);
+ * the kernels compiled for the shape (deepgemm), and the library's wide tiles from a gate/up k-loop
+ * of GEMM_FP8_H_QUANT_MIN_K inputs. Otherwise h is written in f32 and quantized by its own kernel
+ * (act_quant.cuh). Measured on an H100 (dev/notes/cuda-notes.md, 2026-12-06, the epilogue with its
+ * biases loaded first): grouped_mm's wide tiles with the quantizing epilogue took 0.868 / 0.987 of
+ * the time at deepseek-v3 4096 / 16384 tokens (K = 7168) and 1.069 / 1.057 at qwen3-30b-a3b
+ * (K = 2048). The epilogue runs outside the k-loop, so its extra work weighs less beside a long
+ * one. */
+#define GEMM_FP8_H_QUANT_MIN_K 4096
+static inline int grouped_gemm_fp8_h_in_epilogue(int narrow, int compiled, gemm_epilogue gate_up_epi, int64_t bk,
+                                                 int64_t K) {
+    return (narrow || compiled || K >= GEMM_FP8_H_QUANT_MIN_K) && grouped_gemm_fp8_h_quant_fits(gate_up_epi, bk);
 }
 
 /* Both projections of a narrow row tile in one block, h in shared memory (grouped_gemm_run_pair):

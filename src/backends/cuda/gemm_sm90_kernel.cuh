@@ -220,13 +220,6 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void store_one(__nv_bfloat16 *p, float a) { *p = __float2bfloat16_rn(a); }
 __device__ __forceinline__ void store_one(__half *p, float a) { *p = __float2half_rn(a); }
 
-/* One output value with its biases and activation (out of line: see the epilogue). */
-__device__ __noinline__ float epilogue_value(const layer_view &L, gemm_epilogue epi, int64_t e, int64_t n, float g, float u) {
-    if (epi == EPI_DOWN) return u + bias_at(L.down_bias, L.bdt, e, n);
-    if (epi == EPI_UP_ONLY) return activate(L, 0.0f, u + bias_at(L.up_bias, L.bdt, e, n));
-    return activate(L, g + bias_at(L.gate_bias, L.bdt, e, n), u + bias_at(L.up_bias, L.bdt, e, n));
-}
-
 /* The biases of NV output columns of expert e, column j = n0 + STEP (j / PAIR) + j % PAIR (0 at
  * and past N, or without biases): the dtype tested once and every load issued before any is
  * used (bias_at per value, between the values' arithmetic, waits for each load in turn). */
@@ -846,10 +839,23 @@ __device__ __forceinline__ void consume_float(const gemm_params &p, unsigned cha
 /* ---- the FP8 consumers --------------------------------------------------------------- */
 
 /* An FP8 gate/up output from its gate and up totals: SiLU(g) * u straight (silu: no biases), else
- * the per-value call. */
-__device__ __forceinline__ float fp8_gate_up_value(const layer_view &L, bool silu, int64_t e, int64_t n, float g,
-                                                   float u) {
-    return silu ? __fdividef(g, 1.0f + __expf(-g)) * u : epilogue_value(L, EPI_GATE_UP_CONCAT, e, n, g, u);
+ * the layer's activation of the totals plus their biases bg, bu (fp8_gate_up_biases). */
+__device__ __forceinline__ float fp8_gate_up_value(const layer_view &L, bool silu, float g, float u, float bg, float bu) {
+    return silu ? __fdividef(g, 1.0f + __expf(-g)) * u : activate(L, g + bg, u + bu);
+}
+
+/* The gate and up biases of 8 feature groups of a thread's columns, n0 + 8 ii + {0, 1} (n0: the
+ * groups' first column of the thread), all loaded before any value is computed; zeros with silu
+ * (no biases) and at and past N. */
+__device__ __forceinline__ void fp8_gate_up_biases(const layer_view &L, bool silu, int64_t e, int64_t n0, int64_t N,
+                                                   float (&bg)[16], float (&bu)[16]) {
+    if (silu) {
+#pragma unroll
+        for (int j = 0; j < 16; j++) bg[j] = bu[j] = 0.0f;
+        return;
+    }
+    bias_loads<16, 8, 2>(L.gate_bias, L.bdt, e, n0, N, bg);
+    bias_loads<16, 8, 2>(L.up_bias, L.bdt, e, n0, N, bu);
 }
 
 /* The FP8 epilogue: the thread's two rows (lane/4 and +8 of its warp's 16) of the warpgroup's
@@ -859,7 +865,8 @@ __device__ __forceinline__ float fp8_gate_up_value(const layer_view &L, bool sil
  * 4i + 2 (+3)); a half of gate/up holds 64 gate columns then their 64 up columns, so feature
  * group i (8 features) has its gate values at fp8_gate_at(i) and its up values 32 later. Wide
  * tiles: the warpgroup's 64 of 128 rows by the tile's 256 weight rows (two halves: 128
- * features, or 256 down outputs); NARROW: all 64 rows by half wg-1 of its 256 (one half). */
+ * features, or 256 down outputs); NARROW: all 64 rows by half wg-1 of its 256 (one half).
+ * Column groups are taken 8 at a time, their biases loaded first (none without biases). */
 __host__ __device__ constexpr int fp8_gate_at(int i) { return 64 * (i / 8) + 4 * (i % 8); }
 template <int EPI, bool NARROW, int ACC>
 __device__ __forceinline__ void epilogue_fp8(const float (&acc)[ACC], const tile &tl, const gemm_params &p, int wg,
@@ -875,27 +882,40 @@ __device__ __forceinline__ void epilogue_fp8(const float (&acc)[ACC], const tile
     const int64_t n_tile = EPI == EPI_DOWN ? tl.n * TILE_N + (NARROW ? (wg - 1) * 128 : 0)
                                            : tl.n * (TILE_N / 2) + (NARROW ? (wg - 1) * 64 : 0);
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int r = row_base + lane / 4 + 8 * h;
-        if (r >= tl.rows) continue;
-        float *crow = (float *)p.c + (tl.a_row + r) * p.N;
+    for (int c = 0; c < COLS / 8; c++) {
+        const int64_t n0 = n_tile + 64 * c + c0;
+        float bg[16], bu[16];
+        if (EPI == EPI_DOWN) {
+            if (plain) {
 #pragma unroll
-        for (int i = 0; i < COLS; i++) {
-            const int64_t n = n_tile + 8 * i + c0;
-            if (n >= p.N) continue;
-            const int at = EPI == EPI_DOWN ? 4 * i : fp8_gate_at(i);
-            float v0 = acc[at + 2 * h], v1 = acc[at + 2 * h + 1];
-            if (EPI == EPI_DOWN) {
-                if (!plain) {
-                    v0 = epilogue_value(L, EPI_DOWN, tl.e, n, 0.0f, v0);
-                    v1 = epilogue_value(L, EPI_DOWN, tl.e, n + 1, 0.0f, v1);
-                }
+                for (int j = 0; j < 16; j++) bu[j] = 0.0f;
             } else {
-                const float u0 = acc[at + 32 + 2 * h], u1 = acc[at + 32 + 2 * h + 1];
-                v0 = fp8_gate_up_value(L, silu, tl.e, n, v0, u0);
-                v1 = fp8_gate_up_value(L, silu, tl.e, n + 1, v1, u1);
+                bias_loads<16, 8, 2>(L.down_bias, L.bdt, tl.e, n0, p.N, bu);
             }
-            *(float2 *)(crow + n) = make_float2(v0, v1); /* N even: n and n + 1 are both in the row */
+        } else {
+            fp8_gate_up_biases(L, silu, tl.e, n0, p.N, bg, bu);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = row_base + lane / 4 + 8 * h;
+            if (r >= tl.rows) continue;
+            float *crow = (float *)p.c + (tl.a_row + r) * p.N;
+#pragma unroll
+            for (int ii = 0; ii < 8; ii++) {
+                const int i = 8 * c + ii;
+                const int64_t n = n0 + 8 * ii;
+                if (n >= p.N) continue;
+                const int at = EPI == EPI_DOWN ? 4 * i : fp8_gate_at(i);
+                float v0 = acc[at + 2 * h], v1 = acc[at + 2 * h + 1];
+                if (EPI == EPI_DOWN) {
+                    v0 += bu[2 * ii], v1 += bu[2 * ii + 1]; /* zeros without biases: exact */
+                } else {
+                    const float u0 = acc[at + 32 + 2 * h], u1 = acc[at + 32 + 2 * h + 1];
+                    v0 = fp8_gate_up_value(L, silu, v0, u0, bg[2 * ii], bu[2 * ii]);
+                    v1 = fp8_gate_up_value(L, silu, v1, u1, bg[2 * ii + 1], bu[2 * ii + 1]);
+                }
+                *(float2 *)(crow + n) = make_float2(v0, v1); /* N even: n and n + 1 are both in the row */
+            }
         }
     }
 }
@@ -916,7 +936,8 @@ __device__ __forceinline__ void epilogue_fp8_h_quant(const float (&acc)[64], con
     const layer_view &L = p.L;
     const bool silu = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base && L.act == MOEX_ACT_SILU;
     const int64_t n_tile = (int64_t)tl.n * (BN / 2) + (wg - 1) * 64;
-    float v[2][16], amax[2] = {0.0f, 0.0f};
+    float v[2][16], amax[2] = {0.0f, 0.0f}, bg[16], bu[16];
+    fp8_gate_up_biases(L, silu, tl.e, n_tile + c0, p.N, bg, bu);
 #pragma unroll
     for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -925,8 +946,8 @@ __device__ __forceinline__ void epilogue_fp8_h_quant(const float (&acc)[64], con
             const float g0 = acc[4 * i + 2 * h], g1 = acc[4 * i + 2 * h + 1];
             const float u0 = acc[4 * (i + 8) + 2 * h], u1 = acc[4 * (i + 8) + 2 * h + 1];
             const bool in = n < p.N; /* N even: n + 1 < N too */
-            v[h][2 * i] = in ? fp8_gate_up_value(L, silu, tl.e, n, g0, u0) : 0.0f;
-            v[h][2 * i + 1] = in ? fp8_gate_up_value(L, silu, tl.e, n + 1, g1, u1) : 0.0f;
+            v[h][2 * i] = in ? fp8_gate_up_value(L, silu, g0, u0, bg[2 * i], bu[2 * i]) : 0.0f;
+            v[h][2 * i + 1] = in ? fp8_gate_up_value(L, silu, g1, u1, bg[2 * i + 1], bu[2 * i + 1]) : 0.0f;
             amax[h] = fmaxf(amax[h], fmaxf(fabsf(v[h][2 * i]), fabsf(v[h][2 * i + 1])));
         }
 #pragma unroll
@@ -964,16 +985,22 @@ __device__ __forceinline__ void epilogue_fp8_h_quant_wide(float (&acc)[128], con
     const int64_t n_tile = (int64_t)tl.n * (BN / 2);
     float amax[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int h = 0; h < 2; h++)
+    for (int c = 0; c < 2; c++) { /* feature groups 8c .. 8c + 7, their biases first */
+        float bg[16], bu[16];
+        fp8_gate_up_biases(L, silu, tl.e, n_tile + 64 * c + c0, p.N, bg, bu);
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            const int at = fp8_gate_at(i) + 2 * h;
-            const int64_t n = n_tile + 8 * i + c0;
-            const bool in = n < p.N; /* N even: n + 1 < N too */
-            acc[at] = in ? fp8_gate_up_value(L, silu, tl.e, n, acc[at], acc[at + 32]) : 0.0f;
-            acc[at + 1] = in ? fp8_gate_up_value(L, silu, tl.e, n + 1, acc[at + 1], acc[at + 33]) : 0.0f;
-            amax[h] = fmaxf(amax[h], fmaxf(fabsf(acc[at]), fabsf(acc[at + 1])));
-        }
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int ii = 0; ii < 8; ii++) {
+                const int i = 8 * c + ii, at = fp8_gate_at(i) + 2 * h;
+                const int64_t n = n_tile + 8 * i + c0;
+                const bool in = n < p.N; /* N even: n + 1 < N too */
+                acc[at] = in ? fp8_gate_up_value(L, silu, acc[at], acc[at + 32], bg[2 * ii], bu[2 * ii]) : 0.0f;
+                acc[at + 1] = in ? fp8_gate_up_value(L, silu, acc[at + 1], acc[at + 33], bg[2 * ii + 1], bu[2 * ii + 1])
+                                 : 0.0f;
+                amax[h] = fmaxf(amax[h], fmaxf(fabsf(acc[at]), fabsf(acc[at + 1])));
+            }
+    }
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
