@@ -641,6 +641,10 @@ static void test_bad_configs(void **state) {
          "num_hidden_layers", "outside"},
         {"layers too big for int32", "{\"vocab_size\":8,\"hidden_size\":8,\"num_hidden_layers\":2147483648,"
                                      "\"num_attention_heads\":2}", "num_hidden_layers = 2147483648", "outside"},
+        /* a gpt_oss config sized its per-layer window flags by this before the checkpoint was read */
+        {"layers past the cap", "{\"vocab_size\":8,\"hidden_size\":8,\"num_hidden_layers\":716655368,"
+                                "\"num_attention_heads\":2,\"num_key_value_heads\":2,\"model_type\":\"gpt_oss\"}",
+         "num_hidden_layers = 716655368", "outside [1, 65536]"},
         {"heads a bool", "{\"vocab_size\":8,\"hidden_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":true}",
          "num_attention_heads is a boolean", NULL},
         {"norm_topk_prob a number", "{" BASE ",\"norm_topk_prob\":1}", "norm_topk_prob is a number",

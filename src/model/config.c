@@ -12,6 +12,9 @@
 #define MAX_CONFIG_BYTES ((size_t)64 << 20)
 /* Upper bound of sizes and token ids: they must fit int32 arithmetic downstream. */
 #define INT_MAXV ((int64_t)INT32_MAX)
+/* The most layers a config may declare: far above any model's (a few hundred), low enough that what
+ * the parse sizes by it (gpt_oss's per-layer window flags) stays small for a hostile file. */
+#define MAX_LAYERS ((int64_t)65536)
 
 /* Where a value is looked up: an object, the file name and the key path
  * prefix ("" or "text_config.") used in messages. */
@@ -455,7 +458,7 @@ static moex_status text_sizes(jobj t, family fam, moex_config *c) {
     c->num_experts_per_tok = fd->top_k;
     moex_status st = need_int(t, "vocab_size", 1, INT_MAXV, &c->vocab_size);
     if (st == MOEX_OK) st = need_int(t, "hidden_size", 1, INT_MAXV, &c->hidden_size);
-    if (st == MOEX_OK) st = need_int(t, "num_hidden_layers", 1, INT_MAXV, &c->num_hidden_layers);
+    if (st == MOEX_OK) st = need_int(t, "num_hidden_layers", 1, MAX_LAYERS, &c->num_hidden_layers);
     if (st == MOEX_OK) st = need_int(t, "num_attention_heads", 1, INT_MAXV, &c->num_attention_heads);
     if (st == MOEX_OK) st = get_int(t, "intermediate_size", 0, INT_MAXV, &c->intermediate_size, NULL);
     if (st == MOEX_OK) st = get_int(t, "moe_intermediate_size", 0, INT_MAXV, &c->moe_intermediate_size, NULL);
