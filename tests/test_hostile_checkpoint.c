@@ -11,7 +11,8 @@
  *     refused at load by
  *     name; a sliding window that cannot bind loads and matches transformers;
  *   - the absent keys: transformers' defaults of the family;
- *   - num_hidden_layers far beyond the checkpoint: refused before any allocation;
+ *   - num_hidden_layers past 65536: refused by the config; far beyond the checkpoint within
+ *     that: refused before any allocation;
  *   - config.json or generation_config.json a FIFO: refused at once;
  *   - the checkpoint shrunk or rewritten after load: the next generate fails naming it;
  *   - an index naming many distinct missing shards: refused in linear time;
@@ -404,8 +405,10 @@ static void test_unsupported_keys(void **state) {
          MOEX_ERR_FORMAT, "mrope_section has 2 entries", NULL},
         {"num_experts_per_tok 0", "qwen3_moe", {"num_experts_per_tok", "0"}, 0, MOEX_ERR_FORMAT,
          "num_experts_per_tok = 0", "config.json"},
-        {"num_hidden_layers 2^31-1", "qwen3_moe", {"num_hidden_layers", "2147483647"}, 0, MOEX_ERR_NOT_FOUND,
-         "num_hidden_layers = 2147483647", "model.layers.2147483646.input_layernorm.weight"},
+        {"num_hidden_layers 2^31-1", "qwen3_moe", {"num_hidden_layers", "2147483647"}, 0, MOEX_ERR_FORMAT,
+         "num_hidden_layers = 2147483647", "outside [1, 65536]"},
+        {"num_hidden_layers 65536", "qwen3_moe", {"num_hidden_layers", "65536"}, 0, MOEX_ERR_NOT_FOUND,
+         "num_hidden_layers = 65536", "model.layers.65535.input_layernorm.weight"},
         {"olmoe clip_qkv", "olmoe", {"clip_qkv", "8.0"}, 0, MOEX_ERR_UNSUPPORTED, "clip_qkv = 8", NULL},
         {"olmoe clip_qkv string", "olmoe", {"clip_qkv", "\"8\""}, 0, MOEX_ERR_FORMAT, "clip_qkv", NULL},
         {"olmoe head_dim", "olmoe", {"head_dim", "8"}, 0, MOEX_ERR_FORMAT, "head_dim = 8", "hidden_size = 64"},
