@@ -845,15 +845,10 @@ __device__ __forceinline__ float fp8_gate_up_value(const layer_view &L, bool sil
 }
 
 /* The gate and up biases of 8 feature groups of a thread's columns, n0 + 8 ii + {0, 1} (n0: the
- * groups' first column of the thread), all loaded before any value is computed; zeros with silu
- * (no biases) and at and past N. */
-__device__ __forceinline__ void fp8_gate_up_biases(const layer_view &L, bool silu, int64_t e, int64_t n0, int64_t N,
+ * groups' first column of the thread), all loaded before any value is computed (bias_loads: zeros
+ * without biases and at and past N). */
+__device__ __forceinline__ void fp8_gate_up_biases(const layer_view &L, int64_t e, int64_t n0, int64_t N,
                                                    float (&bg)[16], float (&bu)[16]) {
-    if (silu) {
-#pragma unroll
-        for (int j = 0; j < 16; j++) bg[j] = bu[j] = 0.0f;
-        return;
-    }
     bias_loads<16, 8, 2>(L.gate_bias, L.bdt, e, n0, N, bg);
     bias_loads<16, 8, 2>(L.up_bias, L.bdt, e, n0, N, bu);
 }
@@ -885,16 +880,10 @@ __device__ __forceinline__ void epilogue_fp8(const float (&acc)[ACC], const tile
     for (int c = 0; c < COLS / 8; c++) {
         const int64_t n0 = n_tile + 64 * c + c0;
         float bg[16], bu[16];
-        if (EPI == EPI_DOWN) {
-            if (plain) {
-#pragma unroll
-                for (int j = 0; j < 16; j++) bu[j] = 0.0f;
-            } else {
-                bias_loads<16, 8, 2>(L.down_bias, L.bdt, tl.e, n0, p.N, bu);
-            }
-        } else {
-            fp8_gate_up_biases(L, silu, tl.e, n0, p.N, bg, bu);
-        }
+        if (EPI == EPI_DOWN)
+            bias_loads<16, 8, 2>(L.down_bias, L.bdt, tl.e, n0, p.N, bu);
+        else
+            fp8_gate_up_biases(L, tl.e, n0, p.N, bg, bu);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int r = row_base + lane / 4 + 8 * h;
@@ -937,7 +926,7 @@ __device__ __forceinline__ void epilogue_fp8_h_quant(const float (&acc)[64], con
     const bool silu = !L.gate_bias.base && !L.up_bias.base && !L.down_bias.base && L.act == MOEX_ACT_SILU;
     const int64_t n_tile = (int64_t)tl.n * (BN / 2) + (wg - 1) * 64;
     float v[2][16], amax[2] = {0.0f, 0.0f}, bg[16], bu[16];
-    fp8_gate_up_biases(L, silu, tl.e, n_tile + c0, p.N, bg, bu);
+    fp8_gate_up_biases(L, tl.e, n_tile + c0, p.N, bg, bu);
 #pragma unroll
     for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -987,7 +976,7 @@ __device__ __forceinline__ void epilogue_fp8_h_quant_wide(float (&acc)[128], con
 #pragma unroll
     for (int c = 0; c < 2; c++) { /* feature groups 8c .. 8c + 7, their biases first */
         float bg[16], bu[16];
-        fp8_gate_up_biases(L, silu, tl.e, n_tile + 64 * c + c0, p.N, bg, bu);
+        fp8_gate_up_biases(L, tl.e, n_tile + 64 * c + c0, p.N, bg, bu);
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
