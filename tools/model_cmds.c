@@ -32,6 +32,7 @@ typedef struct gen_args {
     int64_t warmup; /* untimed generations before the reported one */
     int64_t ep;     /* --ep N: ranks of an expert-parallel group in this process (0: none) */
     int ep_mpi;     /* --ep-mpi: this process is one rank of the MPI job's group */
+    int gpus[MAX_EP], n_gpus; /* --device cuda[:N[,M ...]]: the GPUs' indices (rank r of --ep on gpus[r % n_gpus]) */
 } gen_args;
 
 static const char *usage_cmd = "moex"; /* "moex generate", "moex info" or "moex demo" */
@@ -212,8 +213,12 @@ static int check_gen_combination(const gen_args *a, const int *given) {
                          "");
         if (!strcmp(f, "--dequantize") && a->quantize)
             return usage("--dequantize and --quantize exclude each other%s%s", "", "");
-        if ((!strcmp(f, "--ep") || !strcmp(f, "--ep-mpi")) && !on_cpu)
-            return usage("%s runs its ranks on the cpu in this version (not --device %s)", f, a->device);
+        if (!strcmp(f, "--ep-mpi") && !on_cpu)
+            return usage("--ep-mpi runs its ranks on the cpu in this version (not --device %s): on a GPU, --ep N runs "
+                         "N ranks in this process%s", a->device, "");
+        if (!strcmp(f, "--ep") && a->gen.cuda_graph)
+            return usage("--ep and --cuda-graph exclude each other (an expert-parallel decode step cannot be captured: "
+                         "its ranks meet on the host in every MoE layer)%s%s", "", "");
         if (!strcmp(f, "--ep-mpi") && a->ep)
             return usage("--ep N (ranks in this process) and --ep-mpi (a rank a process) exclude each other%s%s", "", "");
     }
@@ -348,8 +353,39 @@ static void stream_token(void *user, int prompt, int32_t id) {
     if (cli_stdout_flush()) ts->failed = 1;
 }
 
+// --device: cpu, cuda (GPU 0), cuda:N, or for --ep ranks a list cuda:N,M,... (rank r on the
+// (r mod count)-th); a->gpus and a->n_gpus (0 for cpu). 0 or an exit code.
+static int parse_devices(gen_args *a) {
+    a->n_gpus = 0;
+    if (!strcmp(a->device, "cpu")) return 0;
+    if (!strcmp(a->device, "cuda")) {
+        a->gpus[a->n_gpus++] = 0;
+        return 0;
+    }
+    if (strncmp(a->device, "cuda:", 5) || !a->device[5])
+        return usage("--device: \"%s\" is not cpu, cuda, cuda:N or cuda:N,M,...%s", a->device, "");
+    char one[16];
+    for (const char *p = a->device + 5;;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        uint64_t v;
+        if (len == 0 || len >= sizeof one) return usage("--device: \"%s\" has an empty or overlong GPU index%s", a->device, "");
+        memcpy(one, p, len);
+        one[len] = '\0';
+        if (cli_parse_u64(one, 1023, &v) != CLI_NUM_OK)
+            return usage("--device: \"%s\" is not a GPU index 0 to 1023 (in \"%s\")", one, a->device);
+        if (a->n_gpus == MAX_EP) return usage("--device: \"%s\" lists more than %s GPUs", a->device, "64");
+        a->gpus[a->n_gpus++] = (int)v;
+        if (!end) break;
+        p = end + 1;
+    }
+    if (a->n_gpus > 1 && !a->ep)
+        return usage("--device %s: several GPUs take the ranks of --ep N (one model runs on one GPU)%s", a->device, "");
+    return 0;
+}
+
 // Model options from the common flags; 0 or an exit code.
-static int model_options(const gen_args *a, moex_model_options *mo) {
+static int model_options(gen_args *a, moex_model_options *mo) {
     *mo = moex_model_default_options();
     mo->experts = a->experts;
     mo->num_threads = a->threads;
@@ -359,8 +395,9 @@ static int model_options(const gen_args *a, moex_model_options *mo) {
     moex_quant_format qf;
     if (a->quantize && moex_quant_format_parse(a->quantize, &qf))
         return usage("--quantize: \"%s\" is not fp8, fp8-ue8m0 or fp4%s", a->quantize, "");
-    if (!strcmp(a->device, "cuda")) mo->device.kind = MOEX_DEVICE_CUDA;
-    else if (strcmp(a->device, "cpu")) return usage("--device: \"%s\" is not cpu or cuda%s", a->device, "");
+    int rc = parse_devices(a);
+    if (rc) return rc;
+    if (a->n_gpus) mo->device = (moex_device){MOEX_DEVICE_CUDA, a->gpus[0]};
     if (moex_dtype_parse(a->dtype, &mo->dtype) || (mo->dtype != MOEX_F32 && mo->dtype != MOEX_BF16))
         return usage("--dtype: \"%s\" is not f32 or bf16%s", a->dtype, "");
     int64_t longest = 1, total = 0;
@@ -532,6 +569,7 @@ static int generate_ep(gen_args *a, const moex_model_options *mo) {
         moex_model_options o = *mo;
         o.ep_group = groups[r];
         o.num_threads = rank_threads(a, R);
+        if (a->n_gpus) o.device.index = a->gpus[r % a->n_gpus];
         ranks[r].a = a;
         prompt_block(r, R, a->n, &ranks[r].first, &ranks[r].n);
         if (moex_model_load(a->dir, &o, &ranks[r].m)) {

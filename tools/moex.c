@@ -21,7 +21,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  generate   MODEL_DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [...] [--chat]\n"
             "             --max-new-tokens N\n"
-            "             [--experts NAME|JSON] [--device cpu|cuda] [--dtype f32|bf16]\n"
+            "             [--experts NAME|JSON] [--device cpu|cuda[:N[,M...]]] [--dtype f32|bf16]\n"
             "             [--temperature T [--top-k K] [--top-p P] [--seed S]] [--threads N] [--ignore-eos]\n"
             "             [--warmup N] [--json [--logits]] [--quantize fp8|fp8-ue8m0|fp4 | --dequantize]\n"
             "             [--no-decode-switch] [--cuda-graph] (these two with --device cuda)\n"

@@ -230,9 +230,10 @@ moex_status moex_ep_group_create(int size, int rank, const moex_ep_transport *tr
  * `size` ranks of one group in this process (ranks[r] is rank r), exchanging
  * through host memory: each rank's forwards must be called from a thread of
  * its own, as collectives are (a rank waits in the exchange until every rank
- * has reached it). CPU contexts, or CUDA contexts all on one GPU (each on a
- * stream slot of its own), whose ranks exchange rows through device memory
- * (see moex_experts_forward). Free each with moex_ep_group_free().
+ * has reached it). CPU contexts, or CUDA contexts (each on a stream slot of
+ * its own; on one GPU or several, with peer access enabled between each two
+ * as their contexts are made), whose ranks exchange rows through device
+ * memory (see moex_experts_forward). Free each with moex_ep_group_free().
  */
 moex_status moex_ep_local_groups(int size, moex_ep_group **ranks);
 

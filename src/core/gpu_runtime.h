@@ -29,6 +29,9 @@ void moex_cuda_graph_free(void *exec);
 /* An event that orders one stream's work after another's (timing off), and its release. */
 moex_status moex_cuda_event_create(int device, void **event);
 void moex_cuda_event_free(int device, void *event);
+/* Kernels on device a may read and write device b's memory and b's a's (both directions enabled,
+ * once per process and pair; a == b: nothing to do), or an error naming both devices. */
+moex_status moex_cuda_peer_access(int a, int b);
 
 /* Bits of the status word, one per kind of value the host could not check without a sync. */
 #define MOEX_CUDA_FLAG_BAD_ID MOEX_CUDA_STATUS_BAD_ID /* an expert id not in [-1, E] (moex.h): its pair is skipped */

@@ -3,9 +3,15 @@
  * an all-to-all is two barriers around each rank copying what it receives straight out of the
  * senders' buffers. */
 #include "experts/ep_group.h"
+#if MOEX_HAVE_CUDA
+#include "core/gpu_runtime.h" /* moex_cuda_peer_access */
+#endif
 
 #include <pthread.h>
 #include <stdlib.h>
+
+/* The most distinct GPUs one local group's contexts may be on. */
+#define EP_HUB_GPUS 64
 
 /* What the ranks of one process share: the barrier, and each rank's posted send. */
 typedef struct ep_post {
@@ -19,8 +25,9 @@ typedef struct ep_hub {
     int size, arrived, handles; /* handles: groups not yet freed */
     unsigned long generation;
     int mismatch; /* set in an exchange where a receiver's sizes disagreed with its sender's */
-    int bound;        /* a context has joined: every context's device is `device` */
-    moex_device device;
+    int bound;           /* a context has joined: every context's device is of `device`'s kind */
+    moex_device device;  /* the first context's */
+    int gpus, gpu[EP_HUB_GPUS]; /* the CUDA devices of its contexts so far, peer access enabled between each two */
     ep_post post[];
 } ep_hub;
 
@@ -164,6 +171,24 @@ moex_status moex_ep_all_gather(moex_ep_group *g, const void *mine, size_t bytes,
     return moex_ep_all_to_all(g, mine, zero, each, all, at, each);
 }
 
+/* A CUDA device joining h (under h->mu): peer access with each device it has, then it is one. */
+static moex_status hub_add_gpu(ep_hub *h, int device) {
+    for (int i = 0; i < h->gpus; i++)
+        if (h->gpu[i] == device) return MOEX_OK;
+    if (h->gpus == EP_HUB_GPUS)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "expert parallelism: a context on cuda:%d would be the local group's "
+                         "GPU number %d; a group's contexts may be on at most %d GPUs", device, EP_HUB_GPUS + 1,
+                         EP_HUB_GPUS);
+#if MOEX_HAVE_CUDA
+    for (int i = 0; i < h->gpus; i++) {
+        moex_status st = moex_cuda_peer_access(h->gpu[i], device);
+        if (st) return st;
+    }
+#endif
+    h->gpu[h->gpus++] = device;
+    return MOEX_OK;
+}
+
 moex_status moex_ep_group_bind(moex_ep_group *g, moex_device device) {
     ep_hub *h = g->hub;
     if (!h) return MOEX_OK;
@@ -171,11 +196,16 @@ moex_status moex_ep_group_bind(moex_ep_group *g, moex_device device) {
     const int first = !h->bound;
     if (first) h->bound = 1, h->device = device;
     const moex_device had = h->device;
+    moex_status st = MOEX_OK;
+    if (had.kind != device.kind) {
+        char a[32], b[32];
+        st = moex_fail(MOEX_ERR_UNSUPPORTED, "expert parallelism: a context on %s joins a group of moex_ep_local_groups "
+                       "whose contexts are on %s: a local group's ranks are all on the cpu or all on GPUs",
+                       moex_device_str(device, a, sizeof a), moex_device_str(had, b, sizeof b));
+    } else if (device.kind == MOEX_DEVICE_CUDA) {
+        st = hub_add_gpu(h, device.index);
+    }
+    if (st && first) h->bound = 0; /* the group is as it was */
     pthread_mutex_unlock(&h->mu);
-    if (first || (had.kind == device.kind && (had.kind == MOEX_DEVICE_CPU || had.index == device.index)))
-        return MOEX_OK;
-    char a[32], b[32];
-    return moex_fail(MOEX_ERR_UNSUPPORTED, "expert parallelism: a context on %s joins a group of moex_ep_local_groups "
-                     "whose contexts are on %s: a local group's ranks share one device (their rows go through its "
-                     "memory)", moex_device_str(device, a, sizeof a), moex_device_str(had, b, sizeof b));
+    return st;
 }

@@ -18,8 +18,10 @@ struct moex_ep_group {
     size_t gather[];    /* 3 x size: an all-gather's offsets and sizes (this handle's own) */
 };
 
-/* The device of a context joining the group: a local group's contexts must all be on one device
- * (the first context's); MOEX_ERR_UNSUPPORTED naming both otherwise. Other groups: MOEX_OK. */
+/* The device of a context joining the group: a local group's contexts are all on the CPU or all on
+ * GPUs (MOEX_ERR_UNSUPPORTED naming both otherwise); a GPU new to the group gets peer access with
+ * each GPU it has (both ways: a rank's kernels read and write the others' buffers), or an error
+ * naming the two. Other groups: MOEX_OK. */
 moex_status moex_ep_group_bind(moex_ep_group *g, moex_device device);
 
 /* The group's all-to-all, its result checked: a failure always has a message, and a value that is

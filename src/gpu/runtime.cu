@@ -206,3 +206,26 @@ extern "C" moex_status moex_cuda_event_create(int device, void **event) {
 extern "C" void moex_cuda_event_free(int device, void *event) {
     if (event && moex_cuda_use(device) == MOEX_OK) cudaEventDestroy((cudaEvent_t)event);
 }
+
+/* One direction: kernels on `from` reach `to`'s memory (already enabled counts as done). */
+static moex_status peer_enable(int from, int to) {
+    int can = 0;
+    moex_status st = moex_cuda_status(cudaDeviceCanAccessPeer(&can, from, to), "cudaDeviceCanAccessPeer");
+    if (st) return st;
+    if (!can)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda:%d cannot reach the memory of cuda:%d (no peer access between "
+                         "them): their contexts cannot be ranks of one expert-parallel group", from, to);
+    if ((st = moex_cuda_use(from))) return st;
+    const cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError(); /* not an error here: clear it */
+        return MOEX_OK;
+    }
+    return moex_cuda_status(e, "cudaDeviceEnablePeerAccess");
+}
+
+extern "C" moex_status moex_cuda_peer_access(int a, int b) {
+    if (a == b) return MOEX_OK;
+    moex_status st = peer_enable(a, b);
+    return st ? st : peer_enable(b, a);
+}

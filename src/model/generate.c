@@ -171,6 +171,9 @@ static moex_status check_args(const moex_model *m, int n, const int32_t *const *
     if (o->cuda_graph && !m->gpu)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "cuda_graph = %d: graph-captured decode needs a model loaded on cuda",
                          o->cuda_graph);
+    if (o->cuda_graph && m->opt.ep_group)
+        return moex_fail(MOEX_ERR_UNSUPPORTED, "cuda_graph = %d: an expert-parallel rank's decode step cannot be captured "
+                         "(its ranks meet on the host in every MoE layer); generate with cuda_graph = 0", o->cuda_graph);
     if (o->max_new_tokens < 0) return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "max_new_tokens = %lld is negative", (long long)o->max_new_tokens);
     if (!(o->temperature >= 0) || !isfinite(o->temperature) || !(o->top_p > 0 && o->top_p <= 1) || o->top_k < 0)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "temperature = %g, top_k = %lld, top_p = %g: need a finite temperature >= 0, top_k >= 0, 0 < top_p <= 1",

@@ -623,9 +623,6 @@ static moex_status check_ep_share(const moex_config *c, const moex_ep_group *g, 
 static moex_status check_options(const moex_model_options *o) {
     if (o->device.kind != MOEX_DEVICE_CPU && o->device.kind != MOEX_DEVICE_CUDA)
         return moex_fail(MOEX_ERR_INVALID_ARGUMENT, "device kind %d is not a moex_device_kind", (int)o->device.kind);
-    if (o->ep_group && o->device.kind != MOEX_DEVICE_CPU)
-        return moex_fail(MOEX_ERR_UNSUPPORTED, "ep_group: expert parallelism runs on the cpu in this version of moex, not "
-                         "on cuda:%d", o->device.index);
     if (o->device.kind == MOEX_DEVICE_CUDA && !MOEX_HAVE_CUDA)
         return moex_fail(MOEX_ERR_UNSUPPORTED,
                          "device cuda:%d: this build of moex has no CUDA support; load the model on the cpu, or build "

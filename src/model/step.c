@@ -340,6 +340,7 @@ moex_status model_step_idle(moex_model *m) {
         (st = moex_tensor_init(&hidden, bf16 ? (void *)r->h16 : (void *)r->h, bf16 ? MOEX_BF16 : MOEX_F32, 2, hs)) ||
         (st = moex_tensor_init(&out, bf16 ? (void *)r->out16 : (void *)r->mlp, bf16 ? MOEX_BF16 : MOEX_F32, 2, hs)))
         return st;
+    ids.device = w.device = hidden.device = out.device = r->env.device; /* no rows: only the device is read */
     for (int64_t L = 0; L < c->num_hidden_layers; L++) {
         const model_layer *ly = &m->layers[L];
         if (ly->is_moe &&

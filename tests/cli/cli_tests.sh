@@ -298,8 +298,13 @@ expert_parallel)
     accepted generate "$fx" --prompt-ids 5,17 --max-new-tokens 2 --ep 4 --warmup 1
     refused 2 'moex generate: --ep: "0" is not 1 to 64 ranks' generate "$fx" --prompt-ids 1,2 --ep 0
     refused 2 'moex generate: --ep: "65" is not 1 to 64 ranks' generate "$fx" --prompt-ids 1,2 --ep 65
-    refused 2 'moex generate: --ep runs its ranks on the cpu in this version \(not --device cuda\)' \
-        generate "$fx" --prompt-ids 1,2 --ep 2 --device cuda
+    refused 2 'moex generate: --ep and --cuda-graph exclude each other' \
+        generate "$fx" --prompt-ids 1,2 --ep 2 --device cuda --cuda-graph
+    refused 2 'moex generate: --device cuda:0,1: several GPUs take the ranks of --ep N' \
+        generate "$fx" --prompt-ids 1,2 --device cuda:0,1
+    refused 2 'moex generate: --device: "x" is not a GPU index 0 to 1023 \(in "cuda:0,x"\)' \
+        generate "$fx" --prompt-ids 1,2 --ep 2 --device cuda:0,x
+    refused 2 'moex generate: --device: "gpu" is not cpu, cuda, cuda:N or cuda:N,M,...' generate "$fx" --prompt-ids 1,2 --device gpu
     refused 1 'rank 0 of 3: .*num_experts = 8 does not divide over an expert-parallel group of 3 ranks' \
         generate "$fx" --prompt-ids 1,2 --ep 3
     refused 1 'leaves 1 experts a rank, fewer than num_experts_per_tok = 2' generate "$fx" --prompt-ids 1,2 --ep 8

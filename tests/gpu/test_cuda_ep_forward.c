@@ -308,7 +308,7 @@ static void test_refusals(void) {
     co.ep_group = g[0];
     moex_context *cpu_ctx = NULL;
     CHECK(moex_context_create(&co, &cpu_ctx) == MOEX_ERR_UNSUPPORTED && !cpu_ctx &&
-              strstr(moex_last_error(), "share one device"),
+              strstr(moex_last_error(), "all on the cpu or all on GPUs"),
           "a CPU context in a GPU group: %s", moex_last_error());
     run_and_sync(jobs, 2);
     CHECK(jobs[1].st == MOEX_ERR_WORKSPACE && strstr(jobs[1].msg, "max_tokens"), "too many tokens: rank 1 got %d (%s)",

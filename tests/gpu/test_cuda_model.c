@@ -21,6 +21,12 @@
  *   - the decode-step switch (SPEC R3): a decode step made to fail through the
  *     model's test hook leaves the experts map as it was before the call (with
  *     and without the graph), and the next generation gives the same tokens.
+ * Then expert parallelism on the GPU: qwen3_moe and deepseek_v3 over a local group of 2 ranks
+ * on the one GPU (moex_ep_local_groups, each rank a thread with its share of the experts), rank 0
+ * generating both prompts while rank 1 has none (its idle steps keep every exchange whole), then
+ * the other way round: the tokens of one model holding every expert, logits within 1e-4; a
+ * rank's captured decode step is refused, naming why. With a second GPU, the same with rank r on
+ * cuda:r (peer access between the two).
  * Plain C, no framework; links moex_static and reads the model's internal
  * header for the test hook.
  */
@@ -29,6 +35,7 @@
 #include "model/model_internal.h"
 #include "moex.h"
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,17 +73,20 @@ static void run_free(run_out *r) {
     memset(r, 0, sizeof *r);
 }
 
-static int g_dequantize; /* the fixture is loaded with dequantize = 1 */
+static int g_dequantize;          /* the fixture is loaded with dequantize = 1 */
+static moex_ep_group *g_ep_group; /* the fixture is loaded as this rank of an expert-parallel group */
+static int g_load_gpu = -1;       /* >= 0: load on this GPU instead of g_gpu */
 
 static moex_model *load(const char *dir, moex_device_kind kind, moex_dtype dt) {
     moex_model_options mo = moex_model_default_options();
     mo.dequantize = g_dequantize;
     mo.device.kind = kind;
-    mo.device.index = kind == MOEX_DEVICE_CUDA ? g_gpu : 0;
+    mo.device.index = kind == MOEX_DEVICE_CUDA ? (g_load_gpu >= 0 ? g_load_gpu : g_gpu) : 0;
     mo.dtype = dt;
     mo.max_batch = NPROMPT;
     mo.max_seq = 64;
     mo.max_tokens = 64;
+    mo.ep_group = g_ep_group;
     moex_model *m = NULL;
     if (moex_model_load(dir, &mo, &m) != MOEX_OK) {
         printf("  loading %s on %s (%s): %s\n", dir, kind == MOEX_DEVICE_CUDA ? "cuda" : "cpu", moex_dtype_name(dt),
@@ -296,6 +306,95 @@ static void test_quant_fixture(const char *name, const char *fmt) {
     moex_model_free(gpu);
 }
 
+/* One rank of a group: both prompts (generate's), or none (idle steps until the other is done). */
+typedef struct ep_rank_job {
+    moex_model *m;
+    int prompts;
+    run_out out;
+    moex_status st;
+} ep_rank_job;
+
+static void *ep_rank_run(void *arg) {
+    ep_rank_job *j = arg;
+    if (j->prompts) {
+        j->out = generate(j->m, 0);
+        j->st = j->out.ok ? MOEX_OK : MOEX_ERR_INTERNAL;
+        return NULL;
+    }
+    moex_generate_options o = moex_generate_default_options();
+    o.max_new_tokens = NEW;
+    moex_generation *g = NULL;
+    j->st = moex_generate(j->m, 0, NULL, NULL, &o, &g);
+    if (j->st) printf("  generate (no prompts): %s\n", moex_last_error());
+    moex_generation_free(g);
+    return NULL;
+}
+
+/* gpus: 1, every rank on g_gpu; 2, rank r on cuda:r. */
+static void test_expert_parallel(const char *name, int gpus) {
+    char dir[512], what[200];
+    snprintf(dir, sizeof dir, "%s/%s", MOEX_FIXTURES, name);
+    g_dequantize = 0;
+    g_ep_group = NULL;
+    moex_model *one = load(dir, MOEX_DEVICE_CUDA, MOEX_F32);
+    run_out ref = one ? generate(one, 0) : (run_out){0};
+    moex_model_free(one);
+    check(ref.ok, name, "one model holding every expert generates on cuda");
+    moex_ep_group *g[2] = {NULL, NULL};
+    check(moex_ep_local_groups(2, g) == MOEX_OK, name, "a local group of 2 ranks");
+    ep_rank_job jobs[2];
+    memset(jobs, 0, sizeof jobs);
+    for (int r = 0; r < 2 && g[0]; r++) {
+        g_ep_group = g[r];
+        g_load_gpu = gpus == 2 ? r : -1;
+        jobs[r].m = load(dir, MOEX_DEVICE_CUDA, MOEX_F32);
+        snprintf(what, sizeof what, "rank %d of 2 loads on cuda%s with its share of the experts", r,
+                 gpus == 2 ? (r ? ":1" : ":0") : "");
+        check(jobs[r].m != NULL, name, what);
+    }
+    g_ep_group = NULL;
+    g_load_gpu = -1;
+    for (int busy = 0; busy < 2 && ref.ok && jobs[0].m && jobs[1].m; busy++) {
+        pthread_t th[2];
+        int started = 0;
+        for (int r = 0; r < 2; r++) {
+            jobs[r].prompts = r == busy;
+            if (pthread_create(&th[r], NULL, ep_rank_run, &jobs[r])) break;
+            started++;
+        }
+        if (started < 2) { /* the started rank waits for the other in its first exchange */
+            printf("  could not start a rank's thread\n");
+            exit(1);
+        }
+        for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+        snprintf(what, sizeof what, "rank %d with both prompts and rank %d with none generate", busy, 1 - busy);
+        check(!jobs[0].st && !jobs[1].st, name, what);
+        const run_out *o = &jobs[busy].out;
+        snprintf(what, sizeof what, "rank %d's tokens are one model's", busy);
+        check(o->ok && same_tokens(o, &ref), name, what);
+        const double ex = o->ok ? logits_excess(o, &ref, 0) : INFINITY;
+        snprintf(what, sizeof what, "rank %d's last-prompt logits within 1e-4 of one model's (largest diff %.3g)", busy, ex);
+        check(ex <= 1e-4, name, what);
+        run_free(&jobs[busy].out);
+    }
+    for (int r = 0; r < 2; r++) moex_model_free(jobs[r].m);
+    for (int r = 0; r < 2; r++) moex_ep_group_free(g[r]);
+    /* a group of one: a captured decode step is refused before any exchange */
+    moex_ep_group *solo = NULL;
+    if (moex_ep_local_groups(1, &solo) == MOEX_OK) {
+        g_ep_group = solo;
+        moex_model *m = load(dir, MOEX_DEVICE_CUDA, MOEX_F32);
+        g_ep_group = NULL;
+        run_out r = m ? generate(m, 1) : (run_out){0};
+        check(m && !r.ok && strstr(moex_last_error(), "cannot be captured"), name,
+              "a rank's captured decode step is refused, naming why");
+        run_free(&r);
+        moex_model_free(m);
+        moex_ep_group_free(solo);
+    }
+    run_free(&ref);
+}
+
 int main(int argc, char **argv) {
     if (gpu_test_args("test_cuda_model", argc, argv, &g_quick, &g_gpu)) return 2;
     moex_device dev = {MOEX_DEVICE_CUDA, g_gpu};
@@ -347,6 +446,21 @@ int main(int argc, char **argv) {
         printf("[%s] %-24s %3d checks, %d failed\n", f ? "FAIL" : " OK ", "fp8/fp4 checkpoints", g_checks - checks, f);
         failed += f != 0;
     }
-    printf("test_cuda_model: %d of %d tests passed, %d checks, %d failed\n", n + 1 - failed, n + 1, g_checks, g_failures);
+    {
+        int before = g_failures, checks = g_checks;
+        test_expert_parallel("qwen3_moe", 1);
+        test_expert_parallel("deepseek_v3", 1);
+        moex_device_info second;
+        if (moex_device_query((moex_device){MOEX_DEVICE_CUDA, 1}, &second) == MOEX_OK && second.available) {
+            test_expert_parallel("qwen3_moe", 2);
+            test_expert_parallel("deepseek_v3", 2);
+        } else {
+            printf("  (one GPU: the ranks on two GPUs are not run)\n");
+        }
+        const int f = g_failures - before;
+        printf("[%s] %-24s %3d checks, %d failed\n", f ? "FAIL" : " OK ", "expert parallelism", g_checks - checks, f);
+        failed += f != 0;
+    }
+    printf("test_cuda_model: %d of %d tests passed, %d checks, %d failed\n", n + 2 - failed, n + 2, g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

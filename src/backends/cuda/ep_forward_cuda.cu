@@ -1,5 +1,6 @@
 /* ep_forward_cuda.cu — one forward of a rank of an expert-parallel group on a CUDA device (see
- * ep_forward_cuda.h), for ranks in one process on one GPU. R ranks, each with its share of E experts
+ * ep_forward_cuda.h), for ranks in one process, on one GPU or several (peer access between each
+ * two: moex_ep_group_bind). R ranks, each with its share of E experts
  * (E/R a rank), P = T k pairs a rank, blocks of cap = max_tokens x top_k rows (the most pairs
  * one rank can send anywhere), N = R cap rows a rank may receive. On the rank's stream:
  *
@@ -96,8 +97,7 @@ __global__ void ones_kernel(float *v, int64_t n) {
         v[i] = 1.0f;
 }
 
-/* The decision after the first all-gather, the same on every rank (a local group's contexts share
- * one device: moex_ep_group_bind). */
+/* The decision after the first all-gather, the same on every rank. */
 static moex_status decide(const moex_ep_group *g, const ep_post *all, moex_status mine) {
     const int R = g->size;
     if (mine) return mine;

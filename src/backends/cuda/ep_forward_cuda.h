@@ -1,9 +1,10 @@
 /* ep_forward_cuda.h — one forward of a rank of an expert-parallel group on a CUDA device
  * (ep_forward_cuda.cu): backends/ep_forward.c's steps with device buffers, for ranks that share
- * one process and one GPU (moex_ep_local_groups, each rank's context on its own stream slot).
- * No host synchronisation of the data: the counts stay on the device, and the ranks' streams
- * are ordered by events that two host all-gathers a forward publish. Ranks on several GPUs
- * (peer access) and across processes (NCCL) are the next steps.
+ * one process (moex_ep_local_groups, each rank's context on its own stream slot), on one GPU or
+ * several (peer access between each two, enabled by moex_ep_group_bind). No host
+ * synchronisation of the data: the counts stay on the device, and the ranks' streams are ordered
+ * by events that two host all-gathers a forward publish. Ranks across processes (NCCL) are the
+ * next step.
  *
  * Plain C (no CUDA types): backends/ep_forward.c calls it for CUDA contexts. */
 #ifndef MOEX_BACKENDS_CUDA_EP_FORWARD_CUDA_H
