@@ -35,8 +35,11 @@ static const int32_t P0[] = {5, 17, 42, 8, 33, 2}, P1[] = {9, 60, 14}, P2[] = {1
 static const int32_t *const PROMPTS[NPROMPTS] = {P0, P1, P2, P3};
 static const int64_t LENS[NPROMPTS] = {6, 3, 11, 1};
 
+static int g_dequantize; /* options(): the models load with --dequantize */
+
 static moex_model_options options(const char *backend, moex_dtype dt, moex_ep_group *g) {
     moex_model_options mo = moex_model_default_options();
+    mo.dequantize = g_dequantize;
     mo.experts = backend;
     mo.dtype = dt;
     mo.num_threads = 1;
@@ -166,6 +169,56 @@ static void test_other_families(void **state) {
     check_group("qwen3_moe-fp8", "grouped_mm", MOEX_F32, 2, split, max_new, 1e-5);
 }
 
+/* A rank copies (in bf16 compute) or dequantizes (--dequantize) its share of the experts only:
+ * each of 2 ranks holds half the experts' copies fewer than one model (the other weights are
+ * copied alike), for per-expert and fused f32 experts in bf16 and for per-expert and fused e4m3
+ * and GPT-OSS's MXFP4 experts dequantized; the shares of the fused and quantized ones generate
+ * one model's tokens. */
+static void test_rank_copies_its_share(void **state) {
+    (void)state;
+    static const struct {
+        const char *name;
+        moex_dtype dt;
+        int dequantize, biases; /* biases: the checkpoint's bf16 expert biases copied to f32 too */
+    } CASES[] = {{"qwen3_moe", MOEX_BF16, 0, 0},
+                 {"qwen3_moe-fused", MOEX_BF16, 0, 0},
+                 {"qwen3_moe-fp8", MOEX_F32, 1, 0},
+                 {"qwen3_moe-fp8-fused-flat", MOEX_BF16, 1, 0},
+                 {"gpt_oss-mxfp4", MOEX_F32, 1, 1}};
+    static const int split[2][NPROMPTS + 1] = {{2, 3, -1}, {0, 1, -1}};
+    static const int64_t max_new[2] = {3, MAX_NEW};
+    for (int f = 0; f < (int)(sizeof CASES / sizeof CASES[0]); f++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s", MOEX_FIXTURES, CASES[f].name);
+        g_dequantize = CASES[f].dequantize;
+        moex_model_options mo = options("grouped_mm", CASES[f].dt, NULL);
+        moex_model *m = NULL;
+        if (moex_model_load(dir, &mo, &m)) fail_msg("%s: load: %s", CASES[f].name, moex_last_error());
+        moex_model_info one;
+        assert_int_equal(moex_model_get_info(m, &one), MOEX_OK);
+        moex_model_free(m);
+        const size_t H = (size_t)one.hidden, I = (size_t)one.moe_intermediate;
+        const size_t experts = (size_t)one.num_moe_layers * (size_t)one.num_experts *
+                               (3 * H * I + (CASES[f].biases ? 2 * I + H : 0)) * (CASES[f].dt == MOEX_BF16 ? 2 : 4);
+        assert_true(one.host_weight_copy_bytes >= experts); /* the experts' copies among them */
+        moex_ep_group *g[2];
+        assert_int_equal(moex_ep_local_groups(2, g), MOEX_OK);
+        for (int r = 0; r < 2; r++) {
+            mo = options("grouped_mm", CASES[f].dt, g[r]);
+            if (moex_model_load(dir, &mo, &m)) fail_msg("%s rank %d: load: %s", CASES[f].name, r, moex_last_error());
+            moex_model_info info;
+            assert_int_equal(moex_model_get_info(m, &info), MOEX_OK);
+            if (info.host_weight_copy_bytes != one.host_weight_copy_bytes - experts / 2)
+                fail_msg("%s rank %d of 2: %zu bytes of weight copies, one model's %zu less half its experts' %zu",
+                         CASES[f].name, r, info.host_weight_copy_bytes, one.host_weight_copy_bytes, experts);
+            moex_model_free(m);
+        }
+        for (int r = 0; r < 2; r++) moex_ep_group_free(g[r]);
+        if (f > 0) check_group(CASES[f].name, "grouped_mm", CASES[f].dt, 2, split, max_new, 1e-5);
+        g_dequantize = 0;
+    }
+}
+
 static void load_fails(const char *name, int R, moex_device dev, moex_status want, const char *a, const char *b) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", MOEX_FIXTURES, name);
@@ -249,7 +302,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3_two_ranks),  cmocka_unit_test(test_deepseek_four_ranks),
         cmocka_unit_test(test_other_families),   cmocka_unit_test(test_load_errors),
-        cmocka_unit_test(test_one_rank_fails),
+        cmocka_unit_test(test_one_rank_fails),   cmocka_unit_test(test_rank_copies_its_share),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

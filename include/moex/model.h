@@ -123,6 +123,10 @@ typedef struct moex_model_info {
      *  quantized (activations quantized per token per 128); 24 e4m3 linear layers dequantized at load to
      *  bf16 (12.0 MiB); other weights bf16". */
     char formats[256];
+    /** Weights the model holds in host memory of its own: copies converted to the compute dtype,
+     *  dequantized or quantized at load (the other weights are views of the checkpoint's mapping,
+     *  read from it as used). An expert-parallel rank copies its share of the experts only. */
+    size_t host_weight_copy_bytes;
 } moex_model_info;
 
 moex_status moex_model_get_info(const moex_model *model, moex_model_info *info);

@@ -35,9 +35,10 @@ static moex_status convert_copy(moex_model *m, const moex_tensor *view, const vo
     return MOEX_OK;
 }
 
-// The float tensor `name` with the given shape (-1 = any), or an error naming it.
-static moex_status get(moex_model *m, const char *name, int ndim, const int64_t *shape, const void **data,
-                       moex_dtype *dtype) {
+// The checkpoint's float (or e4m3) tensor `name` with the given shape (-1 = any), as stored, or an
+// error naming it.
+static moex_status get_view(moex_model *m, const char *name, int ndim, const int64_t *shape,
+                            const moex_ckpt_tensor **tp, moex_tensor *viewp) {
     const moex_ckpt_tensor *t;
     moex_status st = moex_checkpoint_get(m->ckpt, name, &t);
     if (st) return st;
@@ -56,9 +57,28 @@ static moex_status get(moex_model *m, const char *name, int ndim, const int64_t 
         for (int i = 0; i < ndim; i++) b += (size_t)snprintf(want + b, sizeof want - b, i ? ", %lld" : "%lld", (long long)shape[i]);
         return moex_fail(MOEX_ERR_FORMAT, "tensor %s has shape [%s], expected [%s]", name, got, want);
     }
+    *tp = t;
+    *viewp = view;
+    return MOEX_OK;
+}
+
+// A view's data in the dtype the model keeps it: bf16 compute takes f32/f16 weights as bf16 copies.
+static int needs_bf16_copy(const moex_model *m, moex_dtype dt) {
+    return m->opt.dtype != dt && m->opt.dtype == MOEX_BF16;
+}
+
+// The float tensor `name` with the given shape (-1 = any), in the dtype the model keeps it (e4m3
+// dequantized, bf16 copies for bf16 compute), or an error naming it.
+static moex_status get(moex_model *m, const char *name, int ndim, const int64_t *shape, const void **data,
+                       moex_dtype *dtype) {
+    const moex_ckpt_tensor *t = NULL;
+    moex_tensor view;
+    memset(&view, 0, sizeof view);
+    moex_status st = get_view(m, name, ndim, shape, &t, &view);
+    if (st) return st;
     if (view.dtype == MOEX_E4M3) /* a linear layer with no quantized kernel: dequantized here */
         return model_dequantize_tensor(m, t, data, dtype);
-    if (m->opt.dtype != view.dtype && m->opt.dtype == MOEX_BF16) /* bf16 compute: weights in bf16, like the peer */
+    if (needs_bf16_copy(m, view.dtype)) /* bf16 compute: weights in bf16, like the peer */
         return convert_copy(m, &view, data, dtype);
     *data = view.data;
     *dtype = view.dtype;
@@ -191,6 +211,25 @@ static moex_status load_per_expert_fp8(moex_model *m, model_layer *ly, const cha
 
 // The experts of layer L: fused 3-D tensors (either orientation) or per-expert 2-D ones.
 // gpt_oss's expert biases: gate_up_proj_bias [E, 2I] and down_proj_bias [E, H] into d.
+// Float experts take biases of their own dtype: a checkpoint's bf16 biases beside weights
+// dequantized (or stored) in another float dtype are converted once, into memory the model owns
+// (quantized weights keep the biases as they are).
+static moex_status biases_as_weights(moex_model *m, const char *moe, moex_experts_desc *d) {
+    const moex_dtype wdt = d->gate_up.dtype;
+    moex_tensor *b[2] = {&d->gate_up_bias, &d->down_bias};
+    for (int i = 0; i < 2 && moex_is_float_dtype(wdt); i++) {
+        if (!b[i]->data || b[i]->dtype == wdt) continue;
+        const size_t n = (size_t)(b[i]->shape[0] * b[i]->shape[1]);
+        void *c = model_own(m, n * moex_dtype_size(wdt));
+        if (!c) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory converting %s's expert biases", moe);
+        const int64_t shape[2] = {b[i]->shape[0], b[i]->shape[1]};
+        moex_status st = moex_convert(b[i]->data, b[i]->dtype, c, wdt, n);
+        if (!st) st = moex_tensor_init(b[i], c, wdt, 2, shape);
+        if (st) return st;
+    }
+    return MOEX_OK;
+}
+
 static moex_status load_expert_biases(moex_model *m, const char *moe, moex_experts_desc *d) {
     const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate;
     const void *gb, *db;
@@ -202,24 +241,16 @@ static moex_status load_expert_biases(moex_model *m, const char *moe, moex_exper
     if (st) return st;
     snprintf(name, sizeof name, "%s.experts.down_proj_bias", moe);
     if ((st = get(m, name, 2, dbs, &db, &dbt))) return st;
-    /* float experts take biases of their own dtype: a checkpoint's bf16 biases beside weights dequantized
-     * (or stored) in another float dtype are converted once, into memory the model owns */
-    const moex_dtype wdt = d->gate_up.dtype;
-    if (moex_is_float_dtype(wdt) && (gbt != wdt || dbt != wdt)) {
-        const size_t gn = (size_t)(E * 2 * I), dn = (size_t)(E * H), esz = moex_dtype_size(wdt);
-        void *g2 = model_own(m, gn * esz), *d2 = g2 ? model_own(m, dn * esz) : NULL;
-        if (!g2 || !d2) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "out of memory converting %s's expert biases", moe);
-        if ((st = moex_convert(gb, gbt, g2, wdt, gn)) || (st = moex_convert(db, dbt, d2, wdt, dn))) return st;
-        gb = g2, db = d2, gbt = dbt = wdt;
-    }
-    if ((st = moex_tensor_init(&d->gate_up_bias, (void *)gb, gbt, 2, gbs))) return st;
-    return moex_tensor_init(&d->down_bias, (void *)db, dbt, 2, dbs);
+    if ((st = moex_tensor_init(&d->gate_up_bias, (void *)gb, gbt, 2, gbs)) ||
+        (st = moex_tensor_init(&d->down_bias, (void *)db, dbt, 2, dbs)))
+        return st;
+    return biases_as_weights(m, moe, d);
 }
 
 // One MXFP4 matrix of gpt_oss (OpenAI's layout): `base_blocks` uint8 [E, rows, in/32, 16] (two e2m1 codes a
 // byte, the first in the low nibble) and `base_scales` uint8 [E, rows, in/32] (UE8M0 exponents) -> w as
-// e2m1x2 with its scales, or (dequantize) dequantized into memory the model owns.
-static moex_status load_mxfp4_matrix(moex_model *m, const char *base, int64_t E, int64_t rows, int64_t in,
+// e2m1x2 with its scales, or (dequantize, unless keep) dequantized into memory the model owns.
+static moex_status load_mxfp4_matrix(moex_model *m, const char *base, int64_t E, int64_t rows, int64_t in, int keep,
                                      moex_tensor *w, moex_tensor *scale) {
     char bname[256], sname[256];
     snprintf(bname, sizeof bname, "%s_blocks", base);
@@ -242,7 +273,7 @@ static moex_status load_mxfp4_matrix(moex_model *m, const char *base, int64_t E,
     if ((st = moex_tensor_init(&q, (void *)b->data, MOEX_E2M1X2, 3, qs)) ||
         (st = moex_tensor_init(&sc, (void *)s->data, MOEX_UE8M0, 3, ss)))
         return st;
-    if (!m->opt.dequantize) {
+    if (!m->opt.dequantize || keep) {
         *scale = sc;
         return moex_tensor_init(w, (void *)b->data, MOEX_E2M1X2, 4, bs);
     }
@@ -252,6 +283,53 @@ static moex_status load_mxfp4_matrix(moex_model *m, const char *base, int64_t E,
     int64_t os[3] = {E, rows, in};
     if ((st = moex_tensor_init(w, out, dt, 3, os))) return st;
     return moex_dequantize(&q, &sc, 1, 32, w);
+}
+
+// The experts [*e0, *e1) of a layer of E that this model keeps: all, or its expert-parallel rank's
+// share (E divides by the group's size: check_ep_share).
+static void ep_share_range(const moex_model *m, int64_t E, int64_t *e0, int64_t *e1) {
+    *e0 = 0, *e1 = E;
+    if (!m->opt.ep_group) return;
+    const int64_t per = E / moex_ep_group_size(m->opt.ep_group);
+    *e0 = moex_ep_group_rank(m->opt.ep_group) * per, *e1 = *e0 + per;
+}
+
+// A contiguous tensor (a rank's share of stacked experts) replaced by its bf16 copy.
+static moex_status share_to_bf16(moex_model *m, moex_tensor *t) {
+    const void *data;
+    moex_dtype dt;
+    moex_status st = convert_copy(m, t, &data, &dt);
+    if (st) return st;
+    int64_t shape[MOEX_MAX_DIMS];
+    for (int i = 0; i < t->ndim; i++) shape[i] = t->shape[i];
+    return moex_tensor_init(t, (void *)data, dt, t->ndim, shape);
+}
+
+// Quantized experts dequantized after an expert-parallel rank's share is taken (--dequantize).
+enum { DEQ_E4M3 = 1, DEQ_MXFP4 = 2 };
+
+// A rank's share w (e4m3 [E', N, K] with its block scales, or GPT-OSS's MXFP4 codes [E', rows, in/32,
+// 16] with their UE8M0 scales a 32) dequantized to the compute dtype into memory the model owns, as
+// the experts of one model are; scale cleared.
+static moex_status dequantize_share(moex_model *m, moex_tensor *w, moex_tensor *scale, int kind) {
+    const moex_dtype odt = m->opt.dtype == MOEX_BF16 ? MOEX_BF16 : MOEX_F32;
+    const int64_t shape[3] = {w->shape[0], w->shape[1], kind == DEQ_MXFP4 ? w->shape[2] * 32 : w->shape[2]};
+    moex_tensor q = *w, out;
+    moex_status st;
+    if (kind == DEQ_MXFP4) { /* the codes as [E', rows, in/2] bytes, two a byte */
+        const int64_t qs[3] = {shape[0], shape[1], shape[2] / 2};
+        if ((st = moex_tensor_init(&q, w->data, MOEX_E2M1X2, 3, qs))) return st;
+    }
+    const size_t bytes = (size_t)(shape[0] * shape[1] * shape[2]) * moex_dtype_size(odt);
+    void *mem = model_own(m, bytes);
+    if (!mem) return MOEX_ERR_OUT_OF_MEMORY;
+    if ((st = moex_tensor_init(&out, mem, odt, 3, shape))) return st;
+    const int64_t bn = kind == DEQ_MXFP4 ? 1 : m->quant.block_n, bk = kind == DEQ_MXFP4 ? 32 : m->quant.block_k;
+    if ((st = moex_dequantize(&q, scale, bn, bk, &out))) return st;
+    if (kind == DEQ_E4M3) m->quant.dequantized++, m->quant.dequantized_bytes += bytes;
+    *w = out;
+    memset(scale, 0, sizeof *scale);
+    return MOEX_OK;
 }
 
 static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe, int64_t H, int64_t I) {
@@ -266,6 +344,8 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
     snprintf(name, sizeof name, "%s.experts.gate_up_proj", moe);
     const moex_ckpt_tensor *fused = moex_checkpoint_find(m->ckpt, name);
     moex_status st;
+    int share_copy = 0; /* fused float experts taken as stored, the rank's share copied to bf16 below */
+    int deq = 0;        /* DEQ_*: quantized experts taken as stored, the rank's share dequantized below */
     const int keep_quant = m->quant.on && !m->opt.dequantize; /* e4m3 experts run quantized */
     d.block_n = m->quant.block_n;
     d.block_k = m->quant.block_k;
@@ -280,9 +360,11 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
     if (gpt_oss && m->quant.mxfp4) { /* gate/up rows interleaved, not transposed */
         char base[256];
         snprintf(base, sizeof base, "%s.experts.gate_up_proj", moe);
-        if ((st = load_mxfp4_matrix(m, base, E, 2 * I, H, &d.gate_up, &d.gate_up_scale))) return st;
+        /* dequantized for an expert-parallel rank after its share is taken (below) */
+        if (m->opt.dequantize && m->opt.ep_group) deq = DEQ_MXFP4;
+        if ((st = load_mxfp4_matrix(m, base, E, 2 * I, H, deq, &d.gate_up, &d.gate_up_scale))) return st;
         snprintf(base, sizeof base, "%s.experts.down_proj", moe);
-        if ((st = load_mxfp4_matrix(m, base, E, H, I, &d.down, &d.down_scale))) return st;
+        if ((st = load_mxfp4_matrix(m, base, E, H, I, deq, &d.down, &d.down_scale))) return st;
         if (!m->opt.dequantize) d.block_n = 1, d.block_k = 32;
         if ((st = load_expert_biases(m, moe, &d))) return st;
     } else if (fused && keep_quant && fused->dtype == MOEX_ST_F8_E4M3) {
@@ -299,9 +381,27 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
         int64_t ds[3] = {E, transposed ? I : H, transposed ? H : I};
         char gname[256];
         snprintf(gname, sizeof gname, "%s.experts.gate_up_proj", moe);
-        if ((st = get(m, gname, 3, gs, &gu, &gdt))) return st;
         snprintf(name, sizeof name, "%s.experts.down_proj", moe);
-        if ((st = same_dtype(m, name, gname)) || (st = get(m, name, 3, ds, &dn, &ddt))) return st;
+        const moex_ckpt_tensor *gt = NULL, *dt_ = NULL;
+        moex_tensor gv, dv;
+        memset(&gv, 0, sizeof gv), memset(&dv, 0, sizeof dv);
+        if ((st = get_view(m, gname, 3, gs, &gt, &gv)) || (st = same_dtype(m, name, gname)) ||
+            (st = get_view(m, name, 3, ds, &dt_, &dv)))
+            return st;
+        /* an expert-parallel rank's share is copied to the compute dtype, or dequantized, below,
+         * not every expert */
+        share_copy = m->opt.ep_group && gv.dtype != MOEX_E4M3 && needs_bf16_copy(m, gv.dtype);
+        if (m->opt.ep_group && gv.dtype == MOEX_E4M3) {
+            deq = DEQ_E4M3;
+            if ((st = model_scale_grid(m, gname, E, gs[1], gs[2], &d.gate_up_scale)) ||
+                (st = model_scale_grid(m, name, E, ds[1], ds[2], &d.down_scale)))
+                return st;
+        }
+        if (share_copy || deq) {
+            gu = gv.data, gdt = gv.dtype, dn = dv.data, ddt = dv.dtype;
+        } else if ((st = get(m, gname, 3, gs, &gu, &gdt)) || (st = get(m, name, 3, ds, &dn, &ddt))) {
+            return st;
+        }
         d.transposed = transposed;
         moex_tensor_init(&d.gate_up, (void *)gu, gdt, 3, gs);
         moex_tensor_init(&d.down, (void *)dn, ddt, 3, ds);
@@ -325,11 +425,21 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
             const int64_t shapes[3][2] = {{I, H}, {I, H}, {H, I}};
             char first[256] = "";
             moex_dtype dt = MOEX_F32;
+            int64_t own0, own1; /* the experts this model keeps (an expert-parallel rank's share) */
+            ep_share_range(m, E, &own0, &own1);
             for (int64_t e = 0; e < E; e++)
                 for (int i = 0; i < 3; i++) { /* every matrix: its shape (get) and the one dtype of the layer */
                     snprintf(name, sizeof name, "%s.experts.%lld.%s.weight", moe, (long long)e, names[i]);
                     if (first[0] && (st = same_dtype(m, name, first))) return st;
-                    if ((st = get(m, name, 2, shapes[i], &ly->expert_ptrs[i * E + e], &dt))) return st;
+                    if (e >= own0 && e < own1) { /* converted or dequantized as kept */
+                        if ((st = get(m, name, 2, shapes[i], &ly->expert_ptrs[i * E + e], &dt))) return st;
+                    } else { /* another rank's: checked, as stored (the share below drops it) */
+                        const moex_ckpt_tensor *t = NULL;
+                        moex_tensor v;
+                        memset(&v, 0, sizeof v);
+                        if ((st = get_view(m, name, 2, shapes[i], &t, &v))) return st;
+                        ly->expert_ptrs[i * E + e] = v.data;
+                    }
                     if (!first[0]) snprintf(first, sizeof first, "%s", name);
                 }
             d.expert_gate = ly->expert_ptrs;
@@ -340,8 +450,17 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
         }
     }
     if (m->opt.ep_group) { /* an expert-parallel rank keeps its share (load: E divides by the group's size) */
-        const int64_t per = E / moex_ep_group_size(m->opt.ep_group);
-        if ((st = moex_experts_desc_share(&d, moex_ep_group_rank(m->opt.ep_group) * per, per, &d))) return st;
+        int64_t own0, own1;
+        ep_share_range(m, E, &own0, &own1);
+        if ((st = moex_experts_desc_share(&d, own0, own1 - own0, &d))) return st;
+    }
+    if (share_copy && ((st = share_to_bf16(m, &d.gate_up)) || (st = share_to_bf16(m, &d.down)))) return st;
+    if (deq) {
+        if ((st = dequantize_share(m, &d.gate_up, &d.gate_up_scale, deq)) ||
+            (st = dequantize_share(m, &d.down, &d.down_scale, deq)))
+            return st;
+        d.block_n = m->quant.block_n, d.block_k = m->quant.block_k; /* as the dequantized experts of one model */
+        if ((st = biases_as_weights(m, moe, &d))) return st;
     }
     if (m->opt.quantize && (st = model_quantize_experts(m, ly, &d))) return st;
     if (m->opt.device.kind == MOEX_DEVICE_CUDA && (st = model_gpu_experts(m, &d))) return st; /* device tensors */
@@ -969,6 +1088,7 @@ moex_status moex_model_get_info(const moex_model *m, moex_model_info *info) {
         v.gpu_workspace_bytes = m->gpu->scratch_bytes + moex_context_workspace_bytes(m->ctx);
     }
     describe_features(m, v.features, sizeof v.features);
+    v.host_weight_copy_bytes = m->owned_bytes;
     v.kv_cache_bytes_per_token = (size_t)c->num_hidden_layers * sizeof(float) *
                                  (c->kv_lora_rank ? (size_t)(c->kv_lora_rank + c->qk_rope_head_dim)
                                                   : 2 * (size_t)c->num_key_value_heads * (size_t)c->head_dim);

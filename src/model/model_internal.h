@@ -123,6 +123,7 @@ struct moex_model {
     model_layer_w *host_layers;      /* the CPU's run.layers */
     void **owned;                    /* bf16 copies of weights stored in another dtype */
     int n_owned, cap_owned;
+    size_t owned_bytes; /* what model_own gave out (moex_model_info.host_weight_copy_bytes) */
     model_gpu *gpu;                  /* device = CUDA: the device side (model_cuda.h); NULL on the cpu */
     int64_t inject_decode_error;     /* tests only: > 0 makes decode step n of the next generation fail */
 };

@@ -71,6 +71,7 @@ void *model_own(moex_model *m, size_t bytes) {
         return NULL;
     }
     m->owned[m->n_owned++] = mem;
+    m->owned_bytes += bytes;
     return mem;
 }
 
