@@ -249,8 +249,8 @@ static moex_status load_expert_biases(moex_model *m, const char *moe, moex_exper
 
 // One MXFP4 matrix of gpt_oss (OpenAI's layout): `base_blocks` uint8 [E, rows, in/32, 16] (two e2m1 codes a
 // byte, the first in the low nibble) and `base_scales` uint8 [E, rows, in/32] (UE8M0 exponents) -> w as
-// e2m1x2 with its scales, or (dequantize, unless keep) dequantized into memory the model owns.
-static moex_status load_mxfp4_matrix(moex_model *m, const char *base, int64_t E, int64_t rows, int64_t in, int keep,
+// e2m1x2 with its scales (dequantize_share dequantizes them for --dequantize).
+static moex_status load_mxfp4_matrix(moex_model *m, const char *base, int64_t E, int64_t rows, int64_t in,
                                      moex_tensor *w, moex_tensor *scale) {
     char bname[256], sname[256];
     snprintf(bname, sizeof bname, "%s_blocks", base);
@@ -268,21 +268,8 @@ static moex_status load_mxfp4_matrix(moex_model *m, const char *base, int64_t E,
     if (bad_b || bad_s)
         return moex_fail(MOEX_ERR_FORMAT, "tensor %s: expected U8 [%lld, %lld, %lld%s]", bad_b ? bname : sname,
                          (long long)E, (long long)rows, (long long)(in / 32), bad_b ? ", 16" : "");
-    int64_t qs[3] = {E, rows, in / 2};
-    moex_tensor q, sc;
-    if ((st = moex_tensor_init(&q, (void *)b->data, MOEX_E2M1X2, 3, qs)) ||
-        (st = moex_tensor_init(&sc, (void *)s->data, MOEX_UE8M0, 3, ss)))
-        return st;
-    if (!m->opt.dequantize || keep) {
-        *scale = sc;
-        return moex_tensor_init(w, (void *)b->data, MOEX_E2M1X2, 4, bs);
-    }
-    const moex_dtype dt = m->opt.dtype == MOEX_BF16 ? MOEX_BF16 : MOEX_F32; /* as the float path stores weights */
-    void *out = model_own(m, (size_t)(E * rows * in) * moex_dtype_size(dt));
-    if (!out) return MOEX_ERR_OUT_OF_MEMORY;
-    int64_t os[3] = {E, rows, in};
-    if ((st = moex_tensor_init(w, out, dt, 3, os))) return st;
-    return moex_dequantize(&q, &sc, 1, 32, w);
+    if ((st = moex_tensor_init(scale, (void *)s->data, MOEX_UE8M0, 3, ss))) return st;
+    return moex_tensor_init(w, (void *)b->data, MOEX_E2M1X2, 4, bs);
 }
 
 // The experts [*e0, *e1) of a layer of E that this model keeps: all, or its expert-parallel rank's
@@ -305,12 +292,13 @@ static moex_status share_to_bf16(moex_model *m, moex_tensor *t) {
     return moex_tensor_init(t, (void *)data, dt, t->ndim, shape);
 }
 
-// Quantized experts dequantized after an expert-parallel rank's share is taken (--dequantize).
+// Fused quantized experts dequantized (--dequantize) once the model's share is taken: every expert,
+// or an expert-parallel rank's own.
 enum { DEQ_E4M3 = 1, DEQ_MXFP4 = 2 };
 
-// A rank's share w (e4m3 [E', N, K] with its block scales, or GPT-OSS's MXFP4 codes [E', rows, in/32,
-// 16] with their UE8M0 scales a 32) dequantized to the compute dtype into memory the model owns, as
-// the experts of one model are; scale cleared.
+// The experts w (e4m3 [E', N, K] with its block scales, or GPT-OSS's MXFP4 codes [E', rows, in/32, 16]
+// with their UE8M0 scales a 32) dequantized to the compute dtype into memory the model owns; scale
+// cleared.
 static moex_status dequantize_share(moex_model *m, moex_tensor *w, moex_tensor *scale, int kind) {
     const moex_dtype odt = m->opt.dtype == MOEX_BF16 ? MOEX_BF16 : MOEX_F32;
     const int64_t shape[3] = {w->shape[0], w->shape[1], kind == DEQ_MXFP4 ? w->shape[2] * 32 : w->shape[2]};
@@ -345,7 +333,7 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
     const moex_ckpt_tensor *fused = moex_checkpoint_find(m->ckpt, name);
     moex_status st;
     int share_copy = 0; /* fused float experts taken as stored, the rank's share copied to bf16 below */
-    int deq = 0;        /* DEQ_*: quantized experts taken as stored, the rank's share dequantized below */
+    int deq = 0;        /* DEQ_*: fused quantized experts taken as stored, dequantized below once shared */
     const int keep_quant = m->quant.on && !m->opt.dequantize; /* e4m3 experts run quantized */
     d.block_n = m->quant.block_n;
     d.block_k = m->quant.block_k;
@@ -360,11 +348,10 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
     if (gpt_oss && m->quant.mxfp4) { /* gate/up rows interleaved, not transposed */
         char base[256];
         snprintf(base, sizeof base, "%s.experts.gate_up_proj", moe);
-        /* dequantized for an expert-parallel rank after its share is taken (below) */
-        if (m->opt.dequantize && m->opt.ep_group) deq = DEQ_MXFP4;
-        if ((st = load_mxfp4_matrix(m, base, E, 2 * I, H, deq, &d.gate_up, &d.gate_up_scale))) return st;
+        if (m->opt.dequantize) deq = DEQ_MXFP4; /* below, once the share is taken */
+        if ((st = load_mxfp4_matrix(m, base, E, 2 * I, H, &d.gate_up, &d.gate_up_scale))) return st;
         snprintf(base, sizeof base, "%s.experts.down_proj", moe);
-        if ((st = load_mxfp4_matrix(m, base, E, H, I, deq, &d.down, &d.down_scale))) return st;
+        if ((st = load_mxfp4_matrix(m, base, E, H, I, &d.down, &d.down_scale))) return st;
         if (!m->opt.dequantize) d.block_n = 1, d.block_k = 32;
         if ((st = load_expert_biases(m, moe, &d))) return st;
     } else if (fused && keep_quant && fused->dtype == MOEX_ST_F8_E4M3) {
@@ -388,10 +375,10 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
         if ((st = get_view(m, gname, 3, gs, &gt, &gv)) || (st = same_dtype(m, name, gname)) ||
             (st = get_view(m, name, 3, ds, &dt_, &dv)))
             return st;
-        /* an expert-parallel rank's share is copied to the compute dtype, or dequantized, below,
-         * not every expert */
+        /* e4m3 (--dequantize) dequantized below, once the share is taken; an expert-parallel
+         * rank's float share copied to the compute dtype there too, not every expert */
         share_copy = m->opt.ep_group && gv.dtype != MOEX_E4M3 && needs_bf16_copy(m, gv.dtype);
-        if (m->opt.ep_group && gv.dtype == MOEX_E4M3) {
+        if (gv.dtype == MOEX_E4M3) {
             deq = DEQ_E4M3;
             if ((st = model_scale_grid(m, gname, E, gs[1], gs[2], &d.gate_up_scale)) ||
                 (st = model_scale_grid(m, name, E, ds[1], ds[2], &d.down_scale)))
@@ -459,7 +446,7 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
         if ((st = dequantize_share(m, &d.gate_up, &d.gate_up_scale, deq)) ||
             (st = dequantize_share(m, &d.down, &d.down_scale, deq)))
             return st;
-        d.block_n = m->quant.block_n, d.block_k = m->quant.block_k; /* as the dequantized experts of one model */
+        d.block_n = m->quant.block_n, d.block_k = m->quant.block_k;
         if ((st = biases_as_weights(m, moe, &d))) return st;
     }
     if (m->opt.quantize && (st = model_quantize_experts(m, ly, &d))) return st;
