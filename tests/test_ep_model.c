@@ -171,8 +171,8 @@ static void test_other_families(void **state) {
 
 /* A rank copies (in bf16 compute) or dequantizes (--dequantize) its share of the experts only:
  * each of 2 ranks holds half the experts' copies fewer than one model (the other weights are
- * copied alike), for per-expert and fused f32 experts in bf16 and for per-expert and fused e4m3
- * and GPT-OSS's MXFP4 experts dequantized; the shares of the fused and quantized ones generate
+ * copied alike), for per-expert and fused f32 experts in bf16 (GPT-OSS's with their biases) and
+ * for per-expert and fused e4m3 and GPT-OSS's MXFP4 experts dequantized; the shares of the fused and quantized ones generate
  * one model's tokens. */
 static void test_rank_copies_its_share(void **state) {
     (void)state;
@@ -184,7 +184,8 @@ static void test_rank_copies_its_share(void **state) {
                  {"qwen3_moe-fused", MOEX_BF16, 0, 0},
                  {"qwen3_moe-fp8", MOEX_F32, 1, 0},
                  {"qwen3_moe-fp8-fused-flat", MOEX_BF16, 1, 0},
-                 {"gpt_oss-mxfp4", MOEX_F32, 1, 1}};
+                 {"gpt_oss-mxfp4", MOEX_F32, 1, 1},
+                 {"gpt_oss", MOEX_BF16, 0, 0}}; /* f32 biases: copied whole, before the share */
     static const int split[2][NPROMPTS + 1] = {{2, 3, -1}, {0, 1, -1}};
     static const int64_t max_new[2] = {3, MAX_NEW};
     for (int f = 0; f < (int)(sizeof CASES / sizeof CASES[0]); f++) {

@@ -210,7 +210,6 @@ static moex_status load_per_expert_fp8(moex_model *m, model_layer *ly, const cha
 }
 
 // The experts of layer L: fused 3-D tensors (either orientation) or per-expert 2-D ones.
-// gpt_oss's expert biases: gate_up_proj_bias [E, 2I] and down_proj_bias [E, H] into d.
 // Float experts take biases of their own dtype: a checkpoint's bf16 biases beside weights
 // dequantized (or stored) in another float dtype are converted once, into memory the model owns
 // (quantized weights keep the biases as they are).
@@ -230,6 +229,7 @@ static moex_status biases_as_weights(moex_model *m, const char *moe, moex_expert
     return MOEX_OK;
 }
 
+// gpt_oss's expert biases: gate_up_proj_bias [E, 2I] and down_proj_bias [E, H] into d.
 static moex_status load_expert_biases(moex_model *m, const char *moe, moex_experts_desc *d) {
     const int64_t E = d->num_experts, H = d->hidden, I = d->intermediate;
     const void *gb, *db;
@@ -241,10 +241,8 @@ static moex_status load_expert_biases(moex_model *m, const char *moe, moex_exper
     if (st) return st;
     snprintf(name, sizeof name, "%s.experts.down_proj_bias", moe);
     if ((st = get(m, name, 2, dbs, &db, &dbt))) return st;
-    if ((st = moex_tensor_init(&d->gate_up_bias, (void *)gb, gbt, 2, gbs)) ||
-        (st = moex_tensor_init(&d->down_bias, (void *)db, dbt, 2, dbs)))
-        return st;
-    return biases_as_weights(m, moe, d);
+    if ((st = moex_tensor_init(&d->gate_up_bias, (void *)gb, gbt, 2, gbs))) return st;
+    return moex_tensor_init(&d->down_bias, (void *)db, dbt, 2, dbs); /* biases_as_weights once the weights are final */
 }
 
 // One MXFP4 matrix of gpt_oss (OpenAI's layout): `base_blocks` uint8 [E, rows, in/32, 16] (two e2m1 codes a
@@ -332,7 +330,7 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
     snprintf(name, sizeof name, "%s.experts.gate_up_proj", moe);
     const moex_ckpt_tensor *fused = moex_checkpoint_find(m->ckpt, name);
     moex_status st;
-    int share_copy = 0; /* fused float experts taken as stored, the rank's share copied to bf16 below */
+    int share_copy = 0; /* fused float experts taken as stored, copied to bf16 below once shared */
     int deq = 0;        /* DEQ_*: fused quantized experts taken as stored, dequantized below once shared */
     const int keep_quant = m->quant.on && !m->opt.dequantize; /* e4m3 experts run quantized */
     d.block_n = m->quant.block_n;
@@ -357,8 +355,6 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
     } else if (fused && keep_quant && fused->dtype == MOEX_ST_F8_E4M3) {
         if ((st = load_fused_fp8(m, moe, &d))) return st;
     } else if (fused) {
-        const void *gu, *dn;
-        moex_dtype gdt, ddt;
         // [E, 2I, H] or transposed [E, H, 2I]; when H == 2I the down tensor ([E, H, I] or [E, I, H]) tells
         snprintf(name, sizeof name, "%s.experts.down_proj", moe);
         const moex_ckpt_tensor *down = moex_checkpoint_find(m->ckpt, name);
@@ -375,23 +371,18 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
         if ((st = get_view(m, gname, 3, gs, &gt, &gv)) || (st = same_dtype(m, name, gname)) ||
             (st = get_view(m, name, 3, ds, &dt_, &dv)))
             return st;
-        /* e4m3 (--dequantize) dequantized below, once the share is taken; an expert-parallel
-         * rank's float share copied to the compute dtype there too, not every expert */
-        share_copy = m->opt.ep_group && gv.dtype != MOEX_E4M3 && needs_bf16_copy(m, gv.dtype);
+        /* taken as stored; below, once the share is taken (every expert, or a rank's own), e4m3
+         * (--dequantize) dequantized and float weights copied to the compute dtype as needed */
+        share_copy = gv.dtype != MOEX_E4M3 && needs_bf16_copy(m, gv.dtype);
         if (gv.dtype == MOEX_E4M3) {
             deq = DEQ_E4M3;
             if ((st = model_scale_grid(m, gname, E, gs[1], gs[2], &d.gate_up_scale)) ||
                 (st = model_scale_grid(m, name, E, ds[1], ds[2], &d.down_scale)))
                 return st;
         }
-        if (share_copy || deq) {
-            gu = gv.data, gdt = gv.dtype, dn = dv.data, ddt = dv.dtype;
-        } else if ((st = get(m, gname, 3, gs, &gu, &gdt)) || (st = get(m, name, 3, ds, &dn, &ddt))) {
-            return st;
-        }
         d.transposed = transposed;
-        moex_tensor_init(&d.gate_up, (void *)gu, gdt, 3, gs);
-        moex_tensor_init(&d.down, (void *)dn, ddt, 3, ds);
+        moex_tensor_init(&d.gate_up, gv.data, gv.dtype, 3, gs);
+        moex_tensor_init(&d.down, dv.data, dv.dtype, 3, ds);
         if (gpt_oss && (st = load_expert_biases(m, moe, &d))) return st;
     } else if (gpt_oss) {
         snprintf(name, sizeof name, "%s.experts.gate_up_proj", moe);
@@ -447,8 +438,8 @@ static moex_status load_experts(moex_model *m, model_layer *ly, const char *moe,
             (st = dequantize_share(m, &d.down, &d.down_scale, deq)))
             return st;
         d.block_n = m->quant.block_n, d.block_k = m->quant.block_k;
-        if ((st = biases_as_weights(m, moe, &d))) return st;
     }
+    if ((st = biases_as_weights(m, moe, &d))) return st;
     if (m->opt.quantize && (st = model_quantize_experts(m, ly, &d))) return st;
     if (m->opt.device.kind == MOEX_DEVICE_CUDA && (st = model_gpu_experts(m, &d))) return st; /* device tensors */
     return moex_layer_create(&d, &ly->experts);
