@@ -1,9 +1,11 @@
 /* probe_common.h — what the probes (diagnostics, not part of moex) share: their error rule (a
- * failed CUDA call prints where and why, and the probe exits 1) and their timing (the median of
- * runs, each after a write that flushes L2). */
+ * failed CUDA call prints where and why, and the probe exits 1), their timing (the median of
+ * runs, each after a write that flushes L2) and, for the TMA probes, a shared-memory address and
+ * the wait for an mbarrier's phase. */
 #ifndef MOEX_PROBE_COMMON_H
 #define MOEX_PROBE_COMMON_H
 #include <cuda_runtime.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <algorithm>
@@ -17,6 +19,20 @@
             exit(1);                                                                                              \
         }                                                                                                         \
     } while (0)
+
+/* The shared-memory address of p (a pointer into shared memory). */
+__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* Wait until the mbarrier at shared address bar has completed the phase of the given parity. */
+__device__ __forceinline__ void wait_parity(uint32_t bar, int parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+}
 
 /* The median time in ms of `runs` launches, after `warmups` untimed ones; before each, the 256 MiB
  * at flush are rewritten (L2 holds none of the launch's inputs), and each is timed with events. */

@@ -31,17 +31,6 @@
 
 static const int RUNS = 7, KB = 64, MAX_SMEM = 200 * 1024;
 
-__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void wait_parity(uint64_t *bar, int parity) {
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(saddr(bar)), "r"(parity)
-                     : "memory");
-}
-
 struct probe_args {
     int64_t items, k_blocks;
     int tile_rows, box_rows, stages, pair, prefetch;
@@ -68,7 +57,7 @@ __global__ void __launch_bounds__(64, 1) tma_read(const __grid_constant__ CUtens
                 const int n = (int)(a.k_blocks - kb < a.pair ? a.k_blocks - kb : a.pair);
                 int s = stage, ph = phase;
                 for (int j = 0; j < n; j++) {
-                    wait_parity(&empty[s], ph ^ 1);
+                    wait_parity(saddr(&empty[s]), ph ^ 1);
                     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(&full[s])),
                                  "r"(stage_bytes)
                                  : "memory");
@@ -101,7 +90,7 @@ __global__ void __launch_bounds__(64, 1) tma_read(const __grid_constant__ CUtens
         int stage = 0, phase = 0;
         for (int64_t t = blockIdx.x; t < a.items; t += gridDim.x)
             for (int64_t kb = 0; kb < a.k_blocks; kb++) {
-                wait_parity(&full[stage], phase);
+                wait_parity(saddr(&full[stage]), phase);
                 asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(&empty[stage])) : "memory");
                 if (++stage == a.stages) stage = 0, phase ^= 1;
             }
