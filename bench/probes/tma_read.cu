@@ -12,12 +12,18 @@
  *                rows together, box by box (so that a row's P x 128 bytes are asked for at
  *                about the same time)
  *   prefetch D   the producer also asks L2 for k-block kb + D of the item (TMA prefetch)
+ *   cp.async C   no TMA: C threads (128 or 256) copy each stage with cp.async.cg in 16-byte
+ *                pieces to the addresses the 128-byte swizzle gives (thread i piece i % 8 of
+ *                rows i / 8, i / 8 + C / 8, ...: 8 threads a row's 128 bytes, as the GEMM's
+ *                gathered A-load), each arriving on the stage's barrier when its copies land
+ *                (cp.async.mbarrier.arrive.noinc); the consumer is the warp after them
  * Every variant reads every byte once. Timed with events after a 256 MiB write that flushes
  * L2; median of RUNS.
  *
  *   build: the CMake target tma_read_probe (CUDA builds), or nvcc -O3 -arch=sm_90a tma_read.cu
  *   run:   tma_read_probe   (CSV on stdout; a few seconds on an H200)
- * Output: CSV region,rows,K,tile_rows,box_rows,stages,pair,prefetch,ms,GBps */
+ * Output: CSV region,rows,K,tile_rows,box_rows,stages,pair,prefetch,loader,ms,GBps (loader: tma, or
+ * cp.async-C; box_rows, pair and prefetch 0 for cp.async) */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -97,6 +103,48 @@ __global__ void __launch_bounds__(64, 1) tma_read(const __grid_constant__ CUtens
     }
 }
 
+/* The cp.async loader: threads 0 .. C-1 copy (C = blockDim.x - 32), thread C frees the stages.
+ * smem: stages x tile_rows x 128 bytes, then 2 x stages barriers (full: C arrivals; empty: 1) */
+__global__ void __launch_bounds__(288, 1) cpasync_read(const unsigned char *w, int64_t K_bytes, probe_args a) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const int stage_bytes = a.tile_rows * 128, C = blockDim.x - 32, tid = threadIdx.x;
+    const uint32_t full = saddr(smem + a.stages * stage_bytes), empty = full + a.stages * 8;
+    if (tid == 0) {
+        for (int s = 0; s < a.stages; s++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(full + 8 * s), "r"(C));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(empty + 8 * s));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (tid < C) {
+        const int piece = tid % 8;
+        int stage = 0, phase = 0;
+        for (int64_t t = blockIdx.x; t < a.items; t += gridDim.x) {
+            const unsigned char *rows = w + t * a.tile_rows * K_bytes;
+            for (int64_t kb = 0; kb < a.k_blocks; kb++) {
+                wait_parity(empty + 8 * stage, phase ^ 1);
+                const uint32_t dst = saddr(smem + stage * stage_bytes);
+                for (int r = tid / 8; r < a.tile_rows; r += C / 8)
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + r * 128 + ((piece ^ (r % 8)) * 16)),
+                                 "l"(rows + r * K_bytes + kb * 128 + piece * 16)
+                                 : "memory");
+                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(full + 8 * stage) : "memory");
+                if (++stage == a.stages) stage = 0, phase ^= 1;
+            }
+        }
+        asm volatile("cp.async.wait_all;" ::: "memory");
+    } else if (tid == C) {
+        int stage = 0, phase = 0;
+        for (int64_t t = blockIdx.x; t < a.items; t += gridDim.x)
+            for (int64_t kb = 0; kb < a.k_blocks; kb++) {
+                wait_parity(full + 8 * stage, phase);
+                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(empty + 8 * stage) : "memory");
+                if (++stage == a.stages) stage = 0, phase ^= 1;
+            }
+    }
+}
+
 __device__ float sink_f;
 __global__ void __launch_bounds__(256) read_seq(const uint4 *p, size_t n16) {
     float s = 0;
@@ -121,6 +169,7 @@ int main(void) {
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     CK(cudaFuncSetAttribute(tma_read, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_SMEM));
+    CK(cudaFuncSetAttribute(cpasync_read, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_SMEM));
     struct region {
         const char *name;
         int64_t rows, K;
@@ -133,11 +182,11 @@ int main(void) {
     CK(cudaMalloc(&w, most));
     CK(cudaMalloc(&flush, 256u << 20));
     CK(cudaMemset(w, 1, most));
-    printf("region,rows,K,tile_rows,box_rows,stages,pair,prefetch,ms,GBps\n");
+    printf("region,rows,K,tile_rows,box_rows,stages,pair,prefetch,loader,ms,GBps\n");
     for (const region &g : regions) {
         const double bytes = (double)g.rows * g.K * 2;
         const float seq = probe_median_ms(flush, 1, RUNS, [&] { read_seq<<<sms * 8, 256>>>((const uint4 *)w, (size_t)(bytes / 16)); });
-        printf("%s,%lld,%lld,0,0,0,0,0,%.4f,%.1f\n", g.name, (long long)g.rows, (long long)g.K, seq, bytes / seq / 1e6);
+        printf("%s,%lld,%lld,0,0,0,0,0,sequential,%.4f,%.1f\n", g.name, (long long)g.rows, (long long)g.K, seq, bytes / seq / 1e6);
         const int shapes[][2] = {{256, 64}, {256, 256}, {128, 64}}; /* tile rows, box rows */
         for (const auto &sh : shapes)
             for (int stages : {4, 6})
@@ -158,9 +207,21 @@ int main(void) {
                         /* at least 120 KiB of shared memory, so that one block runs an SM, as the GEMM's */
                         const int smem = std::max(stages * N * 128 + 2 * stages * 8, 120 * 1024);
                         const float ms = probe_median_ms(flush, 1, RUNS, [&] { tma_read<<<sms, 64, smem>>>(map, a); });
-                        printf("%s,%lld,%lld,%d,%d,%d,%d,%d,%.4f,%.1f\n", g.name, (long long)g.rows, (long long)g.K, N,
-                               box, stages, pair, prefetch, ms, bytes / ms / 1e6);
+                        printf("%s,%lld,%lld,%d,%d,%d,%d,%d,tma,%.4f,%.1f\n", g.name, (long long)g.rows, (long long)g.K,
+                               N, box, stages, pair, prefetch, ms, bytes / ms / 1e6);
                     }
+        for (int N : {256, 128})
+            for (int stages : {4, 6})
+                for (int C : {128, 256}) {
+                    if (stages * N * 128 + 2 * stages * 8 > MAX_SMEM) continue;
+                    probe_args a = {g.rows / N, g.K / KB, N, 0, stages, 1, 0};
+                    const int smem = std::max(stages * N * 128 + 2 * stages * 8, 120 * 1024);
+                    const float ms = probe_median_ms(flush, 1, RUNS, [&] {
+                        cpasync_read<<<sms, C + 32, smem>>>((const unsigned char *)w, g.K * 2, a);
+                    });
+                    printf("%s,%lld,%lld,%d,0,%d,0,0,cp.async-%d,%.4f,%.1f\n", g.name, (long long)g.rows, (long long)g.K,
+                           N, stages, C, ms, bytes / ms / 1e6);
+                }
     }
     CK(cudaFree(w));
     CK(cudaFree(flush));
