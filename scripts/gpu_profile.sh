@@ -54,8 +54,8 @@ fi
 echo "ncu: $NCU ($("$NCU" --version | tail -1))"
 
 # the experts' kernels only (not the bench's ceilings, weight generation or L2 flush), by
-# function name
-KERNELS='regex:^(grouped_gemm|experts|routing|gate_up|down|gather|reduce|count|scan|scatter|act_quant|slot_weights)[a-z0-9_]*_kernel$'
+# function name (the FP4 kernels' names start with fp4_)
+KERNELS='regex:^(fp4_)?(grouped_gemm|experts|routing|gate_up|down|gather|reduce|count|scan|scatter|act_quant|slot_weights|mma)[a-z0-9_]*_kernel$'
 IFS=, read -ra list <<<"$CASES"
 [ -n "${PROFILE_GENERATE:-}" ] && list=()
 status=0
