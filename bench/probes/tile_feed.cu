@@ -21,6 +21,9 @@
  *           semantics at cluster scope
  *   pair-cta  the same, the remote arrival with the default semantics (release at CTA scope: a
  *           consumer's reads of the stage are complete before it arrives either way)
+ *   solo-8x64  as solo, the same 192 KiB in eight stages of 64-byte k-blocks (24 KiB each, the
+ *           stand-in's delay halved): a stage freed sooner, so more of the ring is in flight
+ *   solo-3x128  as solo with three stages: the feed with a quarter fewer bytes in flight
  * Timed with events after a 256 MiB write that flushes L2; median of RUNS.
  *
  *   build: the CMake target tile_feed_probe (CUDA builds), or nvcc -O3 -arch=sm_90a tile_feed.cu
@@ -38,8 +41,7 @@
 #include "probe_common.h"
 
 static const int RUNS = 5, TM = 128, TN = 256, KB = 128, BOX = 64, STAGES = 4;
-static const int A_STAGE = TM * KB, B_STAGE = TN * KB, STAGE = A_STAGE + B_STAGE;
-static const int SMEM = STAGES * STAGE + 1024 + 2 * STAGES * 8;
+static const int SMEM = STAGES * (TM + TN) * KB + 1024 + 2 * 8 * 8; /* the largest ring (8 barrier pairs) */
 
 __device__ __forceinline__ uint32_t cta_rank() {
     uint32_t r;
@@ -67,16 +69,18 @@ struct feed_args {
     int E, N, R, k_blocks, delay;
 };
 
-/* grid: one block an SM (MODE 1 pair, 2 pair-cta: an even number, clusters of two); 64 threads */
-template <int MODE>
+/* grid: one block an SM (MODE 1 pair, 2 pair-cta: an even number, clusters of two); 64 threads;
+ * a ring of NST stages of KBT-byte k-blocks (f.k_blocks of them a tile) */
+template <int MODE, int KBT = KB, int NST = STAGES>
 __global__ void __launch_bounds__(64, 1)
     tile_feed(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w, feed_args f) {
     constexpr bool PAIR = MODE > 0;
+    constexpr int A_STAGE = TM * KBT, STAGE = (TM + TN) * KBT;
     extern __shared__ unsigned char raw[];
     unsigned char *smem = (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
-    const uint32_t full = saddr(smem + STAGES * STAGE), empty = full + STAGES * 8;
+    const uint32_t full = saddr(smem + NST * STAGE), empty = full + NST * 8;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
+        for (int s = 0; s < NST; s++) {
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(full + 8 * s));
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(empty + 8 * s), "r"(PAIR ? 2 : 1));
         }
@@ -102,14 +106,14 @@ __global__ void __launch_bounds__(64, 1)
                              "r"(STAGE)
                              : "memory");
                 const uint32_t a = saddr(smem + stage * STAGE), w = a + A_STAGE, bar = full + 8 * stage;
-                copy_box(a, &map_a, bar, kb * KB, a_row);
+                copy_box(a, &map_a, bar, kb * KBT, a_row);
                 for (int q = 0; q < TN / BOX; q++) {
                     if (!PAIR)
-                        copy_box(w + q * BOX * KB, &map_w, bar, kb * KB, w_row + q * BOX);
+                        copy_box(w + q * BOX * KBT, &map_w, bar, kb * KBT, w_row + q * BOX);
                     else if ((q & 1) == rank)
-                        copy_box_both(w + q * BOX * KB, &map_w, bar, kb * KB, w_row + q * BOX);
+                        copy_box_both(w + q * BOX * KBT, &map_w, bar, kb * KBT, w_row + q * BOX);
                 }
-                if (++stage == STAGES) stage = 0, phase ^= 1;
+                if (++stage == NST) stage = 0, phase ^= 1;
             }
         }
     } else if (threadIdx.x == 32) {
@@ -129,7 +133,7 @@ __global__ void __launch_bounds__(64, 1)
                     else
                         asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(peer) : "memory");
                 }
-                if (++stage == STAGES) stage = 0, phase ^= 1;
+                if (++stage == NST) stage = 0, phase ^= 1;
             }
     }
     /* PAIR: no block leaves while its partner may still copy into it or arrive on its barriers */
@@ -139,11 +143,11 @@ __global__ void __launch_bounds__(64, 1)
 
 static PFN_cuTensorMapEncodeTiled_v12000 encode;
 
-static void make_map(CUtensorMap *map, void *base, int64_t rows, int64_t K, int box_rows) {
+static void make_map(CUtensorMap *map, void *base, int64_t rows, int64_t K, int box_rows, int kbt) {
     cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)K};
-    cuuint32_t boxd[2] = {(cuuint32_t)KB, (cuuint32_t)box_rows}, elem[2] = {1, 1};
+    cuuint32_t boxd[2] = {(cuuint32_t)kbt, (cuuint32_t)box_rows}, elem[2] = {1, 1};
     if (encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, base, dims, strides, boxd, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               kbt == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
         fprintf(stderr, "tensor map failed\n");
         exit(1);
@@ -158,6 +162,8 @@ int main(void) {
     CK(cudaFuncSetAttribute(tile_feed<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
     CK(cudaFuncSetAttribute(tile_feed<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
     CK(cudaFuncSetAttribute(tile_feed<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+    CK(cudaFuncSetAttribute(tile_feed<0, 64, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+    CK(cudaFuncSetAttribute(tile_feed<0, KB, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
     /* deepseek-v3 at 16384 tokens (512 rows an expert), 64 of its 256 experts: gate/up and down */
     struct shape {
         const char *name;
@@ -185,14 +191,18 @@ int main(void) {
     fprintf(stderr, "tile_feed: %d SMs, %d clusters of two at once\n", sms, clusters);
     printf("shape,mode,delay,grid,ms,smem_TBps,l2_TBps,fp8_tflops\n");
     for (const shape &s : shapes) {
-        CUtensorMap map_a, map_w;
-        make_map(&map_a, a, (int64_t)s.E * s.R, s.K, TM);
-        make_map(&map_w, w, (int64_t)s.E * s.N, s.K, BOX);
+        CUtensorMap map_a, map_w, map_a64, map_w64;
+        make_map(&map_a, a, (int64_t)s.E * s.R, s.K, TM, KB);
+        make_map(&map_w, w, (int64_t)s.E * s.N, s.K, BOX, KB);
+        make_map(&map_a64, a, (int64_t)s.E * s.R, s.K, TM, 64);
+        make_map(&map_w64, w, (int64_t)s.E * s.N, s.K, BOX, 64);
         const feed_args base = {s.E, s.N, s.R, s.K / KB, 0};
         const double stages = (double)s.E * (s.R / TM) * (s.N / TN) * (s.K / KB);
+        const int STAGE = (TM + TN) * KB, A_STAGE = TM * KB, B_STAGE = TN * KB; /* a 128-byte k-block */
+        static const char *const NAMES[5] = {"solo", "pair", "pair-cta", "solo-8x64", "solo-3x128"};
         for (int delay : {0, 1024, 2048})
-            for (int mode = 0; mode < 3; mode++) {
-                const bool pair = mode > 0;
+            for (int mode = 0; mode < 5; mode++) {
+                const bool pair = mode == 1 || mode == 2;
                 feed_args f = base;
                 f.delay = delay;
                 const int grid = pair ? 2 * std::min(sms / 2, clusters > 0 ? clusters : sms / 2) : sms;
@@ -202,11 +212,16 @@ int main(void) {
                     ms = probe_median_ms(flush, 1, RUNS, [&] { CK(cudaLaunchKernelEx(&cfg, tile_feed<1>, map_a, map_w, f)); });
                 else if (mode == 2)
                     ms = probe_median_ms(flush, 1, RUNS, [&] { CK(cudaLaunchKernelEx(&cfg, tile_feed<2>, map_a, map_w, f)); });
+                else if (mode == 3) { /* k-blocks of 64 bytes: twice as many, each with half the delay */
+                    f.k_blocks = base.k_blocks * 2, f.delay = delay / 2;
+                    ms = probe_median_ms(flush, 1, RUNS, [&] { tile_feed<0, 64, 8><<<grid, 64, SMEM>>>(map_a64, map_w64, f); });
+                } else if (mode == 4)
+                    ms = probe_median_ms(flush, 1, RUNS, [&] { tile_feed<0, KB, 3><<<grid, 64, SMEM>>>(map_a, map_w, f); });
                 else
                     ms = probe_median_ms(flush, 1, RUNS, [&] { tile_feed<0><<<grid, 64, SMEM>>>(map_a, map_w, f); });
                 const double landed = stages * STAGE, asked = stages * (pair ? A_STAGE + B_STAGE / 2 : STAGE);
                 const double macs = stages * TM * TN * KB;
-                printf("%s,%s,%d,%d,%.4f,%.3f,%.3f,%.1f\n", s.name, mode == 2 ? "pair-cta" : pair ? "pair" : "solo", delay, grid, ms,
+                printf("%s,%s,%d,%d,%.4f,%.3f,%.3f,%.1f\n", s.name, NAMES[mode], delay, grid, ms,
                        landed / ms / 1e9, asked / ms / 1e9, 2 * macs / ms / 1e9);
             }
     }
