@@ -31,7 +31,8 @@
 # is left out of the later rounds),
 # AB_BUDGET_S (seconds from the script's start: a round, after the first, starts only if the
 # slowest round so far fits in what is left, so that a device call's limit never takes the
-# rounds already timed; the files are then written from the rounds that ran),
+# rounds already timed; the files are then written from the rounds that ran; the comparison CSV
+# is also rewritten after every round, so a run killed part-way keeps the rounds it finished),
 # MOEX_DEPS_DIR (cJSON sources for every build,
 # peer-run/deps). Each tree is built by its own scripts/gpu_suite.sh with SUITE_STEPS=none, all
 # at once.
@@ -146,6 +147,14 @@ bench() { # binary shape tokens csv (a hung tree is killed after AB_BENCH_TIMEOU
   timeout --kill-after=10 "${AB_BENCH_TIMEOUT_S:-240}" "$1" bench --device cuda --shape "$2" --tokens "$3" --dtype "$DTYPES" --backends "$BACKENDS" --graph "${AB_GRAPH:-both}" \
     --backend-max-tokens batched_mm=512 --runs "$RUNS" --reference off ${AB_SKEW:+--skew "$AB_SKEW"} --csv "$4" >/dev/null
 }
+GPU_TAG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z' 'a-z' |
+  sed 's/nvidia//; s/[^a-z0-9]\+/-/g; s/^-//; s/-$//')
+CSV="$OUT/$(date -u +%Y-%m-%d)_cuda-${GPU_TAG:-gpu}_old-vs-new-main.csv"
+# compare: the CSV from the rounds so far (after every round, so that a run killed by a device
+# call's limit keeps the rounds it finished)
+compare() {
+  python3 "$ROOT/dev/ab_compare.py" "$WORK" "$CSV" --old "${AB_OLD_LABEL:-old}" --new "${AB_NEW_LABEL:-new}"
+}
 n=${#TAGS[@]}
 slowest=0
 for r in $(seq 1 "$ROUNDS"); do
@@ -179,6 +188,7 @@ for r in $(seq 1 "$ROUNDS"); do
   fi
   took=$(($(date +%s) - round_start))
   [ "$took" -gt "$slowest" ] && slowest=$took
+  [ "$r" -lt "$ROUNDS" ] && compare >/dev/null
 done
 # AB_KEEP_RAW=TAG: that tree's moex bench CSVs of every round, one file a shape (TAG_SHAPE.csv in OUT_DIR)
 if [ -n "${AB_KEEP_RAW:-}" ]; then
@@ -186,7 +196,4 @@ if [ -n "${AB_KEEP_RAW:-}" ]; then
     cat "$WORK/${AB_KEEP_RAW}_${shape}"_r*.csv >"$OUT/${AB_KEEP_RAW}_${shape}.csv" 2>/dev/null || say "no CSV of $AB_KEEP_RAW $shape"
   done
 fi
-GPU_TAG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z' 'a-z' |
-  sed 's/nvidia//; s/[^a-z0-9]\+/-/g; s/^-//; s/-$//')
-python3 "$ROOT/dev/ab_compare.py" "$WORK" "$OUT/$(date -u +%Y-%m-%d)_cuda-${GPU_TAG:-gpu}_old-vs-new-main.csv" \
-  --old "${AB_OLD_LABEL:-old}" --new "${AB_NEW_LABEL:-new}"
+compare
