@@ -9,8 +9,10 @@
  *         grouped GEMM, else gemv_mma_usable (backends/cuda/gemv.cuh): the one-launch mma.sync
  *         streamed forward (gemv_mma.cu), else the plain streamed kernels (backends/cuda/gemv.cu);
  *         FP4 layers gemv_fp4_mma_pays (gemv.cuh): grouped_mm's integer mma kernels, else the dp4a
- *         kernels (backends/cuda/gemv_fp4.cu). deepgemm takes the grouped GEMM at every size, its
- *         rows in the masked layout up to DEEPGEMM_MASKED_MAX_TOKENS tokens, else the contiguous one
+ *         kernels (backends/cuda/gemv_fp4.cu). batched_mm's down: gemv_down_pair_rows_pays (gemv.cuh):
+ *         per pair into y then the pairs' sum, else the down pairs kernel with the sum fused.
+ *         deepgemm takes the grouped GEMM at every size, its rows in the masked layout up to
+ *         DEEPGEMM_MASKED_MAX_TOKENS tokens, else the contiguous one
  *         (backends/cuda/experts.cu), its kernels compiled per shape (backends/cuda/gemm_jit.h).
  *         sonicmoe takes the grouped GEMM at every size too, with the gathered A-load and the
  *         weighted down epilogue, its tiles by grouped_gemm_narrow_pays as grouped_mm's.

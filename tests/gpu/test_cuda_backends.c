@@ -757,6 +757,19 @@ static void test_large(void) {
     m.limit = 1.5f;
     m.sentinel_rows = 1;
     run_case(&m, 1);
+    /* hidden sizes from PAIR_ROWS_MIN_H, up to PAIR_ROWS_MAX_TOKENS tokens: batched_mm's down per
+     * pair into y, then the pair reduction: sentinels (one token all -1, one all E), a partial last
+     * block of features (H 4104: 1026 warps of 4), f32 and f16 weights, biases and interleaved gate/up */
+    gcase lr = gcase_make(3, 12, 8, 4104, 264, MOEX_F32, 6302u);
+    lr.sentinel_prob = 0.2;
+    lr.sentinel_rows = 1;
+    run_case(&lr, 1);
+    gcase lh = gcase_make(64, 40, 6, 4096, 136, MOEX_F16, 6303u);
+    lh.sentinel_prob = 0.05;
+    lh.layout = 5;
+    lh.act = MOEX_ACT_GPTOSS_CLAMP;
+    lh.limit = 1.5f;
+    run_case(&lh, 1);
 }
 
 /* The streamed kernels on tensor cores (bf16/f16, H and I multiples of 32, k contiguous,
@@ -819,11 +832,12 @@ static gcase quant_case(int64_t T, int64_t H, int64_t I, moex_dtype dt, uint64_t
  * and I not multiples of 128 (partial blocks along both), 16 x 64 blocks, empty experts (T = 1 of
  * E = 16), every token on one expert, sentinel rows, each layout the GPU takes (concat,
  * interleaved, ungated; biases; GPT-OSS's clamped activation), bf16 and f32 hidden states.
- * The last six run grouped_mm's FP8 tensor-core GEMMs (I a multiple of 64, experts of 16 rows
+ * The eighth to the thirteenth run grouped_mm's FP8 tensor-core GEMMs (I a multiple of 64, experts of 16 rows
  * or more on average; the fourth and fifth, of 32 or fewer, its narrow tiles): partial k-blocks and
  * output tiles, 64-row blocks, block_k 256, biases, an expert of 400 rows (4 row tiles), one of
  * about 95 among experts of about 20 (two narrow tiles), a hidden size of 4160 (h quantized in
- * the wide tiles' epilogue); then narrow tiles, several a block. */
+ * the wide tiles' epilogue); the last two, hidden sizes of 4160 and 4112 at 5 and 37 tokens,
+ * batched_mm's down per pair (gemv_down_pair_rows_pays); then narrow tiles, several a block. */
 static void test_fp8(void) {
     typedef struct fp8_case {
         int64_t T, bn, bk;
@@ -843,6 +857,8 @@ static void test_fp8(void) {
         {100, 64, 128, 0, MOEX_ACT_SILU, MOEX_F32, 70, 336, 192},
         /* a hidden size from GEMM_FP8_H_QUANT_MIN_K (a partial k-block): the wide tiles quantize h in their epilogue */
         {300, 128, 128, 0, MOEX_ACT_SILU, MOEX_BF16, 0, 4160, 192},
+        /* hidden sizes from PAIR_ROWS_MIN_H, few tokens: batched_mm's down per pair, then the pair reduction */
+        {5, 128, 128, 1, MOEX_ACT_SILU, MOEX_BF16, 0, 4160, 208}, {37, 16, 64, 9, MOEX_ACT_RELU, MOEX_F32, 0, 4112, 208},
     };
     const int n = (int)(sizeof CASES / sizeof CASES[0]);
     for (int i = 0; i < n; i++) {
