@@ -376,11 +376,12 @@ static size_t gemv_bytes(const moex_experts_desc *d, int64_t P, int with_y) {
     return align256((size_t)P * d->intermediate * 4) + (with_y ? align256((size_t)P * d->hidden * 4) : 0);
 }
 
-/* batched_mm's y [P, H] f32 for the down per pair of long rows (gemv_down_pair_rows_pays), which
- * runs up to PAIR_ROWS_MAX_TOKENS tokens: 0 for layers that never take it. */
-static size_t pair_rows_y_bytes(const moex_experts_desc *d, int64_t T) {
+/* The rows of batched_mm's y [rows, H] f32 for the down per pair of long rows
+ * (gemv_down_pair_rows_pays), which runs up to PAIR_ROWS_MAX_TOKENS tokens: 0 for layers that
+ * never take it. */
+static int64_t pair_rows_y_rows(const moex_experts_desc *d, int64_t T) {
     const int64_t t = T < PAIR_ROWS_MAX_TOKENS ? T : PAIR_ROWS_MAX_TOKENS;
-    return gemv_down_pair_rows_pays(d->hidden, 1) ? align256((size_t)t * d->top_k * d->hidden * 4) : 0;
+    return gemv_down_pair_rows_pays(d->hidden, 1) ? t * d->top_k : 0;
 }
 
 /* Bytes of sonicmoe's fused path: h [P, I] and y [P, H] in the weights' dtype (each slot's
@@ -396,8 +397,9 @@ static size_t tc_bytes(const moex_experts_desc *d, int64_t P) {
 }
 
 /* Quantized carves of a forward of T tokens (P pairs): FP8 batched_mm xf [T, H] f32 (the quantized
- * inputs), h [P, I] f32, y for long rows (pair_rows_y_bytes); FP8 grouped_mm xq [P, H] codes, xs [P, ceil(H/bk)] (the streamed forward
- * uses T rows of them, by token; the GEMM P, in expert order), h [P, I] f32, hq [P, I],
+ * inputs), h [P, I] f32, y [pair_rows_y_rows, H] f32; FP8 grouped_mm xq [P, H] codes, xs
+ * [P, ceil(H/bk)] (the streamed forward uses T rows of them, by token; the GEMM P, in expert
+ * order), h [P, I] f32, hq [P, I],
  * hs [P, ceil(I/bk)], y [P, H] f32, after the routing arrays; FP4 xq [T, H] int8 codes, xs
  * [T, H/32], h [P, I] f32, hq [P, I] codes, hs [P, I/32], and for grouped_mm y [P, H] f32. */
 typedef struct quant_ws {
@@ -422,8 +424,7 @@ static quant_ws quant_carve(cuda_kind kind, const moex_experts_desc *d, int64_t 
     } else if (kind == CUDA_BATCHED_MM) {
         CARVE(xf, float, T * H);
         CARVE(h, float, P * I);
-        if (gemv_down_pair_rows_pays(H, 1)) CARVE(y, float, (T < PAIR_ROWS_MAX_TOKENS ? T : PAIR_ROWS_MAX_TOKENS) * d->top_k * H);
-        /* y: pair_rows_y_bytes */
+        if (pair_rows_y_rows(d, T)) CARVE(y, float, pair_rows_y_rows(d, T) * H);
     } else {
         CARVE(xq, uint8_t, P * H);
         CARVE(xs, float, P * ((H + bk - 1) / bk));
@@ -471,7 +472,8 @@ static size_t workspace_bytes(cuda_kind kind, const moex_experts_desc *d, int64_
     if (moex_is_quant_dtype(moex_weight_dtype(d)))
         return (kind == CUDA_BATCHED_MM ? 0 : align256(routing_bytes(d->num_experts, P))) +
                quant_carve(kind, d, max_tokens, P, NULL).bytes;
-    if (kind == CUDA_BATCHED_MM) return gemv_bytes(d, P, 0) + pair_rows_y_bytes(d, max_tokens);
+    if (kind == CUDA_BATCHED_MM) /* h, then y for the long rows' down per pair */
+        return gemv_bytes(d, P, 0) + align256((size_t)pair_rows_y_rows(d, max_tokens) * d->hidden * 4);
     char why[160];
     const int tc = tc_layout(d, why, sizeof why);
     /* the streamed path runs only below the tensor-core crossover, so its buffers stop there */
@@ -512,6 +514,16 @@ static moex_status fwd_begin(const moex_forward_args *a, fwd *out) {
     return MOEX_OK;
 }
 
+/* batched_mm's down per pair of long rows (gemv_down_pair_rows_pays) into y, then the weighted
+ * sum over each token's pairs. */
+static moex_status pair_rows_down(fwd *f, const float *h, float *y) {
+    const moex_forward_args *a = f->a;
+    moex_status st = gemv_down_pair_rows(f->s->L, f->s->Q, f->G, h, y, f->stream);
+    if (st) return st;
+    return gemv_reduce_pairs(f->s->L, f->G, y, a->weights->data, a->weights->dtype, a->weights->strides[0], a->out->data,
+                             a->out->dtype, a->out->strides[0], f->stream);
+}
+
 /* batched_mm, FP8: x quantized (f32 code * scale), gate/up per pair, h quantized in place, down;
  * each kernel after the first a programmatic dependent of the one before (its blocks start as
  * that one ends: at one token the four launches' gaps are a large part of the time). */
@@ -525,13 +537,7 @@ static moex_status batched_fp8_forward(fwd *f) {
     if (!st) st = gemv_gate_up_fp8(L, Q, f->G, w.xf, w.h, f->stream);
     if (!st) st = act_quant_e4m3(w.h, MOEX_F32, L.I, f->P, L.I, Q.bk, NULL, NULL, w.h, 1, f->stream);
     if (st) return st;
-    if (gemv_down_pair_rows_pays(L.H, f->T)) {
-        st = gemv_down_pair_rows(L, Q, f->G, w.h, w.y, f->stream);
-        if (!st)
-            st = gemv_reduce_pairs(L, f->G, w.y, a->weights->data, a->weights->dtype, a->weights->strides[0],
-                                   a->out->data, a->out->dtype, a->out->strides[0], f->stream);
-        return st;
-    }
+    if (gemv_down_pair_rows_pays(L.H, f->T)) return pair_rows_down(f, w.h, w.y);
     return gemv_down_pairs_fp8(L, Q, f->G, w.h, a->weights->data, a->weights->dtype, a->weights->strides[0],
                                a->out->data, a->out->dtype, a->out->strides[0], f->stream);
 }
@@ -580,14 +586,8 @@ static moex_status batched_forward(fwd *f) {
     float *h = (float *)a->workspace;
     moex_status st = gemv_gate_up(f->s->L, f->G, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], h, f->stream);
     if (st) return st;
-    if (gemv_down_pair_rows_pays(f->s->L.H, f->T) && gemv_vectorizable(f->s->L, esize(f->s->L.wdt))) {
-        float *y = (float *)((char *)a->workspace + align256((size_t)f->P * f->s->L.I * 4));
-        st = gemv_down_pair_rows(f->s->L, f->s->Q, f->G, h, y, f->stream);
-        if (!st)
-            st = gemv_reduce_pairs(f->s->L, f->G, y, a->weights->data, a->weights->dtype, a->weights->strides[0],
-                                   a->out->data, a->out->dtype, a->out->strides[0], f->stream);
-        return st;
-    }
+    if (gemv_down_pair_rows_pays(f->s->L.H, f->T) && gemv_vectorizable(f->s->L, esize(f->s->L.wdt)))
+        return pair_rows_down(f, h, (float *)((char *)a->workspace + align256((size_t)f->P * f->s->L.I * 4)));
     return gemv_down_pairs(f->s->L, f->G, h, a->weights->data, a->weights->dtype, a->weights->strides[0], a->out->data,
                            a->out->dtype, a->out->strides[0], f->stream);
 }
