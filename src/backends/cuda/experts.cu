@@ -514,14 +514,15 @@ static moex_status fwd_begin(const moex_forward_args *a, fwd *out) {
     return MOEX_OK;
 }
 
-/* batched_mm's down per pair of long rows (gemv_down_pair_rows_pays) into y, then the weighted
- * sum over each token's pairs. */
+/* batched_mm's down per pair of long rows (gemv_down_pair_rows_pays) into y, each row weighted,
+ * then the sum over each token's pairs in j order (routing_reduce, y in pair order). */
 static moex_status pair_rows_down(fwd *f, const float *h, float *y) {
     const moex_forward_args *a = f->a;
-    moex_status st = gemv_down_pair_rows(f->s->L, f->s->Q, f->G, h, y, f->stream);
+    moex_status st = gemv_down_pair_rows(f->s->L, f->s->Q, f->G, h, a->weights->data, a->weights->dtype,
+                                         a->weights->strides[0], y, f->stream);
     if (st) return st;
-    return gemv_reduce_pairs(f->s->L, f->G, y, a->weights->data, a->weights->dtype, a->weights->strides[0], a->out->data,
-                             a->out->dtype, a->out->strides[0], f->stream);
+    return routing_reduce(NULL, y, MOEX_F32, f->s->L.H, NULL, MOEX_F32, 0, f->T, f->k, a->out->data, a->out->dtype,
+                          a->out->strides[0], f->stream);
 }
 
 /* batched_mm, FP8: x quantized (f32 code * scale), gate/up per pair, h quantized in place, down;

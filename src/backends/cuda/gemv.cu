@@ -446,15 +446,17 @@ __global__ void __launch_bounds__(WARPS * 32, 2) down_experts_kernel(layer_view 
  * y[p, n .. n+NF) = down_e . h[p] + bias for pair p = blockIdx.y (e its expert), a warp per NF
  * features, blocks of WARPS warps, so that every warp of a block reads the same expert's matrix
  * (down_pairs_kernel's blocks read the token's k experts at once, which streams deepseek-v3's
- * down weights at 0.74 of the read rate where this reaches about 0.9); the weighted sum over each
- * token's pairs follows in gemv_reduce_pairs. FP8 (WT uint8_t): e4m3 codes, 16 a lane a step,
- * scaled per block of bk inputs; h the quantized values (f32). */
+ * down weights at 0.74 of the read rate where this reaches about 0.9). y[p] is weighted by the
+ * pair's routing weight w[t, j] (as down_pairs_kernel weights each pair's part), a sentinel pair's
+ * row 0, so the sum over each token's pairs in j order follows in routing_reduce. FP8 (WT
+ * uint8_t): e4m3 codes, 16 a lane a step, scaled per block of bk inputs; h the quantized values. */
 template <typename WT> __host__ __device__ constexpr int pair_rows_nf() { return sizeof(WT) == 1 ? 8 : 4; }
 template <typename WT> __host__ __device__ constexpr int pair_rows_blocks() { return sizeof(WT) == 1 ? 2 : 4; }
 
 template <typename WT>
 __global__ void __launch_bounds__(WARPS * 32, pair_rows_blocks<WT>())
-    down_pair_rows_kernel(layer_view L, quant_view Q, gemv_groups G, const float *h, float *y) {
+    down_pair_rows_kernel(layer_view L, quant_view Q, gemv_groups G, const float *h, const void *w, moex_dtype wdt,
+                          int64_t w_ld, float *y) {
     constexpr bool QUANT = sizeof(WT) == 1;
     constexpr int NF = pair_rows_nf<WT>(), VW = QUANT ? 16 : 8;
     const int lane = threadIdx.x & 31;
@@ -464,9 +466,19 @@ __global__ void __launch_bounds__(WARPS * 32, pair_rows_blocks<WT>())
     for (int64_t p = blockIdx.y; p < G.count; p += gridDim.y) {
         int64_t lo, hi;
         const int64_t e = group_rows(G, L.E, p, &lo, &hi);
-        if (e < 0) continue;
+        if (e < 0) { /* a sentinel pair adds nothing (its routing weight is not read) */
+            if (lane < nf) y[p * L.H + n + lane] = 0.0f;
+            continue;
+        }
         const WT *wd = (const WT *)proj_base(L.down, e, sizeof(WT)) + n * ns;
         const float *hr = h + p * K;
+        /* the pair's routing weight and the lane's bias: FP8 loads them before the loop, 16-bit and
+         * f32 weights after it (each where ptxas then spills nothing) */
+        float wp = 0.0f, bias = 0.0f;
+        if constexpr (QUANT) {
+            wp = load_elem(w, wdt, (p / G.k) * w_ld + p % G.k);
+            bias = lane < nf ? bias_at(L.down_bias, L.bdt, e, n + lane) : 0.0f;
+        }
         uint32_t sr[QUANT ? NF : 1]; /* FP8: the features' scale rows */
         if constexpr (QUANT)
 #pragma unroll
@@ -505,7 +517,10 @@ __global__ void __launch_bounds__(WARPS * 32, pair_rows_blocks<WT>())
             const float v = warp_sum(acc[f]);
             if (lane == f) mine = v;
         }
-        if (lane < nf) y[p * L.H + n + lane] = mine + bias_at(L.down_bias, L.bdt, e, n + lane);
+        if (lane < nf)
+            y[p * L.H + n + lane] = QUANT ? wp * (mine + bias)
+                                          : load_elem(w, wdt, (p / G.k) * w_ld + p % G.k) *
+                                                (mine + bias_at(L.down_bias, L.bdt, e, n + lane));
     }
 }
 
@@ -620,65 +635,22 @@ moex_status gemv_down_experts(const layer_view &L, const gemv_groups &G, const f
     return MOEX_CUDA_LAUNCHED("down kernel (experts)");
 }
 
-/* Thread (t, 4 columns n .. n+3) over a grid of T x (H / 1024) blocks: the token's k pairs'
- * ids, weights and y rows loaded first (a sentinel pair reads row t*k and is not added), then
- * added in j order. */
-__global__ void reduce_pairs_kernel(layer_view L, gemv_groups G, const float *y, const void *w, moex_dtype wdt,
-                                    int64_t w_ld, void *out, moex_dtype odt, int64_t out_ld) {
-    const int64_t n = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
-    if (n >= L.H) return;
-    for (int64_t t = blockIdx.y; t < G.T; t += gridDim.y) {
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int64_t j0 = 0; j0 < G.k; j0 += 8) {
-            bool ok[8];
-            float wj[8];
-            float4 v[8];
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const int64_t e = j0 + i < G.k ? load_id(G.ids, G.ids64, G.ids_ld, t, j0 + i) : -1;
-                ok[i] = e >= 0 && e < L.E;
-                wj[i] = ok[i] ? load_elem(w, wdt, t * w_ld + j0 + i) : 0.0f;
-            }
-#pragma unroll
-            for (int i = 0; i < 8; i++) v[i] = *(const float4 *)(y + (t * G.k + (ok[i] ? j0 + i : 0)) * L.H + n);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                if (!ok[i]) continue;
-                acc[0] += wj[i] * v[i].x;
-                acc[1] += wj[i] * v[i].y;
-                acc[2] += wj[i] * v[i].z;
-                acc[3] += wj[i] * v[i].w;
-            }
-        }
-#pragma unroll
-        for (int c = 0; c < 4; c++) store_elem(out, odt, t * out_ld + n + c, acc[c]);
-    }
-}
-
-moex_status gemv_down_pair_rows(const layer_view &L, const quant_view &Q, const gemv_groups &G, const float *h, float *y,
-                                cudaStream_t s) {
+moex_status gemv_down_pair_rows(const layer_view &L, const quant_view &Q, const gemv_groups &G, const float *h,
+                                const void *w, moex_dtype wdt, int64_t w_ld, float *y, cudaStream_t s) {
     const int quant = L.wdt == MOEX_E4M3;
     if (!G.pairs || (quant ? !gemv_quant_usable(L, Q) : !gemv_vectorizable(L, wsize(L.wdt))))
         return moex_fail(MOEX_ERR_INTERNAL, "down kernel (per pair): weights it does not take");
     const int nf = quant ? pair_rows_nf<uint8_t>() : pair_rows_nf<float>();
     const dim3 grid((unsigned)(((L.H + nf - 1) / nf + WARPS - 1) / WARPS), (unsigned)(G.count < 65535 ? G.count : 65535));
     if (quant)
-        down_pair_rows_kernel<uint8_t><<<grid, WARPS * 32, 0, s>>>(L, Q, G, h, y);
+        down_pair_rows_kernel<uint8_t><<<grid, WARPS * 32, 0, s>>>(L, Q, G, h, w, wdt, w_ld, y);
     else if (L.wdt == MOEX_BF16)
-        down_pair_rows_kernel<__nv_bfloat16><<<grid, WARPS * 32, 0, s>>>(L, quant_view(), G, h, y);
+        down_pair_rows_kernel<__nv_bfloat16><<<grid, WARPS * 32, 0, s>>>(L, quant_view(), G, h, w, wdt, w_ld, y);
     else if (L.wdt == MOEX_F16)
-        down_pair_rows_kernel<__half><<<grid, WARPS * 32, 0, s>>>(L, quant_view(), G, h, y);
+        down_pair_rows_kernel<__half><<<grid, WARPS * 32, 0, s>>>(L, quant_view(), G, h, w, wdt, w_ld, y);
     else
-        down_pair_rows_kernel<float><<<grid, WARPS * 32, 0, s>>>(L, quant_view(), G, h, y);
+        down_pair_rows_kernel<float><<<grid, WARPS * 32, 0, s>>>(L, quant_view(), G, h, w, wdt, w_ld, y);
     return MOEX_CUDA_LAUNCHED("down kernel (per pair)");
-}
-
-moex_status gemv_reduce_pairs(const layer_view &L, const gemv_groups &G, const float *y, const void *w, moex_dtype wdt,
-                              int64_t w_ld, void *out, moex_dtype odt, int64_t out_ld, cudaStream_t s) {
-    if (L.H % 4 || ((uintptr_t)y & 15)) return moex_fail(MOEX_ERR_INTERNAL, "pair reduction: H a multiple of 4 and y aligned");
-    const dim3 grid((unsigned)((L.H / 4 + 255) / 256), (unsigned)(G.T < 65535 ? (G.T > 0 ? G.T : 1) : 65535));
-    reduce_pairs_kernel<<<grid, 256, 0, s>>>(L, G, y, w, wdt, w_ld, out, odt, out_ld);
-    return MOEX_CUDA_LAUNCHED("pair reduction");
 }
 
 moex_status gemv_gate_up_fp8(const layer_view &L, const quant_view &Q, const gemv_groups &G, const float *x, float *h,

@@ -121,22 +121,20 @@ moex_status gemv_down_pairs(const layer_view &L, const gemv_groups &G, const flo
 /* y[slot, n] (f32, [*, H]) = down_e . h[slot] + bias for the experts of G (pairs = 0). */
 moex_status gemv_down_experts(const layer_view &L, const gemv_groups &G, const float *h, float *y, cudaStream_t s);
 
-/* batched_mm's down for long rows (gemv_down_pair_rows_pays): y [P, H] f32 in pair order, a block
- * reading one pair's expert, then gemv_reduce_pairs; bf16/f16/f32 with vector loads, FP8 as
- * gemv_quant_usable (h the quantized values). Below PAIR_ROWS_MIN_H hidden features the down
- * pairs kernel's single launch is faster (measured: dev/notes/cuda-notes.md, "2026-12-07, third
- * session": qwen3-30b-a3b, H 2048, 1.16 of its time at one token; deepseek-v3, H 7168, 0.94); above
- * PAIR_ROWS_MAX_TOKENS tokens the down pairs kernel runs too, so that y's workspace stays small
- * (batched_mm's weight traffic grows with the pairs: grouped_mm is the backend for such T). */
+/* batched_mm's down for long rows (gemv_down_pair_rows_pays): y [P, H] f32 in pair order, each
+ * row times its pair's routing weight w[t, j] (a sentinel pair's row 0), a block reading one
+ * pair's expert; routing_reduce with no pair_slot and no weights then sums each token's pairs
+ * in j order. bf16/f16/f32 with vector loads, FP8 as gemv_quant_usable (h the quantized values).
+ * Below PAIR_ROWS_MIN_H hidden features the down pairs kernel's single launch is faster
+ * (measured: dev/notes/cuda-notes.md, "2026-12-07, third session": qwen3-30b-a3b, H 2048, 1.16
+ * of its time at one token; deepseek-v3, H 7168, 0.94); above PAIR_ROWS_MAX_TOKENS tokens the
+ * down pairs kernel runs too, so that y's workspace stays small (batched_mm's weight traffic
+ * grows with the pairs: grouped_mm is the backend for such T). */
 #define PAIR_ROWS_MIN_H 4096
 #define PAIR_ROWS_MAX_TOKENS 64
 static inline int gemv_down_pair_rows_pays(int64_t H, int64_t T) { return H >= PAIR_ROWS_MIN_H && T <= PAIR_ROWS_MAX_TOKENS; }
-moex_status gemv_down_pair_rows(const layer_view &L, const quant_view &Q, const gemv_groups &G, const float *h, float *y,
-                                cudaStream_t s);
-/* batched_mm's sum after a down per pair into y [P, H] f32 (pair order): out[t] = sum_j w[t, j]
- * y[t*k+j] in j order, sentinel pairs (ids outside [0, E)) left out. */
-moex_status gemv_reduce_pairs(const layer_view &L, const gemv_groups &G, const float *y, const void *w, moex_dtype wdt,
-                              int64_t w_ld, void *out, moex_dtype odt, int64_t out_ld, cudaStream_t s);
+moex_status gemv_down_pair_rows(const layer_view &L, const quant_view &Q, const gemv_groups &G, const float *h,
+                                const void *w, moex_dtype wdt, int64_t w_ld, float *y, cudaStream_t s);
 
 /* 1 if every matrix of L can be read with 16-byte vector loads along k. */
 int gemv_vectorizable(const layer_view &L, size_t wsz);

@@ -392,6 +392,9 @@ moex_status routing_slot_weights(const int *pair_slot, const void *w, moex_dtype
     return MOEX_CUDA_LAUNCHED("slot weights kernel");
 }
 
+/* The slot of pair p: pair_slot[p], or p itself when y is in pair order (pair_slot NULL). */
+__device__ __forceinline__ int slot_of(const int *pair_slot, int64_t p) { return pair_slot ? __ldg(pair_slot + p) : (int)p; }
+
 /* One block per token (grid-stride); each thread sums 8 consecutive columns of 16-bit y with
  * 16-byte loads (H % 8 == 0), in slot order j. Per group of 8 slots the slots and weights are
  * loaded first, then the y pieces, all independent (a sentinel slot loads nothing and is not
@@ -409,7 +412,7 @@ __global__ void reduce8_kernel(const int *pair_slot, const YT *y, int64_t H, con
 #pragma unroll
                 for (int g = 0; g < 8; g++) {
                     const int64_t j = j0 + g;
-                    slot[g] = j < k ? __ldg(pair_slot + t * k + j) : -1;
+                    slot[g] = j < k ? slot_of(pair_slot, t * k + j) : -1;
                     wj[g] = j < k && w ? load_elem(w, wdt, t * w_ld + j) : 1.0f;
                 }
 #pragma unroll
@@ -442,7 +445,7 @@ __global__ void reduce_kernel(const int *pair_slot, const void *y, moex_dtype yd
         for (int64_t n = threadIdx.x; n < H; n += blockDim.x) {
             float acc = 0.0f;
             for (int64_t j = 0; j < k; j++) {
-                int slot = pair_slot[t * k + j];
+                int slot = slot_of(pair_slot, t * k + j);
                 if (slot < 0) continue;
                 acc += (w ? load_elem(w, wdt, t * w_ld + j) : 1.0f) * load_elem(y, ydt, (int64_t)slot * H + n);
             }
@@ -467,7 +470,7 @@ __global__ void reduce4_f32_kernel(const int *pair_slot, const float *y, int64_t
             float4 v[8];
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                slot[i] = j0 + i < k ? pair_slot[t * k + j0 + i] : -1;
+                slot[i] = j0 + i < k ? slot_of(pair_slot, t * k + j0 + i) : -1;
                 wj[i] = j0 + i >= k ? 0.0f : w ? load_elem(w, wdt, t * w_ld + j0 + i) : 1.0f;
             }
 #pragma unroll

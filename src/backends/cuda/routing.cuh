@@ -68,7 +68,8 @@ moex_status routing_slot_weights(const int *pair_slot, const void *w, moex_dtype
                                  int64_t k, float *slot_w, cudaStream_t s);
 
 /* out[t] = sum_j w[t,j] * y[pair_slot[t*k+j]] in j order (f32), stored in out's dtype; w NULL:
- * the plain sum (y already weighted). */
+ * the plain sum (y already weighted); pair_slot NULL: y in pair order (row t*k+j), every pair
+ * added. */
 moex_status routing_reduce(const int *pair_slot, const void *y, moex_dtype ydt, int64_t H, const void *w,
                            moex_dtype wdt, int64_t w_ld, int64_t T, int64_t k, void *out, moex_dtype odt,
                            int64_t out_ld, cudaStream_t s);
