@@ -252,6 +252,37 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gate_up_pairs_kernel(layer_view
 
 /* ---- down, batched: fused weighted sum over the token's pairs ------------------- */
 
+/* One step of a down kernel's lane: inputs kk .. kk + VW of NF weight rows of one expert (wd, rows
+ * ns apart; rows past nf read row 0 again and are never stored) dotted with the pair's h row hr
+ * (f32; FP8: the quantized values, each row's block scale from its scale row sr), added into acc.
+ * Every row's loads (and FP8's scales) are issued before any is used, with no branch between them:
+ * one would make each wait for the one before. VW: 16 FP8 codes or 8 wider values (16 bytes). */
+template <typename WT, int NF>
+__device__ __forceinline__ void down_rows_step(const WT *wd, int64_t ns, int nf, int64_t kk, const float *hr,
+                                               const quant_view &Q, const uint32_t (&sr)[sizeof(WT) == 1 ? NF : 1],
+                                               float (&acc)[NF]) {
+    if constexpr (sizeof(WT) == 1) {
+        uint4 r[NF];
+        float sc[NF], fh[16];
+#pragma unroll
+        for (int f = 0; f < NF; f++) r[f] = ldg16((const uint8_t *)(wd + (f < nf ? f : 0) * ns + kk));
+        scale_loads<NF>(Q.sdt, Q.down.base, sr, (uint32_t)kk / (uint32_t)Q.bk, sc);
+        load8(hr + kk, fh);
+        load8(hr + kk + 8, fh + 8);
+#pragma unroll
+        for (int f = 0; f < NF; f++) acc[f] += sc[f] * dot16_e4m3(r[f], fh);
+    } else {
+        float fw[NF][8], fh[8];
+#pragma unroll
+        for (int f = 0; f < NF; f++) load8(wd + (f < nf ? f : 0) * ns + kk, fw[f]);
+        load8(hr + kk, fh);
+#pragma unroll
+        for (int f = 0; f < NF; f++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[f] += fw[f][i] * fh[i];
+    }
+}
+
 /* Block: pairs_nf<WT>() consecutive features of one token; warp w takes pairs j = j0 + w. The
  * pair results meet in shared memory and are summed in j order (deterministic). FP8 takes 8
  * features a block: each warp reads its pair's h row (f32) once for all of them, so that h's
@@ -298,35 +329,10 @@ __global__ void __launch_bounds__(WARPS * 32, pairs_blocks<WT>())
 #pragma unroll
                     for (int f = 0; f < NF; f++) sr[f] = scale_row(Q, Q.down, e, n0 + (f < nf ? f : 0));
                 if (VEC) {
-                    /* every feature's weights are loaded before any is used, with no branch between
-                     * the loads (one would make each wait for the one before): features past nf
-                     * read feature 0's row again, and their sums are never stored (NF rows' loads in
-                     * flight a lane: the loop is not unrolled) */
+                    /* NF rows' loads in flight a lane (down_rows_step): the loop is not unrolled */
 #pragma unroll 1
-                    for (int64_t kk = lane * VW; kk < K; kk += 32 * VW) {
-                        float fh[VW];
-                        if constexpr (QUANT) {
-                            uint4 r[NF];
-#pragma unroll
-                            for (int f = 0; f < NF; f++)
-                                r[f] = ldg16((const uint8_t *)(wd + (f < nf ? f : 0) * L.down.n_stride + kk));
-                            float sc[NF];
-                            scale_loads<NF>(Q.sdt, Q.down.base, sr, (uint32_t)kk / (uint32_t)Q.bk, sc);
-                            load8(hr + kk, fh);
-                            load8(hr + kk + 8, fh + 8);
-#pragma unroll
-                            for (int f = 0; f < NF; f++) p[f] += sc[f] * dot16_e4m3(r[f], fh);
-                        } else {
-                            float fw[NF][8];
-#pragma unroll
-                            for (int f = 0; f < NF; f++) load8(wd + (f < nf ? f : 0) * L.down.n_stride + kk, fw[f]);
-                            load8(hr + kk, fh);
-#pragma unroll
-                            for (int f = 0; f < NF; f++)
-#pragma unroll
-                                for (int i = 0; i < 8; i++) p[f] += fw[f][i] * fh[i];
-                        }
-                    }
+                    for (int64_t kk = lane * VW; kk < K; kk += 32 * VW)
+                        down_rows_step<WT, NF>(wd, L.down.n_stride, nf, kk, hr, Q, sr, p);
                 } else if (!QUANT) {
                     for (int64_t kk = lane; kk < K; kk += 32)
                         for (int f = 0; f < nf; f++) p[f] += to_f32(wd[f * L.down.n_stride + kk * L.down.k_stride]) * hr[kk];
@@ -486,31 +492,8 @@ __global__ void __launch_bounds__(WARPS * 32, pair_rows_blocks<WT>())
         float acc[NF];
 #pragma unroll
         for (int f = 0; f < NF; f++) acc[f] = 0.0f;
-        /* features past nf read feature 0's row again (no branch between the loads; never stored) */
 #pragma unroll 2
-        for (int64_t kk = lane * VW; kk < K; kk += 32 * VW) {
-            float fh[VW];
-            if constexpr (QUANT) {
-                uint4 r[NF];
-                float sc[NF];
-#pragma unroll
-                for (int f = 0; f < NF; f++) r[f] = ldg16((const uint8_t *)(wd + (f < nf ? f : 0) * ns + kk));
-                scale_loads<NF>(Q.sdt, Q.down.base, sr, (uint32_t)kk / (uint32_t)Q.bk, sc);
-                load8(hr + kk, fh);
-                load8(hr + kk + 8, fh + 8);
-#pragma unroll
-                for (int f = 0; f < NF; f++) acc[f] += sc[f] * dot16_e4m3(r[f], fh);
-            } else {
-                float fw[NF][8];
-#pragma unroll
-                for (int f = 0; f < NF; f++) load8(wd + (f < nf ? f : 0) * ns + kk, fw[f]);
-                load8(hr + kk, fh);
-#pragma unroll
-                for (int f = 0; f < NF; f++)
-#pragma unroll
-                    for (int i = 0; i < 8; i++) acc[f] += fw[f][i] * fh[i];
-            }
-        }
+        for (int64_t kk = lane * VW; kk < K; kk += 32 * VW) down_rows_step<WT, NF>(wd, ns, nf, kk, hr, Q, sr, acc);
         float mine = 0.0f; /* lane f < NF: feature n + f */
 #pragma unroll
         for (int f = 0; f < NF; f++) {
