@@ -6,7 +6,7 @@
  * named predicate beside each kernel family:
  *   CPU   moex_gemm (linear/gemm.c): rows <= MOEX_STREAM_ROWS stream the weights, more pack them
  *   CUDA  grouped_gemm_pays / grouped_gemm_narrow_pays (backends/cuda/gemm_sm90.cuh): the wgmma
- *         grouped GEMM, else gemv_mma_usable (backends/cuda/gemv.cuh): the one-launch mma.sync
+ *         grouped GEMM (FP8 wide tiles in clusters of two: grouped_gemm_fp8_cluster_pays), else gemv_mma_usable (backends/cuda/gemv.cuh): the one-launch mma.sync
  *         streamed forward (gemv_mma.cu), else the plain streamed kernels (backends/cuda/gemv.cu);
  *         FP4 layers gemv_fp4_mma_pays (gemv.cuh): grouped_mm's integer mma kernels, else the dp4a
  *         kernels (backends/cuda/gemv_fp4.cu). batched_mm's down: gemv_down_pair_rows_pays (gemv.cuh):

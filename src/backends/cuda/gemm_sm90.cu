@@ -101,6 +101,10 @@ int grouped_gemm_usable(moex_dtype dt, const void *b, int64_t K, char *why, size
 template <typename T, int EPI, bool OVERLAP, bool NARROW = false> static cudaError_t allow_smem(void) {
     cudaError_t err = cudaFuncSetAttribute(grouped_gemm_kernel<T, EPI, OVERLAP, NARROW>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, ring<T, NARROW>::smem_bytes);
+    if constexpr (is_fp8<T>() && !NARROW && (EPI == EPI_DOWN || EPI == EPI_GATE_UP_CONCAT)) /* clusters (gemm_plan) */
+        if (!err)
+            err = cudaFuncSetAttribute(grouped_gemm_kernel<T, EPI, OVERLAP, NARROW, true>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, ring<T, NARROW>::smem_bytes);
     if constexpr (!is_fp8<T>() && EPI != EPI_DOWN && EPI != EPI_UP_ONLY) /* the gathered A-load's gate/up kernels */
         if (!err)
             err = cudaFuncSetAttribute(grouped_gemm_gather_kernel<T, EPI, OVERLAP, NARROW>,
@@ -125,6 +129,21 @@ template <typename T> static cudaError_t allow_pair_smem(void) {
                                 PAIR_SMEM_BYTES);
 }
 
+/* The clusters of two FP8 wide-tile blocks a device holds at once, per device ordinal
+ * (grouped_gemm_init): a persistent grid of more would run its last clusters after the others. */
+enum { CLUSTER_DEVICES = 64 };
+static int cluster_max[CLUSTER_DEVICES];
+
+static cudaError_t query_clusters(int *n) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(2), cfg.blockDim = dim3(THREADS), cfg.dynamicSmemBytes = (size_t)ring<uint8_t>::smem_bytes;
+    cfg.attrs = &attr, cfg.numAttrs = 1;
+    return cudaOccupancyMaxActiveClusters(n, grouped_gemm_kernel<uint8_t, EPI_DOWN, false, false, true>, &cfg);
+}
+
 moex_status grouped_gemm_init(void) {
     pthread_once(&encode_once, find_encode);
     if (encode_status != cudaSuccess) return moex_cuda_status(encode_status, "finding cuTensorMapEncodeTiled");
@@ -136,18 +155,40 @@ moex_status grouped_gemm_init(void) {
     if (!err) err = allow_smem<uint8_t, EPI_GATE_UP_CONCAT, false, true>();
     if (!err) err = allow_pair_smem<__nv_bfloat16>();
     if (!err) err = allow_pair_smem<__half>();
-    return moex_cuda_status(err, "grouped GEMM shared memory size");
+    int dev = 0;
+    if (!err) err = cudaGetDevice(&dev);
+    if (!err && dev >= 0 && dev < CLUSTER_DEVICES) err = query_clusters(&cluster_max[dev]);
+    return moex_cuda_status(err, "grouped GEMM shared memory size and clusters");
+}
+
+/* The grid of a cluster launch: num_sms rounded down to even, at most the clusters the device holds. */
+static unsigned cluster_grid(int num_sms) {
+    int dev = 0, n = num_sms / 2;
+    if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < CLUSTER_DEVICES && cluster_max[dev] > 0 &&
+        cluster_max[dev] < n)
+        n = cluster_max[dev];
+    return (unsigned)(2 * n);
 }
 
 /* One kernel of the family: the gathered A-load's (GATHER) or the TMA one's; with p.wait_done
  * (the chained down GEMM) by programmatic dependent launch, so that its blocks may start while
  * the kernel before it (which triggers its dependents as it starts) still runs. */
-template <typename T, int EPI, bool OVERLAP, bool NARROW, bool GATHER>
+template <typename T, int EPI, bool OVERLAP, bool NARROW, bool GATHER, bool CLUSTER = false>
 static void launch_one(int num_sms, cudaStream_t s, const CUtensorMap &map_a, const CUtensorMap &map_b,
                        const gemm_params &p) {
     void (*kernel)(const CUtensorMap, const CUtensorMap, gemm_params) = grouped_gemm_kernel<T, EPI, OVERLAP, NARROW>;
     int smem = ring<T, NARROW>::smem_bytes;
     if constexpr (GATHER) kernel = grouped_gemm_gather_kernel<T, EPI, OVERLAP, NARROW>, smem = GATHER_SMEM_BYTES;
+    if constexpr (CLUSTER) { /* FP8 clusters of two: an even grid (gemm_plan: num_sms >= 2) */
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(cluster_grid(num_sms)), cfg.blockDim = dim3(THREADS);
+        cfg.dynamicSmemBytes = (size_t)smem, cfg.stream = s, cfg.attrs = &attr, cfg.numAttrs = 1;
+        (void)cudaLaunchKernelEx(&cfg, grouped_gemm_kernel<T, EPI, OVERLAP, NARROW, true>, map_a, map_b, p);
+        return;
+    }
     if (!p.wait_done) {
         kernel<<<num_sms, THREADS, smem, s>>>(map_a, map_b, p);
         return;
@@ -161,12 +202,18 @@ static void launch_one(int num_sms, cudaStream_t s, const CUtensorMap &map_a, co
 /* The kernel of one (dtype, epilogue, A-load): narrow tiles, the overlapped epilogue or the plain
  * one (only down and concatenated gate/up have the first two; FP8 has no overlapped one). */
 template <typename T, int EPI, bool GATHER = false>
-static void launch_kernel(bool narrow, bool overlap, int num_sms, cudaStream_t s, const CUtensorMap &map_a,
-                          const CUtensorMap &map_b, const gemm_params &p) {
+static void launch_kernel(bool narrow, bool overlap, bool cluster, int num_sms, cudaStream_t s,
+                          const CUtensorMap &map_a, const CUtensorMap &map_b, const gemm_params &p) {
     constexpr bool variants = EPI == EPI_DOWN || EPI == EPI_GATE_UP_CONCAT;
     if constexpr (variants) {
         if (narrow) {
             launch_one<T, EPI, false, true, GATHER>(num_sms, s, map_a, map_b, p);
+            return;
+        }
+    }
+    if constexpr (variants && is_fp8<T>()) {
+        if (cluster) {
+            launch_one<T, EPI, false, false, false, true>(num_sms, s, map_a, map_b, p);
             return;
         }
     }
@@ -184,18 +231,20 @@ static void launch_epi(gemm_epilogue epi, bool narrow, bool overlap, bool gather
                        const CUtensorMap &map_a, const CUtensorMap &map_b, const gemm_params &p) {
     if (gather) { /* gated gate/up only (plan_gemm) */
         if (epi == EPI_GATE_UP_CONCAT)
-            launch_kernel<T, EPI_GATE_UP_CONCAT, true>(narrow, overlap, num_sms, s, map_a, map_b, p);
+            launch_kernel<T, EPI_GATE_UP_CONCAT, true>(narrow, overlap, false, num_sms, s, map_a, map_b, p);
         else
-            launch_kernel<T, EPI_GATE_UP_INTERLEAVED, true>(narrow, overlap, num_sms, s, map_a, map_b, p);
+            launch_kernel<T, EPI_GATE_UP_INTERLEAVED, true>(narrow, overlap, false, num_sms, s, map_a, map_b, p);
         return;
     }
     switch (epi) {
-    case EPI_DOWN: launch_kernel<T, EPI_DOWN>(narrow, overlap, num_sms, s, map_a, map_b, p); break;
-    case EPI_GATE_UP_CONCAT: launch_kernel<T, EPI_GATE_UP_CONCAT>(narrow, overlap, num_sms, s, map_a, map_b, p); break;
-    case EPI_GATE_UP_INTERLEAVED:
-        launch_kernel<T, EPI_GATE_UP_INTERLEAVED>(narrow, overlap, num_sms, s, map_a, map_b, p);
+    case EPI_DOWN: launch_kernel<T, EPI_DOWN>(narrow, overlap, false, num_sms, s, map_a, map_b, p); break;
+    case EPI_GATE_UP_CONCAT:
+        launch_kernel<T, EPI_GATE_UP_CONCAT>(narrow, overlap, false, num_sms, s, map_a, map_b, p);
         break;
-    case EPI_UP_ONLY: launch_kernel<T, EPI_UP_ONLY>(narrow, overlap, num_sms, s, map_a, map_b, p); break;
+    case EPI_GATE_UP_INTERLEAVED:
+        launch_kernel<T, EPI_GATE_UP_INTERLEAVED>(narrow, overlap, false, num_sms, s, map_a, map_b, p);
+        break;
+    case EPI_UP_ONLY: launch_kernel<T, EPI_UP_ONLY>(narrow, overlap, false, num_sms, s, map_a, map_b, p); break;
     }
 }
 
@@ -203,7 +252,7 @@ static void launch_epi(gemm_epilogue epi, bool narrow, bool overlap, bool gather
 typedef struct gemm_plan {
     CUtensorMap map_a, map_b; /* map_a unused with the gathered A-load */
     gemm_params p;
-    bool fp8, narrow, overlap, gather;
+    bool fp8, narrow, overlap, gather, cluster;
 } gemm_plan;
 
 /* Column tiles of N outputs, tiles of tile_n weight rows (gated gate/up: half of them are features). */
@@ -212,7 +261,8 @@ static int64_t column_tiles(gemm_epilogue epi, int64_t N, int tile_n) {
     return (N + per - 1) / per;
 }
 
-static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool with_maps) {
+/* library: the library's kernels (the run-time compiled ones have no cluster variant). */
+static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool with_maps, bool library) {
     memset(pl, 0, sizeof *pl);
     const int fp8 = g->dt == MOEX_E4M3;
     if (fp8 && ((g->epi != EPI_DOWN && g->epi != EPI_GATE_UP_CONCAT) || !g->a_scales || !g->q.on))
@@ -249,11 +299,18 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
     pl->overlap = !fp8 && !narrow && plain &&
                   (g->epi == EPI_DOWN || (g->epi == EPI_GATE_UP_CONCAT && L.act == MOEX_ACT_SILU)) &&
                   g->pairs >= (int64_t)BM * (g->e_end - g->e_begin);
-    /* weight rows a tile (BN): gate/up boxes of 64 (four); down one box of the tile's rows */
+    /* FP8 wide tiles of experts averaging more than half and at most one row tile: clusters of
+     * two blocks sharing their boxes (grouped_gemm_fp8_cluster_pays) */
+    pl->cluster = library && fp8 && grouped_gemm_fp8_cluster_pays(narrow, g->epi, g->pairs, g->e_end - g->e_begin);
+    /* weight rows a tile (BN): gate/up boxes of 64 (four); down one box of the tile's rows, or
+     * with clusters boxes of 64 (each block copies half of them for both) */
     const int tile_n = BN;
-    const int b_box = g->epi != EPI_GATE_UP_CONCAT ? tile_n : BN / 4;
+    const int b_box = g->epi != EPI_GATE_UP_CONCAT && !pl->cluster ? tile_n : BN / 4;
     if (with_maps) {
-        moex_status st = gather ? MOEX_OK : make_map(&pl->map_a, g->a, g->a_rows, g->K, narrow ? NARROW_ROWS : BM, g->dt, "A");
+        /* A: boxes of the tile's rows, or of 64 (clusters: each block may copy one half for both) */
+        moex_status st = gather ? MOEX_OK
+                                : make_map(&pl->map_a, g->a, g->a_rows, g->K, narrow || pl->cluster ? NARROW_ROWS : BM,
+                                           g->dt, "A");
         if (!st) st = make_map(&pl->map_b, g->b, g->L.E * g->rows_per_expert, g->K, b_box, g->dt, "B");
         if (st) return st;
     }
@@ -287,13 +344,14 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
 
 moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s) {
     gemm_plan pl;
-    moex_status st = plan_gemm(g, &pl, true);
+    moex_status st = plan_gemm(g, &pl, true, num_sms >= 2);
     if (st) return st;
     if (pl.fp8) {
         if (g->epi == EPI_DOWN)
-            launch_kernel<uint8_t, EPI_DOWN>(pl.narrow, false, num_sms, s, pl.map_a, pl.map_b, pl.p);
+            launch_kernel<uint8_t, EPI_DOWN>(pl.narrow, false, pl.cluster, num_sms, s, pl.map_a, pl.map_b, pl.p);
         else
-            launch_kernel<uint8_t, EPI_GATE_UP_CONCAT>(pl.narrow, false, num_sms, s, pl.map_a, pl.map_b, pl.p);
+            launch_kernel<uint8_t, EPI_GATE_UP_CONCAT>(pl.narrow, false, pl.cluster, num_sms, s, pl.map_a, pl.map_b,
+                                                       pl.p);
         return MOEX_CUDA_LAUNCHED("FP8 grouped GEMM kernel");
     }
     if (g->dt == MOEX_BF16)
@@ -359,7 +417,7 @@ moex_status grouped_gemm_run_pair(const grouped_gemm_args *up, const grouped_gem
 
 moex_status grouped_gemm_spec(const grouped_gemm_args *g, gemm_rtc_spec *spec) {
     gemm_plan pl;
-    moex_status st = plan_gemm(g, &pl, false);
+    moex_status st = plan_gemm(g, &pl, false, false);
     if (st) return st;
     if (pl.gather) /* gemm_rtc.c compiles the TMA A-load only */
         return moex_fail(MOEX_ERR_INTERNAL, "grouped GEMM: no run-time compiled kernel with the gathered A-load");
@@ -382,7 +440,7 @@ static int smem_of(bool fp8, bool narrow) {
 moex_status grouped_gemm_run_kernel(const grouped_gemm_args *g, const moex_jit_kernel *kernel, int num_sms,
                                    cudaStream_t s) {
     gemm_plan pl;
-    moex_status st = plan_gemm(g, &pl, true);
+    moex_status st = plan_gemm(g, &pl, true, false);
     if (st) return st;
     const int smem = smem_of(pl.fp8, pl.narrow);
     void *args[3] = {&pl.map_a, &pl.map_b, &pl.p};

@@ -97,6 +97,22 @@ static inline int grouped_gemm_narrow_pays(int64_t P, int64_t E, gemm_epilogue g
     return gate_up_epi == EPI_GATE_UP_CONCAT && P <= GEMM_NARROW_AVG * E;
 }
 
+/* FP8 wide tiles (not narrow; the down or concatenated gate/up epilogue) run in clusters of two
+ * blocks that copy each box their two tiles share once from L2 and multicast it to both
+ * (gemm_sm90_kernel.cuh, "clusters of two blocks") when the experts average more than half and at
+ * most one wide row tile (P pairs over E experts): then about half the experts have a second,
+ * short row tile, whose pair shares the weight tile, and the others' pairs are neighbouring
+ * column tiles sharing A's rows. H100, grouped_mm FP8, against single blocks (128 rows an expert):
+ * deepseek-v3 4096 tokens 0.955, qwen3-30b-a3b 2048 tokens 0.979. Measured losses on either side:
+ * at 512 rows an expert (deepseek-v3 16384 tokens: pairs of full row tiles sharing weights) 1.066,
+ * and with every pair made of column tiles sharing A (dev/variants/fp8-clusters-a-pairs.patch)
+ * 1.036-1.095 at 128 to 512 rows, which is what all pairs would be below 64 rows an expert. */
+#define GEMM_FP8_CLUSTER_MIN_AVG 64
+static inline int grouped_gemm_fp8_cluster_pays(int narrow, gemm_epilogue epi, int64_t P, int64_t E) {
+    return !narrow && (epi == EPI_DOWN || epi == EPI_GATE_UP_CONCAT) && P > GEMM_FP8_CLUSTER_MIN_AVG * E &&
+           P <= GEMM_TILE_ROWS * E;
+}
+
 /* FP8 layers take the tensor-core path (both projections) when gated with concatenated gate/up
  * rows, a k-block of 128 inputs lies in one scale block (bk a multiple of 128) and each chunk of
  * 64 weight rows a tile multiplies lies in one (bn a multiple of 64, up rows starting at a

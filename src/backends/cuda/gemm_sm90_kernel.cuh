@@ -155,6 +155,50 @@ __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, uint
                  : "memory");
 }
 
+/* ---- clusters of two blocks (FP8 wide tiles: grouped_gemm_fp8_cluster_pays) ----------------
+ *
+ * The blocks 2c and 2c + 1 of the grid form cluster c (rank = blockIdx.x % 2), so the persistent
+ * schedule (tiles b, b + grid, ...) gives them tiles 2q and 2q + 1 at every step: with row tiles
+ * fastest in the list, mostly two row tiles of the same expert and column tile, which multiply
+ * the same weight tile. Those pairs read it from L2 once: each block copies half of its boxes
+ * and multicasts them into both blocks' stages. A pair
+ * of column tiles of an expert of one row tile shares A's rows the same way (boxes of 64 rows);
+ * other pairs copy their own, as without a cluster. So that a stage
+ * is written only when both blocks have freed it, each block's empty barrier counts the
+ * consumers of both, which arrive on their own and on the other block's. When the tile count is
+ * odd, the last pair's second block multiplies its partner's tile again without storing it
+ * (rows 0: a shadow), so that both blocks take part in every stage. */
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+/* Every thread of both blocks that has not exited: its earlier writes (the barriers' init, its
+ * last remote arrivals) seen by the other block after the barrier. */
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+/* Arrive on the barrier at shared address addr of this block and (CLUSTER) on the other's. */
+template <bool CLUSTER> __device__ __forceinline__ void release_at(uint32_t addr) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(addr) : "memory");
+    if constexpr (CLUSTER) {
+        uint32_t peer;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(peer) : "r"(addr), "r"(cluster_rank() ^ 1u));
+        /* released at CTA scope, as a cluster pipeline's consumers do: at cluster scope the arrival
+         * compiled to a GPU-wide memory barrier (MEMBAR.ALL.GPU) that waited for the epilogue's
+         * global stores, and the stage's reads are complete (their wgmmas waited) either way */
+        asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(peer) : "memory");
+    }
+}
+/* The box at (col, row) of map into dst of both blocks of the cluster; completes on the barrier at
+ * bar's offset in each. */
+__device__ __forceinline__ void tma_load_both(void *dst, const CUtensorMap *map, uint64_t *bar, int col, int row) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3}], [%4], %5;"
+                 ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(col), "r"(row), "r"(smem_addr(bar)), "h"((uint16_t)3)
+                 : "memory");
+}
+
 /* 16 bytes from global src to shared dst, of which the first src_bytes (0 or 16) are read and
  * the rest zero-filled (the rows past a tile's last and the columns past K). */
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
@@ -367,12 +411,13 @@ struct tile {
     int e, a_row, n; /* 32-bit: a row is a tensor map coordinate, which is 32-bit; e < 0: no tile (stop_tile) */
     int rows; /* valid rows of A in this tile */
     int last; /* 1: the block's last tile (set in the slot of its last k-block) */
+    int m, mt; /* its row tile and the expert's row tiles (not in the slot: find_tile's) */
 };
 
 /* The slot the producer writes after a block's last tile (chained kernels): the warpgroup whose
  * turn comes next in the ping-pong finds it instead of a tile and stops. */
 __device__ __forceinline__ tile stop_tile() {
-    tile t = {-1, 0, 0, 0, 1};
+    tile t = {-1, 0, 0, 0, 1, 0, 0};
     return t;
 }
 
@@ -407,6 +452,7 @@ template <int TM> __device__ __forceinline__ tile find_tile(const gemm_params &p
         m = local % mt, n = local / mt;
     }
     r.n = (int)n;
+    r.m = (int)m, r.mt = (int)mt;
     r.a_row = (int)(p.offsets[lo] + m * TM);
     const int64_t left = p.ends[lo] - r.a_row;
     r.rows = (int)(left < TM ? left : TM);
@@ -578,20 +624,29 @@ __device__ __forceinline__ void epilogue_half(const float (&dh)[64], int half, c
  * and needed only at its last k-block, whose slot says whether it was the block's last; after
  * it, the float ring gets the stop slot; with p.wait_done, an expert's A rows are waited for
  * before its first copy. FP8 narrow tiles: each tile is handed to the scale warp (hand_tile). */
-template <typename T, int EPI, bool NARROW>
+template <typename T, int EPI, bool NARROW, bool CLUSTER = false>
 __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensorMap &map_b, const gemm_params &p,
                                         unsigned char *smem, uint64_t *full, uint64_t *empty, int64_t total,
                                         int k_blocks) {
     constexpr bool FP8 = is_fp8<T>();
     constexpr int KB = k_block<T>(), TILE_N = BN, B_LOAD = TILE_N * 128;
-    /* gate/up boxes (rows each, boxes a stage): [gate, up] pairs of the tile's features */
+    /* boxes of GU_BOX weight rows, GU_BOXES a stage: gate/up [gate, up] pairs of the tile's
+     * features; down (CLUSTER) consecutive rows, otherwise one box of the tile's rows */
     constexpr int GU_BOX = BN / 4, GU_BOXES = TILE_N / GU_BOX;
     constexpr bool CHAINED = chained<T, NARROW>(), HAND = FP8 && NARROW;
     const uint32_t tile_ring = HAND ? fp8_tile_ring(smem_addr(full), ring<T, NARROW>::stages) : 0;
+    const int rank = CLUSTER ? (int)cluster_rank() : 0;
     int stage = 0, phase = 0, waited = -1, j = 0;
-    for (int64_t t = blockIdx.x; t < total;) {
+    for (int64_t t = blockIdx.x; t - rank < total;) {
         const int64_t next = CHAINED ? next_tile(p, t) : t + gridDim.x;
-        tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
+        tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t < total ? t : t - 1);
+        /* CLUSTER: the pair's tiles multiply the same weight tile (the same expert and column
+         * tile; the shadow is its partner's), so each block copies half its boxes for both; or,
+         * experts of one row tile, the same rows of A by two column tiles: each copies half of them */
+        const bool both = CLUSTER && (rank == 0 ? t + 1 >= total || tl.m + 1 < tl.mt : t >= total || tl.m >= 1);
+        const bool both_a = CLUSTER && !both && tl.mt == 1 &&
+                            (rank == 0 ? t + 1 < total && tl.n + 1 < p.n_tiles : tl.n >= 1);
+        if (t >= total) tl.rows = 0; /* the shadow: nothing stored */
         if (CHAINED && p.wait_done && tl.e != waited) {
             wait_rows_done(p, tl.e);
             waited = tl.e;
@@ -606,11 +661,26 @@ __device__ __forceinline__ void produce(const CUtensorMap &map_a, const CUtensor
             if (CHAINED && kb == k_blocks - 1) tl.last = next >= total;
             put_tile(tile_slot(smem_addr(full), stage), tl);
             mbar_expect_tx(&full[stage], (NARROW ? NARROW_ROWS * 128 : A_BYTES) + B_LOAD);
-            tma_load(a, &map_a, &full[stage], kb * KB, (int)tl.a_row);
-            if (EPI == EPI_GATE_UP_CONCAT) {
-                for (int q = 0; q < GU_BOXES; q++)
-                    tma_load(b + q * GU_BOX * 128, &map_b, &full[stage], kb * KB,
-                             (int)(b_row + (q & 1) * p.up_offset + tl.n * (TILE_N / 2) + (q >> 1) * GU_BOX));
+            if constexpr (CLUSTER) { /* A in boxes of 64 rows */
+                for (int h = 0; h < 2; h++) {
+                    if (!both_a)
+                        tma_load(a + h * 64 * 128, &map_a, &full[stage], kb * KB, (int)tl.a_row + 64 * h);
+                    else if (h == rank)
+                        tma_load_both(a + h * 64 * 128, &map_a, &full[stage], kb * KB, (int)tl.a_row + 64 * h);
+                }
+            } else {
+                tma_load(a, &map_a, &full[stage], kb * KB, (int)tl.a_row);
+            }
+            if (EPI == EPI_GATE_UP_CONCAT || CLUSTER) {
+                for (int q = 0; q < GU_BOXES; q++) {
+                    const int row = EPI == EPI_GATE_UP_CONCAT
+                                        ? (int)(b_row + (q & 1) * p.up_offset + tl.n * (TILE_N / 2) + (q >> 1) * GU_BOX)
+                                        : (int)(b_row + tl.n * TILE_N + q * GU_BOX);
+                    if (!both)
+                        tma_load(b + q * GU_BOX * 128, &map_b, &full[stage], kb * KB, row);
+                    else if ((q & 1) == rank)
+                        tma_load_both(b + q * GU_BOX * 128, &map_b, &full[stage], kb * KB, row);
+                }
             } else {
                 tma_load(b, &map_b, &full[stage], kb * KB, (int)(b_row + tl.n * TILE_N));
             }
@@ -1031,7 +1101,7 @@ __device__ __forceinline__ uint32_t fp8_weight_scale_row(const gemm_params &p, c
  * which with p.wait_done (the chained down GEMM) hands a tile over once its rows are stored; narrow
  * tiles read the row scales through L2 (with p.wait_done they are written during the kernel: not
  * through the read-only path). */
-template <int EPI, bool NARROW>
+template <int EPI, bool NARROW, bool CLUSTER = false>
 __device__ __forceinline__ void produce_scales(const gemm_params &p, uint32_t scales, uint32_t full, uint32_t empty,
                                                int64_t total, int k_blocks, int lane) {
     typedef ring<uint8_t, NARROW> R;
@@ -1039,11 +1109,13 @@ __device__ __forceinline__ void produce_scales(const gemm_params &p, uint32_t sc
     const quant_view &Q = p.Q;
     const void *wbase = EPI == EPI_DOWN ? Q.down.base : lane % 2 ? Q.up.base : Q.gate.base;
     const uint32_t tile_ring = fp8_tile_ring(full, R::stages);
+    const int rank = CLUSTER ? (int)cluster_rank() : 0;
     int stage = 0, phase = 0;
     for (int64_t j = 0, t = blockIdx.x;; j++, t += gridDim.x) {
         if (NARROW) t = take_tile(tile_ring, (int)j);
-        if (NARROW ? t < 0 : t >= total) break;
-        const tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t);
+        if (NARROW ? t < 0 : t - rank >= total) break;
+        tile tl = find_tile<NARROW ? NARROW_ROWS : BM>(p, t < total ? t : t - 1);
+        if (t >= total) tl.rows = 0; /* CLUSTER's shadow (produce) */
         const uint32_t wrow = lane < CHUNKS ? fp8_weight_scale_row<EPI, NARROW>(p, tl, lane) : 0;
         const float *sa = p.a_scale + (tl.a_row + 4 * lane) * p.a_sld;
         int sk = 0, sub = 0;
@@ -1078,9 +1150,10 @@ __device__ __forceinline__ void produce_scales(const gemm_params &p, uint32_t sc
  * total registers and 64 of blk, where an m64n256 block would need 256). NARROW (tiles of
  * NARROW_ROWS rows): both all 64 rows, warpgroup wg by half wg-1 of the tile's 256 weight rows
  * (chunks 2(wg-1), +1). In a half, columns i < 8 are its first chunk's. */
-template <int EPI, bool NARROW>
+template <int EPI, bool NARROW, bool CLUSTER = false>
 __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase, uint32_t full, uint32_t empty,
                                             uint32_t scales, int64_t total, int k_blocks, int wg, int tid) {
+    const int rank = CLUSTER ? (int)cluster_rank() : 0; /* CLUSTER: the last pair's shadow too (produce) */
     typedef ring<uint8_t, NARROW> R;
     constexpr int HALVES = NARROW ? 1 : 2, ACC = 64 * HALVES, SPLIT = 8;
     constexpr uint32_t HALF_STEP = 128 * 128 / 16; /* a half's weight rows in descriptor units */
@@ -1097,9 +1170,10 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase
     tile tl = {};
     /* NARROW: the amax exchange of epilogue_fp8_h_quant, after the scale slots */
     const uint32_t xa = scales + R::stages * (FP8_SCALES * 4);
-    /* wide tiles: b, b + grid, ... below total; NARROW (chained<uint8_t, NARROW>()): the producer's,
-     * until the last k-block's slot says the tile was the block's last */
-    for (int64_t t = blockIdx.x; NARROW || t < total; t += gridDim.x, parity ^= 1) {
+    /* wide tiles: b, b + grid, ... below total (CLUSTER: the last pair's shadow too);
+     * NARROW (chained<uint8_t, NARROW>()): the producer's, until the last k-block's slot says the
+     * tile was the block's last */
+    for (int64_t t = blockIdx.x; NARROW || t - rank < total; t += gridDim.x, parity ^= 1) {
 #pragma unroll
         for (int i = 0; i < ACC; i++) acc[i] = 0.0f;
         for (int kb = 0; kb < k_blocks; kb++) {
@@ -1119,7 +1193,7 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase
                 wgmma_wait<0>();
                 fence_acc(blk);
                 if (h == HALVES - 1) {
-                    if (tid == 0) mbar_arrive_at(empty + 8 * stage);
+                    if (tid == 0) release_at<CLUSTER>(empty + 8 * stage);
                     if (++stage == R::stages) stage = 0, phase ^= 1;
                 }
                 const float s00 = ra0 * wa, s01 = ra0 * wb, s10 = ra1 * wa, s11 = ra1 * wb;
@@ -1158,10 +1232,15 @@ __device__ __forceinline__ void consume_fp8(const gemm_params &p, uint32_t sbase
  * T = uint8_t. This is the body of every kernel of the family: the __global__ templates below
  * (built with the library) and the kernels compiled at run time (gemm_rtc.c), which may fix the
  * input size: SHAPE_K, when not 0, is K (p.K is then not read), so that the k-loop's trip count
- * is a constant. GATHER: A's rows gathered by index inside the GEMM (produce_gathered). */
-template <typename T, int EPI, bool OVERLAP, bool NARROW, long long SHAPE_K = 0, bool GATHER = false>
+ * is a constant. GATHER: A's rows gathered by index inside the GEMM (produce_gathered). CLUSTER
+ * (FP8 wide tiles, TMA A-load): launched in clusters of two blocks that share boxes
+ * (cluster_rank); the empty barriers count both blocks' consumers, and no block leaves while the
+ * other may still write into its shared memory or arrive on its barriers. */
+template <typename T, int EPI, bool OVERLAP, bool NARROW, long long SHAPE_K = 0, bool GATHER = false,
+          bool CLUSTER = false>
 __device__ __forceinline__ void grouped_gemm_body(const CUtensorMap &map_a, const CUtensorMap &map_b,
                                                   const gemm_params &p) {
+    static_assert(!CLUSTER || (is_fp8<T>() && !NARROW && !GATHER), "clusters: FP8 wide tiles with the TMA A-load");
     /* a GEMM launched after this one with programmatic dependent launch (the chained down GEMM)
      * may take each SM this kernel leaves; it waits for its inputs itself (wait_rows_done) */
     if constexpr (chained<T, NARROW>()) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -1176,15 +1255,20 @@ __device__ __forceinline__ void grouped_gemm_body(const CUtensorMap &map_a, cons
          * weights' and one a producer thread */
         for (int s = 0; s < R::stages; s++) {
             mbar_init(&full[s], is_fp8<T>() ? 33 : GATHER ? 129 : 1);
-            mbar_init(&empty[s], is_fp8<T>() || !NARROW ? CONSUMERS : 1); /* float NARROW: one warpgroup a tile */
+            /* float NARROW: one warpgroup a tile; CLUSTER: both blocks' consumers */
+            mbar_init(&empty[s], is_fp8<T>() || !NARROW ? CONSUMERS * (CLUSTER ? 2 : 1) : 1);
         }
         if constexpr (is_fp8<T>() && NARROW) /* the tile ring: the producer's arrival an entry */
             for (int i = 0; i < TILE_RING; i++) mbar_init_at(fp8_tile_ring(smem_addr(full), R::stages) + i * 8, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    __syncthreads();
+    if constexpr (CLUSTER)
+        cluster_sync(); /* the other block's barriers are ready before this one's copies or arrivals */
+    else
+        __syncthreads();
     const int64_t total = (int64_t)(p.mtile_off[p.e_end] - p.mtile_off[p.e_begin]) * p.n_tiles;
-    if ((int64_t)blockIdx.x >= total) return; /* every role below expects a first tile */
+    /* every role below expects a first tile (CLUSTER: the pair's first; both blocks alike) */
+    if ((int64_t)blockIdx.x - (CLUSTER ? (int64_t)cluster_rank() : 0) >= total) return;
     const int64_t K = SHAPE_K ? (int64_t)SHAPE_K : p.K;
     const int k_blocks = (int)((K + k_block<T>() - 1) / k_block<T>());
     if (wg == 0) {
@@ -1193,26 +1277,30 @@ __device__ __forceinline__ void grouped_gemm_body(const CUtensorMap &map_a, cons
             produce_gathered<T, EPI, NARROW>(map_b, p, smem, full, empty, total, k_blocks, K, tid);
             return;
         }
-        if (tid == 0) produce<T, EPI, NARROW>(map_a, map_b, p, smem, full, empty, total, k_blocks);
+        if (tid == 0) produce<T, EPI, NARROW, CLUSTER>(map_a, map_b, p, smem, full, empty, total, k_blocks);
         if constexpr (is_fp8<T>())
             if (tid / 32 == 1)
-                produce_scales<EPI, NARROW>(p, smem_addr(full) + 128, smem_addr(full), smem_addr(empty),
-                                            total, k_blocks, tid % 32);
+                produce_scales<EPI, NARROW, CLUSTER>(p, smem_addr(full) + 128, smem_addr(full), smem_addr(empty),
+                                                     total, k_blocks, tid % 32);
+        /* CLUSTER: the producer's threads leave; the consumers below wait for both blocks' */
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
     if constexpr (is_fp8<T>())
-        consume_fp8<EPI, NARROW>(p, smem_addr(smem), smem_addr(full), smem_addr(empty),
-                                 smem_addr(full) + 128, total, k_blocks, wg, tid);
+        consume_fp8<EPI, NARROW, CLUSTER>(p, smem_addr(smem), smem_addr(full), smem_addr(empty),
+                                          smem_addr(full) + 128, total, k_blocks, wg, tid);
     else
         consume_float<T, EPI, OVERLAP, NARROW, GATHER>(p, smem, full, empty, total, k_blocks, wg, tid);
+    /* every stage both blocks fill is consumed in each (the pairs' k-blocks are the same), so once
+     * both blocks' consumers are here, nothing writes to or arrives in either */
+    if constexpr (CLUSTER) cluster_sync();
 }
 
-template <typename T, int EPI, bool OVERLAP, bool NARROW>
+template <typename T, int EPI, bool OVERLAP, bool NARROW, bool CLUSTER = false>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                         gemm_params p) {
-    grouped_gemm_body<T, EPI, OVERLAP, NARROW>(map_a, map_b, p);
+    grouped_gemm_body<T, EPI, OVERLAP, NARROW, 0, false, CLUSTER>(map_a, map_b, p);
 }
 
 /* The same with the gathered A-load (sonicmoe's gate/up GEMM): map_a is not read. */
