@@ -100,17 +100,18 @@ static inline int grouped_gemm_narrow_pays(int64_t P, int64_t E, gemm_epilogue g
 /* FP8 wide tiles (not narrow; the down or concatenated gate/up epilogue) run in clusters of two
  * blocks that copy each box their two tiles share once from L2 and multicast it to both
  * (gemm_sm90_kernel.cuh, "clusters of two blocks") when the experts average more than half and at
- * most one wide row tile (P pairs over E experts): then about half the experts have a second,
+ * most one and a half wide row tiles (P pairs over E experts): then many experts have a second,
  * short row tile, whose pair shares the weight tile, and the others' pairs are neighbouring
- * column tiles sharing A's rows. H100, grouped_mm FP8, against single blocks (128 rows an expert):
- * deepseek-v3 4096 tokens 0.955, qwen3-30b-a3b 2048 tokens 0.979. Measured losses on either side:
- * at 512 rows an expert (deepseek-v3 16384 tokens: pairs of full row tiles sharing weights) 1.066,
- * and with every pair made of column tiles sharing A (dev/variants/fp8-clusters-a-pairs.patch)
- * 1.036-1.095 at 128 to 512 rows, which is what all pairs would be below 64 rows an expert. */
+ * column tiles sharing A's rows. H100, grouped_mm FP8, the time against single blocks' (rows an
+ * expert: mean ratio of 1-4 rounds): qwen3-30b-a3b 96: 0.996, 128: 0.979, 160: 0.968, 192: 0.979;
+ * deepseek-v3 96: 0.999, 128: 0.955, 160: 0.958, 192: 0.952. Measured losses on either side: at
+ * 48 rows 1.042-1.053, at 256 rows 1.012-1.030, at 512 rows (deepseek-v3 16384 tokens: pairs of
+ * full row tiles sharing weights) 1.066, and with every pair made of column tiles sharing A
+ * (dev/variants/fp8-clusters-a-pairs.patch) 1.036-1.095 at 128 to 512 rows. */
 #define GEMM_FP8_CLUSTER_MIN_AVG 64
 static inline int grouped_gemm_fp8_cluster_pays(int narrow, gemm_epilogue epi, int64_t P, int64_t E) {
     return !narrow && (epi == EPI_DOWN || epi == EPI_GATE_UP_CONCAT) && P > GEMM_FP8_CLUSTER_MIN_AVG * E &&
-           P <= GEMM_TILE_ROWS * E;
+           2 * P <= 3 * GEMM_TILE_ROWS * E;
 }
 
 /* FP8 layers take the tensor-core path (both projections) when gated with concatenated gate/up
