@@ -103,9 +103,10 @@ static inline int grouped_gemm_narrow_pays(int64_t P, int64_t E, gemm_epilogue g
  * most one and a half wide row tiles (P pairs over E experts): then many experts have a second,
  * short row tile, whose pair shares the weight tile, and the others' pairs are neighbouring
  * column tiles sharing A's rows. H100, grouped_mm FP8, the time against single blocks' (rows an
- * expert: mean ratio of 1-4 rounds): qwen3-30b-a3b 96: 0.996, 128: 0.979, 160: 0.968, 192: 0.979;
- * deepseek-v3 96: 0.999, 128: 0.955, 160: 0.958, 192: 0.952. Measured losses on either side: at
- * 48 rows 1.042-1.053, at 256 rows 1.012-1.030, at 512 rows (deepseek-v3 16384 tokens: pairs of
+ * expert: mean ratio of two rounds, two variants where a range is given; 128 rows: one round):
+ * qwen3-30b-a3b 96: 0.996, 128: 0.979, 160: 0.966-0.969, 192: 0.979; deepseek-v3 96: 0.999,
+ * 128: 0.955, 160: 0.950-0.967, 192: 0.952. Measured losses on either side: at 48 rows
+ * 1.043-1.050, at 256 rows 1.014-1.022, at 512 rows (deepseek-v3 16384 tokens: pairs of
  * full row tiles sharing weights) 1.066, and with every pair made of column tiles sharing A
  * (dev/variants/fp8-clusters-a-pairs.patch) 1.036-1.095 at 128 to 512 rows. */
 #define GEMM_FP8_CLUSTER_MIN_AVG 64
