@@ -3,7 +3,7 @@
 # GPU, each into OUT_DIR/PROBE.csv behind two comment lines (the probe's source, whose header says
 # what each column measures; the GPU's name and power limit), the form of
 # bench/results/*-probe.csv; what a probe prints on stderr follows its rows as comment lines.
-# PROBE: read_floor, stream_read, tma_read, tile_feed (default: tma_read and tile_feed). Each run is
+# PROBE: read_floor, stream_read, tma_read, tile_feed, decode_wgmma (default: tma_read and tile_feed). Each run is
 # limited to PROBE_S seconds (120). Builds into build-probes/ (BUILD_DIR), CUDA for sm_90a.
 # MOEX_DEPS_DIR: cJSON sources where the machine has no cJSON package (peer-run/deps).
 set -uo pipefail

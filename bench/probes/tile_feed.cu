@@ -51,13 +51,7 @@ __device__ __forceinline__ uint32_t cta_rank() {
 __device__ __forceinline__ void cluster_sync_all() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-/* box (col, row) of map into this block's dst, completing on its barrier bar */
-__device__ __forceinline__ void copy_box(uint32_t dst, const CUtensorMap *map, uint32_t bar, int col, int row) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst), "l"((uint64_t)map), "r"(col), "r"(row), "r"(bar)
-                 : "memory");
-}
-/* the same into dst of both blocks of the cluster, completing on each one's barrier at bar */
+/* tma_box into dst of both blocks of the cluster, completing on each one's barrier at bar */
 __device__ __forceinline__ void copy_box_both(uint32_t dst, const CUtensorMap *map, uint32_t bar, int col, int row) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
                  " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst), "l"((uint64_t)map), "r"(col), "r"(row), "r"(bar),
@@ -106,10 +100,10 @@ __global__ void __launch_bounds__(64, 1)
                              "r"(STAGE)
                              : "memory");
                 const uint32_t a = saddr(smem + stage * STAGE), w = a + A_STAGE, bar = full + 8 * stage;
-                copy_box(a, &map_a, bar, kb * KBT, a_row);
+                tma_box(a, &map_a, bar, kb * KBT, a_row);
                 for (int q = 0; q < TN / BOX; q++) {
                     if (!PAIR)
-                        copy_box(w + q * BOX * KBT, &map_w, bar, kb * KBT, w_row + q * BOX);
+                        tma_box(w + q * BOX * KBT, &map_w, bar, kb * KBT, w_row + q * BOX);
                     else if ((q & 1) == rank)
                         copy_box_both(w + q * BOX * KBT, &map_w, bar, kb * KBT, w_row + q * BOX);
                 }
