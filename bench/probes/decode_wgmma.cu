@@ -16,20 +16,24 @@
  * 0-63 and 64-127 of the tile: per k-block four wgmma m64nNTk32 e4m3 into a fresh accumulator,
  * then acc += d * ws * xs[token], so that the sums are promoted once per 128-input block as
  * moex's FP8 GEMMs do. Each warp frees the stage once its wgmmas are done. The epilogue writes
- * Y [HIT*NT, N] (f32, token-major: the transpose of the accumulators). Modes:
+ * Y [HIT*NT, N] (f32, token-major: the transpose of the accumulators). The same region in bf16
+ * (rows of 2K bytes, a stage 64 inputs): wgmma m64nNTk16 accumulating across k-blocks, no
+ * scales (is the bf16 decode stream, 0.86-0.95 of the read floor in the streamed forward, any
+ * closer to the read through wgmma?). Modes:
  *   wgmma   as above
  *   feed    the consumers free each stage as it lands and multiply nothing (the feed alone)
- * and, per region, a sequential read of W's bytes (the ceiling the fractions are taken of).
- * Before the timings, one wgmma run of the first region with NT 8 and 16 is checked against a
- * float64 product on the host (every output written; four experts' outputs within 1e-3 of the
- * sum of their terms' magnitudes, else the probe exits 1). Timed with events after a 256 MiB write that
+ * and, per region and dtype, a sequential read of W's bytes (the ceiling the fractions are taken of).
+ * Before the timings, one wgmma run of the first region with NT 8 and 16, FP8 and bf16, is checked
+ * against a float64 product on the host (every output written; four experts' outputs within 1e-3
+ * of the sum of their terms' magnitudes, else the probe exits 1). The random bytes have bit 6
+ * clear: e4m3 codes below 2 and bf16 values below 2, none NaN. Timed with events after a 256 MiB write that
  * flushes L2; median of RUNS.
  *
  *   build: the CMake target decode_wgmma_probe (CUDA builds), or
  *          nvcc -O3 -gencode arch=compute_90a,code=sm_90a decode_wgmma.cu
  *   run:   decode_wgmma_probe   (CSV on stdout; a few seconds on an H100 or H200)
- * Output: CSV region,hit,N,K,nt,stages,mode,ms,GBps (W's bytes over the time),of_read (over the
- * sequential read's GB/s) */
+ * Output: CSV region,dtype,hit,N,K (inputs),nt,stages,mode,ms,GBps (W's bytes over the time),of_read
+ * (over the sequential read's GB/s) */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -37,6 +41,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <algorithm>
 #include <vector>
 
@@ -46,8 +51,8 @@ static const int RUNS = 7, KB = 128, TILE = 128, BOX = 64, MAX_NT = 16;
 static const int A_BYTES = TILE * KB, STAGE_BYTES = A_BYTES + MAX_NT * KB; /* 1024-byte multiples */
 
 struct probe_args {
-    int64_t tiles, k_blocks, N; /* tiles = HIT * N / TILE */
-    int nt, stages, mode;       /* mode 0: wgmma, 1: feed */
+    int64_t tiles, k_blocks, N; /* tiles = HIT * N / TILE; k-blocks of 128 bytes */
+    int nt, stages, mode;       /* mode 0: wgmma FP8, 1: feed, 2: wgmma bf16 */
     const float *ws, *xs;       /* [HIT*N/128, k_blocks], [HIT*NT, k_blocks] */
     float *y;                   /* [HIT*NT, N] */
 };
@@ -72,6 +77,20 @@ template <> __device__ __forceinline__ void wgmma_nt<16>(float (&d)[8], uint64_t
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
                  : "l"(da), "l"(db), "r"(acc));
 }
+/* The same in bf16 (k16: 32 bytes a row, as e4m3's k32). */
+template <int NT> __device__ __forceinline__ void wgmma_bf16(float (&d)[NT / 2], uint64_t da, uint64_t db, int acc);
+template <> __device__ __forceinline__ void wgmma_bf16<8>(float (&d)[4], uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %6, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+template <> __device__ __forceinline__ void wgmma_bf16<16>(float (&d)[8], uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %10, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(da), "l"(db), "r"(acc));
+}
 template <int NT> __device__ __forceinline__ void fence_regs(float (&d)[NT / 2]) {
 #pragma unroll
     for (int i = 0; i < NT / 2; i++) asm volatile("" : "+f"(d[i])::"memory");
@@ -92,6 +111,21 @@ __device__ __forceinline__ void consume(const probe_args &a, uint32_t smem, uint
         const float *ws_row = a.ws + ((e * a.N + n0) / 128) * a.k_blocks;
         for (int64_t kb = 0; kb < a.k_blocks; kb++) {
             float sc[NT / 4]; /* the k-block's scale of each of the thread's tokens (asked for before the wait) */
+            if (a.mode == 2) { /* bf16: into acc across the k-blocks, no scales */
+                wait_parity(full + 8 * stage, phase);
+                const uint32_t sa = smem + stage * STAGE_BYTES + wg * 64 * KB, sb = smem + stage * STAGE_BYTES + A_BYTES;
+                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    wgmma_bf16<NT>(acc, desc_sw128(sa + 32 * kk), desc_sw128(sb + 32 * kk), kb > 0 || kk > 0);
+                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+                asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+                fence_regs<NT>(acc);
+                __syncwarp();
+                if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(empty + 8 * stage) : "memory");
+                if (++stage == a.stages) stage = 0, phase ^= 1;
+                continue;
+            }
             if (a.mode == 0) {
                 const float w = __ldg(ws_row + kb);
 #pragma unroll
@@ -120,7 +154,7 @@ __device__ __forceinline__ void consume(const probe_args &a, uint32_t smem, uint
                     }
             if (++stage == a.stages) stage = 0, phase ^= 1;
         }
-        if (a.mode == 0) {
+        if (a.mode != 1) {
             const int64_t row = n0 + wg * 64 + 16 * warp + lane / 4;
 #pragma unroll
             for (int j = 0; j < NT / 8; j++)
@@ -195,6 +229,14 @@ static double e4m3_decode(uint8_t c) {
     return s ? -v : v;
 }
 
+/* The bf16 value of the two bytes at b (little-endian). */
+static double bf16_host(const uint8_t *b) {
+    const uint32_t bits = ((uint32_t)b[0] | (uint32_t)b[1] << 8) << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 struct region {
     const char *name;
     int64_t hit, N, K;
@@ -202,8 +244,8 @@ struct region {
 
 static int smem_bytes(int stages) { return stages * STAGE_BYTES + 2 * 8 * stages + 1024; }
 
-static void launch(const region &g, int nt, int stages, int mode, const CUtensorMap &mw, const CUtensorMap &mx,
-                   probe_args a, int sms) {
+static void launch(int nt, int stages, int mode, const CUtensorMap &mw, const CUtensorMap &mx, probe_args a,
+                   int sms) {
     a.nt = nt, a.stages = stages, a.mode = mode;
     if (nt == 8)
         decode_wgmma<8><<<sms, 384, smem_bytes(stages)>>>(mw, mx, a);
@@ -227,8 +269,8 @@ int main(void) {
                               {"deepseek-v3 down (64 experts)", 64, 7168, 2048}};
     size_t most_w = 0, most_x = 0, most_ws = 0, most_xs = 0, most_y = 0;
     for (const region &g : regions) {
-        most_w = std::max(most_w, (size_t)(g.hit * g.N * g.K));
-        most_x = std::max(most_x, (size_t)(g.hit * MAX_NT * g.K));
+        most_w = std::max(most_w, (size_t)(g.hit * g.N * g.K * 2)); /* bf16's bytes */
+        most_x = std::max(most_x, (size_t)(g.hit * MAX_NT * g.K * 2));
         most_ws = std::max(most_ws, (size_t)(g.hit * g.N / 128 * (g.K / KB)));
         most_xs = std::max(most_xs, (size_t)(g.hit * MAX_NT * (g.K / KB)));
         most_y = std::max(most_y, (size_t)(g.hit * MAX_NT * g.N));
@@ -261,13 +303,15 @@ int main(void) {
      * inputs; a wrong layout or descriptor is off by the order of the terms themselves) */
     double e4m3_host[256];
     for (int c = 0; c < 256; c++) e4m3_host[c] = (c & 0x40) ? 0.0 : e4m3_decode((uint8_t)c);
+    for (int mode : {0, 2})
     for (int nt : {8, 16}) {
         const region &g = regions[0];
-        const int64_t kbs = g.K / KB;
-        const CUtensorMap mw = fp8_map(w, g.hit * g.N, g.K, BOX), mx = fp8_map(x, g.hit * nt, g.K, nt);
-        probe_args a = {g.hit * g.N / TILE, kbs, g.N, nt, 6, 0, ws, xs, y};
+        const bool bf = mode == 2;
+        const int64_t kbytes = g.K * (bf ? 2 : 1), kbs = kbytes / KB;
+        const CUtensorMap mw = fp8_map(w, g.hit * g.N, kbytes, BOX), mx = fp8_map(x, g.hit * nt, kbytes, nt);
+        probe_args a = {g.hit * g.N / TILE, kbs, g.N, nt, 6, mode, ws, xs, y};
         CK(cudaMemset(y, 0xff, (size_t)g.hit * nt * g.N * 4));
-        launch(g, nt, 6, 0, mw, mx, a, sms);
+        launch(nt, 6, mode, mw, mx, a, sms);
         CK(cudaDeviceSynchronize());
         std::vector<float> hy((size_t)g.hit * nt * g.N);
         CK(cudaMemcpy(hy.data(), y, hy.size() * 4, cudaMemcpyDeviceToHost));
@@ -280,44 +324,55 @@ int main(void) {
                 for (int64_t n = 0; n < g.N; n++) {
                     double sum = 0, mag = 0;
                     const int64_t wr = e * g.N + n, xr = e * nt + r;
-                    for (int64_t kb = 0; kb < kbs; kb++) {
-                        double part = 0, pm = 0;
-                        for (int64_t k = kb * KB; k < (kb + 1) * KB; k++) {
-                            const double p = e4m3_host[hw[wr * g.K + k]] * e4m3_host[hx[xr * g.K + k]];
-                            part += p, pm += fabs(p);
+                    if (bf) {
+                        for (int64_t k = 0; k < g.K; k++) {
+                            const double p = bf16_host(&hw[wr * kbytes + 2 * k]) * bf16_host(&hx[xr * kbytes + 2 * k]);
+                            sum += p, mag += fabs(p);
                         }
-                        const double s = (double)hws[(wr / 128) * kbs + kb] * hxs[xr * kbs + kb];
-                        sum += part * s, mag += pm * s;
+                    } else {
+                        for (int64_t kb = 0; kb < kbs; kb++) {
+                            double part = 0, pm = 0;
+                            for (int64_t k = kb * KB; k < (kb + 1) * KB; k++) {
+                                const double p = e4m3_host[hw[wr * g.K + k]] * e4m3_host[hx[xr * g.K + k]];
+                                part += p, pm += fabs(p);
+                            }
+                            const double s = (double)hws[(wr / 128) * kbs + kb] * hxs[xr * kbs + kb];
+                            sum += part * s, mag += pm * s;
+                        }
                     }
                     const double err = fabs(hy[xr * g.N + n] - sum);
                     worst = std::max(worst, err / (mag + 1e-30));
                     if (!(err <= 1e-3 * mag + 1e-6)) bad++;
                 }
-        fprintf(stderr, "check %s nt %d: %lld of %lld outputs not written; of 4 experts' %lld, %lld off, worst error %.3g of the terms' magnitude\n",
-                g.name, nt, (long long)unwritten, (long long)hy.size(), (long long)(4 * nt * g.N), (long long)bad, worst);
+        fprintf(stderr, "check %s %s nt %d: %lld of %lld outputs not written; of 4 experts' %lld, %lld off, worst error %.3g of the terms' magnitude\n",
+                g.name, bf ? "bf16" : "fp8", nt, (long long)unwritten, (long long)hy.size(), (long long)(4 * nt * g.N), (long long)bad, worst);
         if (bad || unwritten) return 1;
     }
 
-    printf("region,hit,N,K,nt,stages,mode,ms,GBps,of_read\n");
-    for (const region &g : regions) {
-        const double bytes = (double)g.hit * g.N * g.K;
-        const float seq = probe_median_ms(flush, 1, RUNS, [&] { seq_read<<<sms * 8, 256>>>((const uint4 *)w, (size_t)(bytes / 16)); });
-        const double seq_gbps = bytes / seq / 1e6;
-        printf("%s,%lld,%lld,%lld,0,0,sequential,%.4f,%.1f,1.000\n", g.name, (long long)g.hit, (long long)g.N,
-               (long long)g.K, seq, seq_gbps);
-        const CUtensorMap mw = fp8_map(w, g.hit * g.N, g.K, BOX);
-        for (int nt : {8, 16}) {
-            const CUtensorMap mx = fp8_map(x, g.hit * nt, g.K, nt);
-            for (int stages : {4, 6, 10})
-                for (int mode : {0, 1}) {
-                    probe_args a = {g.hit * g.N / TILE, g.K / KB, g.N, nt, stages, mode, ws, xs, y};
-                    const float ms = probe_median_ms(flush, 1, RUNS, [&] { launch(g, nt, stages, mode, mw, mx, a, sms); });
-                    const double gbps = bytes / ms / 1e6;
-                    printf("%s,%lld,%lld,%lld,%d,%d,%s,%.4f,%.1f,%.3f\n", g.name, (long long)g.hit, (long long)g.N,
-                           (long long)g.K, nt, stages, mode ? "feed" : "wgmma", ms, gbps, gbps / seq_gbps);
-                }
+    printf("region,dtype,hit,N,K,nt,stages,mode,ms,GBps,of_read\n");
+    for (const region &g : regions)
+        for (int bf = 0; bf < 2; bf++) {
+            const int64_t kbytes = g.K * (bf ? 2 : 1);
+            const double bytes = (double)g.hit * g.N * kbytes;
+            const char *dt = bf ? "bf16" : "fp8";
+            const float seq = probe_median_ms(flush, 1, RUNS, [&] { seq_read<<<sms * 8, 256>>>((const uint4 *)w, (size_t)(bytes / 16)); });
+            const double seq_gbps = bytes / seq / 1e6;
+            printf("%s,%s,%lld,%lld,%lld,0,0,sequential,%.4f,%.1f,1.000\n", g.name, dt, (long long)g.hit, (long long)g.N,
+                   (long long)g.K, seq, seq_gbps);
+            const CUtensorMap mw = fp8_map(w, g.hit * g.N, kbytes, BOX);
+            for (int nt : {8, 16}) {
+                const CUtensorMap mx = fp8_map(x, g.hit * nt, kbytes, nt);
+                for (int stages : {4, 6})
+                    for (int mode : {0, 1}) {
+                        const int m = mode == 1 ? 1 : bf ? 2 : 0;
+                        probe_args a = {g.hit * g.N / TILE, kbytes / KB, g.N, nt, stages, m, ws, xs, y};
+                        const float ms = probe_median_ms(flush, 1, RUNS, [&] { launch(nt, stages, m, mw, mx, a, sms); });
+                        const double gbps = bytes / ms / 1e6;
+                        printf("%s,%s,%lld,%lld,%lld,%d,%d,%s,%.4f,%.1f,%.3f\n", g.name, dt, (long long)g.hit, (long long)g.N,
+                               (long long)g.K, nt, stages, m == 1 ? "feed" : "wgmma", ms, gbps, gbps / seq_gbps);
+                    }
+            }
         }
-    }
     CK(cudaFree(w));
     CK(cudaFree(x));
     CK(cudaFree(ws));
