@@ -134,13 +134,19 @@ template <typename T> static cudaError_t allow_pair_smem(void) {
 enum { CLUSTER_DEVICES = 64 };
 static int cluster_max[CLUSTER_DEVICES];
 
+/* The launch configuration of grid blocks of THREADS in clusters of two; attr must outlive it. */
+static cudaLaunchConfig_t cluster_launch(unsigned grid, int smem, cudaStream_t s, cudaLaunchAttribute *attr) {
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = 2, attr->val.clusterDim.y = 1, attr->val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid), cfg.blockDim = dim3(THREADS), cfg.dynamicSmemBytes = (size_t)smem, cfg.stream = s;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    return cfg;
+}
+
 static cudaError_t query_clusters(int *n) {
     cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(2), cfg.blockDim = dim3(THREADS), cfg.dynamicSmemBytes = (size_t)ring<uint8_t>::smem_bytes;
-    cfg.attrs = &attr, cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = cluster_launch(2, ring<uint8_t>::smem_bytes, 0, &attr);
     return cudaOccupancyMaxActiveClusters(n, grouped_gemm_kernel<uint8_t, EPI_DOWN, false, false, true>, &cfg);
 }
 
@@ -181,11 +187,7 @@ static void launch_one(int num_sms, cudaStream_t s, const CUtensorMap &map_a, co
     if constexpr (GATHER) kernel = grouped_gemm_gather_kernel<T, EPI, OVERLAP, NARROW>, smem = GATHER_SMEM_BYTES;
     if constexpr (CLUSTER) { /* FP8 clusters of two: an even grid (gemm_plan: num_sms >= 2) */
         cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(cluster_grid(num_sms)), cfg.blockDim = dim3(THREADS);
-        cfg.dynamicSmemBytes = (size_t)smem, cfg.stream = s, cfg.attrs = &attr, cfg.numAttrs = 1;
+        const cudaLaunchConfig_t cfg = cluster_launch(cluster_grid(num_sms), smem, s, &attr);
         (void)cudaLaunchKernelEx(&cfg, grouped_gemm_kernel<T, EPI, OVERLAP, NARROW, true>, map_a, map_b, p);
         return;
     }
@@ -299,8 +301,7 @@ static moex_status plan_gemm(const grouped_gemm_args *g, gemm_plan *pl, bool wit
     pl->overlap = !fp8 && !narrow && plain &&
                   (g->epi == EPI_DOWN || (g->epi == EPI_GATE_UP_CONCAT && L.act == MOEX_ACT_SILU)) &&
                   g->pairs >= (int64_t)BM * (g->e_end - g->e_begin);
-    /* FP8 wide tiles of experts averaging more than half and at most one row tile: clusters of
-     * two blocks sharing their boxes (grouped_gemm_fp8_cluster_pays) */
+    /* FP8 wide tiles where grouped_gemm_fp8_cluster_pays: clusters of two blocks sharing their boxes */
     pl->cluster = library && fp8 && grouped_gemm_fp8_cluster_pays(narrow, g->epi, g->pairs, g->e_end - g->e_begin);
     /* weight rows a tile (BN): gate/up boxes of 64 (four); down one box of the tile's rows, or
      * with clusters boxes of 64 (each block copies half of them for both) */
