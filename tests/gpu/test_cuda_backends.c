@@ -757,6 +757,16 @@ static void test_large(void) {
     m.limit = 1.5f;
     m.sentinel_rows = 1;
     run_case(&m, 1);
+    /* grouped_mm's bf16/f16 decode GEMMs (grouped_gemm_decode_pays: I a multiple of 128, one
+     * token of 128 or 256 experts): a partial k-block of x (H 272: 4 k-blocks of 64 and 16
+     * inputs), a partial down tile (272 of 384 features), biases, a sentinel */
+    for (int d = 1; d < 3; d++) {
+        gcase c = gcase_make(1, d == 1 ? 128 : 256, 8, 272, 256, FLOAT_DTYPES[d], 6310u + (uint64_t)d);
+        c.layout = d == 1 ? 1 : 0;
+        c.act = d == 1 ? MOEX_ACT_GELU : MOEX_ACT_SILU;
+        c.sentinel_prob = d == 1 ? 0.2 : 0.0;
+        run_case(&c, 1);
+    }
     /* hidden sizes from PAIR_ROWS_MIN_H, up to PAIR_ROWS_MAX_TOKENS tokens: batched_mm's down per
      * pair into y, then the pair reduction: sentinels (one token all -1, one all E), a partial last
      * block of features (H 4104: 1026 warps of 4), f32 and f16 weights, biases and interleaved gate/up */
@@ -837,7 +847,8 @@ static gcase quant_case(int64_t T, int64_t H, int64_t I, moex_dtype dt, uint64_t
  * output tiles, 64-row blocks, block_k 256, biases, an expert of 400 rows (4 row tiles), one of
  * about 95 among experts of about 20 (two narrow tiles), a hidden size of 4160 (h quantized in
  * the wide tiles' epilogue); the last two, hidden sizes of 4160 and 4112 at 5 and 37 tokens,
- * batched_mm's down per pair (gemv_down_pair_rows_pays); then narrow tiles, several a block. */
+ * batched_mm's down per pair (gemv_down_pair_rows_pays); the four after them and one token of 128
+ * experts grouped_mm's decode GEMMs (grouped_gemm_decode_pays); then narrow tiles, several a block. */
 static void test_fp8(void) {
     typedef struct fp8_case {
         int64_t T, bn, bk;
@@ -859,6 +870,11 @@ static void test_fp8(void) {
         {300, 128, 128, 0, MOEX_ACT_SILU, MOEX_BF16, 0, 4160, 192},
         /* hidden sizes from PAIR_ROWS_MIN_H, few tokens: batched_mm's down per pair, then the pair reduction */
         {5, 128, 128, 1, MOEX_ACT_SILU, MOEX_BF16, 0, 4160, 208}, {37, 16, 64, 9, MOEX_ACT_RELU, MOEX_F32, 0, 4112, 208},
+        /* grouped_mm's decode GEMMs (I a multiple of 128, experts of 5 to 16 rows on average): a
+         * partial k-block of x (H 272) and a partial down tile, 64-row blocks, biases, an expert of
+         * 40 rows (three groups of 16) */
+        {21, 128, 128, 0, MOEX_ACT_SILU, MOEX_BF16, 0, 272, 256},  {50, 64, 128, 1, MOEX_ACT_GPTOSS_CLAMP, MOEX_BF16, 0, 272, 256},
+        {37, 128, 128, 1, MOEX_ACT_GELU, MOEX_F32, 0, 272, 256},   {60, 128, 128, 0, MOEX_ACT_SILU, MOEX_BF16, 40, 272, 256},
     };
     const int n = (int)(sizeof CASES / sizeof CASES[0]);
     for (int i = 0; i < n; i++) {
@@ -868,6 +884,10 @@ static void test_fp8(void) {
                              f->hot);
         run_case(&c, 1);
     }
+    /* the decode GEMMs at one token of 128 experts (at most one pair in 16 experts), ue8m0 scales */
+    gcase one = quant_case(1, 272, 256, MOEX_BF16, 8150u, 2, 128, 128, 1, MOEX_ACT_SILU, 0);
+    one.E = 128, one.k = 8;
+    run_case(&one, 1);
     if (g_quick) return;
     /* narrow tiles, several a block (the cases above give a block one tile or two): 256 experts of
      * 24 rows on average, 768 gate/up and 512 down tiles for about 132 blocks, so that both
@@ -1195,16 +1215,16 @@ static void test_graph_replay(void) {
     /* bf16 experts at three sizes, then FP8 experts (f32 and ue8m0 scales, 128 x 128 blocks):
      * the streamed forward at 7 tokens, the tensor-core GEMMs' narrow tiles at 160 (20 rows an
      * expert); then FP4 experts (1 x 32 blocks) at 9 tokens (the per-expert kernels) and 40 (grouped_mm's
-     * integer mma kernels) */
-    static const int64_t Ts[] = {1, 7, 64, 7, 160, 9, 40};
+     * integer mma kernels); last FP8 at 48 tokens (6 rows an expert: grouped_mm's decode GEMMs) */
+    static const int64_t Ts[] = {1, 7, 64, 7, 160, 9, 40, 48};
     for (int b = 0; b < N_BACKENDS; b++)
-        for (int it = 0; it < 7; it++) {
-            if (g_quick && it != 1 && it != 3 && it != 5 && it != 6) continue;
+        for (int it = 0; it < 8; it++) {
+            if (g_quick && it != 1 && it != 3 && it != 5 && it != 6 && it != 7) continue;
             const char *be = BACKENDS[b];
-            const int fp4 = it >= 5;
-            gcase c = gcase_make(Ts[it], 32, 4, 256, 128, MOEX_BF16, 7000u + (uint64_t)(b * 7 + it));
+            const int fp4 = it == 5 || it == 6;
+            gcase c = gcase_make(Ts[it], 32, 4, 256, 128, MOEX_BF16, 7000u + (uint64_t)(it == 7 ? 900 + b : b * 7 + it));
             c.w_dt = MOEX_BF16;
-            c.fp8 = it < 3 ? 0 : fp4 ? 3 : it - 2;
+            c.fp8 = it < 3 ? 0 : fp4 ? 3 : it == 7 ? 1 : it - 2;
             c.block_n = fp4 ? 1 : 128, c.block_k = fp4 ? 32 : 128;
             grun r;
             if (!grun_setup(&r, &c)) continue;

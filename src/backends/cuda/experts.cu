@@ -605,6 +605,24 @@ static moex_status run_gemm(const cuda_state *s, const grouped_gemm_args *g, int
     return st;
 }
 
+/* The gate/up and down GEMMs' arguments common to the GEMM paths: the routing's tiles over
+ * buffers of `rows` rows, every expert, the layer's weights and gate/up epilogue. */
+static void gemm_args_pair(const fwd *f, const routing_dev &r, int64_t rows, int narrow, grouped_gemm_args *up,
+                           grouped_gemm_args *down) {
+    const moex_experts_desc *d = f->a->layer;
+    const layer_view &L = f->s->L;
+    memset(up, 0, sizeof *up);
+    up->a_rows = rows, up->pairs = f->P;
+    up->offsets = r.offsets, up->ends = r.ends, up->mtile_off = r.mtile_off;
+    up->e_begin = 0, up->e_end = f->E;
+    up->L = L, up->narrow = narrow, up->epi = f->s->epi;
+    up->b = d->gate_up.data, up->rows_per_expert = d->gated ? 2 * L.I : L.I, up->up_offset = L.I;
+    up->K = L.H, up->N = L.I;
+    *down = *up;
+    down->b = d->down.data, down->rows_per_expert = L.H, down->up_offset = 0;
+    down->K = L.I, down->N = L.H, down->epi = EPI_DOWN;
+}
+
 /* The grouped GEMM path, after the routing (tiles of GEMM_TILE_ROWS, or GEMM_NARROW_ROWS when
  * narrow), over buffers of `rows` rows (the span of the routing's layout: P packed): bf16/f16,
  * the hidden rows gathered in expert order (converted to the weights' dtype), the gate/up GEMM
@@ -625,17 +643,8 @@ static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t row
     const moex_experts_desc *d = a->layer;
     const cuda_state *s = f->s;
     const layer_view &L = s->L;
-    grouped_gemm_args up;
-    memset(&up, 0, sizeof up);
-    up.a_rows = rows, up.pairs = f->P;
-    up.offsets = r.offsets, up.ends = r.ends, up.mtile_off = r.mtile_off;
-    up.e_begin = 0, up.e_end = f->E;
-    up.L = L, up.narrow = narrow, up.epi = s->epi;
-    up.b = d->gate_up.data, up.rows_per_expert = d->gated ? 2 * L.I : L.I, up.up_offset = L.I;
-    up.K = L.H, up.N = L.I;
-    grouped_gemm_args down = up;
-    down.b = d->down.data, down.rows_per_expert = L.H, down.up_offset = 0;
-    down.K = L.I, down.N = L.H, down.epi = EPI_DOWN;
+    grouped_gemm_args up, down;
+    gemm_args_pair(f, r, rows, narrow, &up, &down);
     const void *y;
     moex_dtype ydt;
     moex_status st = MOEX_OK;
@@ -705,6 +714,46 @@ static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t row
                           a->weights->strides[0], f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
 }
 
+/* The decode GEMMs (grouped_gemm_decode_pays), after the routing (tiles of GEMM_DECODE_ROWS
+ * rows), over P packed rows: FP8, x quantized into its pairs' rows, the gate/up GEMM (h quantized
+ * in its epilogue), the down GEMM (y in f32); bf16/f16, the hidden rows gathered in expert order
+ * (in the weights' dtype), the gate/up GEMM (h in that dtype), the down GEMM (y too); then the
+ * reduction. */
+static moex_status decode_gemm_path(fwd *f, const routing_dev &r, char *ws) {
+    const moex_forward_args *a = f->a;
+    const moex_experts_desc *d = a->layer;
+    const cuda_state *s = f->s;
+    const layer_view &L = s->L;
+    const quant_view &Q = s->Q;
+    grouped_gemm_args up, down; /* the layer's epilogue: concatenated gate/up (grouped_gemm_decode_usable) */
+    gemm_args_pair(f, r, f->P, 0, &up, &down);
+    const void *y;
+    moex_dtype ydt;
+    moex_status st;
+    if (Q.on) {
+        const quant_ws w = quant_carve(CUDA_GROUPED_MM, d, f->T, f->P, ws);
+        up.dt = down.dt = MOEX_E4M3, up.q = down.q = Q;
+        up.a = w.xq, up.a_scales = w.xs, up.c_codes = w.hq, up.c_scales = w.hs;
+        down.a = w.hq, down.a_scales = w.hs, down.c = w.y;
+        st = act_quant_gather_e4m3(r.pair_slot, f->T, f->k, a->hidden->data, a->hidden->dtype, a->hidden->strides[0],
+                                   L.H, Q.bk, w.xq, w.xs, f->stream);
+        y = w.y, ydt = MOEX_F32;
+    } else {
+        char *xa = ws, *hb = ws + align256((size_t)f->P * L.H * esize(L.wdt));
+        char *yb = hb + align256((size_t)f->P * L.I * esize(L.wdt));
+        up.dt = down.dt = L.wdt;
+        up.a = xa, up.c = hb, down.a = hb, down.c = yb;
+        st = routing_gather(r, f->T, f->k, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], xa, L.wdt, L.H,
+                            f->stream);
+        y = yb, ydt = L.wdt;
+    }
+    if (!st) st = grouped_gemm_decode_run(&up, s->num_sms, f->stream);
+    if (!st) st = grouped_gemm_decode_run(&down, s->num_sms, f->stream);
+    if (st) return st;
+    return routing_reduce(r.pair_slot, y, ydt, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0], f->T,
+                          f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
+}
+
 /* Routing, then the per-expert pieces for experts [e_begin, e_end) in `launches` launches
  * (1 for grouped_mm, one per expert for eager), then the reduction. */
 static moex_status experts_forward(fwd *f, int per_expert) {
@@ -715,18 +764,21 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     routing_dev r = routing_carve(ws, f->E, f->P);
     ws += align256(routing_bytes(f->E, f->P));
     const int tc = s->tc && (s->Q.on ? grouped_gemm_fp8_pays(f->P, f->E) : grouped_gemm_pays(f->P, f->E, L.H, per_expert));
+    /* experts of fewer rows: the decode GEMMs, one launch each for all experts */
+    const int decode = s->tc && !per_expert && grouped_gemm_decode_pays(L, s->Q, s->epi, f->P, f->E);
     /* narrow tiles for experts of few rows: the routing counts tiles of their size */
     const int narrow = tc && grouped_gemm_narrow_pays(f->P, f->E, s->epi);
     /* eager launches one expert at a time: too few blocks for the tensor-core kernels' 16-row warps */
-    const int mma = !tc && !per_expert && gemv_mma_usable(L, s->Q, a->hidden->dtype, a->hidden->data, a->hidden->strides[0]);
+    const int mma = !tc && !decode && !per_expert && gemv_mma_usable(L, s->Q, a->hidden->dtype, a->hidden->data, a->hidden->strides[0]);
     /* the streamed forwards on tensor cores and FP4's kernels walk the list of experts with rows */
     const int hits = mma || L.wdt == MOEX_E2M1X2;
     moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E,
-                                   narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS, hits, ROUTING_PACKED, 0, f->G.flags,
-                                   f->stream);
+                                   decode ? GEMM_DECODE_ROWS : narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS, hits,
+                                   ROUTING_PACKED, 0, f->G.flags, f->stream);
     if (st) return st;
     const int launches = per_expert ? (int)f->E : 1;
     if (L.wdt == MOEX_E2M1X2) return fp4_forward(f, &r, ws);
+    if (decode) return decode_gemm_path(f, r, ws);
     if (tc) return gemm_path(f, r, ws, f->P, narrow, per_expert, 0, 0);
     float *h = (float *)ws, *y = (float *)(ws + align256((size_t)f->P * L.I * 4));
     f->G.pairs = 0;

@@ -77,6 +77,13 @@ moex_status make_map(CUtensorMap *m, const void *base, int64_t rows, int64_t K, 
 
 } // namespace
 
+moex_status grouped_gemm_tensor_map(CUtensorMap *m, const void *base, int64_t rows, int64_t K, int box_rows,
+                                    moex_dtype dt, const char *what) {
+    pthread_once(&encode_once, find_encode);
+    if (encode_status != cudaSuccess) return moex_cuda_status(encode_status, "finding cuTensorMapEncodeTiled");
+    return make_map(m, base, rows, K, box_rows, dt, what);
+}
+
 int grouped_gemm_usable(moex_dtype dt, const void *b, int64_t K, char *why, size_t n) {
     if (dt == MOEX_E4M3) {
         if (K % 16 || ((uintptr_t)b & 15)) {
@@ -164,7 +171,8 @@ moex_status grouped_gemm_init(void) {
     int dev = 0;
     if (!err) err = cudaGetDevice(&dev);
     if (!err && dev >= 0 && dev < CLUSTER_DEVICES) err = query_clusters(&cluster_max[dev]);
-    return moex_cuda_status(err, "grouped GEMM shared memory size and clusters");
+    moex_status st = moex_cuda_status(err, "grouped GEMM shared memory size and clusters");
+    return st ? st : grouped_gemm_decode_init();
 }
 
 /* The grid of a cluster launch: num_sms rounded down to even, at most the clusters the device holds. */

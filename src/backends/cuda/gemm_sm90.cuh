@@ -154,6 +154,32 @@ static inline int grouped_gemm_fp8_h_in_epilogue(int narrow, int compiled, gemm_
     return (narrow || compiled || K >= GEMM_FP8_H_QUANT_MIN_K) && grouped_gemm_fp8_h_quant_fits(gate_up_epi, bk);
 }
 
+/* grouped_mm's decode GEMMs (gemm_sm90_decode.cu: the weights as wgmma's A operand, each
+ * expert's rows in groups of GEMM_DECODE_ROWS as its B operand; the routing's tiles of that many
+ * rows) take FP8 layers whose experts average fewer rows than grouped_gemm_fp8_pays asks and at
+ * least GEMM_DECODE_MIN_AVG_ROWS, and FP8 and bf16/f16 layers whose pairs are at most one in 16
+ * experts (one token's), where the layer is gated with concatenated gate/up rows, the
+ * intermediate size a multiple of 128 and the hidden size of 16, and FP8's block_k is 128 (h
+ * quantized per tile in the gate/up epilogue) and block_n a multiple of 64. Elsewhere below the
+ * GEMMs the streamed forward (gemv_mma.cu) runs. On an H100 against it, graph on
+ * (bench/results/2026-12-07_cuda-h100_fp8_decode-gemm-ab.csv, ..._fp8_decode-gemm-band-ab.csv,
+ * ..._bf16_decode-gemm-ab.csv): FP8 one token 0.79-0.83 of its time, 8 tokens (0.25-0.5 rows an
+ * expert) 1.08-1.09, 2-4 rows 1.004-1.023, 6 rows 0.906, 8 and 12 rows 0.54-0.79; bf16 one
+ * token 0.933-0.991, 8 tokens 1.028-1.036, 4 rows 1.017 (5-16 rows not measured for bf16). */
+#define GEMM_DECODE_ROWS 16
+#define GEMM_DECODE_MIN_AVG_ROWS 5
+static inline int grouped_gemm_decode_usable(const layer_view &L, const quant_view &q, gemm_epilogue gate_up_epi) {
+    const int fp8 = q.on && L.wdt == MOEX_E4M3 && q.bk == 128 && q.bn % 64 == 0;
+    const int f16 = !q.on && (L.wdt == MOEX_BF16 || L.wdt == MOEX_F16);
+    return (fp8 || f16) && L.gated && gate_up_epi == EPI_GATE_UP_CONCAT && L.I % 128 == 0 && L.H % 16 == 0;
+}
+static inline int grouped_gemm_decode_pays(const layer_view &L, const quant_view &q, gemm_epilogue gate_up_epi,
+                                           int64_t P, int64_t E) {
+    const int one_token = 16 * P <= E;
+    const int fp8_band = q.on && !grouped_gemm_fp8_pays(P, E) && P >= GEMM_DECODE_MIN_AVG_ROWS * E;
+    return (one_token || fp8_band) && grouped_gemm_decode_usable(L, q, gate_up_epi);
+}
+
 /* Both projections of a narrow row tile in one block, h in shared memory (grouped_gemm_run_pair):
  * for bf16/f16 SiLU experts with concatenated gate/up rows and no biases, narrow tiles (experts of
  * at most GEMM_NARROW_AVG rows on average), an intermediate size that fits in shared memory beside
@@ -191,6 +217,18 @@ moex_status grouped_gemm_init(void);
 
 /* Queue the GEMM on s with a persistent grid of num_sms blocks. */
 moex_status grouped_gemm_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s);
+
+/* The decode GEMMs (grouped_gemm_decode_pays; gemm_sm90_decode.cu): g a gate/up GEMM (FP8: with
+ * c_codes and c_scales, h quantized in its epilogue) or down GEMM, the routing's tiles of
+ * GEMM_DECODE_ROWS rows; a persistent grid of num_sms blocks. grouped_gemm_decode_init: once per
+ * process and device (grouped_gemm_init calls it). */
+moex_status grouped_gemm_decode_init(void);
+moex_status grouped_gemm_decode_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s);
+
+/* The tensor map of a row-major [rows, K] matrix of dt (bf16, f16 or e4m3) read in boxes of
+ * box_rows rows by one k-block, with the 128-byte swizzle the kernels' stages use. */
+moex_status grouped_gemm_tensor_map(struct CUtensorMap_st *m, const void *base, int64_t rows, int64_t K, int box_rows,
+                                    moex_dtype dt, const char *what);
 
 /* The gate/up GEMM then the down GEMM of one forward (concatenated gate/up, narrow tiles:
  * grouped_gemm_narrow_pays; FP8 with h quantized in the gate/up epilogue; both of the library's
