@@ -51,13 +51,6 @@ template <int EPI> struct decode_ring {
 };
 static_assert(2 * 4 * 8 + 16 * 4 <= 128, "barriers and tile slots");
 
-/* The box at (col, row) of map into shared address dst; completes on the barrier at bar. */
-__device__ __forceinline__ void tma_load_at(uint32_t dst, const CUtensorMap *map, uint32_t bar, int col, int row) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                 ::"r"(dst), "l"((uint64_t)map), "r"(col), "r"(row), "r"(bar)
-                 : "memory");
-}
-
 /* d[64 x 16] (+)= A[64 x k] . B[16 x k]^T, both K-major in shared memory, 32 bytes of each row:
  * e4m3 k32, bf16 or f16 k16. */
 __device__ __forceinline__ void wgmma_n16(float (&d)[8], uint64_t da, uint64_t db, int accumulate, uint8_t *) {
@@ -106,8 +99,7 @@ __device__ __forceinline__ void decode_produce(const CUtensorMap &map_w, const C
             mbar_wait_at(empty + 8 * stage, phase ^ 1);
             const uint32_t bar = full + 8 * stage, dst = smem + stage * R::stage_bytes;
             put_tile(tile_slot(full, stage), tl);
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(R::stage_bytes)
-                         : "memory");
+            mbar_expect_tx_at(bar, R::stage_bytes);
             for (int q = 0; q < R::w_rows / DBOX; q++) {
                 /* gate/up: box q is (warpgroup q / 2, gate or up by q % 2); down: rows 64 q */
                 const int64_t row = EPI == EPI_DOWN ? w_row + DBOX * q : w_row + (q & 1) * p.up_offset + DBOX * (q >> 1);

@@ -119,9 +119,10 @@ __device__ __forceinline__ void mbar_init_at(uint32_t addr, int count) {
 }
 __device__ __forceinline__ void mbar_init(uint64_t *bar, int count) { mbar_init_at(smem_addr(bar), count); }
 
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+__device__ __forceinline__ void mbar_expect_tx_at(uint32_t addr, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(addr), "r"(bytes) : "memory");
 }
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) { mbar_expect_tx_at(smem_addr(bar), bytes); }
 
 /* Wait for the phase of parity of the barrier at shared address addr / arrive on it (the FP8
  * k-loop computes the addresses once; the float kernels take the barrier's pointer). */
@@ -148,11 +149,14 @@ __device__ __forceinline__ void sts_f32(uint32_t addr, float v) {
     asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
 
-/* Copy the box at (col, row) of map into dst; completes on bar. */
-__device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, uint64_t *bar, int col, int row) {
+/* Copy the box at (col, row) of map into shared address dst; completes on the barrier at bar. */
+__device__ __forceinline__ void tma_load_at(uint32_t dst, const CUtensorMap *map, uint32_t bar, int col, int row) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                 ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(col), "r"(row), "r"(smem_addr(bar))
+                 ::"r"(dst), "l"((uint64_t)map), "r"(col), "r"(row), "r"(bar)
                  : "memory");
+}
+__device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, uint64_t *bar, int col, int row) {
+    tma_load_at(smem_addr(dst), map, smem_addr(bar), col, row);
 }
 
 /* ---- clusters of two blocks (FP8 wide tiles: grouped_gemm_fp8_cluster_pays) ----------------
