@@ -1,20 +1,20 @@
-/* gemm_sm90_decode.cu — grouped_mm's GEMMs for experts of a few rows (decode batches, below
- * grouped_gemm_fp8_pays / grouped_gemm_pays), FP8 and bf16/f16, with the operands' roles swapped:
+/* gemm_sm90_decode.cu — grouped_mm's GEMMs for experts of a few rows (decode batches; where
+ * grouped_gemm_decode_pays in gemm_sm90.cuh), FP8 and bf16/f16, with the operands' roles swapped:
  * the weights are wgmma's 64-row A operand and an expert's rows of activations (up to
  * GEMM_DECODE_ROWS of them) its B operand, so that one wgmma m64n16 (k32 FP8, k16 bf16/f16)
- * multiplies 2 KiB of weights and nothing unpacks FP8 codes. The stream is
- * the grouped GEMM's (gemm_sm90_kernel.cuh: TMA into a ring of stages with full and empty
- * mbarriers, the tile list from the routing, each stage's tile in its slot); the consumers and
- * epilogues are this file's. Measured beside it: bench/probes/decode_wgmma.cu (the same stream
- * reached 0.92-0.97 of a sequential read on an H100, where the mma.sync streamed forward reaches
- * 0.66-0.73 of the read floor).
+ * multiplies 2 KiB of weights and nothing unpacks FP8 codes. The stream is the grouped GEMM's
+ * (gemm_sm90_kernel.cuh: TMA into a ring of stages with full and empty mbarriers, the tile list
+ * from the routing, each stage's tile in its slot); the consumers and epilogues are this file's.
+ * The probe beside it, bench/probes/decode_wgmma.cu, streamed FP8 weights this way at 0.92-0.97
+ * of a sequential read on an H100, where the mma.sync streamed forward (gemv_mma.cu) reaches
+ * 0.66-0.73 of the read floor.
  *
  * Shapes: A [rows, K] e4m3 codes with scales [rows, K/128] (x or h quantized per 128 inputs) or
  * bf16/f16 (the weights' dtype), the rows of expert e at offsets[e] .. ends[e]; W [E *
  * rows_per_expert, K] e4m3 with 128-input block scales, or bf16/f16. A k-block is 128 bytes of a
- * row: 128 FP8 inputs, 64 bf16/f16 ones. A tile is one group of DECODE_ROWS rows of one expert (the routing's tiles of that
- * height) by 128 output features; warpgroup w of the two consumer warpgroups takes features
- * 64 w .. 64 w + 63. A stage is one k-block:
+ * row: 128 FP8 inputs, 64 bf16/f16 ones. A tile is one group of GEMM_DECODE_ROWS rows of one
+ * expert (the routing's tiles of that height) by 128 output features; warpgroup w of the two
+ * consumer warpgroups takes features 64 w .. 64 w + 63. A stage is one k-block:
  *   gate/up (EPI_GATE_UP_CONCAT): the gate rows and the up rows of the 128 features (four boxes
  *     of 64 rows: gate w0, up w0, gate w1, up w1) and the group's 16 rows of x;
  *   down (EPI_DOWN): the tile's 128 weight rows (two boxes of 64) and the group's 16 rows of h.
@@ -24,8 +24,9 @@
  * up + bias), FP8 quantized per row per 128 features (the tile's 128 features: act_quant_e4m3's
  * rounding; the amax of each row exchanged between the eight consumer warps through shared
  * memory) into codes [rows, I] and scales [rows, I/128], bf16/f16 rounded into [rows, I]; down
- * y = acc + bias, f32 (FP8) or the weights' dtype [rows, H]. Rows of the group past the expert's last are
- * multiplied (they are other experts' rows, or zeros past the buffer) and never stored.
+ * y = acc + bias, f32 (FP8) or the weights' dtype [rows, H]. Rows of the group past the
+ * expert's last are multiplied (they are other experts' rows, or zeros past the buffer) and never
+ * stored.
  *
  * accumulator layout (wgmma m64n16, f32): thread (warp w4 of the warpgroup, lane l) holds d[4 j +
  * 2 h + c] = feature 16 w4 + l / 4 + 8 h, row 8 j + 2 (l % 4) + c of the group (j, h, c in 0..1). */
@@ -33,7 +34,6 @@
 #include "gpu/cuda_check.h"
 
 #include <cuda_fp8.h>
-#include <pthread.h>
 
 namespace {
 
