@@ -593,9 +593,11 @@ static moex_status batched_forward(fwd *f) {
                            a->out->dtype, a->out->strides[0], f->stream);
 }
 
-/* One grouped GEMM: the library's kernel (grouped_mm, eager), or deepgemm's compiled for the
- * shape at its first use (gemm_jit.h). */
-static moex_status run_gemm(const cuda_state *s, const grouped_gemm_args *g, int compiled, cudaStream_t stream) {
+/* One grouped GEMM: the library's kernel (grouped_mm, eager), deepgemm's compiled for the shape
+ * at its first use (gemm_jit.h), or grouped_mm's decode GEMM (decode: grouped_gemm_decode_pays). */
+static moex_status run_gemm(const cuda_state *s, const grouped_gemm_args *g, int compiled, int decode,
+                            cudaStream_t stream) {
+    if (decode) return grouped_gemm_decode_run(g, s->num_sms, stream);
     if (!compiled) return grouped_gemm_run(g, s->num_sms, stream);
     gemm_rtc_spec spec;
     moex_jit_kernel k;
@@ -605,24 +607,6 @@ static moex_status run_gemm(const cuda_state *s, const grouped_gemm_args *g, int
     return st;
 }
 
-/* The gate/up and down GEMMs' arguments common to the GEMM paths: the routing's tiles over
- * buffers of `rows` rows, every expert, the layer's weights and gate/up epilogue. */
-static void gemm_args_pair(const fwd *f, const routing_dev &r, int64_t rows, int narrow, grouped_gemm_args *up,
-                           grouped_gemm_args *down) {
-    const moex_experts_desc *d = f->a->layer;
-    const layer_view &L = f->s->L;
-    memset(up, 0, sizeof *up);
-    up->a_rows = rows, up->pairs = f->P;
-    up->offsets = r.offsets, up->ends = r.ends, up->mtile_off = r.mtile_off;
-    up->e_begin = 0, up->e_end = f->E;
-    up->L = L, up->narrow = narrow, up->epi = f->s->epi;
-    up->b = d->gate_up.data, up->rows_per_expert = d->gated ? 2 * L.I : L.I, up->up_offset = L.I;
-    up->K = L.H, up->N = L.I;
-    *down = *up;
-    down->b = d->down.data, down->rows_per_expert = L.H, down->up_offset = 0;
-    down->K = L.I, down->N = L.H, down->epi = EPI_DOWN;
-}
-
 /* The grouped GEMM path, after the routing (tiles of GEMM_TILE_ROWS, or GEMM_NARROW_ROWS when
  * narrow), over buffers of `rows` rows (the span of the routing's layout: P packed): bf16/f16,
  * the hidden rows gathered in expert order (converted to the weights' dtype), the gate/up GEMM
@@ -630,7 +614,9 @@ static void gemm_args_pair(const fwd *f, const routing_dev &r, int64_t rows, int
  * FP8, x quantized into its pairs' rows, the gate/up GEMM (h in f32, then quantized on its pairs'
  * rows; narrow tiles, deepgemm's compiled wide ones and long k-loops: quantized in its epilogue,
  * grouped_gemm_fp8_h_in_epilogue), the down GEMM (y in f32), the reduction (FP8
- * layers run once for all experts, eager too). compiled: run_gemm's. fused (sonicmoe; bf16/f16,
+ * layers run once for all experts, eager too). compiled and decode: run_gemm's (decode: the
+ * routing's tiles of GEMM_DECODE_ROWS, not narrow; FP8 h quantized in the gate/up epilogue).
+ * fused (sonicmoe; bf16/f16,
  * packed routing, hidden in the weights' dtype): no gather, the gate/up GEMM reads its rows of
  * the hidden states by slot_token; the down GEMM multiplies each row by its pair's routing
  * weight, so the reduction sums (sonic_bytes' buffers). Narrow tiles with the library's kernels
@@ -638,13 +624,22 @@ static void gemm_args_pair(const fwd *f, const routing_dev &r, int64_t rows, int
  * (grouped_gemm_run_chained, its counters in the routing's sched), or for sonicmoe in one kernel
  * (grouped_gemm_run_pair) where grouped_gemm_pair_pays. */
 static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t rows, int narrow, int per_expert,
-                             int compiled, int fused) {
+                             int compiled, int fused, int decode) {
     const moex_forward_args *a = f->a;
     const moex_experts_desc *d = a->layer;
     const cuda_state *s = f->s;
     const layer_view &L = s->L;
-    grouped_gemm_args up, down;
-    gemm_args_pair(f, r, rows, narrow, &up, &down);
+    grouped_gemm_args up;
+    memset(&up, 0, sizeof up);
+    up.a_rows = rows, up.pairs = f->P;
+    up.offsets = r.offsets, up.ends = r.ends, up.mtile_off = r.mtile_off;
+    up.e_begin = 0, up.e_end = f->E;
+    up.L = L, up.narrow = narrow, up.epi = s->epi;
+    up.b = d->gate_up.data, up.rows_per_expert = d->gated ? 2 * L.I : L.I, up.up_offset = L.I;
+    up.K = L.H, up.N = L.I;
+    grouped_gemm_args down = up;
+    down.b = d->down.data, down.rows_per_expert = L.H, down.up_offset = 0;
+    down.K = L.I, down.N = L.H, down.epi = EPI_DOWN;
     const void *y;
     moex_dtype ydt;
     moex_status st = MOEX_OK;
@@ -655,17 +650,17 @@ static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t row
         up.a = w.xq, up.a_scales = w.xs, up.c = w.h;
         down.a = w.hq, down.a_scales = w.hs, down.c = w.y;
         /* h quantized by the gate/up GEMM's epilogue, or written in f32 and quantized after it */
-        const bool h_in_epilogue = grouped_gemm_fp8_h_in_epilogue(narrow, compiled, s->epi, Q.bk, L.H);
+        const bool h_in_epilogue = decode || grouped_gemm_fp8_h_in_epilogue(narrow, compiled, s->epi, Q.bk, L.H);
         if (h_in_epilogue) up.c_codes = w.hq, up.c_scales = w.hs;
         if ((st = act_quant_gather_e4m3(r.pair_slot, f->T, f->k, a->hidden->data, a->hidden->dtype,
                                         a->hidden->strides[0], L.H, Q.bk, w.xq, w.xs, f->stream)))
             return st;
         if (!compiled && narrow && h_in_epilogue) { /* narrow tiles: the two GEMMs chained, as bf16's below */
             if ((st = grouped_gemm_run_chained(&up, &down, r.sched, s->num_sms, f->stream))) return st;
-        } else if ((st = run_gemm(s, &up, compiled, f->stream)) ||
+        } else if ((st = run_gemm(s, &up, compiled, decode, f->stream)) ||
                    (!h_in_epilogue && (st = act_quant_slots_e4m3(r.pair_slot, f->P, w.h, MOEX_F32, L.I, L.I, Q.bk,
                                                                  w.hq, w.hs, f->stream))) ||
-                   (st = run_gemm(s, &down, compiled, f->stream))) {
+                   (st = run_gemm(s, &down, compiled, decode, f->stream))) {
             return st;
         }
         y = w.y, ydt = MOEX_F32;
@@ -705,53 +700,14 @@ static moex_status gemm_path(fwd *f, const routing_dev &r, char *ws, int64_t row
         for (int64_t e = 0; (compiled || per_expert || !narrow) && e < (per_expert ? f->E : 1); e++) {
             up.e_begin = down.e_begin = per_expert ? e : 0;
             up.e_end = down.e_end = per_expert ? e + 1 : f->E;
-            if ((st = run_gemm(s, &up, compiled, f->stream)) || (st = run_gemm(s, &down, compiled, f->stream)))
+            if ((st = run_gemm(s, &up, compiled, decode, f->stream)) ||
+                (st = run_gemm(s, &down, compiled, decode, f->stream)))
                 return st;
         }
         y = yb, ydt = L.wdt;
     }
     return routing_reduce(r.pair_slot, y, ydt, L.H, fused ? NULL : a->weights->data, a->weights->dtype,
                           a->weights->strides[0], f->T, f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
-}
-
-/* The decode GEMMs (grouped_gemm_decode_pays), after the routing (tiles of GEMM_DECODE_ROWS
- * rows), over P packed rows: FP8, x quantized into its pairs' rows, the gate/up GEMM (h quantized
- * in its epilogue), the down GEMM (y in f32); bf16/f16, the hidden rows gathered in expert order
- * (in the weights' dtype), the gate/up GEMM (h in that dtype), the down GEMM (y too); then the
- * reduction. */
-static moex_status decode_gemm_path(fwd *f, const routing_dev &r, char *ws) {
-    const moex_forward_args *a = f->a;
-    const moex_experts_desc *d = a->layer;
-    const cuda_state *s = f->s;
-    const layer_view &L = s->L;
-    const quant_view &Q = s->Q;
-    grouped_gemm_args up, down; /* the layer's epilogue: concatenated gate/up (grouped_gemm_decode_usable) */
-    gemm_args_pair(f, r, f->P, 0, &up, &down);
-    const void *y;
-    moex_dtype ydt;
-    moex_status st;
-    if (Q.on) {
-        const quant_ws w = quant_carve(CUDA_GROUPED_MM, d, f->T, f->P, ws);
-        up.dt = down.dt = MOEX_E4M3, up.q = down.q = Q;
-        up.a = w.xq, up.a_scales = w.xs, up.c_codes = w.hq, up.c_scales = w.hs;
-        down.a = w.hq, down.a_scales = w.hs, down.c = w.y;
-        st = act_quant_gather_e4m3(r.pair_slot, f->T, f->k, a->hidden->data, a->hidden->dtype, a->hidden->strides[0],
-                                   L.H, Q.bk, w.xq, w.xs, f->stream);
-        y = w.y, ydt = MOEX_F32;
-    } else {
-        char *xa = ws, *hb = ws + align256((size_t)f->P * L.H * esize(L.wdt));
-        char *yb = hb + align256((size_t)f->P * L.I * esize(L.wdt));
-        up.dt = down.dt = L.wdt;
-        up.a = xa, up.c = hb, down.a = hb, down.c = yb;
-        st = routing_gather(r, f->T, f->k, a->hidden->data, a->hidden->dtype, a->hidden->strides[0], xa, L.wdt, L.H,
-                            f->stream);
-        y = yb, ydt = L.wdt;
-    }
-    if (!st) st = grouped_gemm_decode_run(&up, s->num_sms, f->stream);
-    if (!st) st = grouped_gemm_decode_run(&down, s->num_sms, f->stream);
-    if (st) return st;
-    return routing_reduce(r.pair_slot, y, ydt, L.H, a->weights->data, a->weights->dtype, a->weights->strides[0], f->T,
-                          f->k, a->out->data, a->out->dtype, a->out->strides[0], f->stream);
 }
 
 /* Routing, then the per-expert pieces for experts [e_begin, e_end) in `launches` launches
@@ -778,8 +734,7 @@ static moex_status experts_forward(fwd *f, int per_expert) {
     if (st) return st;
     const int launches = per_expert ? (int)f->E : 1;
     if (L.wdt == MOEX_E2M1X2) return fp4_forward(f, &r, ws);
-    if (decode) return decode_gemm_path(f, r, ws);
-    if (tc) return gemm_path(f, r, ws, f->P, narrow, per_expert, 0, 0);
+    if (tc || decode) return gemm_path(f, r, ws, f->P, narrow, per_expert, 0, 0, decode);
     float *h = (float *)ws, *y = (float *)(ws + align256((size_t)f->P * L.I * 4));
     f->G.pairs = 0;
     f->G.offsets = r.offsets, f->G.slot_token = r.slot_token;
@@ -830,7 +785,7 @@ static moex_status deepgemm_forward(fwd *f) {
     moex_status st = routing_build(r, f->G.ids, f->G.ids64, f->G.ids_ld, f->T, f->k, f->E, tile, 0,
                                    masked ? ROUTING_MASKED : ROUTING_PADDED, f->T, f->G.flags, f->stream);
     if (st) return st;
-    return gemm_path(f, r, (char *)a->workspace + routing, rows, narrow, 0, 1, 0);
+    return gemm_path(f, r, (char *)a->workspace + routing, rows, narrow, 0, 1, 0, 0);
 }
 
 /* sonicmoe: packed routing (tiles by grouped_gemm_narrow_pays, as grouped_mm's), then the fused
@@ -855,7 +810,7 @@ static moex_status sonicmoe_forward(fwd *f) {
                                    narrow ? GEMM_NARROW_ROWS : GEMM_TILE_ROWS, 0, ROUTING_PACKED, 0, f->G.flags,
                                    f->stream);
     if (st) return st;
-    return gemm_path(f, r, ws + align256(routing_bytes(f->E, f->P)), f->P, narrow, 0, 0, 1);
+    return gemm_path(f, r, ws + align256(routing_bytes(f->E, f->P)), f->P, narrow, 0, 0, 1, 0);
 }
 
 static moex_status forward(cuda_kind kind, const moex_forward_args *a) {

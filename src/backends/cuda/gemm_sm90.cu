@@ -79,8 +79,6 @@ moex_status make_map(CUtensorMap *m, const void *base, int64_t rows, int64_t K, 
 
 moex_status grouped_gemm_tensor_map(CUtensorMap *m, const void *base, int64_t rows, int64_t K, int box_rows,
                                     moex_dtype dt, const char *what) {
-    pthread_once(&encode_once, find_encode);
-    if (encode_status != cudaSuccess) return moex_cuda_status(encode_status, "finding cuTensorMapEncodeTiled");
     return make_map(m, base, rows, K, box_rows, dt, what);
 }
 

@@ -226,7 +226,8 @@ moex_status grouped_gemm_decode_init(void);
 moex_status grouped_gemm_decode_run(const grouped_gemm_args *g, int num_sms, cudaStream_t s);
 
 /* The tensor map of a row-major [rows, K] matrix of dt (bf16, f16 or e4m3) read in boxes of
- * box_rows rows by one k-block, with the 128-byte swizzle the kernels' stages use. */
+ * box_rows rows by one k-block, with the 128-byte swizzle the kernels' stages use (after
+ * grouped_gemm_init, which finds the driver's encoder, as every GEMM here). */
 moex_status grouped_gemm_tensor_map(struct CUtensorMap_st *m, const void *base, int64_t rows, int64_t K, int box_rows,
                                     moex_dtype dt, const char *what);
 
