@@ -767,6 +767,17 @@ static void test_large(void) {
         c.sentinel_prob = d == 1 ? 0.2 : 0.0;
         run_case(&c, 1);
     }
+    /* and their band below the GEMMs (GEMM_DECODE_MIN_AVG_ROWS_F16 to 16 rows an expert on average,
+     * hidden size under GEMM_LONG_K): 57 tokens of 40 experts, top 9 (12.8 rows an expert), every
+     * token on expert 0 (57 rows: four row tiles of 16, the last partial), f16 with sentinels, bf16
+     * with biases; H 272 (a partial k-block) and I 384 */
+    for (int d = 1; d < 3; d++) {
+        gcase c = gcase_make(57, 40, 9, 272, 384, FLOAT_DTYPES[d], 6320u + (uint64_t)d);
+        c.sentinel_prob = d == 1 ? 0.05 : 0.0;
+        c.hot_rows = 57;
+        c.layout = d == 1 ? 0 : 1;
+        run_case(&c, 1);
+    }
     /* hidden sizes from PAIR_ROWS_MIN_H, up to PAIR_ROWS_MAX_TOKENS tokens: batched_mm's down per
      * pair into y, then the pair reduction: sentinels (one token all -1, one all E), a partial last
      * block of features (H 4104: 1026 warps of 4), f32 and f16 weights, biases and interleaved gate/up */

@@ -157,7 +157,8 @@ static inline int grouped_gemm_fp8_h_in_epilogue(int narrow, int compiled, gemm_
 /* grouped_mm's decode GEMMs (gemm_sm90_decode.cu: the weights as wgmma's A operand, each
  * expert's rows in groups of GEMM_DECODE_ROWS as its B operand; the routing's tiles of that many
  * rows) take FP8 layers whose experts average fewer rows than grouped_gemm_fp8_pays asks and at
- * least GEMM_DECODE_MIN_AVG_ROWS, and FP8 and bf16/f16 layers whose pairs are at most one in 16
+ * least GEMM_DECODE_MIN_AVG_ROWS, bf16/f16 layers below grouped_gemm_pays from
+ * GEMM_DECODE_MIN_AVG_ROWS_F16 rows, and FP8 and bf16/f16 layers whose pairs are at most one in 16
  * experts (one token's), where the layer is gated with concatenated gate/up rows, the
  * intermediate size a multiple of 128 and the hidden size of 16, and FP8's block_k is 128 (h
  * quantized per tile in the gate/up epilogue) and block_n a multiple of 64. Elsewhere below the
@@ -165,9 +166,13 @@ static inline int grouped_gemm_fp8_h_in_epilogue(int narrow, int compiled, gemm_
  * (bench/results/2026-12-07_cuda-h100_fp8_decode-gemm-ab.csv, ..._fp8_decode-gemm-band-ab.csv,
  * ..._bf16_decode-gemm-ab.csv): FP8 one token 0.79-0.83 of its time, 8 tokens (0.25-0.5 rows an
  * expert) 1.08-1.09, 2-4 rows 1.004-1.023, 6 rows 0.906, 8 and 12 rows 0.54-0.79; bf16 one
- * token 0.933-0.991, 8 tokens 1.028-1.036, 4 rows 1.017 (5-16 rows not measured for bf16). */
+ * token 0.933-0.991, 8 tokens 1.028-1.036, 4 rows 1.017; bf16 at qwen3-30b-a3b
+ * (bench/results/2026-12-07_cuda-h100_bf16_decode-band-ab.csv) 5 / 6 / 8 rows 1.019-1.020, 10 rows
+ * 0.995, 12 / 14 / 15.6 rows 0.934 / 0.850 / 0.763 (deepseek-v3's hidden size takes the GEMMs
+ * from one row). */
 #define GEMM_DECODE_ROWS 16
 #define GEMM_DECODE_MIN_AVG_ROWS 5
+#define GEMM_DECODE_MIN_AVG_ROWS_F16 11
 static inline int grouped_gemm_decode_usable(const layer_view &L, const quant_view &q, gemm_epilogue gate_up_epi) {
     const int fp8 = q.on && L.wdt == MOEX_E4M3 && q.bk == 128 && q.bn % 64 == 0;
     const int f16 = !q.on && (L.wdt == MOEX_BF16 || L.wdt == MOEX_F16);
@@ -177,7 +182,8 @@ static inline int grouped_gemm_decode_pays(const layer_view &L, const quant_view
                                            int64_t P, int64_t E) {
     const int one_token = 16 * P <= E;
     const int fp8_band = q.on && !grouped_gemm_fp8_pays(P, E) && P >= GEMM_DECODE_MIN_AVG_ROWS * E;
-    return (one_token || fp8_band) && grouped_gemm_decode_usable(L, q, gate_up_epi);
+    const int f16_band = !q.on && !grouped_gemm_pays(P, E, L.H, 0) && P >= GEMM_DECODE_MIN_AVG_ROWS_F16 * E;
+    return (one_token || fp8_band || f16_band) && grouped_gemm_decode_usable(L, q, gate_up_epi);
 }
 
 /* Both projections of a narrow row tile in one block, h in shared memory (grouped_gemm_run_pair):
