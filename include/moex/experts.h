@@ -257,7 +257,11 @@ typedef struct moex_context_options {
                                rank's share of the experts (num_experts = experts per rank),
                                and forwards take the group's expert ids (see
                                moex_experts_forward). CPU contexts with any group; CUDA
-                               contexts with one of moex_ep_local_groups(). Give every rank's
+                               contexts with one of moex_ep_local_groups(), or with a group
+                               over the caller's transport whose ranks are each in a process
+                               of their own on GPUs of one machine (their buffers and events
+                               shared through CUDA IPC; the transport carries only a few
+                               hundred bytes a rank twice a forward). Give every rank's
                                context the same max_tokens: a rank sent more rows than its
                                workspace holds fails the forward on every rank (on a GPU,
                                different max_tokens fail every forward). */

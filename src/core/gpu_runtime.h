@@ -27,7 +27,7 @@ moex_status moex_cuda_graph_end(int device, void *stream, void **exec);
 moex_status moex_cuda_graph_launch(int device, void *exec, void *stream);
 void moex_cuda_graph_free(void *exec);
 /* An event that orders one stream's work after another's (timing off), and its release. */
-moex_status moex_cuda_event_create(int device, void **event);
+moex_status moex_cuda_event_create(int device, int interprocess, void **event); /* interprocess: shareable by CUDA IPC */
 void moex_cuda_event_free(int device, void *event);
 /* Kernels on device a may read and write device b's memory and b's a's (both directions enabled,
  * once per process and pair; a == b: nothing to do), or an error naming both devices. */

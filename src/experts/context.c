@@ -32,10 +32,6 @@ moex_status moex_context_create(const moex_context_options *options, moex_contex
     if (st) return st;
     if (!info.available)
         return moex_fail(MOEX_ERR_UNSUPPORTED, "device %s is not available: %s", info.name, info.reason);
-    if (o.ep_group && o.device.kind == MOEX_DEVICE_CUDA && !o.ep_group->hub)
-        return moex_fail(MOEX_ERR_UNSUPPORTED, "an expert-parallel group on %s: a GPU's ranks exchange rows through "
-                         "device memory of one process, so its group must come from moex_ep_local_groups (a "
-                         "transport of the caller's carries CPU contexts only)", info.name);
     if (o.ep_group && (st = moex_ep_group_bind(o.ep_group, o.device))) return st;
     if (o.num_threads == 0) o.num_threads = info.cpu_cores > 0 ? info.cpu_cores : moex_cpu_cores();
     moex_context *ctx = calloc(1, sizeof *ctx);
@@ -50,7 +46,11 @@ moex_status moex_context_create(const moex_context_options *options, moex_contex
     if (o.device.kind == MOEX_DEVICE_CUDA) {
         st = moex_cuda_stream(o.device.index, o.stream_slot, &ctx->stream);
         if (!st) st = moex_cuda_flags_alloc(o.device.index, &ctx->device_flags);
-        for (int i = 0; i < 2 && !st && o.ep_group; i++) st = moex_cuda_event_create(o.device.index, &ctx->ep_events[i]);
+        /* ranks in processes (a group over the caller's transport) share their events through CUDA IPC */
+        const int processes = o.ep_group && !o.ep_group->hub;
+        for (int i = 0; i < 2 && !st && o.ep_group; i++)
+            st = moex_cuda_event_create(o.device.index, processes, &ctx->ep_events[i]);
+        if (!st && processes) st = moex_ep_cuda_peers_new(o.ep_group->size, &ctx->ep_peers);
         if (st) {
             moex_context_free(ctx);
             return st;
@@ -82,6 +82,7 @@ void moex_context_free(moex_context *ctx) {
     workspace_free(ctx, ctx->workspace);
     if (ctx->device_flags) moex_device_free(ctx->options.device, ctx->device_flags);
 #if MOEX_HAVE_CUDA
+    moex_ep_cuda_peers_free(ctx->ep_peers, ctx->options.device.index);
     for (int i = 0; i < 2; i++) moex_cuda_event_free(ctx->options.device.index, ctx->ep_events[i]);
 #endif
     free(ctx);

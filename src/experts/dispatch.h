@@ -47,6 +47,12 @@ int64_t moex_ep_max_rows(int ranks, int64_t max_tokens, int64_t top_k);
  * SIZE_MAX when too large or no exchange runs there. */
 size_t moex_ep_exchange_bytes(const moex_experts_desc *share, int64_t max_tokens, int ranks, moex_device_kind where);
 
+/* A CUDA context of a group over the caller's transport (ranks in processes): its record of the
+ * peers' buffers and events opened through CUDA IPC (the context's ep_peers; CUDA builds only,
+ * backends/cuda/ep_forward_cuda.cu), made with the context; free closes what it opened. */
+moex_status moex_ep_cuda_peers_new(int ranks, void **out);
+void moex_ep_cuda_peers_free(void *peers, int device);
+
 /* One forward of this rank (see moex_experts_forward; a CUDA context's goes on in
  * backends/cuda/ep_forward_cuda.h): `checked` is what the front end's checks of this rank's
  * arguments found (MOEX_OK or a failure with its message), p the prepared entry (NULL if none;

@@ -38,6 +38,7 @@ struct moex_context {
     int capturing;
     void *ep_scratch; /* contexts with an expert-parallel group: moex_ep_scratch_bytes of host memory */
     void *ep_events[2]; /* CUDA contexts with a group: this rank's "rows posted" and "results posted" events */
+    void *ep_peers;     /* CUDA contexts with a group over the caller's transport: its peers' opened IPC handles */
 };
 
 /* A copy of layer with top_k 1 and an id of its own: what an expert-parallel rank's backend

@@ -194,11 +194,12 @@ extern "C" void moex_cuda_graph_free(void *exec) {
 
 /* ---------------------------------------------------------------- events */
 
-extern "C" moex_status moex_cuda_event_create(int device, void **event) {
+extern "C" moex_status moex_cuda_event_create(int device, int interprocess, void **event) {
     moex_status st = moex_cuda_use(device);
     if (st) return st;
     cudaEvent_t e = NULL;
-    if ((st = moex_cuda_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"))) return st;
+    const unsigned flags = cudaEventDisableTiming | (interprocess ? cudaEventInterprocess : 0);
+    if ((st = moex_cuda_status(cudaEventCreateWithFlags(&e, flags), "cudaEventCreate"))) return st;
     *event = e;
     return MOEX_OK;
 }

@@ -13,14 +13,24 @@
  *     own message, the others naming it, and no out written; the group works again after;
  *   - contexts of different max_tokens refused by every rank; a CPU context refused in a group
  *     whose contexts are on the GPU; a bad id reported by moex_context_synchronize on the rank
- *     that sent it.
+ *     that sent it;
+ *   - first, before this process touches the GPU: ranks in processes of their own (fork), a group
+ *     over a transport of the test's (socket pairs) whose contexts share their buffers through
+ *     CUDA IPC: groups of 2 and 3 ranks on the one GPU, grouped_mm and eager, each rank against
+ *     the float64 reference and its own one-GPU forward, bitwise again, a second layer of another
+ *     hidden size prepared in the same contexts (the workspace grows, so every peer opens the new
+ *     one) and the first layer again; a rank over its max_tokens failing every rank.
  *   test_cuda_ep_forward [--quick] [--device N]     (exit 77: no usable GPU)
  */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ep_ranks.h"
 #include "gpu_harness.h"
@@ -353,8 +363,233 @@ static void test_refusals(void) {
     ref_layer_destroy(&L);
 }
 
+/* ---- ranks in processes ------------------------------------------------------------------- */
+
+/* The test's transport: rank me's socket to each rank q (fd[q]; fd[me] unused). Each rank writes
+ * its block for rank me+s and then reads the block of rank me-s, s = 1 .. R-1: enough for the
+ * few hundred bytes a CUDA rank's all-gathers move (a socket buffer holds far more). */
+typedef struct sock_transport {
+    int R, me, fd[MAXR];
+} sock_transport;
+
+static int io_all(int fd, void *p, size_t n, int writing) {
+    char *c = p;
+    while (n) {
+        const ssize_t got = writing ? write(fd, c, n) : read(fd, c, n);
+        if (got <= 0) return -1;
+        c += got, n -= (size_t)got;
+    }
+    return 0;
+}
+
+static moex_status sock_all_to_all(void *user, const void *send, const size_t *send_offset, const size_t *send_bytes,
+                                   void *recv, const size_t *recv_offset, const size_t *recv_bytes) {
+    const sock_transport *t = user;
+    memcpy((char *)recv + recv_offset[t->me], (const char *)send + send_offset[t->me], send_bytes[t->me]);
+    for (int s = 1; s < t->R; s++) {
+        const int to = (t->me + s) % t->R, from = (t->me + t->R - s) % t->R;
+        if (io_all(t->fd[to], (char *)send + send_offset[to], send_bytes[to], 1) ||
+            io_all(t->fd[from], (char *)recv + recv_offset[from], recv_bytes[from], 0))
+            return moex_backend_fail(MOEX_ERR_IO, "the test's socket to rank %d or %d failed", to, from);
+    }
+    return MOEX_OK;
+}
+
+/* One rank's forward of rd (its views in j) and the checks of its out against the float64
+ * reference of L and against the same backend on one GPU; out kept in *first (host). */
+static void process_rank_check(const ref_layer *L, const moex_experts_desc *dev, ep_rank_job *j, const rank_data *rd,
+                               const char *what, int me) {
+    const moex_experts_desc *full = &L->desc;
+    const int64_t T = rd->T, H = full->hidden, k = full->top_k;
+    const moex_dtype dt = rd->dt;
+    const double bound = dt == MOEX_F32 ? 1e-10 : 1e-4;
+    const size_t bytes = (size_t)(T * H) * moex_dtype_size(dt);
+    void *first = calloc(bytes + 1, 1), *again = calloc(bytes + 1, 1);
+    for (int run = 0; run < 2; run++) {
+        mark_out(rd, H);
+        j->st = moex_experts_forward(j->ctx, j->layer, j->backend, &j->hidden, &j->ids, &j->weights, &j->out);
+        if (!j->st) j->st = moex_context_synchronize(j->ctx);
+        CHECK(!j->st, "%s rank %d, run %d: %s", what, me, run, moex_last_error());
+        if (j->st) break;
+        download(run ? again : first, rd->dout, bytes);
+    }
+    if (!j->st) {
+        CHECK(!memcmp(first, again, bytes), "%s rank %d: the second run differs", what, me);
+        double *ref = calloc((size_t)(T * H + 1), sizeof(double)), *one_d = calloc((size_t)(T * H + 1), sizeof(double));
+        const moex_tensor hx = ref_tensor_2d(rd->x, dt, T, H, H), hi = ref_tensor_2d(rd->ids, rd->id_dt, T, k, k),
+                          hw = ref_tensor_2d(rd->w, MOEX_F32, T, k, k);
+        if (T) ref_experts_forward(full, &hx, &hi, &hw, ref);
+        ref_round_all(ref, T * H, dt);
+        void *one = one_gpu(dev, j->backend, rd);
+        for (int64_t i = 0; i < T * H; i++) one_d[i] = ref_load(one, dt, i);
+        const double e_ref = ref_nmse(first, dt, T, H, H, ref), e_one = ref_nmse(first, dt, T, H, H, one_d);
+        CHECK(e_ref <= bound, "%s rank %d: NMSE against the float64 reference %.3g > %.0e", what, me, e_ref, bound);
+        CHECK(e_one <= bound, "%s rank %d: NMSE against one GPU's %s %.3g > %.0e", what, me, j->backend, e_one, bound);
+        free(ref), free(one), free(one_d);
+    }
+    free(first), free(again);
+}
+
+/* Rank me of R in a process of its own: the whole run of test_processes' one rank. Exit status 0,
+ * 1 (a check failed) or EXIT_SKIP. */
+static int process_rank(int R, int me, sock_transport *t, const char *backend) {
+    moex_device_info info;
+    if (moex_device_query(gpu(), &info) != MOEX_OK || !info.available) return EXIT_SKIP;
+    const moex_ep_transport tr = {sock_all_to_all, NULL, t};
+    moex_ep_group *g = NULL;
+    if (moex_ep_group_create(R, me, &tr, &g)) {
+        fprintf(stderr, "rank %d: moex_ep_group_create: %s\n", me, moex_last_error());
+        return 1;
+    }
+    /* E H I k gated interleaved transposed bias act alpha limit dtype: two layers, the second
+     * with a larger hidden size, so that preparing it grows the workspace */
+    const ref_layer_spec specs[2] = {
+        {12, 40, 24, 3, 1, 0, 0, 0, MOEX_ACT_SILU, 1.702f, 7.0f, MOEX_F32},
+        {12, 200, 72, 2, 1, 1, 0, 1, MOEX_ACT_GPTOSS_CLAMP, 1.702f, 7.0f, MOEX_BF16},
+    };
+    static const int64_t TOKENS[MAXR] = {9, 4, 0, 6};
+    ref_layer L[2];
+    void *dev[2][4];
+    moex_experts_desc d[2];
+    ep_rank_job j[2];
+    moex_context *ctx = NULL;
+    moex_context_options o = moex_context_default_options();
+    o.device = gpu();
+    o.max_tokens = 10;
+    o.ep_group = g;
+    if (moex_context_create(&o, &ctx)) {
+        fprintf(stderr, "rank %d: moex_context_create: %s\n", me, moex_last_error());
+        return 1;
+    }
+    ref_rng rng;
+    ref_rng_seed(&rng, 900u + (uint64_t)(me * 31 + R));
+    rank_data rd[2];
+    char what[96];
+    for (int l = 0; l < 2; l++) {
+        ref_layer_build(&L[l], &specs[l], 60 + (uint64_t)l); /* the same layer on every rank */
+        d[l] = device_desc(&L[l].desc, dev[l]);
+        const int64_t per = d[l].num_experts / R;
+        moex_experts_desc share = ref_layer_share(&d[l], me * per, per);
+        memset(&j[l], 0, sizeof j[l]);
+        j[l].ctx = ctx, j[l].backend = backend;
+        if (moex_layer_create(&share, &j[l].layer) || moex_prepare(ctx, j[l].layer, backend)) {
+            fprintf(stderr, "rank %d: layer %d: %s\n", me, l, moex_last_error());
+            return 1;
+        }
+        make_rank_data(&rd[l], &rng, TOKENS[me] + l, specs[l].H, specs[l].k, specs[l].E, specs[l].dtype,
+                       l ? MOEX_I64 : MOEX_I32);
+        job_views(&j[l], &rd[l], specs[l].H, specs[l].k);
+        /* the first layer once before the second is prepared: every peer opens the first workspace */
+        if (l == 0) {
+            snprintf(what, sizeof what, "processes R=%d %s, layer 1", R, backend);
+            process_rank_check(&L[0], &d[0], &j[0], &rd[0], what, me);
+        }
+    }
+    snprintf(what, sizeof what, "processes R=%d %s, layer 2", R, backend);
+    process_rank_check(&L[1], &d[1], &j[1], &rd[1], what, me);
+    snprintf(what, sizeof what, "processes R=%d %s, layer 1 again", R, backend);
+    process_rank_check(&L[0], &d[0], &j[0], &rd[0], what, me);
+    /* rank R-1 over its max_tokens: every rank fails, the others naming it, out not written */
+    ep_rank_job big = j[0];
+    moex_tensor x = big.hidden, ids = big.ids, w = big.weights, out = big.out;
+    void *huge[4] = {NULL, NULL, NULL, NULL};
+    if (me == R - 1) {
+        const int64_t T = 11, H = specs[0].H, k = specs[0].k;
+        moex_device_alloc(gpu(), (size_t)(T * H) * 4, &huge[0]), moex_device_alloc(gpu(), (size_t)(T * k) * 4, &huge[1]);
+        moex_device_alloc(gpu(), (size_t)(T * k) * 4, &huge[2]), moex_device_alloc(gpu(), (size_t)(T * H) * 4, &huge[3]);
+        x = dev_2d(huge[0], MOEX_F32, T, H), ids = dev_2d(huge[1], MOEX_I32, T, k);
+        w = dev_2d(huge[2], MOEX_F32, T, k), out = dev_2d(huge[3], MOEX_F32, T, H);
+    }
+    mark_out(&rd[0], specs[0].H);
+    const moex_status st = moex_experts_forward(ctx, big.layer, backend, &x, &ids, &w, &out);
+    const char *msg = moex_last_error();
+    if (me == R - 1)
+        CHECK(st == MOEX_ERR_WORKSPACE, "processes: rank %d over max_tokens got %d (%s)", me, (int)st, msg);
+    else
+        CHECK(st && strstr(msg, "rank"), "processes: rank %d, another over max_tokens: got %d (%s)", me, (int)st, msg);
+    moex_context_synchronize(ctx);
+    if (me != R - 1) {
+        const size_t bytes = (size_t)(rd[0].T * specs[0].H) * 4;
+        unsigned char *got = malloc(bytes + 1);
+        download(got, rd[0].dout, bytes);
+        size_t written = 0;
+        for (size_t i = 0; i < bytes; i++) written += got[i] != 0x7E;
+        CHECK(written == 0, "processes: a refused forward wrote %zu bytes of rank %d's out", written, me);
+        free(got);
+    }
+    for (int i = 0; i < 4; i++) moex_device_free(gpu(), huge[i]);
+    moex_context_free(ctx);
+    for (int l = 0; l < 2; l++) {
+        moex_layer_free(j[l].layer);
+        free_rank_data(&rd[l]);
+        for (int i = 0; i < 4; i++) moex_device_free(gpu(), dev[l][i]);
+        ref_layer_destroy(&L[l]);
+    }
+    moex_ep_group_free(g);
+    return g_failures ? 1 : 0;
+}
+
+/* Groups of 2 and 3 ranks, a process each (forked before this process uses the GPU), connected by
+ * socket pairs. Returns 1 when every rank skipped (no usable GPU). */
+static int test_processes(void) {
+    static const char *const BACKENDS[2] = {"grouped_mm", "eager"};
+    int skipped = 0, runs = 0;
+    for (int R = 2; R <= 3; R++) {
+        int fds[MAXR][MAXR];
+        for (int a = 0; a < R; a++)
+            for (int b = a + 1; b < R; b++) {
+                int sv[2];
+                if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) {
+                    perror("socketpair");
+                    exit(1);
+                }
+                fds[a][b] = sv[0], fds[b][a] = sv[1];
+            }
+        pid_t pid[MAXR];
+        for (int r = 0; r < R; r++) {
+            fflush(NULL);
+            if ((pid[r] = fork()) < 0) {
+                perror("fork");
+                exit(1);
+            }
+            if (pid[r] == 0) {
+                sock_transport t = {R, r, {-1, -1, -1, -1}};
+                for (int q = 0; q < R; q++)
+                    for (int p2 = 0; p2 < R; p2++)
+                        if (p2 != q && q != r) close(fds[q][p2]);
+                for (int q = 0; q < R; q++)
+                    if (q != r) t.fd[q] = fds[r][q];
+                const int rc = process_rank(R, r, &t, BACKENDS[R - 2]);
+                printf("test_cuda_ep_forward (processes, rank %d of %d): %d checks, %d failed\n", r, R, g_checks,
+                       g_failures);
+                fflush(stdout);
+                _exit(rc);
+            }
+        }
+        for (int a = 0; a < R; a++)
+            for (int b = 0; b < R; b++)
+                if (a != b) close(fds[a][b]);
+        for (int r = 0; r < R; r++) {
+            int status = 0;
+            waitpid(pid[r], &status, 0);
+            const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+            runs++;
+            if (rc == EXIT_SKIP) {
+                skipped++;
+                continue;
+            }
+            CHECK(rc == 0, "processes: rank %d of %d exited with %d", r, R, rc);
+        }
+    }
+    return skipped == runs;
+}
+
 int main(int argc, char **argv) {
     if (gpu_test_args("test_cuda_ep_forward", argc, argv, &g_quick, &g_gpu)) return 2;
+    if (test_processes()) {
+        printf("SKIP: cuda:%d is not usable (ranks in processes)\n", g_gpu);
+        return EXIT_SKIP;
+    }
     moex_device_info info;
     if (moex_device_query(gpu(), &info) != MOEX_OK || !info.available) {
         printf("SKIP: cuda:%d is not usable: %s\n", g_gpu, info.reason);

@@ -29,6 +29,13 @@
  * by which every rank has queued its waits on the first record, and "results pushed" again only
  * after the next forward's first all-gather, by which every rank has queued its step-7 waits.
  *
+ * Ranks in processes of their own (a group over the caller's transport, e.g. MPI ranks of one
+ * machine): the same steps, with each post carrying the context's workspace as a CUDA IPC memory
+ * handle, its buffers as offsets into it, and its two events as IPC event handles (events made
+ * with cudaEventInterprocess). Each rank opens every peer's handles at its first forward and
+ * keeps them (ep_peers) until the peer's workspace changes; the events are recorded and waited
+ * on as above, so the order between ranks and forwards is the same.
+ *
  * Workspace (the context's, device; 256-byte pieces): plan | send/y_back [N, H] | recv [N, H]
  * (activation dtype, sized for f32) | recv_local [N] i32 | ones [N] f32 | y [N, H] | the
  * backend's own workspace. */
@@ -40,9 +47,16 @@
 #include "experts/ep_group.h"
 #include "gpu/cuda_check.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* A rank's workspace and events as other processes open them. */
+typedef struct ep_share {
+    cudaIpcMemHandle_t mem;
+    cudaIpcEventHandle_t ev[2];
+} ep_share;
 
 /* What a rank posts in each all-gather. */
 typedef struct ep_post {
@@ -51,8 +65,121 @@ typedef struct ep_post {
     const int32_t *count, *local;                            /* the plan's [R] and [R cap] */
     const char *send, *y;                                    /* [N, H] each */
     void *event;                                             /* cudaEvent_t: "rows posted", then "results pushed" */
+    ep_share share; /* ranks in processes: the buffers above are then offsets into the workspace */
 } ep_post;
 static_assert(sizeof(ep_post) <= MOEX_EP_CUDA_POST_BYTES, "a post must fit its share of ep_scratch");
+
+/* What a rank in a process of its own keeps of its peers (the context's ep_peers). */
+typedef struct ep_peer {
+    cudaIpcMemHandle_t mem; /* the handle base was opened from */
+    char *base;             /* NULL: not open */
+    cudaIpcEventHandle_t evh[2];
+    cudaEvent_t ev[2];
+} ep_peer;
+typedef struct ep_peers {
+    int ranks;
+    const void *own_ws; /* the workspace own.mem was made for */
+    int own_events;     /* own.ev made */
+    ep_share own;
+    ep_peer peer[];
+} ep_peers;
+
+extern "C" moex_status moex_ep_cuda_peers_new(int ranks, void **out) {
+    ep_peers *pp = (ep_peers *)calloc(1, sizeof(ep_peers) + (size_t)ranks * sizeof(ep_peer));
+    if (!pp) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "expert parallelism: out of memory (%d ranks' handles)", ranks);
+    pp->ranks = ranks;
+    *out = pp;
+    return MOEX_OK;
+}
+
+extern "C" void moex_ep_cuda_peers_free(void *peers, int device) {
+    ep_peers *pp = (ep_peers *)peers;
+    if (!pp) return;
+    if (moex_cuda_use(device) == MOEX_OK)
+        for (int r = 0; r < pp->ranks; r++) {
+            ep_peer *q = &pp->peer[r];
+            if (q->base) cudaIpcCloseMemHandle(q->base);
+            for (int i = 0; i < 2; i++)
+                if (q->ev[i]) cudaEventDestroy(q->ev[i]);
+        }
+    free(pp);
+}
+
+static int in_processes(const moex_ep_group *g) { return g->hub == NULL; }
+
+/* A process rank's post: its workspace's and events' handles (made again only when the workspace
+ * moved), and its buffers as offsets into the workspace. */
+static moex_status share_post(moex_context *ctx, ep_post *post) {
+    ep_peers *pp = (ep_peers *)ctx->ep_peers;
+    moex_status st = MOEX_OK;
+    if (pp->own_ws != ctx->workspace) {
+        pp->own_ws = NULL;
+        st = moex_cuda_status(cudaIpcGetMemHandle(&pp->own.mem, ctx->workspace), "cudaIpcGetMemHandle (the workspace)");
+        if (!st) pp->own_ws = ctx->workspace;
+    }
+    for (int i = 0; i < 2 && !st && !pp->own_events; i++)
+        st = moex_cuda_status(cudaIpcGetEventHandle(&pp->own.ev[i], (cudaEvent_t)ctx->ep_events[i]),
+                              "cudaIpcGetEventHandle");
+    if (!st) pp->own_events = 1;
+    post->share = pp->own;
+    const char *base = (const char *)ctx->workspace;
+    post->count = (const int32_t *)((const char *)post->count - base);
+    post->local = (const int32_t *)((const char *)post->local - base);
+    post->send -= (intptr_t)base, post->y -= (intptr_t)base;
+    post->event = NULL;
+    return st;
+}
+
+/* Rank r's handles opened in this process (again when they changed: its workspace moved). */
+static moex_status open_peer(ep_peer *q, const ep_share *sh, int r, cudaStream_t s) {
+    moex_status st = MOEX_OK;
+    if (!q->base || memcmp(&q->mem, &sh->mem, sizeof sh->mem)) {
+        if (q->base) { /* this rank's earlier copies from the old mapping end first */
+            st = moex_cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+            cudaIpcCloseMemHandle(q->base);
+            q->base = NULL;
+        }
+        void *b = NULL;
+        const cudaError_t e = st ? cudaSuccess : cudaIpcOpenMemHandle(&b, sh->mem, cudaIpcMemLazyEnablePeerAccess);
+        if (!st && e != cudaSuccess) {
+            cudaGetLastError();
+            return moex_fail(MOEX_ERR_DEVICE, "expert parallelism: opening rank %d's workspace through CUDA IPC failed "
+                             "(%s): the ranks of a group over a transport of the caller's each need a process of their "
+                             "own, on GPUs of one machine that can reach each other (ranks in one process: "
+                             "moex_ep_local_groups)", r, cudaGetErrorString(e));
+        }
+        if (st) return st;
+        q->base = (char *)b;
+        q->mem = sh->mem;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (q->ev[i] && !memcmp(&q->evh[i], &sh->ev[i], sizeof sh->ev[i])) continue;
+        if (q->ev[i]) cudaEventDestroy(q->ev[i]);
+        q->ev[i] = NULL;
+        if ((st = moex_cuda_status(cudaIpcOpenEventHandle(&q->ev[i], sh->ev[i]), "cudaIpcOpenEventHandle"))) return st;
+        q->evh[i] = sh->ev[i];
+    }
+    return MOEX_OK;
+}
+
+/* The posts of ranks in processes as pointers of this one: every peer's handles opened, the
+ * offsets turned into its mapping's addresses, each post's event its "rows posted". */
+static moex_status open_posts(moex_context *ctx, ep_post *all, int R, int me, cudaStream_t s) {
+    ep_peers *pp = (ep_peers *)ctx->ep_peers;
+    moex_status st = MOEX_OK;
+    for (int r = 0; r < R && !st; r++) {
+        const char *base = (const char *)ctx->workspace;
+        if (r != me) {
+            if ((st = open_peer(&pp->peer[r], &all[r].share, r, s))) break;
+            base = pp->peer[r].base;
+        }
+        all[r].count = (const int32_t *)(base + (intptr_t)all[r].count);
+        all[r].local = (const int32_t *)(base + (intptr_t)all[r].local);
+        all[r].send = base + (intptr_t)all[r].send, all[r].y = base + (intptr_t)all[r].y;
+        all[r].event = r == me ? ctx->ep_events[0] : (void *)pp->peer[r].ev[0];
+    }
+    return st;
+}
 
 typedef struct ep_dev_ws {
     moex_ep_dev_plan plan;
@@ -222,12 +349,14 @@ extern "C" moex_status moex_ep_cuda_forward(moex_context *ctx, const moex_layer 
     moex_status st = checked;
     mine.status = checked;
     if (!st) st = post_rows(ctx, d, hidden, ids, &w, cap, s, &mine);
+    if (in_processes(g) && !st) mine.status = st = share_post(ctx, &mine);
     moex_status gathered = moex_ep_all_gather(g, &mine, sizeof mine, all);
     if (gathered || (gathered = decide(g, all, st))) return gathered;
 
     /* 3, 4 and 5: the rows for this rank, its backend on them, the results back to their ranks */
     const int64_t N = (int64_t)R * cap;
-    moex_status local = pull_rows(all, R, me, &w, cap, row_bytes, s);
+    moex_status local = in_processes(g) ? open_posts(ctx, all, R, me, s) : MOEX_OK;
+    if (!local) local = pull_rows(all, R, me, &w, cap, row_bytes, s);
     if (!local) local = run_local(ctx, b, p, &w, N, H, hidden->dtype, exchange, s);
     if (!local) local = push_results(ctx, all, R, me, &w, cap, row_bytes, s);
 
@@ -236,11 +365,14 @@ extern "C" moex_status moex_ep_cuda_forward(moex_context *ctx, const moex_layer 
     mine.status = local;
     mine.event = ctx->ep_events[1];
     if ((st = moex_ep_all_gather(g, &mine, sizeof mine, all))) return st;
+    if (in_processes(g)) /* the peers' "results pushed" as this process opened them (NULL: never opened) */
+        for (int r = 0; r < R; r++)
+            all[r].event = r == me ? ctx->ep_events[1] : (void *)((ep_peers *)ctx->ep_peers)->peer[r].ev[1];
     /* the waits whatever the statuses: the ranks that went on have written into this rank's send
      * buffer, and the next forward must not rewrite it before they are done */
     moex_status waited = MOEX_OK;
     for (int r = 0; r < R; r++)
-        if (!waited)
+        if (!waited && all[r].event)
             waited = moex_cuda_status(cudaStreamWaitEvent(s, (cudaEvent_t)all[r].event, 0), "cudaStreamWaitEvent");
     if (local) return local;
     for (int r = 0; r < R; r++)

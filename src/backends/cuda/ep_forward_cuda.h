@@ -1,10 +1,11 @@
 /* ep_forward_cuda.h — one forward of a rank of an expert-parallel group on a CUDA device
  * (ep_forward_cuda.cu): backends/ep_forward.c's steps with device buffers, for ranks that share
  * one process (moex_ep_local_groups, each rank's context on its own stream slot), on one GPU or
- * several (peer access between each two, enabled by moex_ep_group_bind). No host
- * synchronisation of the data: the counts stay on the device, and the ranks' streams are ordered
- * by events that two host all-gathers a forward publish. Ranks across processes (NCCL) are the
- * next step.
+ * several (peer access between each two, enabled by moex_ep_group_bind), and for ranks in
+ * processes of one machine (a group over the caller's transport: buffers and events shared
+ * through CUDA IPC). No host synchronisation of the data: the counts stay on the device, and the
+ * ranks' streams are ordered by events that two host all-gathers a forward publish. Ranks on
+ * several machines (NCCL) are the next step.
  *
  * Plain C (no CUDA types): backends/ep_forward.c calls it for CUDA contexts. */
 #ifndef MOEX_BACKENDS_CUDA_EP_FORWARD_CUDA_H
@@ -18,7 +19,7 @@ extern "C" {
 #endif
 
 /* Host bytes each rank posts in one all-gather (the context's ep_scratch holds ranks of them). */
-#define MOEX_EP_CUDA_POST_BYTES 128
+#define MOEX_EP_CUDA_POST_BYTES 320
 
 /* Device workspace bytes of the exchange (the backend's own for moex_ep_max_rows rows comes
  * after it), or SIZE_MAX when too large: the plan, and three buffers of ranks x max_tokens x
