@@ -39,7 +39,7 @@ static moex_status mpi_all_to_all(void *user, const void *send, const size_t *se
     return MOEX_OK;
 }
 
-int cli_mpi_group(const char *who, moex_ep_group **group, int *rank, int *size, int *local_size) {
+int cli_mpi_group(const char *who, moex_ep_group **group, int *rank, int *size, int *local_size, int *local_rank) {
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) {
@@ -53,9 +53,10 @@ int cli_mpi_group(const char *who, moex_ep_group **group, int *rank, int *size, 
     MPI_Comm_rank(MPI_COMM_WORLD, rank);
     MPI_Comm_size(MPI_COMM_WORLD, size);
     MPI_Comm local;
-    *local_size = 1;
+    *local_size = 1, *local_rank = 0;
     if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local) == MPI_SUCCESS) {
         MPI_Comm_size(local, local_size);
+        MPI_Comm_rank(local, local_rank);
         MPI_Comm_free(&local);
     }
     const moex_ep_transport t = {mpi_all_to_all, NULL, NULL};
@@ -173,8 +174,8 @@ void cli_mpi_end(void) {
 
 #else /* no MPI in this build */
 
-int cli_mpi_group(const char *who, moex_ep_group **group, int *rank, int *size, int *local_size) {
-    (void)group, (void)rank, (void)size, (void)local_size;
+int cli_mpi_group(const char *who, moex_ep_group **group, int *rank, int *size, int *local_size, int *local_rank) {
+    (void)group, (void)rank, (void)size, (void)local_size, (void)local_rank;
     fprintf(stderr, "%s: --ep-mpi: this build of moex has no MPI; install an MPI (Debian: libopenmpi-dev) and rebuild, "
             "or run the ranks in one process with --ep N\n", who);
     return 1;

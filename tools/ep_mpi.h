@@ -7,10 +7,10 @@
 
 #include "moex.h"
 
-/* MPI initialised (once), this process's rank, the job's size and the ranks on this machine, and
- * the group's handle over MPI (free it with moex_ep_group_free before cli_mpi_end). 0, or 1 after
- * printing why to stderr with prefix `who`. */
-int cli_mpi_group(const char *who, moex_ep_group **group, int *rank, int *size, int *local_size);
+/* MPI initialised (once), this process's rank, the job's size, the ranks on this machine and this
+ * process's place among them, and the group's handle over MPI (free it with moex_ep_group_free
+ * before cli_mpi_end). 0, or 1 after printing why to stderr with prefix `who`. */
+int cli_mpi_group(const char *who, moex_ep_group **group, int *rank, int *size, int *local_size, int *local_rank);
 
 /* Collective: 1 if any rank passes failed != 0, else 0 (every rank gets the same answer). */
 int cli_mpi_any_failed(int failed);

@@ -213,12 +213,9 @@ static int check_gen_combination(const gen_args *a, const int *given) {
                          "");
         if (!strcmp(f, "--dequantize") && a->quantize)
             return usage("--dequantize and --quantize exclude each other%s%s", "", "");
-        if (!strcmp(f, "--ep-mpi") && !on_cpu)
-            return usage("--ep-mpi runs its ranks on the cpu in this version (not --device %s): on a GPU, --ep N runs "
-                         "N ranks in this process%s", a->device, "");
-        if (!strcmp(f, "--ep") && a->gen.cuda_graph)
-            return usage("--ep and --cuda-graph exclude each other (an expert-parallel decode step cannot be captured: "
-                         "its ranks meet on the host in every MoE layer)%s%s", "", "");
+        if ((!strcmp(f, "--ep") || !strcmp(f, "--ep-mpi")) && a->gen.cuda_graph)
+            return usage("%s and --cuda-graph exclude each other (an expert-parallel decode step cannot be captured: "
+                         "its ranks meet on the host in every MoE layer)%s", f, "");
         if (!strcmp(f, "--ep-mpi") && a->ep)
             return usage("--ep N (ranks in this process) and --ep-mpi (a rank a process) exclude each other%s%s", "", "");
     }
@@ -379,8 +376,9 @@ static int parse_devices(gen_args *a) {
         if (!end) break;
         p = end + 1;
     }
-    if (a->n_gpus > 1 && !a->ep)
-        return usage("--device %s: several GPUs take the ranks of --ep N (one model runs on one GPU)%s", a->device, "");
+    if (a->n_gpus > 1 && !a->ep && !a->ep_mpi)
+        return usage("--device %s: several GPUs take the ranks of --ep N or --ep-mpi (one model runs on one GPU)%s",
+                     a->device, "");
     return 0;
 }
 
@@ -627,14 +625,15 @@ static int generate_ep(gen_args *a, const moex_model_options *mo) {
  * r would); the results are gathered to rank 0, which prints them. Every rank exits 0 or 1 alike. */
 static int generate_ep_mpi(gen_args *a, const moex_model_options *mo) {
     moex_ep_group *group = NULL;
-    int rank = 0, R = 1, local = 1;
-    if (cli_mpi_group(usage_cmd, &group, &rank, &R, &local)) {
+    int rank = 0, R = 1, local = 1, local_rank = 0;
+    if (cli_mpi_group(usage_cmd, &group, &rank, &R, &local, &local_rank)) {
         cli_mpi_end();
         return 1;
     }
     moex_model_options o = *mo;
     o.ep_group = group;
     o.num_threads = rank_threads(a, local);
+    if (a->n_gpus) o.device.index = a->gpus[local_rank % a->n_gpus]; /* this machine's ranks over the GPUs listed */
     ep_rank me;
     memset(&me, 0, sizeof me);
     me.a = a;

@@ -341,8 +341,8 @@ expert_parallel_mpi)
     what="mpirun -n 3 --ep-mpi" check $? 1 'rank 2 of 3: .*num_experts = 8 does not divide over an expert-parallel group of 3 ranks'
     refused 2 '--ep N \(ranks in this process\) and --ep-mpi \(a rank a process\) exclude each other' \
         generate "$fx" --prompt-ids 1,2 --ep 2 --ep-mpi
-    refused 2 '--ep-mpi runs its ranks on the cpu in this version \(not --device cuda\)' \
-        generate "$fx" --prompt-ids 1,2 --ep-mpi --device cuda
+    refused 2 'moex generate: --ep-mpi and --cuda-graph exclude each other' \
+        generate "$fx" --prompt-ids 1,2 --ep-mpi --device cuda --cuda-graph
     ;;
 
 *)
