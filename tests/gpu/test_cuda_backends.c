@@ -706,6 +706,18 @@ static void test_large(void) {
         c.sentinel_prob = (i % 3 == 1) ? 0.05 : 0.0;
         run_case(&c, 0);
     }
+    /* (also --quick) grouped_mm's bf16/f16 decode GEMMs in their band below the GEMMs
+     * (GEMM_DECODE_MIN_AVG_ROWS_F16 to 16 rows an expert on average, hidden size under
+     * GEMM_LONG_K): 57 tokens of 40 experts, top 9 (12.8 rows an expert), every token on expert 0
+     * (57 rows: four row tiles of 16, the last partial), f16 with sentinels, bf16 with biases;
+     * H 272 (a partial k-block) and I 384 */
+    for (int d = 1; d < 3; d++) {
+        gcase c = gcase_make(57, 40, 9, 272, 384, FLOAT_DTYPES[d], 6320u + (uint64_t)d);
+        c.sentinel_prob = d == 1 ? 0.05 : 0.0;
+        c.hot_rows = 57;
+        c.layout = d == 1 ? 0 : 1;
+        run_case(&c, 1);
+    }
     if (g_quick) return;
     /* tensor-core sized (odd T, H and I multiples of 128 and not), and aligned */
     for (int d = 0; d < 3; d++) {
@@ -765,17 +777,6 @@ static void test_large(void) {
         c.layout = d == 1 ? 1 : 0;
         c.act = d == 1 ? MOEX_ACT_GELU : MOEX_ACT_SILU;
         c.sentinel_prob = d == 1 ? 0.2 : 0.0;
-        run_case(&c, 1);
-    }
-    /* and their band below the GEMMs (GEMM_DECODE_MIN_AVG_ROWS_F16 to 16 rows an expert on average,
-     * hidden size under GEMM_LONG_K): 57 tokens of 40 experts, top 9 (12.8 rows an expert), every
-     * token on expert 0 (57 rows: four row tiles of 16, the last partial), f16 with sentinels, bf16
-     * with biases; H 272 (a partial k-block) and I 384 */
-    for (int d = 1; d < 3; d++) {
-        gcase c = gcase_make(57, 40, 9, 272, 384, FLOAT_DTYPES[d], 6320u + (uint64_t)d);
-        c.sentinel_prob = d == 1 ? 0.05 : 0.0;
-        c.hot_rows = 57;
-        c.layout = d == 1 ? 0 : 1;
         run_case(&c, 1);
     }
     /* hidden sizes from PAIR_ROWS_MIN_H, up to PAIR_ROWS_MAX_TOKENS tokens: batched_mm's down per
