@@ -634,6 +634,14 @@ static int generate_ep_mpi(gen_args *a, const moex_model_options *mo) {
     o.ep_group = group;
     o.num_threads = rank_threads(a, local);
     if (a->n_gpus) o.device.index = a->gpus[local_rank % a->n_gpus]; /* this machine's ranks over the GPUs listed */
+    if (cli_mpi_any_failed(a->n_gpus && local != R)) { /* every rank sees the job's size and its machine's */
+        if (rank == 0)
+            fprintf(stderr, "%s: --ep-mpi --device %s: the job's %d ranks are not all on one machine: GPU ranks in "
+                    "processes share memory through CUDA IPC, within one machine only\n", usage_cmd, a->device, R);
+        moex_ep_group_free(group);
+        cli_mpi_end();
+        return 1;
+    }
     ep_rank me;
     memset(&me, 0, sizeof me);
     me.a = a;

@@ -261,7 +261,9 @@ typedef struct moex_context_options {
                                over the caller's transport whose ranks are each in a process
                                of their own on GPUs of one machine (their buffers and events
                                shared through CUDA IPC; the transport carries only a few
-                               hundred bytes a rank twice a forward). Give every rank's
+                               hundred bytes a rank twice a forward; once the ranks have
+                               forwarded together, moex_context_free is a collective of the
+                               group: every rank frees its context). Give every rank's
                                context the same max_tokens: a rank sent more rows than its
                                workspace holds fails the forward on every rank (on a GPU,
                                different max_tokens fail every forward). */

@@ -218,9 +218,28 @@ static void combine(const moex_experts_desc *d, const ep_ws *w, const moex_tenso
     }
 }
 
+/* A group over the caller's transport, at a context's first forward: every rank's device kind, so
+ * that CPU and CUDA ranks, whose exchanges differ, all fail alike instead of sending each other
+ * messages of other sizes (a local group's contexts are checked as they join it). Agreed once. */
+static moex_status same_kinds(moex_context *ctx, moex_ep_group *g) {
+    if (g->hub || ctx->ep_kinds_agreed) return MOEX_OK;
+    const int64_t mine = ctx->options.device.kind;
+    int64_t *all = ctx->ep_scratch; /* R int64: within moex_ep_scratch_bytes' posts */
+    moex_status st = moex_ep_all_gather(g, &mine, sizeof mine, all);
+    for (int r = 1; r < g->size && !st; r++)
+        if (all[r] != all[0])
+            st = moex_fail(MOEX_ERR_UNSUPPORTED, "expert parallelism: rank %d's context is on %s, rank 0's on %s: a "
+                           "group's ranks are all on the cpu or all on GPUs", r, all[r] == MOEX_DEVICE_CUDA ? "a GPU" : "the cpu",
+                           all[0] == MOEX_DEVICE_CUDA ? "a GPU" : "the cpu");
+    if (!st) ctx->ep_kinds_agreed = 1;
+    return st;
+}
+
 moex_status moex_ep_forward(moex_context *ctx, const moex_layer *layer, const moex_backend *b, const moex_prepared *p,
                             const moex_tensor *hidden, const moex_tensor *ids, const moex_tensor *weights,
                             moex_tensor *out, moex_status checked) {
+    moex_status kinds = same_kinds(ctx, ctx->options.ep_group);
+    if (kinds) return kinds;
 #if MOEX_HAVE_CUDA
     if (ctx->options.device.kind == MOEX_DEVICE_CUDA)
         return moex_ep_cuda_forward(ctx, layer, b, p, hidden, ids, weights, out, checked);

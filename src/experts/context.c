@@ -78,11 +78,13 @@ void moex_context_free(moex_context *ctx) {
         moex_layer_free(ctx->prepared[i].ep_rows);
     }
     free(ctx->prepared);
+#if MOEX_HAVE_CUDA /* before what the ranks shared: it may wait for the other ranks (dispatch.h) */
+    moex_ep_cuda_peers_free(ctx->ep_peers, ctx->options.device.index, ctx->options.ep_group);
+#endif
     free(ctx->ep_scratch);
     workspace_free(ctx, ctx->workspace);
     if (ctx->device_flags) moex_device_free(ctx->options.device, ctx->device_flags);
 #if MOEX_HAVE_CUDA
-    moex_ep_cuda_peers_free(ctx->ep_peers, ctx->options.device.index);
     for (int i = 0; i < 2; i++) moex_cuda_event_free(ctx->options.device.index, ctx->ep_events[i]);
 #endif
     free(ctx);
@@ -131,7 +133,15 @@ static moex_status reserve_workspace(moex_context *ctx, size_t bytes) {
         if (!p) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "could not allocate a workspace of %zu bytes", rounded);
         memset(p, 0, rounded); /* touch every page now, not in the first forward */
     }
-    workspace_free(ctx, ctx->workspace);
+    int kept = 0; /* a workspace shared with other processes' ranks outlives this call (see dispatch.h) */
+#if MOEX_HAVE_CUDA
+    moex_status st = on_cuda(ctx) ? moex_ep_cuda_peers_retire(ctx->ep_peers, ctx->workspace, &kept) : MOEX_OK;
+    if (st) {
+        workspace_free(ctx, p);
+        return st;
+    }
+#endif
+    if (!kept) workspace_free(ctx, ctx->workspace);
     ctx->workspace = p;
     ctx->workspace_bytes = rounded;
     return MOEX_OK;

@@ -49,9 +49,14 @@ size_t moex_ep_exchange_bytes(const moex_experts_desc *share, int64_t max_tokens
 
 /* A CUDA context of a group over the caller's transport (ranks in processes): its record of the
  * peers' buffers and events opened through CUDA IPC (the context's ep_peers; CUDA builds only,
- * backends/cuda/ep_forward_cuda.cu), made with the context; free closes what it opened. */
+ * backends/cuda/ep_forward_cuda.cu), made with the context. retire: a workspace being replaced,
+ * kept (*kept = 1) when this rank has shared it, since peers may still hold it open. free (before
+ * the workspace and the events are freed): closes what this rank opened, then, once the ranks have
+ * opened each other's memory, waits for every rank to do the same (a last collective: every rank
+ * frees its context), then frees the retired workspaces. */
 moex_status moex_ep_cuda_peers_new(int ranks, void **out);
-void moex_ep_cuda_peers_free(void *peers, int device);
+moex_status moex_ep_cuda_peers_retire(void *peers, void *workspace, int *kept);
+void moex_ep_cuda_peers_free(void *peers, int device, moex_ep_group *g);
 
 /* One forward of this rank (see moex_experts_forward; a CUDA context's goes on in
  * backends/cuda/ep_forward_cuda.h): `checked` is what the front end's checks of this rank's

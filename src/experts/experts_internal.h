@@ -39,6 +39,7 @@ struct moex_context {
     void *ep_scratch; /* contexts with an expert-parallel group: moex_ep_scratch_bytes of host memory */
     void *ep_events[2]; /* CUDA contexts with a group: this rank's "rows posted" and "results posted" events */
     void *ep_peers;     /* CUDA contexts with a group over the caller's transport: its peers' opened IPC handles */
+    int ep_kinds_agreed; /* a group over the caller's transport: every rank's device kind found the same */
 };
 
 /* A copy of layer with top_k 1 and an id of its own: what an expert-parallel rank's backend

@@ -19,7 +19,8 @@
  *     CUDA IPC: groups of 2 and 3 ranks on the one GPU, grouped_mm and eager, each rank against
  *     the float64 reference and its own one-GPU forward, bitwise again, a second layer of another
  *     hidden size prepared in the same contexts (the workspace grows, so every peer opens the new
- *     one) and the first layer again; a rank over its max_tokens failing every rank.
+ *     one) and the first layer again; a rank over its max_tokens failing every rank; and a group of
+ *     a GPU rank and a CPU rank failing both at their first forward, naming the devices.
  *   test_cuda_ep_forward [--quick] [--device N]     (exit 77: no usable GPU)
  */
 #define _POSIX_C_SOURCE 200809L
@@ -375,7 +376,7 @@ typedef struct sock_transport {
 static int io_all(int fd, void *p, size_t n, int writing) {
     char *c = p;
     while (n) {
-        const ssize_t got = writing ? write(fd, c, n) : read(fd, c, n);
+        const ssize_t got = writing ? send(fd, c, n, MSG_NOSIGNAL) : recv(fd, c, n, 0);
         if (got <= 0) return -1;
         c += got, n -= (size_t)got;
     }
@@ -529,12 +530,61 @@ static int process_rank(int R, int me, sock_transport *t, const char *backend) {
     return g_failures ? 1 : 0;
 }
 
+/* Rank me of 2 in a process of its own, rank 0's context on the GPU and rank 1's on the CPU: the
+ * first forward fails on both, naming the two devices, instead of their exchanges of other sizes
+ * meeting. */
+static int process_rank_mixed(int me, sock_transport *t) {
+    moex_device_info info;
+    if (moex_device_query(gpu(), &info) != MOEX_OK || !info.available) return EXIT_SKIP;
+    const moex_ep_transport tr = {sock_all_to_all, NULL, t};
+    moex_ep_group *g = NULL;
+    const ref_layer_spec spec = {4, 24, 16, 2, 1, 0, 0, 0, MOEX_ACT_SILU, 1.702f, 7.0f, MOEX_F32};
+    ref_layer L;
+    ref_layer_build(&L, &spec, 61);
+    void *dev[4] = {NULL, NULL, NULL, NULL};
+    const moex_experts_desc d = me == 0 ? device_desc(&L.desc, dev) : L.desc;
+    moex_experts_desc share = ref_layer_share(&d, me * 2, 2);
+    moex_context_options o = moex_context_default_options();
+    if (me == 0) o.device = gpu();
+    o.max_tokens = 4;
+    moex_layer *layer = NULL;
+    moex_context *ctx = NULL;
+    if (moex_ep_group_create(2, me, &tr, &g) || (o.ep_group = g, moex_context_create(&o, &ctx)) ||
+        moex_layer_create(&share, &layer) || moex_prepare(ctx, layer, "eager")) {
+        fprintf(stderr, "mixed, rank %d: %s\n", me, moex_last_error());
+        return 1;
+    }
+    ref_rng rng;
+    ref_rng_seed(&rng, 62u + (uint64_t)me);
+    rank_data rd;
+    make_rank_data(&rd, &rng, 3, 24, 2, 4, MOEX_F32, MOEX_I32);
+    ep_rank_job j;
+    memset(&j, 0, sizeof j);
+    if (me == 0) {
+        job_views(&j, &rd, 24, 2);
+    } else {
+        j.hidden = ref_tensor_2d(rd.x, MOEX_F32, 3, 24, 24), j.ids = ref_tensor_2d(rd.ids, MOEX_I32, 3, 2, 2);
+        j.weights = ref_tensor_2d(rd.w, MOEX_F32, 3, 2, 2), j.out = ref_tensor_2d(rd.x, MOEX_F32, 3, 24, 24);
+    }
+    const moex_status st = moex_experts_forward(ctx, layer, "eager", &j.hidden, &j.ids, &j.weights, &j.out);
+    CHECK(st == MOEX_ERR_UNSUPPORTED && strstr(moex_last_error(), "all on the cpu or all on GPUs"),
+          "mixed devices, rank %d: got %d (%s)", me, (int)st, moex_last_error());
+    moex_context_free(ctx);
+    moex_layer_free(layer);
+    free_rank_data(&rd);
+    for (int i = 0; i < 4; i++) moex_device_free(gpu(), dev[i]);
+    ref_layer_destroy(&L);
+    moex_ep_group_free(g);
+    return g_failures ? 1 : 0;
+}
+
 /* Groups of 2 and 3 ranks, a process each (forked before this process uses the GPU), connected by
  * socket pairs. Returns 1 when every rank skipped (no usable GPU). */
 static int test_processes(void) {
     static const char *const BACKENDS[2] = {"grouped_mm", "eager"};
     int skipped = 0, runs = 0;
-    for (int R = 2; R <= 3; R++) {
+    for (int run = 0; run < 3; run++) { /* 2 ranks, 3 ranks, 2 ranks on a GPU and the CPU */
+        const int R = run == 1 ? 3 : 2;
         int fds[MAXR][MAXR];
         for (int a = 0; a < R; a++)
             for (int b = a + 1; b < R; b++) {
@@ -553,13 +603,15 @@ static int test_processes(void) {
                 exit(1);
             }
             if (pid[r] == 0) {
+                g_checks = g_failures = 0; /* this rank's own (the parent's checks so far are the parent's) */
+                alarm(150);                /* a rank left waiting for a dead one ends the test */
                 sock_transport t = {R, r, {-1, -1, -1, -1}};
                 for (int q = 0; q < R; q++)
                     for (int p2 = 0; p2 < R; p2++)
                         if (p2 != q && q != r) close(fds[q][p2]);
                 for (int q = 0; q < R; q++)
                     if (q != r) t.fd[q] = fds[r][q];
-                const int rc = process_rank(R, r, &t, BACKENDS[R - 2]);
+                const int rc = run == 2 ? process_rank_mixed(r, &t) : process_rank(R, r, &t, BACKENDS[run]);
                 if (rc != EXIT_SKIP)
                         printf("test_cuda_ep_forward (processes, rank %d of %d): %d checks, %d failed\n", r, R, g_checks,
                            g_failures);

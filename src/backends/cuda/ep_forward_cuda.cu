@@ -1,7 +1,7 @@
 /* ep_forward_cuda.cu — one forward of a rank of an expert-parallel group on a CUDA device (see
  * ep_forward_cuda.h), for ranks in one process, on one GPU or several (peer access between each
- * two: moex_ep_group_bind). R ranks, each with its share of E experts
- * (E/R a rank), P = T k pairs a rank, blocks of cap = max_tokens x top_k rows (the most pairs
+ * two: moex_ep_group_bind), and for ranks in processes of one machine (below). R ranks, each
+ * with its share of E experts (E/R a rank), P = T k pairs a rank, blocks of cap = max_tokens x top_k rows (the most pairs
  * one rank can send anywhere), N = R cap rows a rank may receive. On the rank's stream:
  *
  *   1. the plan (ep_plan.h: count [R], row_of [P], local [R cap]) and the rows to send,
@@ -33,8 +33,12 @@
  * machine): the same steps, with each post carrying the context's workspace as a CUDA IPC memory
  * handle, its buffers as offsets into it, and its two events as IPC event handles (events made
  * with cudaEventInterprocess). Each rank opens every peer's handles at its first forward and
- * keeps them (ep_peers) until the peer's workspace changes; the events are recorded and waited
- * on as above, so the order between ranks and forwards is the same.
+ * keeps them (ep_peers) until the peer's workspace changes; in a forward where some rank's
+ * handles changed, the ranks agree on their opens (one more all-gather) before any copy between
+ * them. A rank never frees memory it shared while others may hold it open: a replaced workspace
+ * is kept until the context is freed, which then waits for every rank to close what it opened
+ * (moex_ep_cuda_peers_free). The events are recorded and waited on as above, so the order
+ * between ranks and forwards is the same.
  *
  * Workspace (the context's, device; 256-byte pieces): plan | send/y_back [N, H] | recv [N, H]
  * (activation dtype, sized for f32) | recv_local [N] i32 | ones [N] f32 | y [N, H] | the
@@ -75,37 +79,69 @@ typedef struct ep_peer {
     char *base;             /* NULL: not open */
     cudaIpcEventHandle_t evh[2];
     cudaEvent_t ev[2];
+    ep_share last; /* rank r's share at the last forward whose opens every rank agreed on */
 } ep_peer;
 typedef struct ep_peers {
     int ranks;
-    const void *own_ws; /* the workspace own.mem was made for */
+    int agreed;         /* some forward's opens were agreed on (the same on every rank) */
+    const void *own_ws; /* the workspace own.mem was made for (NULL: none shared yet) */
     int own_events;     /* own.ev made */
     ep_share own;
+    void **retired;     /* workspaces this rank shared and then replaced, freed with the context */
+    int n_retired;
+    int64_t *status_all; /* [ranks]: the agreement's all-gather */
     ep_peer peer[];
 } ep_peers;
 
 extern "C" moex_status moex_ep_cuda_peers_new(int ranks, void **out) {
     ep_peers *pp = (ep_peers *)calloc(1, sizeof(ep_peers) + (size_t)ranks * sizeof(ep_peer));
-    if (!pp) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "expert parallelism: out of memory (%d ranks' handles)", ranks);
+    int64_t *st = (int64_t *)calloc((size_t)ranks, sizeof(int64_t));
+    if (!pp || !st) {
+        free(pp), free(st);
+        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "expert parallelism: out of memory (%d ranks' handles)", ranks);
+    }
     pp->ranks = ranks;
+    pp->status_all = st;
     *out = pp;
     return MOEX_OK;
 }
 
-extern "C" void moex_ep_cuda_peers_free(void *peers, int device) {
+extern "C" moex_status moex_ep_cuda_peers_retire(void *peers, void *workspace, int *kept) {
+    ep_peers *pp = (ep_peers *)peers;
+    *kept = 0;
+    if (!pp || !workspace || pp->own_ws != workspace) return MOEX_OK; /* never shared: the caller frees it */
+    void **grown = (void **)realloc(pp->retired, (size_t)(pp->n_retired + 1) * sizeof(void *));
+    if (!grown) return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "expert parallelism: out of memory (a replaced workspace)");
+    pp->retired = grown;
+    pp->retired[pp->n_retired++] = workspace;
+    pp->own_ws = NULL;
+    *kept = 1;
+    return MOEX_OK;
+}
+
+extern "C" void moex_ep_cuda_peers_free(void *peers, int device, moex_ep_group *g) {
     ep_peers *pp = (ep_peers *)peers;
     if (!pp) return;
-    if (moex_cuda_use(device) == MOEX_OK)
-        for (int r = 0; r < pp->ranks; r++) {
-            ep_peer *q = &pp->peer[r];
-            if (q->base) cudaIpcCloseMemHandle(q->base);
-            for (int i = 0; i < 2; i++)
-                if (q->ev[i]) cudaEventDestroy(q->ev[i]);
-        }
+    const int on = moex_cuda_use(device) == MOEX_OK;
+    if (on) cudaDeviceSynchronize(); /* nothing queued here still reads or writes a peer's memory */
+    for (int r = 0; r < pp->ranks && on; r++) {
+        ep_peer *q = &pp->peer[r];
+        if (q->base) cudaIpcCloseMemHandle(q->base);
+        for (int i = 0; i < 2; i++)
+            if (q->ev[i]) cudaEventDestroy(q->ev[i]);
+    }
+    /* once the ranks have opened each other's memory, none frees what it shared before every rank
+     * has closed what it opened: the last collective of the group */
+    if (pp->agreed) moex_ep_all_gather(g, &pp->agreed, 1, pp->status_all);
+    for (int i = 0; i < pp->n_retired && on; i++) cudaFree(pp->retired[i]);
+    free(pp->retired);
+    free(pp->status_all);
     free(pp);
 }
 
-static int in_processes(const moex_ep_group *g) { return g->hub == NULL; }
+/* Ranks in processes of their own (a group over the caller's transport) share through CUDA IPC; a
+ * group of one shares nothing. */
+static int in_processes(const moex_ep_group *g) { return g->hub == NULL && g->size > 1; }
 
 /* A process rank's post: its workspace's and events' handles (made again only when the workspace
  * moved), and its buffers as offsets into the workspace. */
@@ -159,6 +195,27 @@ static moex_status open_peer(ep_peer *q, const ep_share *sh, int r, cudaStream_t
         if ((st = moex_cuda_status(cudaIpcOpenEventHandle(&q->ev[i], sh->ev[i]), "cudaIpcOpenEventHandle"))) return st;
         q->evh[i] = sh->ev[i];
     }
+    return MOEX_OK;
+}
+
+/* When some rank's share differs from the last agreed forward's (the same test on every rank: the
+ * posts are the same everywhere), every rank's open status, so that all fail before any copy
+ * between them when one could not open the others' memory (another machine, say). Otherwise every
+ * share was opened before and nothing was opened now. */
+static moex_status agree_opens(ep_peers *pp, moex_ep_group *g, const ep_post *all, int R, moex_status opened) {
+    int changed = !pp->agreed;
+    for (int r = 0; r < R && !changed; r++) changed = memcmp(&pp->peer[r].last, &all[r].share, sizeof(ep_share)) != 0;
+    if (!changed) return opened;
+    const int64_t mine = opened;
+    moex_status st = moex_ep_all_gather(g, &mine, sizeof mine, pp->status_all);
+    if (st || opened) return st ? st : opened;
+    for (int r = 0; r < R; r++)
+        if (pp->status_all[r])
+            return moex_ep_rank_failed(r, R, pp->status_all[r],
+                                       "could not open the other ranks' buffers through CUDA IPC (ranks in processes "
+                                       "must be on GPUs of one machine that reach each other)");
+    for (int r = 0; r < R; r++) pp->peer[r].last = all[r].share;
+    pp->agreed = 1;
     return MOEX_OK;
 }
 
@@ -355,8 +412,10 @@ extern "C" moex_status moex_ep_cuda_forward(moex_context *ctx, const moex_layer 
 
     /* 3, 4 and 5: the rows for this rank, its backend on them, the results back to their ranks */
     const int64_t N = (int64_t)R * cap;
-    moex_status local = in_processes(g) ? open_posts(ctx, all, R, me, s) : MOEX_OK;
-    if (!local) local = pull_rows(all, R, me, &w, cap, row_bytes, s);
+    if (in_processes(g) &&
+        (st = agree_opens((ep_peers *)ctx->ep_peers, g, all, R, open_posts(ctx, all, R, me, s))))
+        return st;
+    moex_status local = pull_rows(all, R, me, &w, cap, row_bytes, s);
     if (!local) local = run_local(ctx, b, p, &w, N, H, hidden->dtype, exchange, s);
     if (!local) local = push_results(ctx, all, R, me, &w, cap, row_bytes, s);
 
