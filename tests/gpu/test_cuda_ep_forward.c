@@ -212,12 +212,33 @@ static void run_and_sync(ep_rank_job *jobs, int R) {
     }
 }
 
+/* A rank's out (host, `got`) against the float64 reference of the whole layer L and against
+ * backend's forward of the whole layer (dev) on one GPU: f32 NMSE <= 1e-10, else <= 1e-4 (the
+ * rows' results are rounded to the activation dtype before the combine). */
+static void check_rank_out(const ref_layer *L, const moex_experts_desc *dev, const char *backend, const rank_data *rd,
+                           const void *got, const char *what, int r) {
+    const moex_experts_desc *full = &L->desc;
+    const int64_t T = rd->T, H = full->hidden, k = full->top_k;
+    const moex_dtype dt = rd->dt;
+    const double bound = dt == MOEX_F32 ? 1e-10 : 1e-4;
+    double *ref = calloc((size_t)(T * H + 1), sizeof(double)), *one_d = calloc((size_t)(T * H + 1), sizeof(double));
+    const moex_tensor hx = ref_tensor_2d(rd->x, dt, T, H, H), hi = ref_tensor_2d(rd->ids, rd->id_dt, T, k, k),
+                      hw = ref_tensor_2d(rd->w, MOEX_F32, T, k, k);
+    if (T) ref_experts_forward(full, &hx, &hi, &hw, ref);
+    ref_round_all(ref, T * H, dt);
+    void *one = one_gpu(dev, backend, rd);
+    for (int64_t i = 0; i < T * H; i++) one_d[i] = ref_load(one, dt, i);
+    const double e_ref = ref_nmse(got, dt, T, H, H, ref), e_one = ref_nmse(got, dt, T, H, H, one_d);
+    CHECK(e_ref <= bound, "%s rank %d: NMSE against the float64 reference %.3g > %.0e", what, r, e_ref, bound);
+    CHECK(e_one <= bound, "%s rank %d: NMSE against one GPU's %s %.3g > %.0e", what, r, backend, e_one, bound);
+    free(ref), free(one), free(one_d);
+}
+
 static void check_group(const ref_layer *L, const moex_experts_desc *dev, int R, const char *backend, moex_dtype id_dt,
                         const int64_t *tokens, uint64_t seed, const char *what) {
     const moex_experts_desc *full = &L->desc;
     const int64_t E = full->num_experts, H = full->hidden, k = full->top_k;
     const moex_dtype dt = full->gate_up.dtype;
-    const double bound = dt == MOEX_F32 ? 1e-10 : 1e-4;
     ref_rng rng;
     ref_rng_seed(&rng, seed);
     ep_rank_job jobs[MAXR];
@@ -240,17 +261,7 @@ static void check_group(const ref_layer *L, const moex_experts_desc *dev, int R,
         CHECK(!jobs[r].st, "%s rank %d: %s", what, r, jobs[r].msg);
         if (jobs[r].st) continue;
         download(first[r], rd[r].dout, bytes);
-        double *ref = calloc((size_t)(T * H + 1), sizeof(double)), *one_d = calloc((size_t)(T * H + 1), sizeof(double));
-        const moex_tensor hx = ref_tensor_2d(rd[r].x, dt, T, H, H), hi = ref_tensor_2d(rd[r].ids, id_dt, T, k, k),
-                          hw = ref_tensor_2d(rd[r].w, MOEX_F32, T, k, k);
-        if (T) ref_experts_forward(full, &hx, &hi, &hw, ref);
-        ref_round_all(ref, T * H, dt);
-        void *one = one_gpu(dev, backend, &rd[r]);
-        for (int64_t i = 0; i < T * H; i++) one_d[i] = ref_load(one, dt, i);
-        const double e_ref = ref_nmse(first[r], dt, T, H, H, ref), e_one = ref_nmse(first[r], dt, T, H, H, one_d);
-        CHECK(e_ref <= bound, "%s rank %d: NMSE against the float64 reference %.3g > %.0e", what, r, e_ref, bound);
-        CHECK(e_one <= bound, "%s rank %d: NMSE against one GPU's %s %.3g > %.0e", what, r, backend, e_one, bound);
-        free(ref), free(one), free(one_d);
+        check_rank_out(L, dev, backend, &rd[r], first[r], what, r);
     }
     for (int r = 0; r < R; r++) mark_out(&rd[r], H); /* again, over fresh marks: bitwise the same */
     run_and_sync(jobs, R);
@@ -400,11 +411,8 @@ static moex_status sock_all_to_all(void *user, const void *send, const size_t *s
  * reference of L and against the same backend on one GPU; out kept in *first (host). */
 static void process_rank_check(const ref_layer *L, const moex_experts_desc *dev, ep_rank_job *j, const rank_data *rd,
                                const char *what, int me) {
-    const moex_experts_desc *full = &L->desc;
-    const int64_t T = rd->T, H = full->hidden, k = full->top_k;
-    const moex_dtype dt = rd->dt;
-    const double bound = dt == MOEX_F32 ? 1e-10 : 1e-4;
-    const size_t bytes = (size_t)(T * H) * moex_dtype_size(dt);
+    const int64_t H = L->desc.hidden;
+    const size_t bytes = (size_t)(rd->T * H) * moex_dtype_size(rd->dt);
     void *first = calloc(bytes + 1, 1), *again = calloc(bytes + 1, 1);
     for (int run = 0; run < 2; run++) {
         mark_out(rd, H);
@@ -416,17 +424,7 @@ static void process_rank_check(const ref_layer *L, const moex_experts_desc *dev,
     }
     if (!j->st) {
         CHECK(!memcmp(first, again, bytes), "%s rank %d: the second run differs", what, me);
-        double *ref = calloc((size_t)(T * H + 1), sizeof(double)), *one_d = calloc((size_t)(T * H + 1), sizeof(double));
-        const moex_tensor hx = ref_tensor_2d(rd->x, dt, T, H, H), hi = ref_tensor_2d(rd->ids, rd->id_dt, T, k, k),
-                          hw = ref_tensor_2d(rd->w, MOEX_F32, T, k, k);
-        if (T) ref_experts_forward(full, &hx, &hi, &hw, ref);
-        ref_round_all(ref, T * H, dt);
-        void *one = one_gpu(dev, j->backend, rd);
-        for (int64_t i = 0; i < T * H; i++) one_d[i] = ref_load(one, dt, i);
-        const double e_ref = ref_nmse(first, dt, T, H, H, ref), e_one = ref_nmse(first, dt, T, H, H, one_d);
-        CHECK(e_ref <= bound, "%s rank %d: NMSE against the float64 reference %.3g > %.0e", what, me, e_ref, bound);
-        CHECK(e_one <= bound, "%s rank %d: NMSE against one GPU's %s %.3g > %.0e", what, me, j->backend, e_one, bound);
-        free(ref), free(one), free(one_d);
+        check_rank_out(L, dev, j->backend, rd, first, what, me);
     }
     free(first), free(again);
 }
