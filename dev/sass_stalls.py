@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""sass_stalls.py FILE.csv [TOP] — one kernel's warp stall samples by SASS instruction, from Nsight
+"""sass_stalls.py FILE.csv [TOP [AROUND]] — one kernel's warp stall samples by SASS instruction, from Nsight
 Compute's source page (`ncu --section SourceCounters ... -o R`, then
 `ncu -i R.ncu-rep --page source --csv --print-source sass > FILE.csv`).
 
 Prints the kernel's name, its sample and executed-instruction totals, the stall reasons' shares
 of all samples, the instruction mix (by executed warp instructions, opcode without modifiers) and
-the TOP (default 14) instructions with the most samples, each with its two largest reasons."""
+the TOP (default 14) instructions with the most samples, each with its two largest reasons; with
+AROUND, then the AROUND instructions before and after each of the five with the most samples (in
+the page's order: what a stalled instruction waits for is usually a few lines above it)."""
 import collections
 import csv
 import sys
@@ -19,9 +21,10 @@ def num(s):
 
 
 def main():
-    if len(sys.argv) not in (2, 3):
+    if len(sys.argv) not in (2, 3, 4):
         sys.exit(__doc__)
-    top = int(sys.argv[2]) if len(sys.argv) == 3 else 14
+    top = int(sys.argv[2]) if len(sys.argv) >= 3 else 14
+    around = int(sys.argv[3]) if len(sys.argv) == 4 else 0
     rows = list(csv.reader(open(sys.argv[1], errors="replace")))
     if len(rows) < 3 or "Address" not in rows[1]:
         sys.exit(f"{sys.argv[1]}: not an ncu source page (line 2 should name the columns)")
@@ -49,6 +52,14 @@ def main():
         why = sorted(((num(r[col[h]]), h[len("stall_"):]) for h in reasons), reverse=True)[:2]
         print(f"  {r[col['Address']]} {100 * num(r[samples_col]) / samples:5.1f}% {num(r[exec_col]):9.0f}  "
               f"{' '.join(r[col['Source']].split())[:70]:70}  " + ", ".join(f"{n} {s:.0f}" for s, n in why if s > 0))
+    if around:
+        hot = sorted(range(len(data)), key=lambda i: -num(data[i][samples_col]))[:5]
+        for h in hot:
+            print(f"around {data[h][col['Address']]} (executed, samples, source):")
+            for i in range(max(0, h - around), min(len(data), h + around + 1)):
+                r = data[i]
+                print(f"  {'>' if i == h else ' '} {r[col['Address']]} {num(r[exec_col]):9.0f} {num(r[samples_col]):6.0f}  "
+                      f"{' '.join(r[col['Source']].split())[:90]}")
 
 
 if __name__ == "__main__":
