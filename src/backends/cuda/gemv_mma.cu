@@ -426,7 +426,8 @@ __device__ __forceinline__ int64_t tile_rows(int64_t N, int64_t n0) { return N -
 template <typename T, int NT, int STAGES>
 __device__ __forceinline__ void down_pass(const layer_view &L, const quant_view &Q, const T *hin, const float *hsc,
                                           float *y, int64_t e, int64_t n0, int64_t r0, int nr,
-                                          const T *const (&w)[DOWN_TILES], T *ring, int lane) {
+                                          const T *const (&w)[DOWN_TILES], T *ring, int lane, const int *ready,
+                                          int64_t need) {
     const int g = lane >> 2, t = lane & 3;
     const T *xs[XCOPIES(T, NT)];
 #pragma unroll
@@ -454,7 +455,7 @@ __device__ __forceinline__ void down_pass(const layer_view &L, const quant_view 
     int nvalid[DOWN_TILES];
 #pragma unroll
     for (int m = 0; m < DOWN_TILES; m++) nvalid[m] = (int)tile_rows(L.H, n0 + 16 * m > L.H - 1 ? n0 : n0 + 16 * m);
-    stream_rows<T, NT, DOWN_TILES, STAGES>(w, L.down.n_stride, nvalid, L.I, xs, c, ring, lane, Q, ls, NULL, 0);
+    stream_rows<T, NT, DOWN_TILES, STAGES>(w, L.down.n_stride, nvalid, L.I, xs, c, ring, lane, Q, ls, ready, need);
 #pragma unroll
     for (int m = 0; m < DOWN_TILES; m++)
 #pragma unroll
@@ -472,10 +473,12 @@ __device__ __forceinline__ void down_pass(const layer_view &L, const quant_view 
         }
 }
 
-/* One warp item of down: features n0 .. n0 + 16 DOWN_TILES - 1 of expert e for all its rows. */
+/* One warp item of down: features n0 .. n0 + 16 DOWN_TILES - 1 of expert e for all its rows, its
+ * h rows once *ready reaches need (stream_rows: the first stages' weights are copied before). */
 template <typename T, int STAGES>
 __device__ __forceinline__ void down_item(const layer_view &L, const quant_view &Q, const gemv_groups &G, const T *hin,
-                                          const float *hsc, float *y, int64_t e, int64_t n0, T *ring, int lane) {
+                                          const float *hsc, float *y, int64_t e, int64_t n0, T *ring, int lane,
+                                          const int *ready, int64_t need) {
     const int64_t lo = G.offsets[e], hi = G.offsets[e + 1];
     const T *w[DOWN_TILES];
 #pragma unroll
@@ -484,9 +487,10 @@ __device__ __forceinline__ void down_item(const layer_view &L, const quant_view 
     for (int64_t r0 = lo; r0 < hi; r0 += PASS_ROWS(T)) {
         const int nr = hi - r0 < PASS_ROWS(T) ? (int)(hi - r0) : PASS_ROWS(T);
         if (PASS_ROWS(T) == 8 || nr <= 8)
-            down_pass<T, 1, STAGES>(L, Q, hin, hsc, y, e, n0, r0, nr, w, ring, lane);
+            down_pass<T, 1, STAGES>(L, Q, hin, hsc, y, e, n0, r0, nr, w, ring, lane, ready, need);
         else
-            down_pass<T, 2, STAGES>(L, Q, hin, hsc, y, e, n0, r0, nr, w, ring, lane);
+            down_pass<T, 2, STAGES>(L, Q, hin, hsc, y, e, n0, r0, nr, w, ring, lane, ready, need);
+        ready = NULL; /* h exists from the second pass on */
     }
 }
 
@@ -541,11 +545,15 @@ __device__ __forceinline__ void quant_h_rows(const layer_view &L, const quant_vi
  * then down items (j, 32 features of H: DOWN_TILES tiles of 16) in the same order. A warp takes the next
  * item when it finishes one, so every SM keeps streaming weights until the last item, with no
  * kernel boundary between the projections. A gate/up item (FP8) copies its first stages'
- * weights, then waits until xdone counts the quantization items; a down item of expert e waits until done[e] (sched[e]) counts all ceil(I/16) gate/up
- * items of e (FP8: and one more, which the warp of the last of them adds once it has quantized
- * e's h rows). Every item waited for was handed out before the waiting one, to a warp that is
- * running and waits only for earlier items, so every wait ends (and in practice is over: the
- * first down items are the first experts'). */
+ * weights, then waits until xdone counts the quantization items; a down item of expert e also
+ * copies its first stages' weights, then waits until done[e] (sched[e]) counts all ceil(I/16)
+ * gate/up items of e (FP8: and one more, which the warp of the last of them adds once it has
+ * quantized e's h rows), so that a waiting warp keeps weights in flight (down items do wait: at
+ * qwen3-30b-a3b FP8 8 tokens about 45 polls an item, 7% of the warps' time, where the gate/up
+ * items' wait for x is over before they look; copying before the wait took 0.970-0.982 of the
+ * time there, bench/results/2026-12-07_cuda-h100_bf16-fp8_down-weights-before-wait-ab.csv).
+ * Every item waited for was handed out before the waiting one, to a warp that is running and
+ * waits only for earlier items, so every wait ends. */
 
 /* The parts of each gate/up item (1: not split): when splitting is allowed and there are fewer
  * groups (items of 16 features) than warps, the fewest parts, each of at least MMA_SPLIT_MIN_K
@@ -653,8 +661,8 @@ __global__ void __launch_bounds__(fmt<T>::WARPS * 32, 1)
         } else {
             item -= n_gu;
             const int64_t e = hit[item / fg_dn];
-            while (ld_acquire(&done[e]) < fg_gu + QUANT) __nanosleep(128);
-            down_item<T, ST2>(L, io.q, G, hin, io.hs, io.y, e, DOWN_TILES * MFEAT * (int64_t)(item % fg_dn), ring, lane);
+            down_item<T, ST2>(L, io.q, G, hin, io.hs, io.y, e, DOWN_TILES * MFEAT * (int64_t)(item % fg_dn), ring, lane,
+                              &done[e], fg_gu + QUANT);
         }
     }
 }
