@@ -25,10 +25,11 @@
  * with the reference, as NMSE on the output as returned: f32 1e-10, f16 1e-6, bf16 1e-4 (SPEC
  * "Numerical agreement"), and 1e-4 for the quantized formats against the reference that applies
  * the same quantization (tests/test_quant.c). A wrong value prints FAIL naming the case.
- * On the CPU, a case with a multiple of 3 experts also runs through each backend that takes it in
- * an expert-parallel group of 3 ranks in one process (run_case_ep: each rank its share of the
- * experts, ranks 0 and 1 half the tokens each, rank 2 none), against the same reference and bound.
- * At the end: passed / skipped / failed per backend x device (and "cpu ep=3"). Exit status 1 if
+ * On every device, a case with a multiple of 3 experts also runs through each backend that takes
+ * it in an expert-parallel group of 3 ranks in one process (run_case_ep: each rank its share of
+ * the experts, ranks 0 and 1 half the tokens each, rank 2 none; on a GPU three contexts share it),
+ * against the same reference and bound. At the end: passed / skipped / failed per backend x device
+ * (and "cpu ep=3", "cuda:0 ep=3"). Exit status 1 if
  * any failed.
  *
  * Usage: backend_ops [-b BACKEND]   (only that backend)
@@ -337,11 +338,12 @@ static moex_experts_desc place_layer(pool *pl, const xcase *c) {
 
 /* ---- running ---------------------------------------------------------------------------------- */
 
-/* Expert parallelism on the CPU: layers with a multiple of EP_RANKS experts also run in a group of
- * EP_RANKS ranks in one process, rank r holding experts [r E/3, (r+1) E/3) (weights, scales and
- * biases of its share), rank 0 the first half of the tokens, rank 1 the rest, rank 2 none. */
+/* Expert parallelism: layers with a multiple of EP_RANKS experts also run in a group of EP_RANKS
+ * ranks in one process on the same device (on a GPU, EP_RANKS contexts sharing it), rank r
+ * holding experts [r E/3, (r+1) E/3) (weights, scales and biases of its share), rank 0 the first
+ * half of the tokens, rank 1 the rest, rank 2 none. */
 #define EP_RANKS 3
-static tally g_tally_ep[MAX_BACKENDS];
+static tally g_tally_ep[MAX_BACKENDS][MAX_DEVICES];
 
 /* Rows [t0, t0 + n) of a host view. */
 static moex_tensor rows_of(moex_tensor t, int64_t t0, int64_t n) {
@@ -350,28 +352,39 @@ static moex_tensor rows_of(moex_tensor t, int64_t t0, int64_t n) {
     return t;
 }
 
-/* The placed host layer d of case c through backend be in a group of EP_RANKS ranks. */
+typedef struct device_run {
+    moex_device dev;
+    char name[16];
+    moex_context *ctx;
+} device_run;
+
+/* The layer d of case c, placed on dv's device with the inputs tx, tids, tw and room for the
+ * output (out_dev, T x H of the hidden dtype), through backend be in a group of EP_RANKS ranks. */
 static void run_case_ep(const xcase *c, const moex_experts_desc *d, const moex_tensor *tx, const moex_tensor *tids,
-                        const moex_tensor *tw, int b, const char *be) {
+                        const moex_tensor *tw, int b, const char *be, const device_run *dv, int di, void *out_dev) {
     const int64_t per = c->E / EP_RANKS, T = c->T, H = c->H, half = T / 2;
     const int64_t t0[EP_RANKS] = {0, half, T}, n[EP_RANKS] = {half, T - half, 0};
     const size_t out_bytes = (size_t)(T * H) * moex_dtype_size(c->xdt);
     unsigned char *out = malloc(out_bytes + 1);
     memset(out, 0xFF, out_bytes); /* NaN in every float dtype */
+    tally *ty = &g_tally_ep[b][di];
     moex_tensor tout = rows_of(*tx, 0, T);
-    tout.data = out;
+    tout.data = out_dev;
+    tout.device = dv->dev;
     moex_ep_group *g[EP_RANKS] = {NULL};
     ep_rank_job r[EP_RANKS];
     memset(r, 0, sizeof r);
-    moex_status st = moex_ep_local_groups(EP_RANKS, g);
+    moex_status st = moex_memcpy(out_dev, dv->dev, out, HOST, out_bytes); /* poisoned */
+    if (!st) st = moex_ep_local_groups(EP_RANKS, g);
     char why[512] = "";
     for (int i = 0; i < EP_RANKS && !st; i++) {
         moex_experts_desc s = ref_layer_share(d, i * per, per);
         moex_context_options o = moex_context_default_options();
+        o.device = dv->dev;
         o.max_tokens = MAX_T;
         o.num_threads = 1;
         o.ep_group = g[i];
-        if (!(st = moex_layer_create(&s, &r[i].layer)) && !(st = moex_backend_supports(be, r[i].layer, HOST, why, sizeof why)) &&
+        if (!(st = moex_layer_create(&s, &r[i].layer)) && !(st = moex_backend_supports(be, r[i].layer, dv->dev, why, sizeof why)) &&
             !(st = moex_context_create(&o, &r[i].ctx)))
             st = moex_prepare(r[i].ctx, r[i].layer, be);
         r[i].backend = be;
@@ -382,24 +395,33 @@ static void run_case_ep(const xcase *c, const moex_experts_desc *d, const moex_t
     }
     if (st == MOEX_ERR_UNSUPPORTED) goto done; /* counted as a skip by the one-rank run */
     if (st) {
-        printf("FAIL %s cpu ep=%d %s %s: setup: %s\n", be, EP_RANKS, c->name, c->sizes, moex_last_error());
-        g_tally_ep[b].failed++;
+        printf("FAIL %s %s ep=%d %s %s: setup: %s\n", be, dv->name, EP_RANKS, c->name, c->sizes, moex_last_error());
+        ty->failed++;
         goto done;
     }
     ep_run_ranks(r, EP_RANKS);
-    for (int i = 0; i < EP_RANKS; i++)
+    for (int i = 0; i < EP_RANKS; i++) {
+        if (!r[i].st) r[i].st = moex_context_synchronize(r[i].ctx);
         if (r[i].st) {
-            printf("FAIL %s cpu ep=%d %s %s: rank %d: %s\n", be, EP_RANKS, c->name, c->sizes, i, r[i].msg);
-            g_tally_ep[b].failed++;
+            printf("FAIL %s %s ep=%d %s %s: rank %d: %s\n", be, dv->name, EP_RANKS, c->name, c->sizes, i,
+                   r[i].msg[0] ? r[i].msg : moex_last_error());
+            ty->failed++;
             goto done;
         }
+    }
+    if ((st = moex_memcpy(out, HOST, tout.data, dv->dev, out_bytes))) {
+        printf("FAIL %s %s ep=%d %s %s: copying out back: %s\n", be, dv->name, EP_RANKS, c->name, c->sizes,
+               moex_last_error());
+        ty->failed++;
+        goto done;
+    }
     const double bound = FORMATS[c->format].quant ? NMSE_QUANT : float_bound(c->xdt);
     const double e = ref_nmse(out, c->xdt, T, H, H, c->want);
     if (e <= bound) {
-        g_tally_ep[b].passed++;
+        ty->passed++;
     } else {
-        printf("FAIL %s cpu ep=%d %s %s: NMSE %.3g > %.0e\n", be, EP_RANKS, c->name, c->sizes, e, bound);
-        g_tally_ep[b].failed++;
+        printf("FAIL %s %s ep=%d %s %s: NMSE %.3g > %.0e\n", be, dv->name, EP_RANKS, c->name, c->sizes, e, bound);
+        ty->failed++;
     }
 done:
     for (int i = 0; i < EP_RANKS; i++) {
@@ -409,12 +431,6 @@ done:
     }
     free(out);
 }
-
-typedef struct device_run {
-    moex_device dev;
-    char name[16];
-    moex_context *ctx;
-} device_run;
 
 /* c on device dv through every backend (or only `only`). */
 static void run_case(const xcase *c, device_run *dv, int di, const char *only) {
@@ -431,6 +447,7 @@ static void run_case(const xcase *c, device_run *dv, int di, const char *only) {
     moex_tensor tout = c->tx;
     tout.data = place(&pl, NULL, out_bytes);
     tout.device = dv->dev;
+    void *ep_out = c->E % EP_RANKS == 0 ? place(&pl, NULL, out_bytes) : NULL; /* the groups' output */
     moex_layer *layer = NULL;
     if (!pl.ok || moex_layer_create(&d, &layer) != MOEX_OK) {
         printf("FAIL setup %s %s %s: %s\n", dv->name, c->name, c->sizes, pl.ok ? moex_last_error() : "placing the layer");
@@ -481,7 +498,7 @@ static void run_case(const xcase *c, device_run *dv, int di, const char *only) {
                 }
         if (ok) ty->passed++;
         else ty->failed++;
-        if (dv->dev.kind == MOEX_DEVICE_CPU && c->E % EP_RANKS == 0) run_case_ep(c, &d, &tx, &tids, &tw, b, be);
+        if (ep_out) run_case_ep(c, &d, &tx, &tids, &tw, b, be, dv, di, ep_out);
     }
 done:
     moex_layer_free(layer);
@@ -552,9 +569,11 @@ int main(int argc, char **argv) {
             if (only && strcmp(only, moex_backend_name(b)) != 0) continue;
             printf("%-18s %-8s %7d %8d %7d\n", moex_backend_name(b), devs[d].name, t->passed, t->skipped, t->failed);
             passed += t->passed, skipped += t->skipped, failed += t->failed;
-            if (devs[d].dev.kind != MOEX_DEVICE_CPU || !(g_tally_ep[b].passed + g_tally_ep[b].failed)) continue;
-            t = &g_tally_ep[b];
-            printf("%-18s %-8s %7d %8s %7d\n", moex_backend_name(b), "cpu ep=3", t->passed, "", t->failed);
+            t = &g_tally_ep[b][d];
+            if (!(t->passed + t->failed)) continue;
+            char ep_name[32];
+            snprintf(ep_name, sizeof ep_name, "%s ep=%d", devs[d].name, EP_RANKS);
+            printf("%-18s %-8s %7d %8s %7d\n", moex_backend_name(b), ep_name, t->passed, "", t->failed);
             passed += t->passed, failed += t->failed;
         }
     printf("backend_ops: %d passed, %d skipped, %d failed\n", passed, skipped, failed);
