@@ -345,7 +345,7 @@ static moex_experts_desc place_layer(pool *pl, const xcase *c) {
 #define EP_RANKS 3
 static tally g_tally_ep[MAX_BACKENDS][MAX_DEVICES];
 
-/* Rows [t0, t0 + n) of a host view. */
+/* Rows [t0, t0 + n) of a view (host or device memory alike: only its pointer moves). */
 static moex_tensor rows_of(moex_tensor t, int64_t t0, int64_t n) {
     t.data = (char *)t.data + (size_t)(t0 * t.strides[0]) * moex_dtype_size(t.dtype);
     t.shape[0] = n;
@@ -359,14 +359,14 @@ typedef struct device_run {
 } device_run;
 
 /* The layer d of case c, placed on dv's device with the inputs tx, tids, tw and room for the
- * output (out_dev, T x H of the hidden dtype), through backend be in a group of EP_RANKS ranks. */
+ * output (out_dev, T x H of the hidden dtype), through backend be in a group of EP_RANKS ranks;
+ * poison and back: run_case's host buffers of the output's size (NaN, and the copy read back). */
 static void run_case_ep(const xcase *c, const moex_experts_desc *d, const moex_tensor *tx, const moex_tensor *tids,
-                        const moex_tensor *tw, int b, const char *be, const device_run *dv, int di, void *out_dev) {
+                        const moex_tensor *tw, int b, const char *be, const device_run *dv, int di, void *out_dev,
+                        const unsigned char *poison, unsigned char *back) {
     const int64_t per = c->E / EP_RANKS, T = c->T, H = c->H, half = T / 2;
     const int64_t t0[EP_RANKS] = {0, half, T}, n[EP_RANKS] = {half, T - half, 0};
     const size_t out_bytes = (size_t)(T * H) * moex_dtype_size(c->xdt);
-    unsigned char *out = malloc(out_bytes + 1);
-    memset(out, 0xFF, out_bytes); /* NaN in every float dtype */
     tally *ty = &g_tally_ep[b][di];
     moex_tensor tout = rows_of(*tx, 0, T);
     tout.data = out_dev;
@@ -374,7 +374,7 @@ static void run_case_ep(const xcase *c, const moex_experts_desc *d, const moex_t
     moex_ep_group *g[EP_RANKS] = {NULL};
     ep_rank_job r[EP_RANKS];
     memset(r, 0, sizeof r);
-    moex_status st = moex_memcpy(out_dev, dv->dev, out, HOST, out_bytes); /* poisoned */
+    moex_status st = moex_memcpy(out_dev, dv->dev, poison, HOST, out_bytes);
     if (!st) st = moex_ep_local_groups(EP_RANKS, g);
     char why[512] = "";
     for (int i = 0; i < EP_RANKS && !st; i++) {
@@ -409,14 +409,14 @@ static void run_case_ep(const xcase *c, const moex_experts_desc *d, const moex_t
             goto done;
         }
     }
-    if ((st = moex_memcpy(out, HOST, tout.data, dv->dev, out_bytes))) {
+    if ((st = moex_memcpy(back, HOST, tout.data, dv->dev, out_bytes))) {
         printf("FAIL %s %s ep=%d %s %s: copying out back: %s\n", be, dv->name, EP_RANKS, c->name, c->sizes,
                moex_last_error());
         ty->failed++;
         goto done;
     }
     const double bound = FORMATS[c->format].quant ? NMSE_QUANT : float_bound(c->xdt);
-    const double e = ref_nmse(out, c->xdt, T, H, H, c->want);
+    const double e = ref_nmse(back, c->xdt, T, H, H, c->want);
     if (e <= bound) {
         ty->passed++;
     } else {
@@ -429,7 +429,6 @@ done:
         moex_layer_free(r[i].layer);
         moex_ep_group_free(g[i]);
     }
-    free(out);
 }
 
 /* c on device dv through every backend (or only `only`). */
@@ -498,7 +497,7 @@ static void run_case(const xcase *c, device_run *dv, int di, const char *only) {
                 }
         if (ok) ty->passed++;
         else ty->failed++;
-        if (ep_out) run_case_ep(c, &d, &tx, &tids, &tw, b, be, dv, di, ep_out);
+        if (ep_out) run_case_ep(c, &d, &tx, &tids, &tw, b, be, dv, di, ep_out, poison, back);
     }
 done:
     moex_layer_free(layer);
