@@ -16,8 +16,15 @@ peers_start() {
   WORK=$(mktemp -d)
 }
 
-# peers_build: moex with CUDA in build-gpu/ (scripts/gpu_suite.sh's build step), or exit 1.
+# peers_build: moex with CUDA in build-gpu/ (scripts/gpu_suite.sh's build step), or exit 1; with
+# MOEX_PREBUILT (a folder holding a moex built for this GPU elsewhere) that binary is copied there
+# instead.
 peers_build() {
+  if [ -n "${MOEX_PREBUILT:-}" ]; then
+    say "moex from $MOEX_PREBUILT"
+    mkdir -p "$ROOT/build-gpu" && cp "$MOEX_PREBUILT/moex" "$ROOT/build-gpu/moex" || exit 1
+    return
+  fi
   say "building moex"
   ( cd "$ROOT" && BUILD_DIR=build-gpu SUITE_STEPS=none bash scripts/gpu_suite.sh "$WORK/build" ) >"$WORK/build.log" 2>&1 ||
     { tail -30 "$WORK/build.log"; say "build failed"; exit 1; }

@@ -9,7 +9,8 @@
 # compare.txt, and the runs' logs (moex.log, vllm.log).
 #
 # Environment: VLLM_HARNESS (the vLLM script, beside its vllm_moe_configs/:
-# peer-run/vllm_fused_moe_bench.py), TOKENS (1,8,64,512,4096,16384), MOEX_DEPS_DIR (cJSON sources,
+# peer-run/vllm_fused_moe_bench.py), TOKENS (1,8,64,512,4096,16384), MOEX_PREBUILT (peers_build in
+# gpu_peers_lib.sh: a moex built elsewhere instead of building), MOEX_DEPS_DIR (cJSON sources,
 # peer-run/deps). Without the harness the vLLM rows are skipped and the checks report "no row".
 set -uo pipefail
 . "$(dirname "$0")/gpu_peers_lib.sh"
