@@ -18,10 +18,13 @@ peers_start() {
 
 # peers_build: moex with CUDA in build-gpu/ (scripts/gpu_suite.sh's build step), or exit 1; with
 # MOEX_PREBUILT (a folder holding a moex built for this GPU elsewhere) that binary is copied there
-# instead.
+# instead; the shared libraries it was linked with that the GPU machine lacks (cJSON, utf8proc,
+# PCRE2, libgomp: `ldd moex` on the machine that built it) go in MOEX_PREBUILT/lib, which is put on
+# LD_LIBRARY_PATH.
 peers_build() {
   if [ -n "${MOEX_PREBUILT:-}" ]; then
     say "moex from $MOEX_PREBUILT"
+    export LD_LIBRARY_PATH="$MOEX_PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     mkdir -p "$ROOT/build-gpu" && cp "$MOEX_PREBUILT/moex" "$ROOT/build-gpu/moex" || exit 1
     return
   fi
