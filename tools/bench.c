@@ -11,12 +11,16 @@
  * interleaved timed runs, table rows -> CSV and SVG (tools/bench_output.c; each
  * written to a temp file, then renamed).
  *
+ * --ep N: the layer as an expert-parallel group of N ranks beside one device (tools/bench_ep.c).
+ *
  * --device cuda (built with MOEX_HAVE_CUDA): the same flow with the weights and every run's
  * inputs made on the host and copied to the GPU, GPU ceilings (tools/bench_ceilings_cuda.cu),
  * one context per backend, CUDA-event timing after an L2 flush, and each backend also
  * captured in a CUDA graph and replayed (rows graph=1).
  */
 #include "bench.h"
+#include "cli.h"
+#include "bench_ep.h"
 #include "bench_fail.h"
 #include "bench_options.h"
 #include "bench_output.h"
@@ -73,11 +77,13 @@ int moex_cli_bench(int argc, char **argv)
     bench_opts o;
     int rc = bench_parse_args(argc, argv, &o);
     if (rc == PARSE_HELP) {
-        bench_print_usage(stdout);
-        return EXIT_OK;
+        bench_print_usage(stdout); /* longer than stdout's buffer: its failure's errno is kept at once */
+        return cli_stdout_flush() ? EXIT_RUNTIME : EXIT_OK;
     }
     if (rc)
         return EXIT_USAGE;
+    if (o.ep)
+        return bench_ep_run(&o);
     /* one pass per --dtype, each with its own weights (released before the next is built) */
     bench_opts opts[MAX_DTYPES];
     bench_state st[MAX_DTYPES];

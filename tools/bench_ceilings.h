@@ -69,6 +69,12 @@ int bench_cuda_timer_stop(bench_cuda_timer *t, double *ms, char *err, size_t err
  */
 int bench_cuda_read_floor(bench_cuda_timer *t, const void *a, size_t a_bytes, const void *b, size_t b_bytes,
                           int flush, double *ms, char *err, size_t err_size);
+/**
+ * One copy of `bytes` from GPU src to GPU dst (cudaMemcpyPeerAsync on a stream of dst; src == dst:
+ * a copy within one GPU, read and write): two warm-up copies, then the median of 11, in GB/s (the
+ * bytes over the time). What an expert-parallel exchange between the two can move.
+ */
+int bench_cuda_copy_gbps(int src, int dst, size_t bytes, double *gbps, char *err, size_t err_size);
 /** Free and total device memory in bytes (cudaMemGetInfo). */
 int bench_cuda_memory(int device, double *free_bytes, double *total_bytes, char *err, size_t err_size);
 

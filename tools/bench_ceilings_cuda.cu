@@ -462,3 +462,43 @@ extern "C" int bench_cuda_memory(int device, double *free_bytes, double *total_b
 fail:
     return -1;
 }
+
+extern "C" int bench_cuda_copy_gbps(int src, int dst, size_t bytes, double *gbps, char *err, size_t err_size)
+{
+    void *a = NULL, *b = NULL;
+    cudaStream_t s = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double t[11];
+    int rc = -1;
+    CUDA_TRY(cudaSetDevice(src), "cudaSetDevice");
+    CUDA_TRY(cudaMalloc(&a, bytes), "cudaMalloc (copy source)");
+    CUDA_TRY(cudaMemset(a, 1, bytes), "cudaMemset (copy source)");
+    CUDA_TRY(cudaSetDevice(dst), "cudaSetDevice");
+    CUDA_TRY(cudaMalloc(&b, bytes), "cudaMalloc (copy destination)");
+    CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    CUDA_TRY(cudaEventCreate(&e0), "cudaEventCreate");
+    CUDA_TRY(cudaEventCreate(&e1), "cudaEventCreate");
+    for (int i = -2; i < 11; i++) { /* two warm-up copies, then 11 timed */
+        float ms = 0.0f;
+        CUDA_TRY(cudaEventRecord(e0, s), "cudaEventRecord");
+        CUDA_TRY(cudaMemcpyPeerAsync(b, dst, a, src, bytes, s), "cudaMemcpyPeerAsync");
+        CUDA_TRY(cudaEventRecord(e1, s), "cudaEventRecord");
+        CUDA_TRY(cudaEventSynchronize(e1), "cudaEventSynchronize");
+        CUDA_TRY(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+        if (i >= 0)
+            t[i] = ms;
+    }
+    *gbps = (double)bytes / (median(t, 11) * 1e-3) / 1e9;
+    rc = 0;
+fail:
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    if (s)
+        cudaStreamDestroy(s);
+    cudaFree(b);
+    cudaSetDevice(src);
+    cudaFree(a);
+    return rc;
+}

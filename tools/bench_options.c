@@ -53,6 +53,15 @@ void bench_print_usage(FILE *f)
           "                    events from an idle stream after an L2 flush, and the\n"
           "                    ceilings are cuBLAS bf16 GEMM 8192^3, cuBLASLt FP8 GEMM\n"
           "                    8192^3 and a device read of 4 GiB\n"
+          "  --ep N            time each backend as an expert-parallel group of N ranks\n"
+          "                    (1 to 64; the experts divided among them, the tokens too),\n"
+          "                    a thread each, beside the same layer on one device in the\n"
+          "                    same run (deepgemm_megamoe beside grouped_mm); on cuda\n"
+          "                    --device cuda:N,M,... puts rank r on the (r mod count)-th\n"
+          "                    GPU listed. The wall clock around every rank's forward\n"
+          "                    and synchronisation, no cache flush, on both sides; one\n"
+          "                    --dtype; not with --graph on/both, --plot, --cache,\n"
+          "                    --skew, --reference or --backend-max-tokens\n"
           "  --graph MODE      cuda only: off, on (capture one forward per backend and\n"
           "                    token count in a CUDA graph, replay it) or both (default\n"
           "                    on cuda: one row each, column graph = 0/1)\n"
@@ -231,9 +240,33 @@ const char *bench_weight_label(const bench_opts *o)
     return o->quantized ? moex_quant_format_name(o->qformat) : moex_dtype_name(o->dtype);
 }
 
-/* "cpu", "cuda" or "cuda:N". Whether CUDA is usable is decided later (exit 1, not 2). */
+/* "cpu", "cuda", "cuda:N" or (with --ep, checked after the loop) "cuda:N,M,...". Whether CUDA
+ * is usable is decided later (exit 1, not 2). */
 static int parse_device(const char *s, bench_opts *o)
 {
+    if (strncmp(s, "cuda:", 5) == 0 && strchr(s, ',')) {
+        char one[16];
+        o->n_ep_gpus = 0;
+        for (const char *p = s + 5;;) {
+            const char *end = strchr(p, ',');
+            const size_t len = end ? (size_t)(end - p) : strlen(p);
+            int64_t idx = 0;
+            if (len == 0 || len >= sizeof one)
+                return bench_usage_error("--device: \"%s\" has an empty or overlong GPU index", s);
+            memcpy(one, p, len);
+            one[len] = '\0';
+            if (strcmp(one, "0") != 0 && parse_positive("--device", one, 1023, &idx) != 0)
+                return EXIT_USAGE;
+            if (o->n_ep_gpus == MAX_EP_GPUS)
+                return bench_usage_error("--device: \"%s\" lists more than %d GPUs", s, MAX_EP_GPUS);
+            o->ep_gpus[o->n_ep_gpus++] = (int)idx;
+            if (!end)
+                break;
+            p = end + 1;
+        }
+        o->device = (moex_device){MOEX_DEVICE_CUDA, o->ep_gpus[0]};
+        return 0;
+    }
     if (strcmp(s, "cpu") == 0) {
         o->device = (moex_device){MOEX_DEVICE_CPU, 0};
         return 0;
@@ -511,6 +544,11 @@ static int apply_option(const char *name, const char *v, bench_opts *o, const ch
         o->max_experts = rc ? 0 : n;
         return rc;
     }
+    if (strcmp(name, "--ep") == 0) {
+        rc = parse_positive(name, v, MAX_EP_RANKS, &n);
+        o->ep = rc ? 0 : (int)n;
+        return rc;
+    }
     if (strcmp(name, "--threads") == 0) {
         rc = parse_positive(name, v, MAX_THREADS, &n);
         o->threads = rc ? 0 : (int)n;
@@ -527,13 +565,36 @@ static int apply_option(const char *name, const char *v, bench_opts *o, const ch
     return 0;
 }
 
+/* --ep and what it excludes (skew, reference, cache: whether those options were given). */
+static int check_ep(bench_opts *o, int skew, int reference, int cache)
+{
+    if (!o->ep) {
+        if (o->n_ep_gpus)
+            return bench_usage_error("--device cuda:%d,...: a list of GPUs takes the ranks of --ep N", o->ep_gpus[0]);
+        return 0;
+    }
+    const char *excluded = o->graph == GRAPH_ON || o->graph == GRAPH_BOTH ? "--graph on/both (an expert-parallel "
+                                                                            "forward is not captured)"
+                           : o->plot.path      ? "--plot"
+                           : cache             ? "--cache"
+                           : skew              ? "--skew"
+                           : reference         ? "--reference"
+                           : o->backend_max_arg ? "--backend-max-tokens"
+                           : o->ndtypes > 1    ? "a list of --dtype (one dtype a run)"
+                                               : NULL;
+    if (excluded)
+        return bench_usage_error("--ep %d does not take %s", o->ep, excluded);
+    o->graph = GRAPH_OFF;
+    return 0;
+}
+
 int bench_parse_args(int argc, char **argv, bench_opts *o)
 {
     static const char *const names[] = {"--shape",   "--tokens",      "--backends", "--dtype",
                                         "--device",  "--max-experts", "--threads",  "--runs",
                                         "--csv",     "--plot",        "--seed",
                                         "--graph",   "--backend-max-tokens", "--reference",
-                                        "--cache",   "--skew"};
+                                        "--cache",   "--skew",        "--ep"};
     enum { NUM_NAMES = sizeof names / sizeof names[0] };
     int given[NUM_NAMES] = {0};
     const char *backends = DEFAULT_BACKENDS;
@@ -564,6 +625,14 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
         return bench_usage_error("--tokens is required (e.g. --tokens 1,8,512)");
     int rc = check_outputs(o);
     if (rc)
+        return rc;
+    int skew = 0, reference = 0, cache = 0;
+    for (int k = 0; k < NUM_NAMES; k++) {
+        skew |= given[k] && !strcmp(names[k], "--skew");
+        reference |= given[k] && !strcmp(names[k], "--reference");
+        cache |= given[k] && !strcmp(names[k], "--cache");
+    }
+    if ((rc = check_ep(o, skew, reference, cache)))
         return rc;
     if (o->device.kind == MOEX_DEVICE_CPU && (o->graph == GRAPH_ON || o->graph == GRAPH_BOTH))
         return bench_usage_error("--graph %s: graph capture needs --device cuda",

@@ -16,6 +16,8 @@ enum { MAX_TOKEN_COUNTS = 32, MAX_BACKENDS = 16, MAX_DTYPES = 6, NAME_LEN = 64 }
 /* The most tokens of one case (--tokens, --backend-max-tokens). */
 enum { MAX_TOKENS = 1 << 24 };
 enum { GRAPH_DEFAULT = -1, GRAPH_OFF = 0, GRAPH_ON = 1, GRAPH_BOTH = 2 };
+/* --ep: the most ranks, and the most GPUs a --device list names. */
+enum { MAX_EP_RANKS = 64, MAX_EP_GPUS = 64 };
 /* Room for a path as realpath() writes it (PATH_MAX on Linux; checked in bench_options.c). */
 enum { BENCH_PATH_MAX = 4096 };
 
@@ -47,7 +49,10 @@ typedef struct bench_opts {
     moex_quant_format qformat;
     char dtypes[MAX_DTYPES][NAME_LEN]; /* --dtype list: one pass of the whole bench each */
     int ndtypes;
-    moex_device device;
+    moex_device device;         /* with a --device list: its first GPU */
+    int ep;                     /* --ep N: ranks of an expert-parallel group (tools/bench_ep.c); 0: none */
+    int ep_gpus[MAX_EP_GPUS];   /* --device cuda:N,M,...: rank r on ep_gpus[r mod n_ep_gpus] */
+    int n_ep_gpus;              /* 0: the list was not given (every rank on `device`) */
     int64_t max_experts; /* 0: all */
     int threads;         /* 0: one per online core */
     int runs;

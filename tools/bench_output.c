@@ -29,14 +29,12 @@ void bench_host_and_date(char *host, size_t host_size, char *date, size_t date_s
         strftime(date, date_size, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-typedef int (*file_writer)(FILE *f, const bench_state *st);
-
 /* Run writer on f and close f: 0, or the errno of the first failure (EIO if none was set). */
-static int write_and_close(FILE *f, file_writer writer, const bench_state *st, int sync)
+static int write_and_close(FILE *f, bench_file_writer writer, const void *user, int sync)
 {
     int e = 0;
     errno = 0;
-    if (writer(f, st) != 0 || ferror(f))
+    if (writer(f, user) != 0 || ferror(f))
         e = errno ? errno : EIO;
     errno = 0;
     if (!e && fflush(f) != 0)
@@ -49,16 +47,11 @@ static int write_and_close(FILE *f, file_writer writer, const bench_state *st, i
     return e;
 }
 
-/*
- * Write out's file. A regular file (or a new one) goes through a temp file beside it, then a
- * rename: a failure leaves the old file, if any, as it was and no temp file behind. A device
- * or FIFO is written in place. Returns 0, or EXIT_RUNTIME after naming the file and the error.
- */
-static int write_output(const out_file *out, file_writer writer, const bench_state *st)
+int bench_write_file(const out_file *out, bench_file_writer writer, const void *user)
 {
     if (out->in_place) {
         FILE *f = fopen(out->target, "w");
-        int e = f ? write_and_close(f, writer, st, 0) : errno;
+        int e = f ? write_and_close(f, writer, user, 0) : errno;
         if (e) {
             fprintf(stderr, "moex bench: %s: cannot write \"%s\": %s\n", out->opt, out->path,
                     strerror(e));
@@ -82,7 +75,7 @@ static int write_output(const out_file *out, file_writer writer, const bench_sta
         }
         return EXIT_RUNTIME;
     }
-    int e = write_and_close(f, writer, st, 1);
+    int e = write_and_close(f, writer, user, 1);
     if (!e && rename(tmp, out->target) != 0)
         e = errno;
     if (e) {
@@ -102,8 +95,9 @@ static void csv_number(FILE *f, double v)
     else
         fputs(isnan(v) ? ",nan" : v > 0 ? ",inf" : ",-inf", f);
 }
-static int write_csv(FILE *f, const bench_state *st)
+static int write_csv(FILE *f, const void *user)
 {
+    const bench_state *st = user;
     const bench_opts *o = st->o;
     st->runner->csv_comments(f, st);
     if (o->skew > 0.0f)
@@ -146,8 +140,9 @@ static int write_csv(FILE *f, const bench_state *st)
     return ferror(f) ? -1 : 0;
 }
 
-static int write_svg(FILE *f, const bench_state *st)
+static int write_svg(FILE *f, const void *user)
 {
+    const bench_state *st = user;
     const bench_opts *o = st->o;
     int nv = bench_nvariants(st), nt = o->ntokens, ns = 0;
     enum { MAX_SERIES = MAX_DTYPES * 2 * MAX_BACKENDS };
@@ -186,12 +181,12 @@ static int write_svg(FILE *f, const bench_state *st)
 int bench_write_outputs(const bench_state *st)
 {
     const out_file *files[2] = {&st->o->csv, &st->o->plot};
-    file_writer writers[2] = {write_csv, write_svg};
+    bench_file_writer writers[2] = {write_csv, write_svg};
     int rc = 0;
     for (int i = 0; i < 2; i++) {
         if (!files[i]->path)
             continue;
-        if (write_output(files[i], writers[i], st) == 0)
+        if (bench_write_file(files[i], writers[i], st) == 0)
             fprintf(stderr, "moex bench: wrote %s\n", files[i]->path);
         else
             rc = EXIT_RUNTIME;

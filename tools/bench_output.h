@@ -16,6 +16,17 @@
  */
 int bench_write_outputs(const bench_state *st);
 
+/** Writes one file's contents (user: what it is made from); 0, or nonzero with errno set or ferror. */
+typedef int (*bench_file_writer)(FILE *f, const void *user);
+
+/**
+ * Write out's file with writer. A regular file (or a new one) goes through a temp file beside it,
+ * then a rename: a failure leaves the old file, if any, as it was and no temp file behind. A
+ * device or FIFO is written in place. Returns 0, or EXIT_RUNTIME after naming the file and the
+ * error.
+ */
+int bench_write_file(const out_file *out, bench_file_writer writer, const void *user);
+
 /** The time now (UTC, ISO 8601) and this machine's name, as the CSV's comment lines give them. */
 void bench_host_and_date(char *host, size_t host_size, char *date, size_t date_size);
 

@@ -222,11 +222,9 @@ static int skew_logits(const bench_state *st, float *logits, int64_t T)
     return 0;
 }
 
-/* Routing r: random logits (+ --skew's popularity) -> softmax top-k (renormalised) -> ids, weights;
- * experts hit. */
-static int make_routing(const bench_state *st, workload *w, int r, float *logits, char *seen)
+int bench_route(const bench_state *st, int64_t T, int r, int32_t *ids_out, void *weights_out, float *logits)
 {
-    int64_t T = w->tokens, E = st->experts, k = st->top_k;
+    int64_t E = st->experts, k = st->top_k;
     bench_fill_normal_f32(logits, (size_t)(T * E), 1.0f, bench_stream_seed(st->o->seed, 5, (uint64_t)T, (uint64_t)r));
     if (st->o->skew > 0.0f && skew_logits(st, logits, T))
         return EXIT_RUNTIME;
@@ -238,18 +236,27 @@ static int make_routing(const bench_state *st, workload *w, int r, float *logits
     rd.num_experts = E;
     rd.top_k = k;
     rd.renormalize = 1;
-    moex_tensor lt, x, ids, wt, out;
-    int64_t te[2] = {T, E};
-    if ((s = moex_tensor_init(&lt, logits, MOEX_F32, 2, te)) != MOEX_OK)
+    moex_tensor lt, ids, wt;
+    int64_t te[2] = {T, E}, tk[2] = {T, k};
+    if ((s = moex_tensor_init(&lt, logits, MOEX_F32, 2, te)) != MOEX_OK ||
+        (s = moex_tensor_init(&ids, ids_out, MOEX_I32, 2, tk)) != MOEX_OK ||
+        (s = moex_tensor_init(&wt, weights_out, st->o->dtype, 2, tk)) != MOEX_OK)
         return bench_moex_failed("moex_tensor_init", s);
-    if (tensor_views(st, T, HOST, (char *)w->hidden + hidden_at(st, w, r), (char *)w->ids + ids_at(st, w, r),
-                     (char *)w->weights + weights_at(st, w, r), w->outs, &x, &ids, &wt, &out))
-        return EXIT_RUNTIME;
     if ((s = moex_route(&rd, &lt, &ids, &wt)) != MOEX_OK)
         return bench_moex_failed("moex_route", s);
+    return 0;
+}
+
+/* Routing r of the workload (bench_route) and the experts it hits. */
+static int make_routing(const bench_state *st, workload *w, int r, float *logits, char *seen)
+{
+    int64_t T = w->tokens, E = st->experts, k = st->top_k;
+    int32_t *id = w->ids + (size_t)r * T * k;
+    int rc = bench_route(st, T, r, id, (char *)w->weights + weights_at(st, w, r), logits);
+    if (rc)
+        return rc;
     memset(seen, 0, (size_t)E);
     int unique = 0;
-    const int32_t *id = w->ids + (size_t)r * T * k;
     for (int64_t i = 0; i < T * k; i++) {
         if (id[i] >= 0 && id[i] < E && !seen[id[i]]) {
             seen[id[i]] = 1;

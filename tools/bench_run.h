@@ -131,6 +131,13 @@ int bench_check_backends(const bench_opts *o, moex_device device);
 /** Bytes one token count needs beyond the weights (inputs of every run, outputs, scratch). */
 double bench_workload_bytes(const bench_state *st, int64_t T);
 
+/**
+ * Routing r of T tokens: random logits from the seed (+ --skew's popularity; logits: T x experts
+ * floats of scratch) -> softmax top-k, renormalised -> ids [T, k] and weights [T, k] (o->dtype),
+ * on the host. Returns 0, or EXIT_RUNTIME after printing why.
+ */
+int bench_route(const bench_state *st, int64_t T, int r, int32_t *ids, void *weights, float *logits);
+
 /** Distinct experts hit, averaged over the timed runs. */
 double bench_mean_unique(const bench_opts *o, const workload *w);
 

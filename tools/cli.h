@@ -8,7 +8,9 @@
  * Flush stdout. Returns 0 if it and every write before it succeeded, else the
  * errno of the first failure seen (kept: main reports it once, at exit, as
  * "moex: writing the output: ..." and exits 1). A command that prints as it
- * goes calls this after each piece and stops when it fails.
+ * goes calls this after each piece and stops when it fails; a piece longer
+ * than stdout's buffer may fail inside a write, so call it right after such a
+ * piece, before anything else can set errno.
  */
 int cli_stdout_flush(void);
 

@@ -41,6 +41,10 @@ static int stdout_errno; /* the first write error on stdout, 0 if none */
 
 int cli_stdout_flush(void) {
     if (stdout_errno) return stdout_errno;
+    if (ferror(stdout)) { /* a write of the last piece failed: errno is still its (nothing since has failed) */
+        stdout_errno = errno ? errno : EIO;
+        return stdout_errno;
+    }
     errno = 0;
     if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
     stdout_errno = errno ? errno : EIO;

@@ -58,7 +58,7 @@ size_t moex_ep_scratch_bytes(int ranks) {
     const size_t R = (size_t)ranks;
     const size_t host = ((size_t)H_COUNTS + R) * (1 + R) * sizeof(int64_t) + 4 * R * sizeof(size_t) +
                         (4 * R + 2) * sizeof(int64_t);
-    const size_t posts = R * MOEX_EP_CUDA_POST_BYTES; /* a CUDA context's all-gathers */
+    const size_t posts = MOEX_EP_CUDA_SCRATCH_BYTES(R); /* a CUDA context's all-gathers */
     return host > posts ? host : posts;
 }
 

@@ -23,6 +23,10 @@ typedef struct moex_impl {
     void (*release)(void *state);
     /* args->state is what prepare made. */
     moex_status (*forward)(const moex_forward_args *args);
+    /* In a context with an expert-parallel group: 1 when the exchange runs in pieces beside this
+     * implementation's compute (backends/cuda/ep_forward_cuda.cu; deepgemm_megamoe), 0 for the
+     * plain exchange around one forward. */
+    int overlaps_exchange;
 } moex_impl;
 
 #ifdef __cplusplus

@@ -54,14 +54,11 @@ int moex_deepgemm_needs(const moex_experts_desc *layer, const moex_device_info *
     return 1;
 }
 
+/* An NVIDIA GPU of compute capability >= 9.0; the expert-parallel group it needs is the context's,
+ * checked when a layer is prepared (backends/cuda/megamoe.c). */
 int moex_megamoe_needs(const moex_experts_desc *layer, const moex_device_info *dev, char *why, size_t n) {
-    if (!need_hopper("deepgemm_megamoe (several GPUs in an expert-parallel group, EP size > 1)", dev, why, n)) return 0;
-    if (dev->cuda_devices < 2) {
-        snprintf(why, n, "deepgemm_megamoe needs several GPUs in an expert-parallel group (EP size > 1); %d visible",
-                 dev->cuda_devices);
-        return 0;
-    }
-    return 1;
+    (void)layer;
+    return need_hopper("deepgemm_megamoe (the experts of an expert-parallel group of GPUs)", dev, why, n);
 }
 
 int moex_sonicmoe_needs(const moex_experts_desc *layer, const moex_device_info *dev, char *why, size_t n) {

@@ -16,6 +16,9 @@
  *         (backends/cuda/experts.cu), its kernels compiled per shape (backends/cuda/gemm_jit.h).
  *         sonicmoe takes the grouped GEMM at every size too, with the gathered A-load and the
  *         weighted down epilogue, its tiles by grouped_gemm_narrow_pays as grouped_mm's.
+ *         deepgemm_megamoe runs grouped_mm's implementation on each rank of an expert-parallel
+ *         group; its exchange goes in pieces beside it where megamoe_in_pieces says so, cut by
+ *         megamoe_pieces_of (backends/cuda/ep_forward_cuda.cu), else plain EP's exchange.
  * So "what runs bf16 grouped_mm at 64 tokens on an H200" is the row {grouped_mm, cuda, float}
  * (moex_cuda_grouped_mm, experts.cu) and grouped_gemm_pays(64 * top_k pairs, E, H). */
 #include "backends/impl.h"
@@ -34,6 +37,7 @@ extern const moex_impl moex_cuda_batched_mm; /* streamed gate/up and down per pa
 extern const moex_impl moex_cuda_grouped_mm; /* routing on the device, then streamed or tensor-core GEMMs */
 extern const moex_impl moex_cuda_deepgemm;   /* deepgemm's layouts, GEMMs compiled per shape at first use */
 extern const moex_impl moex_cuda_sonicmoe;   /* the fused GEMM path: gathered A-load, weighted down, sum */
+extern const moex_impl moex_cuda_megamoe;    /* backends/cuda/megamoe.c: grouped_mm's, the EP exchange beside it */
 #define CUDA_IMPL(name) (&moex_cuda_##name)
 #else
 #define CUDA_IMPL(name) NULL /* the row stands; supports() says this build has no CUDA */
@@ -67,6 +71,7 @@ static const row TABLE[] = {
     {"grouped_mm",  CUDA,   FLOAT | FP8 | FP4, CUDA_IMPL(grouped_mm),  "batched_mm"},
     {"deepgemm",    CUDA,   FLOAT | FP8,       CUDA_IMPL(deepgemm),    NULL},
     {"sonicmoe",    CUDA,   FLOAT,             CUDA_IMPL(sonicmoe),    NULL},
+    {"deepgemm_megamoe", CUDA, FLOAT | FP8 | FP4, CUDA_IMPL(megamoe), NULL},
 #if MOEX_TEST_BACKENDS /* the test copy of the library only (tests/backends/test_rows.c) */
     {"test_rows",   CPU,    FLOAT | FP8 | FP4, &moex_test_rows,        NULL},
 #endif
@@ -86,8 +91,8 @@ static const builtin BUILTINS[] = {
     {"grouped_mm", "sort pairs by expert, one grouped GEMM over all experts per projection (large inputs)", NULL},
     {"deepgemm", "grouped GEMMs compiled per shape at first use, contiguous and masked layouts (Hopper; bf16, FP8)",
      moex_deepgemm_needs},
-    {"deepgemm_megamoe", "one fused expert-parallel kernel: dispatch, gate/up, SwiGLU, down, combine (several GPUs)",
-     moex_megamoe_needs},
+    {"deepgemm_megamoe", "expert parallelism whose dispatch and combine run in pieces on the copy engines beside "
+                         "grouped_mm's GEMMs (a group of Hopper GPUs; chosen at load time)", moex_megamoe_needs},
     {"sonicmoe", "fused grouped GEMMs: rows gathered inside gate/up, routing weights in down, a gather-and-sum "
                  "combine (Hopper; bf16/f16 gated)", moex_sonicmoe_needs},
 #if MOEX_TEST_BACKENDS
@@ -250,6 +255,12 @@ unsigned moex_dispatch_device_formats(moex_device_kind kind) {
     for (int i = 0; i < N_ROWS; i++)
         if (TABLE[i].device == kind && TABLE[i].impl) f |= TABLE[i].formats;
     return f;
+}
+
+int moex_dispatch_overlaps_exchange(const moex_backend *b, moex_device_kind kind, const moex_experts_desc *layer) {
+    if (!b || b->supports != builtin_supports || !layer) return 0;
+    const row *r = find_row(((const builtin *)b->user)->name, kind, (unsigned)moex_weight_format_of(layer));
+    return r && r->impl && r->impl->overlaps_exchange;
 }
 
 const char *moex_dispatch_decode_backend(const char *name, moex_device_kind kind) {

@@ -93,6 +93,11 @@ const char *moex_device_str(moex_device d, char *buf, size_t n);
 /* Format a shape as "[2, 3, 4]" into buf. */
 const char *moex_shape_str(const moex_tensor *t, char *buf, size_t n);
 
+/* The decimal integer in environment variable `name` when it is one in [lo, hi]; else fallback
+ * (unset, empty, not a number, out of range). For the few settings a size predicate lets a
+ * caller override. */
+int64_t moex_env_int(const char *name, int64_t lo, int64_t hi, int64_t fallback);
+
 /* a * b into *out, 0 on int64 overflow or a negative factor. */
 static inline int moex_mul_ok(int64_t a, int64_t b, int64_t *out) {
     if (a < 0 || b < 0) return 0;

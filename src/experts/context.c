@@ -79,6 +79,7 @@ void moex_context_free(moex_context *ctx) {
     }
     free(ctx->prepared);
 #if MOEX_HAVE_CUDA /* before what the ranks shared: it may wait for the other ranks (dispatch.h) */
+    moex_ep_cuda_pipe_free(ctx->ep_pipe);
     moex_ep_cuda_peers_free(ctx->ep_peers, ctx->options.device.index, ctx->options.ep_group);
 #endif
     free(ctx->ep_scratch);

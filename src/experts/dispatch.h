@@ -58,6 +58,15 @@ moex_status moex_ep_cuda_peers_new(int ranks, void **out);
 moex_status moex_ep_cuda_peers_retire(void *peers, void *workspace, int *kept);
 void moex_ep_cuda_peers_free(void *peers, int device, moex_ep_group *g);
 
+/* A CUDA context's ep_pipe: the streams and events of deepgemm_megamoe's exchange in pieces (CUDA
+ * builds only, backends/cuda/ep_forward_cuda.cu), made at its first such forward; freed (NULL:
+ * nothing) after what is queued on its streams has run. */
+void moex_ep_cuda_pipe_free(void *pipe);
+
+/* Whether backend b, on devices of `kind` for layers like `layer`, overlaps the expert-parallel
+ * exchange with its compute (the table row's implementation says so: deepgemm_megamoe). */
+int moex_dispatch_overlaps_exchange(const moex_backend *b, moex_device_kind kind, const moex_experts_desc *layer);
+
 /* One forward of this rank (see moex_experts_forward; a CUDA context's goes on in
  * backends/cuda/ep_forward_cuda.h): `checked` is what the front end's checks of this rank's
  * arguments found (MOEX_OK or a failure with its message), p the prepared entry (NULL if none;

@@ -39,6 +39,7 @@ struct moex_context {
     void *ep_scratch; /* contexts with an expert-parallel group: moex_ep_scratch_bytes of host memory */
     void *ep_events[2]; /* CUDA contexts with a group: this rank's "rows posted" and "results posted" events */
     void *ep_peers;     /* CUDA contexts with a group over the caller's transport: its peers' opened IPC handles */
+    void *ep_pipe;      /* CUDA contexts with a group: deepgemm_megamoe's side streams and events (or NULL) */
     int ep_kinds_agreed; /* a group over the caller's transport: every rank's device kind found the same */
 };
 

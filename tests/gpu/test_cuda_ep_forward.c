@@ -3,7 +3,8 @@
  * of one group (moex_ep_local_groups), a thread each, every rank's context on the same GPU (its
  * own stream slot) with its share of a layer's experts (weights uploaded once, shares offset
  * into them), each rank forwarding its own tokens with the group's ids:
- *   - eager, batched_mm and grouped_mm, f32 (SiLU, odd sizes) and bf16 (interleaved gate/up,
+ *   - eager, batched_mm, grouped_mm and deepgemm_megamoe (its exchange whole, and cut into
+ *     pieces of 4 and 7 rows by $MOEX_MEGAMOE_PIECE_ROWS), f32 (SiLU, odd sizes) and bf16 (interleaved gate/up,
  *     biases, the clamped activation), groups of 1 to 4 ranks, a rank with no tokens, i32 and
  *     i64 ids, sentinels: each rank's out against the float64 reference of the whole layer and
  *     against the same backend's forward of the whole layer in a context of its own (f32 NMSE
@@ -11,12 +12,15 @@
  *     rounding more than on one GPU), and bitwise the same when run again;
  *   - a rank whose tokens exceed its context's max_tokens: every rank fails, that one with its
  *     own message, the others naming it, and no out written; the group works again after;
+ *   - deepgemm_megamoe refused by moex_prepare in a context without a group, and by every rank of
+ *     a group whose ranks run it and grouped_mm;
  *   - contexts of different max_tokens refused by every rank; a CPU context refused in a group
  *     whose contexts are on the GPU; a bad id reported by moex_context_synchronize on the rank
  *     that sent it;
  *   - first, before this process touches the GPU: ranks in processes of their own (fork), a group
  *     over a transport of the test's (socket pairs) whose contexts share their buffers through
- *     CUDA IPC: groups of 2 and 3 ranks on the one GPU, grouped_mm and eager, each rank against
+ *     CUDA IPC: groups of 2 and 3 ranks on the one GPU, grouped_mm, eager and deepgemm_megamoe
+ *     (in pieces), each rank against
  *     the float64 reference and its own one-GPU forward, bitwise again, a second layer of another
  *     hidden size prepared in the same contexts (the workspace grows, so every peer opens the new
  *     one) and the first layer again; a rank over its max_tokens failing every rank; and a group of
@@ -140,8 +144,15 @@ static void job_views(ep_rank_job *j, const rank_data *rd, int64_t H, int64_t k)
     j->out = dev_2d(rd->dout, rd->dt, rd->T, H);
 }
 
+/* The backend that runs what `backend` runs on one GPU without a group: deepgemm_megamoe's
+ * compute is grouped_mm's. */
+static const char *one_gpu_twin(const char *backend) {
+    return strcmp(backend, "deepgemm_megamoe") ? backend : "grouped_mm";
+}
+
 /* The whole layer (device views) on one GPU context of its own: out [T, H] on the host. */
-static void *one_gpu(const moex_experts_desc *d, const char *backend, const rank_data *rd) {
+static void *one_gpu(const moex_experts_desc *d, const char *ep_backend, const rank_data *rd) {
+    const char *backend = one_gpu_twin(ep_backend);
     const size_t esz = moex_dtype_size(rd->dt), bytes = (size_t)(rd->T * d->hidden) * esz;
     void *out = calloc(bytes + 1, 1);
     if (!rd->T) return out;
@@ -230,7 +241,8 @@ static void check_rank_out(const ref_layer *L, const moex_experts_desc *dev, con
     for (int64_t i = 0; i < T * H; i++) one_d[i] = ref_load(one, dt, i);
     const double e_ref = ref_nmse(got, dt, T, H, H, ref), e_one = ref_nmse(got, dt, T, H, H, one_d);
     CHECK(e_ref <= bound, "%s rank %d: NMSE against the float64 reference %.3g > %.0e", what, r, e_ref, bound);
-    CHECK(e_one <= bound, "%s rank %d: NMSE against one GPU's %s %.3g > %.0e", what, r, backend, e_one, bound);
+    CHECK(e_one <= bound, "%s rank %d: NMSE against one GPU's %s %.3g > %.0e", what, r, one_gpu_twin(backend), e_one,
+          bound);
     free(ref), free(one), free(one_d);
 }
 
@@ -278,7 +290,9 @@ static void check_group(const ref_layer *L, const moex_experts_desc *dev, int R,
 }
 
 static void test_matches_one_gpu(void) {
-    static const char *const BACKENDS[] = {"eager", "batched_mm", "grouped_mm"};
+    static const char *const BACKENDS[] = {"eager", "batched_mm", "grouped_mm", "deepgemm_megamoe",
+                                           "deepgemm_megamoe", "deepgemm_megamoe"};
+    static const char *const PIECES[] = {NULL, NULL, NULL, NULL, "4", "7"}; /* $MOEX_MEGAMOE_PIECE_ROWS */
     static const int64_t TOKENS[MAXR] = {7, 0, 13, 5};
     /* E H I k gated interleaved transposed bias act alpha limit dtype */
     const ref_layer_spec specs[] = {
@@ -291,14 +305,19 @@ static void test_matches_one_gpu(void) {
         void *dev[4];
         const moex_experts_desc d = device_desc(&L.desc, dev);
         for (int R = 1; R <= MAXR; R++)
-            for (int b = 0; b < 3; b++) {
+            for (int b = 0; b < 6; b++) {
                 if (g_quick && R == 3) continue;
-                char what[96];
+                char what[128];
                 const moex_dtype id_dt = (R + b) % 2 ? MOEX_I64 : MOEX_I32;
-                snprintf(what, sizeof what, "%s R=%d %s %s ids", BACKENDS[b], R, moex_dtype_name(specs[sp].dtype),
-                         moex_dtype_name(id_dt));
+                snprintf(what, sizeof what, "%s%s%s R=%d %s %s ids", BACKENDS[b], PIECES[b] ? " in pieces of " : "",
+                         PIECES[b] ? PIECES[b] : "", R, moex_dtype_name(specs[sp].dtype), moex_dtype_name(id_dt));
+                if (PIECES[b])
+                    setenv("MOEX_MEGAMOE_PIECE_ROWS", PIECES[b], 1);
+                else
+                    unsetenv("MOEX_MEGAMOE_PIECE_ROWS");
                 check_group(&L, &d, R, BACKENDS[b], id_dt, TOKENS, 700u + (uint64_t)(R * 7 + b), what);
             }
+        unsetenv("MOEX_MEGAMOE_PIECE_ROWS");
         for (int i = 0; i < 4; i++) moex_device_free(gpu(), dev[i]);
         ref_layer_destroy(&L);
     }
@@ -359,6 +378,36 @@ static void test_refusals(void) {
           (int)jobs[0].st, jobs[0].msg);
     CHECK(!jobs[1].st, "bad id on rank 0: rank 1 got %s", jobs[1].msg);
     close_ranks(jobs, g, 2);
+    const int32_t good = 3;
+    moex_memcpy(rd[0].dids, gpu(), &good, (moex_device){MOEX_DEVICE_CPU, 0}, sizeof good);
+
+    /* deepgemm_megamoe needs a group; ranks of one group run one kind of exchange */
+    moex_context_options lone = moex_context_default_options();
+    lone.device = gpu();
+    moex_context *lone_ctx = NULL;
+    moex_layer *whole = NULL;
+    CHECK(moex_context_create(&lone, &lone_ctx) == MOEX_OK && moex_layer_create(&d, &whole) == MOEX_OK, "%s",
+          moex_last_error());
+    CHECK(moex_prepare(lone_ctx, whole, "deepgemm_megamoe") == MOEX_ERR_UNSUPPORTED &&
+              strstr(moex_last_error(), "expert-parallel group") && strstr(moex_last_error(), "grouped_mm"),
+          "deepgemm_megamoe without a group: %s", moex_last_error());
+    moex_context_free(lone_ctx);
+    moex_layer_free(whole);
+    setenv("MOEX_MEGAMOE_PIECE_ROWS", "4", 1);
+    open_ranks(jobs, g, 2, &d, mt, "grouped_mm");
+    CHECK(moex_prepare(jobs[1].ctx, jobs[1].layer, "deepgemm_megamoe") == MOEX_OK, "%s", moex_last_error());
+    jobs[1].backend = "deepgemm_megamoe";
+    for (int r = 0; r < 2; r++) job_views(&jobs[r], &rd[r], H, k);
+    jobs[1].hidden.shape[0] = jobs[1].ids.shape[0] = jobs[1].weights.shape[0] = jobs[1].out.shape[0] = 6;
+    run_and_sync(jobs, 2);
+    for (int r = 0; r < 2; r++)
+        CHECK(jobs[r].st == MOEX_ERR_INVALID_ARGUMENT && strstr(jobs[r].msg, "one backend"),
+              "grouped_mm beside deepgemm_megamoe: rank %d got %d (%s)", r, (int)jobs[r].st, jobs[r].msg);
+    jobs[1].backend = "grouped_mm"; /* and the group works again */
+    run_and_sync(jobs, 2);
+    CHECK(!jobs[0].st && !jobs[1].st, "after mixed backends: %s / %s", jobs[0].msg, jobs[1].msg);
+    close_ranks(jobs, g, 2);
+    unsetenv("MOEX_MEGAMOE_PIECE_ROWS");
 
     /* contexts of different max_tokens: every rank refuses */
     const int64_t mt2[2] = {6, 7};
@@ -579,10 +628,10 @@ static int process_rank_mixed(int me, sock_transport *t) {
 /* Groups of 2 and 3 ranks, a process each (forked before this process uses the GPU), connected by
  * socket pairs. Returns 1 when every rank skipped (no usable GPU). */
 static int test_processes(void) {
-    static const char *const BACKENDS[2] = {"grouped_mm", "eager"};
+    static const char *const BACKENDS[4] = {"grouped_mm", "eager", NULL, "deepgemm_megamoe"};
     int skipped = 0, runs = 0;
-    for (int run = 0; run < 3; run++) { /* 2 ranks, 3 ranks, 2 ranks on a GPU and the CPU */
-        const int R = run == 1 ? 3 : 2;
+    for (int run = 0; run < 4; run++) { /* 2 ranks, 3 ranks, 2 ranks on a GPU and the CPU, 3 ranks */
+        const int R = run == 1 || run == 3 ? 3 : 2;
         int fds[MAXR][MAXR];
         for (int a = 0; a < R; a++)
             for (int b = a + 1; b < R; b++) {
@@ -603,6 +652,7 @@ static int test_processes(void) {
             if (pid[r] == 0) {
                 g_checks = g_failures = 0; /* this rank's own (the parent's checks so far are the parent's) */
                 alarm(150);                /* a rank left waiting for a dead one ends the test */
+                if (run == 3) setenv("MOEX_MEGAMOE_PIECE_ROWS", "3", 1); /* its exchange in pieces */
                 sock_transport t = {R, r, {-1, -1, -1, -1}};
                 for (int q = 0; q < R; q++)
                     for (int p2 = 0; p2 < R; p2++)

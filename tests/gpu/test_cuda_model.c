@@ -25,11 +25,14 @@
  * on the one GPU (moex_ep_local_groups, each rank a thread with its share of the experts), rank 0
  * generating both prompts while rank 1 has none (its idle steps keep every exchange whole), then
  * the other way round: the tokens of one model holding every expert, logits within 1e-4; a
- * rank's captured decode step is refused, naming why. With a second GPU, the same with rank r on
- * cuda:r (peer access between the two).
+ * rank's captured decode step is refused, naming why. qwen3_moe again with its experts on
+ * deepgemm_megamoe, its exchange in pieces of 8 rows ($MOEX_MEGAMOE_PIECE_ROWS), against one model
+ * on grouped_mm; and deepgemm_megamoe refused at load without a group. With a second GPU, the
+ * same with rank r on cuda:r (peer access between the two).
  * Plain C, no framework; links moex_static and reads the model's internal
  * header for the test hook.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "../backend_list.h"
 #include "gpu_harness.h"
 #include "model/model_internal.h"
@@ -76,6 +79,7 @@ static void run_free(run_out *r) {
 static int g_dequantize;          /* the fixture is loaded with dequantize = 1 */
 static moex_ep_group *g_ep_group; /* the fixture is loaded as this rank of an expert-parallel group */
 static int g_load_gpu = -1;       /* >= 0: load on this GPU instead of g_gpu */
+static const char *g_experts;     /* the experts' backend at load (NULL: the default) */
 
 static moex_model *load(const char *dir, moex_device_kind kind, moex_dtype dt) {
     moex_model_options mo = moex_model_default_options();
@@ -87,6 +91,7 @@ static moex_model *load(const char *dir, moex_device_kind kind, moex_dtype dt) {
     mo.max_seq = 64;
     mo.max_tokens = 64;
     mo.ep_group = g_ep_group;
+    if (g_experts) mo.experts = g_experts;
     moex_model *m = NULL;
     if (moex_model_load(dir, &mo, &m) != MOEX_OK) {
         printf("  loading %s on %s (%s): %s\n", dir, kind == MOEX_DEVICE_CUDA ? "cuda" : "cpu", moex_dtype_name(dt),
@@ -330,8 +335,9 @@ static void *ep_rank_run(void *arg) {
     return NULL;
 }
 
-/* gpus: 1, every rank on g_gpu; 2, rank r on cuda:r. */
-static void test_expert_parallel(const char *name, int gpus) {
+/* gpus: 1, every rank on g_gpu; 2, rank r on cuda:r. The ranks' experts on `experts` (NULL: the
+ * default), one model's on the default. */
+static void test_expert_parallel(const char *name, int gpus, const char *experts) {
     char dir[512], what[200];
     snprintf(dir, sizeof dir, "%s/%s", MOEX_FIXTURES, name);
     g_dequantize = 0;
@@ -347,13 +353,15 @@ static void test_expert_parallel(const char *name, int gpus) {
     for (int r = 0; r < 2 && g[0]; r++) {
         g_ep_group = g[r];
         g_load_gpu = gpus == 2 ? r : -1;
+        g_experts = experts;
         jobs[r].m = load(dir, MOEX_DEVICE_CUDA, MOEX_F32);
-        snprintf(what, sizeof what, "rank %d of 2 loads on cuda%s with its share of the experts", r,
-                 gpus == 2 ? (r ? ":1" : ":0") : "");
+        snprintf(what, sizeof what, "rank %d of 2 loads on cuda%s with its share of the experts%s%s", r,
+                 gpus == 2 ? (r ? ":1" : ":0") : "", experts ? " on " : "", experts ? experts : "");
         check(jobs[r].m != NULL, name, what);
     }
     g_ep_group = NULL;
     g_load_gpu = -1;
+    g_experts = NULL;
     for (int busy = 0; busy < 2 && ref.ok && jobs[0].m && jobs[1].m; busy++) {
         pthread_t th[2];
         int started = 0;
@@ -379,6 +387,10 @@ static void test_expert_parallel(const char *name, int gpus) {
     }
     for (int r = 0; r < 2; r++) moex_model_free(jobs[r].m);
     for (int r = 0; r < 2; r++) moex_ep_group_free(g[r]);
+    if (experts) {
+        run_free(&ref);
+        return;
+    }
     /* a group of one: a captured decode step is refused before any exchange */
     moex_ep_group *solo = NULL;
     if (moex_ep_local_groups(1, &solo) == MOEX_OK) {
@@ -448,15 +460,30 @@ int main(int argc, char **argv) {
     }
     {
         int before = g_failures, checks = g_checks;
-        test_expert_parallel("qwen3_moe", 1);
-        test_expert_parallel("deepseek_v3", 1);
+        test_expert_parallel("qwen3_moe", 1, NULL);
+        test_expert_parallel("deepseek_v3", 1, NULL);
+        setenv("MOEX_MEGAMOE_PIECE_ROWS", "8", 1); /* the 20-token prefill's exchange in pieces */
+        test_expert_parallel("qwen3_moe", 1, "deepgemm_megamoe");
+        {
+            char dir[512];
+            snprintf(dir, sizeof dir, "%s/qwen3_moe", MOEX_FIXTURES);
+            g_experts = "deepgemm_megamoe";
+            moex_model *m = load(dir, MOEX_DEVICE_CUDA, MOEX_F32);
+            g_experts = NULL;
+            check(!m && strstr(moex_last_error(), "expert-parallel group"), "qwen3_moe",
+                  "deepgemm_megamoe without a group is refused at load, naming the group");
+            moex_model_free(m);
+        }
         moex_device_info second;
         if (moex_device_query((moex_device){MOEX_DEVICE_CUDA, 1}, &second) == MOEX_OK && second.available) {
-            test_expert_parallel("qwen3_moe", 2);
-            test_expert_parallel("deepseek_v3", 2);
+            test_expert_parallel("qwen3_moe", 2, "deepgemm_megamoe");
+            unsetenv("MOEX_MEGAMOE_PIECE_ROWS");
+            test_expert_parallel("qwen3_moe", 2, NULL);
+            test_expert_parallel("deepseek_v3", 2, NULL);
         } else {
             printf("  (one GPU: the ranks on two GPUs are not run)\n");
         }
+        unsetenv("MOEX_MEGAMOE_PIECE_ROWS");
         const int f = g_failures - before;
         printf("[%s] %-24s %3d checks, %d failed\n", f ? "FAIL" : " OK ", "expert parallelism", g_checks - checks, f);
         failed += f != 0;

@@ -7,17 +7,21 @@
  *   1. the plan (ep_plan.h: count [R], row_of [P], local [R cap]) and the rows to send,
  *      send [R cap, H] (block q: the rows for rank q, in pair order), gathered from hidden by
  *      row_of; event "rows posted";
- *   2. host all-gather of every rank's post (status, sizes, buffers, event): every rank decides
- *      alike whether the forward goes on (statuses, layer sizes, capacities);
- *   3. from each rank r, after its "rows posted": block me of its local ids (cap ints, the
- *      sentinel E/R past its count) into recv_local block r, and its count[me] rows of block
- *      me of send into recv block r (moex_ep_dev_copy_blocks: the count read on the device);
- *   4. this rank's backend on its share over the N rows received (top_k 1, weight 1; rows past
- *      each block's count carry the sentinel and are skipped) into y [N, H];
- *   5. its results pushed back: y's block r, rank r's count[me] rows, into block me of rank r's
- *      send buffer (which holds them as y_back from then on: the rows that were there went to
- *      this rank alone, in step 3); event "results pushed";
- *   6. host all-gather of the backends' statuses (all fail if one did) and the events;
+ *   2. host all-gather of every rank's post (status, sizes, pair count T k, buffers, event):
+ *      every rank decides alike whether the forward goes on (statuses, layer sizes, capacities,
+ *      one kind of exchange);
+ *   3. from each rank r, after its "rows posted": block me of its local ids (the sentinel E/R
+ *      past its count) and its count[me] rows of block me of send (moex_ep_dev_copy_blocks: the
+ *      count read on the device), to recv_local and recv at row at[r] = T_0 k + ... + T_(r-1) k
+ *      (no rank sends one rank more than its T k rows), so that M = sum_r T_r k rows, not R cap;
+ *   4. this rank's backend on its share over those M rows (top_k 1, weight 1; rows past each
+ *      rank's count carry the sentinel and are skipped) into y [M, H];
+ *   5. its results pushed back: rank r's count[me] rows of y from at[r] into block me of rank
+ *      r's send buffer (which holds them as y_back from then on: the rows that were there went to
+ *      this rank alone, in step 3); event "results pushed" (recorded whatever failed before it);
+ *   (deepgemm_megamoe's large forwards do steps 3 to 5 in pieces on two more streams, with the
+ *   counts on the host: see "deepgemm_megamoe" below);
+   6. host all-gather of the backends' statuses (all fail if one did) and the events;
  *   7. after every rank's "results pushed": out[t] = sum over j of w[t, j] y_back[row_of[t k +
  *      j]] in j order, in f32 (routing_reduce), stored in out's dtype.
  *
@@ -42,7 +46,7 @@
  *
  * Workspace (the context's, device; 256-byte pieces): plan | send/y_back [N, H] | recv [N, H]
  * (activation dtype, sized for f32) | recv_local [N] i32 | ones [N] f32 | y [N, H] | the
- * backend's own workspace. */
+ * backend's own workspace (for N rows: the most that can come). */
 #include "backends/cuda/ep_forward_cuda.h"
 #include "backends/cuda/ep_plan.h"
 #include "backends/cuda/routing.cuh"
@@ -65,6 +69,8 @@ typedef struct ep_share {
 /* What a rank posts in each all-gather. */
 typedef struct ep_post {
     int64_t status, capacity; /* capacity: cap, the rows of a block */
+    int64_t pairs;            /* T k: the most rows this rank sends any one rank in this forward */
+    int64_t overlap;          /* its backend overlaps the exchange (deepgemm_megamoe): the same on every rank */
     int64_t layer[4];         /* experts, hidden, top_k, activation dtype (moex_ep_same_layer) */
     const int32_t *count, *local;                            /* the plan's [R] and [R cap] */
     const char *send, *y;                                    /* [N, H] each */
@@ -296,6 +302,15 @@ static moex_status decide(const moex_ep_group *g, const ep_post *all, moex_statu
                            "on a GPU every rank's context needs the same max_tokens", r, (long long)all[r].capacity,
                            (long long)all[0].capacity);
     }
+    for (int r = 1; r < R && !st; r++)
+        if (all[r].overlap != all[0].overlap)
+            st = moex_fail(MOEX_ERR_INVALID_ARGUMENT, "expert parallelism: rank %d's backend %s the exchange with its "
+                           "compute (deepgemm_megamoe) and rank 0's %s: every rank runs one backend", r,
+                           all[r].overlap ? "overlaps" : "does not overlap", all[0].overlap ? "does" : "does not");
+    for (int r = 0; r < R && !st; r++)
+        if (all[r].pairs < 0 || all[r].pairs > all[r].capacity)
+            st = moex_fail(MOEX_ERR_INTERNAL, "expert parallelism: rank %d posted %lld pairs for blocks of %lld rows", r,
+                           (long long)all[r].pairs, (long long)all[r].capacity);
     return st;
 }
 
@@ -316,6 +331,7 @@ static moex_status post_rows(moex_context *ctx, const moex_experts_desc *d, cons
     if (!st) st = moex_cuda_status(cudaEventRecord((cudaEvent_t)ctx->ep_events[0], s), "cudaEventRecord");
     post->status = st;
     post->capacity = cap;
+    post->pairs = T * k;
     post->layer[0] = d->num_experts, post->layer[1] = d->hidden, post->layer[2] = k, post->layer[3] = hidden->dtype;
     post->count = w->plan.count;
     post->local = w->plan.local;
@@ -325,49 +341,43 @@ static moex_status post_rows(moex_context *ctx, const moex_experts_desc *d, cons
     return st;
 }
 
-/* Step 3: from each rank r, after its "rows posted", block me of its local ids and its count[me]
- * rows of block me of its send buffer, into block r of this rank's. */
-static moex_status pull_rows(const ep_post *all, int R, int me, const ep_dev_ws *w, int64_t cap, int64_t row_bytes,
-                             cudaStream_t s) {
-    moex_status st = MOEX_OK;
-    for (int r = 0; r < R && !st; r++) {
-        st = moex_cuda_status(cudaStreamWaitEvent(s, (cudaEvent_t)all[r].event, 0), "cudaStreamWaitEvent");
-        if (!st)
-            st = moex_cuda_status(cudaMemcpyAsync(w->recv_local + r * cap, all[r].local + me * cap,
-                                                  (size_t)cap * sizeof(int32_t), cudaMemcpyDefault, s),
-                                  "copying a rank's local expert ids");
-        if (!st)
-            st = moex_ep_dev_copy_blocks(all[r].count + me, 1, cap, all[r].send + me * cap * row_bytes, 0,
-                                         w->recv + r * cap * row_bytes, 0, row_bytes, s);
-    }
+/* ---- steps 3 to 5 -------------------------------------------------------------------------
+ *
+ * The rows rank r sends here land in recv (their local ids in recv_local, their results in y) at
+ * row at[r], the sum of what the ranks before it may send here, so that the backend runs over
+ * the rows that can come rather than R cap: plain EP packs by the pair counts the ranks posted
+ * (rank r sends any one rank at most T_r k rows), deepgemm_megamoe's pieces by the exact counts. */
+
+/* Rows [first, first + rows) of rank r's block for this rank, at recv row at + first. */
+typedef struct ep_piece {
+    int r;
+    int64_t first, rows, at;
+} ep_piece;
+
+/* Rank r's local ids of a piece, whole (the sentinel past its device count), and its rows below
+ * that count (a kernel: the count is on the device), into recv_local and recv. */
+static moex_status pull_piece(const ep_post *all, int me, const ep_dev_ws *w, int64_t cap, int64_t row_bytes,
+                              ep_piece c, cudaStream_t s) {
+    const ep_post *q = &all[c.r];
+    moex_status st = moex_cuda_status(cudaMemcpyAsync(w->recv_local + c.at + c.first, q->local + me * cap + c.first,
+                                                      (size_t)c.rows * sizeof(int32_t), cudaMemcpyDefault, s),
+                                      "copying a rank's local expert ids");
+    if (!st)
+        st = moex_ep_dev_copy_blocks(q->count + me, 1, c.rows, q->send + (me * cap + c.first) * row_bytes, 0,
+                                     w->recv + (c.at + c.first) * row_bytes, 0, row_bytes, s);
     return st;
 }
 
-/* Step 5: y's block r (rank r's count[me] rows) into block me of rank r's send buffer, for each
- * rank r; then "results pushed", recorded even after a failed copy, since the copies queued
- * before it write into other ranks' memory and they wait for this event before reusing it. */
-static moex_status push_results(moex_context *ctx, const ep_post *all, int R, int me, const ep_dev_ws *w, int64_t cap,
-                                int64_t row_bytes, cudaStream_t s) {
-    moex_status st = MOEX_OK;
-    for (int r = 0; r < R && !st; r++)
-        st = moex_ep_dev_copy_blocks(all[r].count + me, 1, cap, w->y + r * cap * row_bytes, 0,
-                                     (char *)all[r].send + me * cap * row_bytes, 0, row_bytes, s);
-    const moex_status recorded =
-        moex_cuda_status(cudaEventRecord((cudaEvent_t)ctx->ep_events[1], s), "cudaEventRecord");
-    return st ? st : recorded;
-}
-
-/* Step 4: the backend over the N rows received, into y. */
-static moex_status run_local(moex_context *ctx, const moex_backend *b, const moex_prepared *p, const ep_dev_ws *w,
-                             int64_t N, int64_t H, moex_dtype dt, size_t exchange, cudaStream_t s) {
-    ones_kernel<<<(unsigned)((N + 255) / 256 < 1024 ? (N + 255) / 256 : 1024), 256, 0, s>>>(w->ones, N);
-    moex_status st = MOEX_CUDA_LAUNCHED("filling the rows' weights");
+/* The backend over `rows` rows at x (their local experts at ids, weight 1 each) into y. */
+static moex_status run_rows(moex_context *ctx, const moex_backend *b, const moex_prepared *p, const ep_dev_ws *w,
+                            const void *x, const int32_t *ids, void *y, int64_t rows, int64_t H, moex_dtype dt,
+                            size_t exchange) {
     moex_tensor tx, ti, tw, ty;
-    const int64_t xs[2] = {N, H}, is[2] = {N, 1};
-    if (!st) st = moex_tensor_init(&tx, w->recv, dt, 2, xs);
-    if (!st) st = moex_tensor_init(&ti, w->recv_local, MOEX_I32, 2, is);
+    const int64_t xs[2] = {rows, H}, is[2] = {rows, 1};
+    moex_status st = moex_tensor_init(&tx, (void *)x, dt, 2, xs);
+    if (!st) st = moex_tensor_init(&ti, (void *)ids, MOEX_I32, 2, is);
     if (!st) st = moex_tensor_init(&tw, w->ones, MOEX_F32, 2, is);
-    if (!st) st = moex_tensor_init(&ty, w->y, dt, 2, xs);
+    if (!st) st = moex_tensor_init(&ty, y, dt, 2, xs);
     for (int i = 0; i < 4 && !st; i++) {
         moex_tensor *t = i == 0 ? &tx : i == 1 ? &ti : i == 2 ? &tw : &ty;
         t->device = ctx->options.device;
@@ -376,10 +386,255 @@ static moex_status run_local(moex_context *ctx, const moex_backend *b, const moe
         moex_forward_args a;
         memset(&a, 0, sizeof a);
         a.ctx = ctx, a.layer = &p->ep_rows->desc, a.state = p->state, a.hidden = &tx, a.ids = &ti, a.weights = &tw;
-        a.out = &ty, a.tokens = N, a.num_threads = 0;
+        a.out = &ty, a.tokens = rows, a.num_threads = 0;
         a.workspace = (char *)ctx->workspace + exchange, a.workspace_bytes = ctx->workspace_bytes - exchange;
         st = moex_backend_call_forward(b, &a);
     }
+    return st;
+}
+
+/* w->ones[0, n) = 1: the rows' routing weights. */
+static moex_status fill_ones(const ep_dev_ws *w, int64_t n, cudaStream_t s) {
+    if (n <= 0) return MOEX_OK;
+    ones_kernel<<<(unsigned)((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024), 256, 0, s>>>(w->ones, n);
+    return MOEX_CUDA_LAUNCHED("filling the rows' weights");
+}
+
+/* Plain EP, all on the rank's stream: from each rank r, after its "rows posted", its rows for this
+ * rank (block me of its local ids and send buffer) at at[r]; the backend over them all; the
+ * results back into block me of each rank's send buffer. */
+static moex_status exchange_whole(moex_context *ctx, const moex_backend *b, const moex_prepared *p, const ep_post *all,
+                                  int R, int me, const ep_dev_ws *w, int64_t cap, int64_t row_bytes, int64_t H,
+                                  moex_dtype dt, size_t exchange, cudaStream_t s) {
+    moex_status st = MOEX_OK;
+    int64_t M = 0;
+    for (int r = 0; r < R && !st; M += all[r].pairs, r++) {
+        if (!all[r].pairs) continue;
+        const ep_piece c = {r, 0, all[r].pairs, M};
+        st = moex_cuda_status(cudaStreamWaitEvent(s, (cudaEvent_t)all[r].event, 0), "cudaStreamWaitEvent");
+        if (!st) st = pull_piece(all, me, w, cap, row_bytes, c, s);
+    }
+    if (!st) st = fill_ones(w, M, s);
+    if (!st && M) st = run_rows(ctx, b, p, w, w->recv, w->recv_local, w->y, M, H, dt, exchange);
+    int64_t at = 0;
+    for (int r = 0; r < R && !st; at += all[r].pairs, r++)
+        if (all[r].pairs)
+            st = moex_ep_dev_copy_blocks(all[r].count + me, 1, all[r].pairs, w->y + at * row_bytes, 0,
+                                         (char *)all[r].send + me * cap * row_bytes, 0, row_bytes, s);
+    return st;
+}
+
+/* ---- deepgemm_megamoe: the exchange in pieces beside the backend ---------------------------------
+ *
+ * Each rank learns its plan's counts on the host (one wait for its stream a forward) and the ranks
+ * all-gather them, so every transfer has its exact size and goes to the copy engines (NVLink
+ * between GPUs), which run beside the backend's persistent kernels where copies made by kernels
+ * would wait for free SMs. The rows from each rank are cut into pieces; this rank's own rows come
+ * first, in place in its send buffer, so its tensor cores start at once; then rank me + 1's,
+ * me + 2's, ... (each rank pulls from a different one at a time):
+ *
+ *   pull stream:    [ids + rows of piece 1] [piece 2] [piece 3] ...      "pulled" each
+ *   rank's stream:  [backend on piece 0] [piece 1] [piece 2] ...         each after its "pulled"
+ *   push stream:    [results of piece 0] [piece 1] ...                   each after its "computed"
+ *
+ * The rank's stream then waits for both side streams before "results pushed", so the order
+ * between ranks and forwards is plain EP's. */
+
+/* Rows of one piece: a sender's rows for this rank are cut into pieces of about this many rows
+ * (a block below twice this is one piece, and at most MEGAMOE_MAX_PIECES a block): enough rows
+ * that a piece's GEMMs still fill the GPU (each piece reads its experts' weights again), enough
+ * pieces that the transfers of one hide under the GEMMs of another. Forwards where every rank's
+ * blocks are below this (decode sizes) take plain EP's exchange: their transfers are small, and
+ * one backend call reads the weights once. A starting point, not measured on several GPUs yet.
+ * $MOEX_MEGAMOE_PIECE_ROWS overrides it (the tests cut small forwards into pieces with it). */
+#define MEGAMOE_PIECE_ROWS 8192
+#define MEGAMOE_MAX_PIECES 4
+
+static int64_t megamoe_piece_rows(void) {
+    return moex_env_int("MOEX_MEGAMOE_PIECE_ROWS", 1, INT32_MAX, MEGAMOE_PIECE_ROWS);
+}
+
+/* Whether a forward whose ranks posted these pair counts runs in pieces (the same on every rank:
+ * the posts are): some rank may send one rank at least a piece's rows. */
+static int megamoe_in_pieces(const ep_post *all, int R) {
+    const int64_t piece = megamoe_piece_rows();
+    for (int r = 0; r < R; r++)
+        if (all[r].pairs >= piece) return 1;
+    return 0;
+}
+
+/* The pieces of n rows: one below two pieces' rows, else n / piece up to MEGAMOE_MAX_PIECES. */
+static int64_t megamoe_pieces_of(int64_t n) {
+    const int64_t m = n / megamoe_piece_rows();
+    return m < 1 ? 1 : m > MEGAMOE_MAX_PIECES ? MEGAMOE_MAX_PIECES : m;
+}
+
+/* A context's side streams, events and host counts (the context's ep_pipe), made at its first
+ * forward in pieces. */
+typedef struct ep_pipe {
+    int ranks, device;
+    cudaStream_t pull, push;
+    cudaEvent_t begin, pulls_done, pushes_done;
+    cudaEvent_t *pulled, *computed; /* [ranks x MEGAMOE_MAX_PIECES] */
+} ep_pipe;
+
+extern "C" void moex_ep_cuda_pipe_free(void *pipe) {
+    ep_pipe *pp = (ep_pipe *)pipe;
+    if (!pp) return;
+    if (moex_cuda_use(pp->device) == MOEX_OK) {
+        for (int i = 0; i < 2; i++) { /* what is queued on them ends first */
+            cudaStream_t q = i ? pp->push : pp->pull;
+            if (q) cudaStreamSynchronize(q), cudaStreamDestroy(q);
+        }
+        cudaEvent_t single[3] = {pp->begin, pp->pulls_done, pp->pushes_done};
+        for (int i = 0; i < 3; i++)
+            if (single[i]) cudaEventDestroy(single[i]);
+        for (int i = 0; i < pp->ranks * MEGAMOE_MAX_PIECES; i++) {
+            if (pp->pulled && pp->pulled[i]) cudaEventDestroy(pp->pulled[i]);
+            if (pp->computed && pp->computed[i]) cudaEventDestroy(pp->computed[i]);
+        }
+    }
+    free(pp->pulled), free(pp->computed);
+    free(pp);
+}
+
+static moex_status pipe_get(moex_context *ctx, int R, ep_pipe **out) {
+    if (ctx->ep_pipe) {
+        *out = (ep_pipe *)ctx->ep_pipe;
+        return MOEX_OK;
+    }
+    const size_t n = (size_t)R * MEGAMOE_MAX_PIECES;
+    ep_pipe *pp = (ep_pipe *)calloc(1, sizeof *pp);
+    if (pp) {
+        pp->ranks = R, pp->device = ctx->options.device.index;
+        pp->pulled = (cudaEvent_t *)calloc(n, sizeof(cudaEvent_t));
+        pp->computed = (cudaEvent_t *)calloc(n, sizeof(cudaEvent_t));
+    }
+    if (!pp || !pp->pulled || !pp->computed) {
+        moex_ep_cuda_pipe_free(pp);
+        return moex_fail(MOEX_ERR_OUT_OF_MEMORY, "deepgemm_megamoe: out of memory (%d ranks' pieces)", R);
+    }
+    moex_status st = MOEX_OK;
+    for (int i = 0; i < 2 && !st; i++)
+        st = moex_cuda_status(cudaStreamCreateWithFlags(i ? &pp->push : &pp->pull, cudaStreamNonBlocking),
+                              "cudaStreamCreate (deepgemm_megamoe's copies)");
+    cudaEvent_t *single[3] = {&pp->begin, &pp->pulls_done, &pp->pushes_done};
+    for (int i = 0; i < 3 && !st; i++)
+        st = moex_cuda_status(cudaEventCreateWithFlags(single[i], cudaEventDisableTiming), "cudaEventCreate");
+    for (size_t i = 0; i < n && !st; i++) {
+        st = moex_cuda_status(cudaEventCreateWithFlags(&pp->pulled[i], cudaEventDisableTiming), "cudaEventCreate");
+        if (!st)
+            st = moex_cuda_status(cudaEventCreateWithFlags(&pp->computed[i], cudaEventDisableTiming), "cudaEventCreate");
+    }
+    if (st) {
+        moex_ep_cuda_pipe_free(pp);
+        return st;
+    }
+    ctx->ep_pipe = pp;
+    *out = pp;
+    return MOEX_OK;
+}
+
+/* The context's ep_scratch past the posts (MOEX_EP_CUDA_SCRATCH_BYTES): the counts' all-gather. */
+typedef struct ep_counts {
+    int64_t *mine; /* [R + 1]: this rank's status, then the rows it sends each rank */
+    int64_t *all;  /* [R, R + 1]: every rank's */
+    int32_t *plan; /* [R]: this rank's plan counts as they came from the device */
+} ep_counts;
+
+static ep_counts counts_of(moex_context *ctx, int R) {
+    char *at = (char *)ctx->ep_scratch + (size_t)R * MOEX_EP_CUDA_POST_BYTES;
+    ep_counts c;
+    c.mine = (int64_t *)at, at += (size_t)(R + 1) * sizeof(int64_t);
+    c.all = (int64_t *)at, at += (size_t)R * (R + 1) * sizeof(int64_t);
+    c.plan = (int32_t *)at;
+    return c;
+}
+
+/* This rank's plan counts on the host (once its stream has run the plan: a wait for it),
+ * all-gathered with its status into c->all. Every rank takes part whatever it found, and all fail
+ * alike when one failed. */
+static moex_status gather_counts(moex_context *ctx, const ep_counts *c, const ep_dev_ws *w, int R, moex_status mine,
+                                 cudaStream_t s) {
+    if (!mine)
+        mine = moex_cuda_status(cudaMemcpyAsync(c->plan, w->plan.count, (size_t)R * sizeof(int32_t),
+                                                cudaMemcpyDeviceToHost, s),
+                                "copying the plan's counts to the host");
+    if (!mine) mine = moex_cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize (the plan's counts)");
+    c->mine[0] = mine;
+    for (int r = 0; r < R; r++) c->mine[1 + r] = mine ? 0 : c->plan[r];
+    moex_status st = moex_ep_all_gather(ctx->options.ep_group, c->mine, (size_t)(R + 1) * sizeof(int64_t), c->all);
+    if (st || mine) return st ? st : mine;
+    for (int r = 0; r < R; r++)
+        if (c->all[(int64_t)r * (R + 1)])
+            return moex_ep_rank_failed(r, R, c->all[(int64_t)r * (R + 1)], "could not read its plan's counts");
+    return MOEX_OK;
+}
+
+/* Queue everything a piece needs: its pull (another rank's rows), its backend call, its push. */
+static moex_status queue_piece(moex_context *ctx, const moex_backend *b, const moex_prepared *p, const ep_post *all,
+                               int me, const ep_dev_ws *w, ep_pipe *pp, int i, ep_piece c, int64_t cap,
+                               int64_t row_bytes, int64_t H, moex_dtype dt, size_t exchange, cudaStream_t s) {
+    const size_t from = (size_t)((me * cap + c.first) * row_bytes), here = (size_t)((c.at + c.first) * row_bytes);
+    const char *x = w->send + from;                      /* this rank's own rows: in place */
+    const int32_t *ids = w->plan.local + me * cap + c.first;
+    moex_status st = MOEX_OK;
+    if (c.r != me) {
+        st = moex_cuda_status(cudaMemcpyAsync(w->recv_local + c.at + c.first, all[c.r].local + me * cap + c.first,
+                                              (size_t)c.rows * sizeof(int32_t), cudaMemcpyDefault, pp->pull),
+                              "copying a rank's local expert ids");
+        if (!st)
+            st = moex_cuda_status(cudaMemcpyAsync(w->recv + here, all[c.r].send + from, (size_t)(c.rows * row_bytes),
+                                                  cudaMemcpyDefault, pp->pull),
+                                  "copying a rank's rows");
+        if (!st) st = moex_cuda_status(cudaEventRecord(pp->pulled[i], pp->pull), "cudaEventRecord");
+        if (!st) st = moex_cuda_status(cudaStreamWaitEvent(s, pp->pulled[i], 0), "cudaStreamWaitEvent");
+        x = w->recv + here, ids = w->recv_local + c.at + c.first;
+    }
+    if (!st) st = run_rows(ctx, b, p, w, x, ids, w->y + here, c.rows, H, dt, exchange);
+    if (!st) st = moex_cuda_status(cudaEventRecord(pp->computed[i], s), "cudaEventRecord");
+    if (!st) st = moex_cuda_status(cudaStreamWaitEvent(pp->push, pp->computed[i], 0), "cudaStreamWaitEvent");
+    if (!st)
+        st = moex_cuda_status(cudaMemcpyAsync((char *)all[c.r].send + from, w->y + here, (size_t)(c.rows * row_bytes),
+                                              cudaMemcpyDefault, pp->push),
+                              "copying results back to their rank");
+    return st;
+}
+
+/* deepgemm_megamoe's steps 3 to 5 (counts gathered): the pieces queued on the three streams; then
+ * the rank's stream waits for both side streams, whatever was queued. */
+static moex_status exchange_in_pieces(moex_context *ctx, const moex_backend *b, const moex_prepared *p,
+                                      const ep_post *all, int R, int me, const ep_dev_ws *w, ep_pipe *pp,
+                                      const ep_counts *counts, int64_t cap, int64_t row_bytes, int64_t H, moex_dtype dt,
+                                      size_t exchange, cudaStream_t s) {
+    const int64_t *n_from = counts->all + 1 + me; /* n_from[r (R + 1)]: rows rank r sends here */
+    int64_t M = 0;
+    for (int r = 0; r < R; r++) M += n_from[(int64_t)r * (R + 1)];
+    moex_status st = moex_cuda_status(cudaEventRecord(pp->begin, s), "cudaEventRecord");
+    for (int i = 0; i < 2 && !st; i++) /* recv and y: the last forward's backend and pushes are done with them */
+        st = moex_cuda_status(cudaStreamWaitEvent(i ? pp->push : pp->pull, pp->begin, 0), "cudaStreamWaitEvent");
+    for (int r = 0; r < R && !st; r++) /* each rank's rows are posted before anything reads them */
+        if (r != me && n_from[(int64_t)r * (R + 1)])
+            st = moex_cuda_status(cudaStreamWaitEvent(pp->pull, (cudaEvent_t)all[r].event, 0), "cudaStreamWaitEvent");
+    if (!st) st = fill_ones(w, M, s);
+    int piece = 0;
+    for (int j = 0; j < R && !st; j++) {
+        const int r = (me + j) % R;
+        int64_t at = 0;
+        for (int q = 0; q < r; q++) at += n_from[(int64_t)q * (R + 1)];
+        const int64_t n = n_from[(int64_t)r * (R + 1)], m = n ? megamoe_pieces_of(n) : 0;
+        for (int64_t i = 0; i < m && !st; i++) {
+            const int64_t first = n * i / m;
+            const ep_piece c = {r, first, n * (i + 1) / m - first, at};
+            if (c.rows) st = queue_piece(ctx, b, p, all, me, w, pp, piece++, c, cap, row_bytes, H, dt, exchange, s);
+        }
+    }
+    const moex_status ended[4] = {
+        moex_cuda_status(cudaEventRecord(pp->pulls_done, pp->pull), "cudaEventRecord"),
+        moex_cuda_status(cudaEventRecord(pp->pushes_done, pp->push), "cudaEventRecord"),
+        moex_cuda_status(cudaStreamWaitEvent(s, pp->pulls_done, 0), "cudaStreamWaitEvent"),
+        moex_cuda_status(cudaStreamWaitEvent(s, pp->pushes_done, 0), "cudaStreamWaitEvent")};
+    for (int i = 0; i < 4 && !st; i++) st = ended[i];
     return st;
 }
 
@@ -405,19 +660,33 @@ extern "C" moex_status moex_ep_cuda_forward(moex_context *ctx, const moex_layer 
     /* 1 and 2: this rank's rows, the posts, and the decision every rank makes alike */
     moex_status st = checked;
     mine.status = checked;
+    mine.overlap = !checked && moex_dispatch_overlaps_exchange(b, MOEX_DEVICE_CUDA, d);
     if (!st) st = post_rows(ctx, d, hidden, ids, &w, cap, s, &mine);
     if (in_processes(g) && !st) mine.status = st = share_post(ctx, &mine);
     moex_status gathered = moex_ep_all_gather(g, &mine, sizeof mine, all);
     if (gathered || (gathered = decide(g, all, st))) return gathered;
 
     /* 3, 4 and 5: the rows for this rank, its backend on them, the results back to their ranks */
-    const int64_t N = (int64_t)R * cap;
     if (in_processes(g) &&
         (st = agree_opens((ep_peers *)ctx->ep_peers, g, all, R, open_posts(ctx, all, R, me, s))))
         return st;
-    moex_status local = pull_rows(all, R, me, &w, cap, row_bytes, s);
-    if (!local) local = run_local(ctx, b, p, &w, N, H, hidden->dtype, exchange, s);
-    if (!local) local = push_results(ctx, all, R, me, &w, cap, row_bytes, s);
+    moex_status local;
+    if (all[0].overlap && megamoe_in_pieces(all, R)) {
+        ep_pipe *pp = NULL;
+        const ep_counts counts = counts_of(ctx, R);
+        /* the pipe is made on every rank before the counts' all-gather, which reports a failure to all */
+        local = gather_counts(ctx, &counts, &w, R, pipe_get(ctx, R, &pp), s);
+        if (local) return local; /* every rank failed alike, before any copy between them */
+        local = exchange_in_pieces(ctx, b, p, all, R, me, &w, pp, &counts, cap, row_bytes, H, hidden->dtype, exchange,
+                                   s);
+    } else {
+        local = exchange_whole(ctx, b, p, all, R, me, &w, cap, row_bytes, H, hidden->dtype, exchange, s);
+    }
+    /* "results pushed", recorded even after a failure: the copies queued before it read and write
+     * other ranks' memory, and they wait for this event before reusing it */
+    const moex_status recorded =
+        moex_cuda_status(cudaEventRecord((cudaEvent_t)ctx->ep_events[1], s), "cudaEventRecord");
+    if (!local) local = recorded;
 
     /* 6 and 7: the statuses and events; every rank's results here, the combine */
     memset(&mine, 0, sizeof mine);

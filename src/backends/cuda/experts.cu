@@ -207,11 +207,7 @@ static int cuda_supports(cuda_kind kind, const moex_experts_desc *d, const moex_
  * $MOEX_DEEPGEMM_ASSUME_CC (e.g. 100) to test the SM100 rule on another GPU; its kernels are
  * compiled for the device all the same. */
 static int deepgemm_scale_cc(int device_cc) {
-    const char *v = getenv("MOEX_DEEPGEMM_ASSUME_CC");
-    if (!v || !*v) return device_cc;
-    char *end = NULL;
-    const long cc = strtol(v, &end, 10);
-    return end && !*end && cc >= 10 && cc <= 1000 ? (int)cc : device_cc;
+    return (int)moex_env_int("MOEX_DEEPGEMM_ASSUME_CC", 10, 1000, device_cc);
 }
 
 /* Forwards of at most this many tokens take the masked layout (deepgemm_layout.h): E x T rows,
@@ -220,11 +216,7 @@ static int deepgemm_scale_cc(int device_cc) {
  * its workspace and its forwards use that value. */
 #define DEEPGEMM_MASKED_MAX_TOKENS 128
 static int64_t deepgemm_masked_max_tokens(void) {
-    const char *v = getenv("MOEX_DEEPGEMM_MASKED_MAX_TOKENS");
-    if (!v || !*v) return DEEPGEMM_MASKED_MAX_TOKENS;
-    char *end = NULL;
-    const long long t = strtoll(v, &end, 10);
-    return end && !*end && t >= 0 && t <= INT32_MAX ? (int64_t)t : DEEPGEMM_MASKED_MAX_TOKENS;
+    return moex_env_int("MOEX_DEEPGEMM_MASKED_MAX_TOKENS", 0, INT32_MAX, DEEPGEMM_MASKED_MAX_TOKENS);
 }
 
 /* ---- the layer as kernel views ------------------------------------------------ */
@@ -840,7 +832,7 @@ static moex_status forward(cuda_kind kind, const moex_forward_args *a) {
     }                                                                                                              \
     static moex_status NAME##_forward(const moex_forward_args *a) { return forward(KIND, a); }                     \
     extern "C" const moex_impl moex_cuda_##NAME = {NAME##_supports, NAME##_workspace, NAME##_prepare, release,       \
-                                                   NAME##_forward};
+                                                   NAME##_forward, 0};
 
 CUDA_IMPL(eager, CUDA_EAGER)
 CUDA_IMPL(batched_mm, CUDA_BATCHED_MM)
