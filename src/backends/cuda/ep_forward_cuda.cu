@@ -21,7 +21,7 @@
  *      this rank alone, in step 3); event "results pushed" (recorded whatever failed before it);
  *   (deepgemm_megamoe's large forwards do steps 3 to 5 in pieces on two more streams, with the
  *   counts on the host: see "deepgemm_megamoe" below);
-   6. host all-gather of the backends' statuses (all fail if one did) and the events;
+ *   6. host all-gather of the backends' statuses (all fail if one did) and the events;
  *   7. after every rank's "results pushed": out[t] = sum over j of w[t, j] y_back[row_of[t k +
  *      j]] in j order, in f32 (routing_reduce), stored in out's dtype.
  *
@@ -71,6 +71,7 @@ typedef struct ep_post {
     int64_t status, capacity; /* capacity: cap, the rows of a block */
     int64_t pairs;            /* T k: the most rows this rank sends any one rank in this forward */
     int64_t overlap;          /* its backend overlaps the exchange (deepgemm_megamoe): the same on every rank */
+    int64_t piece_rows;       /* deepgemm_megamoe: its megamoe_piece_rows(); rank 0's decides for all */
     int64_t layer[4];         /* experts, hidden, top_k, activation dtype (moex_ep_same_layer) */
     const int32_t *count, *local;                            /* the plan's [R] and [R cap] */
     const char *send, *y;                                    /* [N, H] each */
@@ -454,12 +455,12 @@ static int64_t megamoe_piece_rows(void) {
     return moex_env_int("MOEX_MEGAMOE_PIECE_ROWS", 1, INT32_MAX, MEGAMOE_PIECE_ROWS);
 }
 
-/* Whether a forward whose ranks posted these pair counts runs in pieces (the same on every rank:
- * the posts are): some rank may send one rank at least a piece's rows. */
+/* Whether a forward whose ranks posted these pair counts runs in pieces: some rank may send one
+ * rank at least a piece's rows, rank 0's piece (the same decision on every rank, whatever its own
+ * environment says: the posts are the same everywhere). */
 static int megamoe_in_pieces(const ep_post *all, int R) {
-    const int64_t piece = megamoe_piece_rows();
     for (int r = 0; r < R; r++)
-        if (all[r].pairs >= piece) return 1;
+        if (all[r].pairs >= all[0].piece_rows) return 1;
     return 0;
 }
 
@@ -481,7 +482,7 @@ typedef struct ep_pipe {
 extern "C" void moex_ep_cuda_pipe_free(void *pipe) {
     ep_pipe *pp = (ep_pipe *)pipe;
     if (!pp) return;
-    if (moex_cuda_use(pp->device) == MOEX_OK) {
+    if (moex_cuda_use(pp->device) == MOEX_OK) { /* (else the device is gone, and its streams with it) */
         for (int i = 0; i < 2; i++) { /* what is queued on them ends first */
             cudaStream_t q = i ? pp->push : pp->pull;
             if (q) cudaStreamSynchronize(q), cudaStreamDestroy(q);
@@ -613,9 +614,6 @@ static moex_status exchange_in_pieces(moex_context *ctx, const moex_backend *b, 
     moex_status st = moex_cuda_status(cudaEventRecord(pp->begin, s), "cudaEventRecord");
     for (int i = 0; i < 2 && !st; i++) /* recv and y: the last forward's backend and pushes are done with them */
         st = moex_cuda_status(cudaStreamWaitEvent(i ? pp->push : pp->pull, pp->begin, 0), "cudaStreamWaitEvent");
-    for (int r = 0; r < R && !st; r++) /* each rank's rows are posted before anything reads them */
-        if (r != me && n_from[(int64_t)r * (R + 1)])
-            st = moex_cuda_status(cudaStreamWaitEvent(pp->pull, (cudaEvent_t)all[r].event, 0), "cudaStreamWaitEvent");
     if (!st) st = fill_ones(w, M, s);
     int piece = 0;
     for (int j = 0; j < R && !st; j++) {
@@ -623,6 +621,8 @@ static moex_status exchange_in_pieces(moex_context *ctx, const moex_backend *b, 
         int64_t at = 0;
         for (int q = 0; q < r; q++) at += n_from[(int64_t)q * (R + 1)];
         const int64_t n = n_from[(int64_t)r * (R + 1)], m = n ? megamoe_pieces_of(n) : 0;
+        if (r != me && n) /* its rows are posted before they are pulled (a slower rank holds up only its own) */
+            st = moex_cuda_status(cudaStreamWaitEvent(pp->pull, (cudaEvent_t)all[r].event, 0), "cudaStreamWaitEvent");
         for (int64_t i = 0; i < m && !st; i++) {
             const int64_t first = n * i / m;
             const ep_piece c = {r, first, n * (i + 1) / m - first, at};
@@ -661,6 +661,7 @@ extern "C" moex_status moex_ep_cuda_forward(moex_context *ctx, const moex_layer 
     moex_status st = checked;
     mine.status = checked;
     mine.overlap = !checked && moex_dispatch_overlaps_exchange(b, MOEX_DEVICE_CUDA, d);
+    mine.piece_rows = megamoe_piece_rows();
     if (!st) st = post_rows(ctx, d, hidden, ids, &w, cap, s, &mine);
     if (in_processes(g) && !st) mine.status = st = share_post(ctx, &mine);
     moex_status gathered = moex_ep_all_gather(g, &mine, sizeof mine, all);

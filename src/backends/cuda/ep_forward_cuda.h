@@ -3,9 +3,10 @@
  * one process (moex_ep_local_groups, each rank's context on its own stream slot), on one GPU or
  * several (peer access between each two, enabled by moex_ep_group_bind), and for ranks in
  * processes of one machine (a group over the caller's transport: buffers and events shared
- * through CUDA IPC). No host synchronisation of the data: the counts stay on the device, and the
- * ranks' streams are ordered by events that two host all-gathers a forward publish. Ranks on
- * several machines (NCCL) are the next step.
+ * through CUDA IPC). Plain EP has no host synchronisation of the data: the counts stay on the
+ * device, and the ranks' streams are ordered by events that two host all-gathers a forward
+ * publish; deepgemm_megamoe's large forwards bring the plan's counts to the host (one wait) and
+ * all-gather them too. Ranks on several machines (NCCL) are the next step.
  *
  * Plain C (no CUDA types): backends/ep_forward.c calls it for CUDA contexts. */
 #ifndef MOEX_BACKENDS_CUDA_EP_FORWARD_CUDA_H

@@ -13,7 +13,8 @@
  *   - local[r cap + i] is row i's expert on its owner (e - r E/R), and E/R ("not routed here",
  *     the owner's sentinel) for i >= count[r]: block r of local is what rank r receives as the
  *     ids of block me of its rows, whole (cap ints), so that the owner runs its backend over all
- *     R cap rows it may receive, the rows past each block's count skipped as sentinels.
+ *     rows it may receive (ep_forward_cuda.cu packs each sender's block at the pair counts
+ *     posted before it), the rows past each block's count skipped as sentinels.
  * Every array is written whole by one launch (no zeroing before it), in stream order. */
 #ifndef MOEX_EP_PLAN_H
 #define MOEX_EP_PLAN_H
