@@ -556,6 +556,41 @@ static int check_sizes(const ep_bench *eb)
     return 0;
 }
 
+/* GPUs: each one's free memory against what the run puts there (the ranks' shares, the whole layer
+ * on devs[0], every run's inputs of the largest token count and two outputs), with 512 MiB to
+ * spare for the contexts' workspaces; a clear refusal before anything is made. */
+static int check_gpu_memory(const ep_bench *eb)
+{
+#if MOEX_HAVE_CUDA
+    const bench_opts *o = eb->o;
+    const bench_state *st = &eb->st;
+    const double T = (double)o->tokens[o->ntokens - 1], count = o->runs + WARMUP_RUNS;
+    const double inputs = count * T * ((double)st->hidden * st->esize + (double)st->top_k * (4.0 + st->esize)) +
+                          2.0 * T * st->hidden * st->esize;
+    for (int d = 0; d < eb->ndevs && eb->cuda; d++) {
+        double need = inputs + (d == 0 ? st->experts * st->bytes_per_expert : 0.0) + (double)(512u << 20);
+        for (int r = 0; r < eb->R; r++)
+            if (eb->rank[r].dev_slot == d)
+                need += st->experts / eb->R * st->bytes_per_expert;
+        double free_b = 0.0, total_b = 0.0;
+        char err[256];
+        if (bench_cuda_memory(eb->devs[d].dev.index, &free_b, &total_b, err, sizeof err)) {
+            fprintf(stderr, "moex bench: %s\n", err);
+            return EXIT_RUNTIME;
+        }
+        if (need > 0.9 * free_b)
+            return bench_usage_error("--ep %d: cuda:%d would hold %.1f GiB (its ranks' shares%s and the inputs at "
+                                     "T=%.0f), more than 90%% of its %.1f GiB free; use --max-experts, fewer --tokens "
+                                     "or --runs, or more GPUs in --device",
+                                     eb->R, eb->devs[d].dev.index, need / 1073741824.0,
+                                     d == 0 ? ", the whole layer" : "", T, free_b / 1073741824.0);
+    }
+#else
+    (void)eb;
+#endif
+    return 0;
+}
+
 int bench_ep_run(const bench_opts *o)
 {
     ep_bench *eb = calloc(1, sizeof *eb);
@@ -576,6 +611,8 @@ int bench_ep_run(const bench_opts *o)
         rc = check_sizes(eb);
     if (!rc)
         rc = place_ranks(eb);
+    if (!rc)
+        rc = check_gpu_memory(eb);
     if (!rc)
         rc = bench_alloc((void **)&eb->rows, (double)o->ntokens * o->nbackends * sizeof(ep_row), "results");
     if (!rc)
