@@ -39,7 +39,7 @@ enum { MAX_DEVS = 16 }; /* distinct devices the ranks use */
 /* One rank: its device, share and contexts, and the job its thread runs. */
 typedef struct ep_rank {
     struct ep_bench *eb;
-    int r, dev_slot;            /* dev_slot: its device in eb->devs */
+    int dev_slot;               /* its device in eb->devs */
     moex_device dev;
     moex_experts_desc share;
     void *copy[LAYER_TENSORS];  /* the share's weights on a GPU (NULL on the CPU) */
@@ -187,7 +187,7 @@ static int place_ranks(ep_bench *eb)
     const bench_opts *o = eb->o;
     for (int r = 0; r < eb->R; r++) {
         ep_rank *rk = &eb->rank[r];
-        rk->eb = eb, rk->r = r;
+        rk->eb = eb;
         rk->dev = o->n_ep_gpus ? (moex_device){MOEX_DEVICE_CUDA, o->ep_gpus[r % o->n_ep_gpus]} : o->device;
         int slot = 0;
         while (slot < eb->ndevs && (eb->devs[slot].dev.kind != rk->dev.kind || eb->devs[slot].dev.index != rk->dev.index))
@@ -223,20 +223,16 @@ static int make_shares(ep_bench *eb)
         if (s)
             return bench_moex_failed("moex_experts_desc_share", s);
         if (rk->dev.kind == MOEX_DEVICE_CUDA) {
-            moex_tensor *v[LAYER_TENSORS] = {&rk->share.gate_up,      &rk->share.down,      &rk->share.gate_up_bias,
-                                             &rk->share.down_bias,    &rk->share.gate_up_scale,
-                                             &rk->share.down_scale};
             for (int i = 0; i < LAYER_TENSORS; i++) {
-                if (!v[i]->data)
+                moex_tensor *v = bench_desc_view(&rk->share, i);
+                if (!v->data)
                     continue;
-                size_t bytes = moex_dtype_size(v[i]->dtype);
-                for (int a = 0; a < v[i]->ndim; a++)
-                    bytes *= (size_t)v[i]->shape[a];
+                const size_t bytes = bench_view_bytes(v);
                 if ((s = moex_device_alloc(rk->dev, bytes, &rk->copy[i])) ||
-                    (s = moex_memcpy(rk->copy[i], rk->dev, v[i]->data, HOST, bytes)))
+                    (s = moex_memcpy(rk->copy[i], rk->dev, v->data, HOST, bytes)))
                     return bench_moex_failed("copying a rank's share of the weights to its GPU", s);
-                v[i]->data = rk->copy[i];
-                v[i]->device = rk->dev;
+                v->data = rk->copy[i];
+                v->device = rk->dev;
             }
         }
         if ((s = moex_layer_create(&rk->share, &rk->layer)))

@@ -105,16 +105,21 @@ int bench_layer_build(const bench_layer_spec *spec, bench_layer *l)
     return 0;
 }
 
+moex_tensor *bench_desc_view(moex_experts_desc *d, int slot)
+{
+    moex_tensor *views[LAYER_TENSORS] = {&d->gate_up,      &d->down,          &d->gate_up_bias,
+                                         &d->down_bias,    &d->gate_up_scale, &d->down_scale};
+    return views[slot];
+}
+
 /* The view of desc that slot's buffer backs, or NULL when the layer has none. */
 static moex_tensor *slot_view(bench_layer *l, int slot)
 {
-    moex_experts_desc *d = &l->desc;
-    moex_tensor *views[LAYER_TENSORS] = {&d->gate_up,      &d->down,          &d->gate_up_bias,
-                                         &d->down_bias,    &d->gate_up_scale, &d->down_scale};
-    return l->host[slot] && views[slot]->data == l->host[slot] ? views[slot] : NULL;
+    moex_tensor *v = bench_desc_view(&l->desc, slot);
+    return l->host[slot] && v->data == l->host[slot] ? v : NULL;
 }
 
-static size_t view_bytes(const moex_tensor *t)
+size_t bench_view_bytes(const moex_tensor *t)
 {
     size_t n = 1;
     for (int i = 0; i < t->ndim; i++)
@@ -129,7 +134,7 @@ int bench_layer_upload(bench_layer *l, moex_device device)
         moex_tensor *t = slot_view(l, slot);
         if (!t)
             continue;
-        size_t bytes = view_bytes(t);
+        size_t bytes = bench_view_bytes(t);
         moex_status s = moex_device_alloc(device, bytes, &l->device[slot]);
         if (s != MOEX_OK) {
             char what[96];

@@ -47,6 +47,12 @@ int bench_layer_build(const bench_layer_spec *spec, bench_layer *l);
  */
 int bench_layer_upload(bench_layer *l, moex_device device);
 
+/** The view of desc that tensor `slot` (LAYER_GATE_UP, ...) is. */
+moex_tensor *bench_desc_view(moex_experts_desc *d, int slot);
+
+/** Bytes of a dense view: the product of its shape times its dtype's size. */
+size_t bench_view_bytes(const moex_tensor *t);
+
 /** The moex layer over desc (host or device weights). Returns 0, or 1 after printing why. */
 int bench_layer_create(bench_layer *l);
 
